@@ -1,0 +1,38 @@
+//! `mutirao`: one binary, one subcommand per tool. Each subcommand lives in its own module
+//! (`cmd_*.rs`) and is a thin shell over a library crate; this file only dispatches.
+
+use clap::{Parser, Subcommand};
+
+mod cmd_model;
+
+/// mutirão: run parallel message-passing programs on unequal, non-dedicated machines —
+/// measure them, predict run times, place work, run it, and survive hosts that leave.
+#[derive(Parser)]
+#[command(name = "mutirao", version, about, long_about = None, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Inspect and validate mutirao-model/1 files.
+    #[command(subcommand)]
+    Model(cmd_model::ModelCommand),
+    // NEW SUBCOMMANDS: add one variant here and one match arm below, nothing else.
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Model(c) => cmd_model::run(c),
+        // NEW MATCH ARMS
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("mutirao: error: {e:#}");
+            std::process::ExitCode::from(2)
+        }
+    }
+}
