@@ -23,6 +23,12 @@
 //!
 //! This crate is pure: no I/O beyond parsing strings the caller read.
 
+pub mod calib;
+pub mod fit;
+pub mod hcap;
+pub mod legacy;
+pub mod strategy;
+
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 
@@ -403,7 +409,11 @@ mod tests {
 
     #[test]
     fn narrower_classes_override_wider() {
-        let hosts = vec![host("a1", "a", 1.0), host("a2", "a", 1.0), host("b1", "b", 2.0)];
+        let hosts = vec![
+            host("a1", "a", 1.0),
+            host("a2", "a", 1.0),
+            host("b1", "b", 2.0),
+        ];
         let mut site_a = link(LinkClass::IntraSite, 7.0);
         site_a.site = Some("a".into());
         let mut pair = link(LinkClass::Pair, 99.0);

@@ -1,0 +1,983 @@
+//! The analytic modeller: from a calibration to a `mutirao-model/1` [`Model`] and a [`FitReport`].
+//!
+//! ## What is fitted
+//! For the chosen send mode, the per-size **medians** of every measured sweep are pooled per class
+//! and fitted, separately for `l`, `os` and `or`:
+//! * `same-host` per site (a host talking to itself), `intra-site` per site, `inter-site` per
+//!   unordered site pair (both directions pooled);
+//! * `pair`: for each measured pair, its own fit replaces the class function of a parameter when
+//!   the class function misses that pair's medians by more than `pair_threshold` (mean relative
+//!   error); unmeasured pairs that inherit from such a pair (per the calibration's provenance) get
+//!   the same pair link;
+//! * when some host pair is covered by no class (e.g. a site whose same-host link was not measured),
+//!   an unrestricted link of that class is fitted from all the class's data.
+//!
+//! `os` is the sender's overhead for the measured message (`os_src`), `or` the receiver's
+//! (`or_dst`), and `l` the ping-pong latency (digest 000 §11.4). For PLogP sweeps, `l` is
+//! `L + g(m) − Os − Or` so that `Os + l + Or` equals PLogP's one-way time `L + g(m)`.
+//!
+//! ## How: segmented least squares
+//! Each function is piecewise linear in the message size m. Breakpoints may fall only at measured
+//! sizes (a segment starts at its first size; the first segment starts at 0). For k = 1 …
+//! `max_segments` segments, dynamic programming finds the breakpoints with the least weighted
+//! squared error; the k with the lowest BIC, `N·ln(SSE/N) + (3k−1)·ln N`, wins. Weights are
+//! `1/max(|y|, weight_floor_us)²`, i.e. **relative** errors are minimised, so a 64-byte latency
+//! counts as much as a 64-MiB one. Each segment is fitted under `base ≥ 0`, `slope ≥ 0` (what the
+//! model format allows); the thesis's negative LAM latencies therefore become 0, and the report
+//! shows the residual.
+//!
+//! ## Host speeds
+//! `speed = H_ref / H_host`, where H is the median kernel wall time per repetition and `H_ref` is
+//! the **fastest host's** H by default (that host gets speed 1.0), or a named host's
+//! ([`SpeedReference::Host`]). Hosts without an H measurement are left out of the model and named
+//! in the report.
+
+use crate::calib::{Calibration, DerivedStats, Method, SendMode};
+use crate::{Host, Link, LinkClass, Model, ModelError, Piecewise, Segment};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+/// Which host has speed 1.0.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SpeedReference {
+    /// The host with the smallest H (the fastest) has speed 1.0; every other is ≤ 1.
+    #[default]
+    Fastest,
+    /// This host has speed 1.0.
+    Host(String),
+}
+
+/// Options of the segmented least-squares fit of one function.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct SegOptions {
+    /// Most segments a function may have. Default 4.
+    pub max_segments: usize,
+    /// Fewest distinct message sizes in a segment. Default 2.
+    pub min_sizes_per_segment: usize,
+    /// Floor of |y| in the relative weights, µs. Default 0.5.
+    pub weight_floor_us: f64,
+    /// Most candidate breakpoints (log-spaced subset of the sizes beyond that). Default 200.
+    pub max_candidates: usize,
+}
+
+impl Default for SegOptions {
+    fn default() -> Self {
+        SegOptions {
+            max_segments: 4,
+            min_sizes_per_segment: 2,
+            weight_floor_us: 0.5,
+            max_candidates: 200,
+        }
+    }
+}
+
+/// Options of [`fit`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FitOptions {
+    /// Send mode whose sweeps are fitted; `None` = `isend` if present (the thesis adopted Isend
+    /// values), else `send`.
+    pub mode: Option<SendMode>,
+    /// Segmented-fit options.
+    pub seg: SegOptions,
+    /// Which host has speed 1.0.
+    pub speed_reference: SpeedReference,
+    /// Emit a pair link when the class function misses a measured pair by more than this mean
+    /// relative error (0.10 = 10%); `None` = never. Default `Some(0.10)`.
+    pub pair_threshold: Option<f64>,
+}
+
+impl Default for FitOptions {
+    fn default() -> Self {
+        FitOptions {
+            mode: None,
+            seg: SegOptions::default(),
+            speed_reference: SpeedReference::Fastest,
+            pair_threshold: Some(0.10),
+        }
+    }
+}
+
+/// Why a fit failed.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum FitError {
+    /// The calibration itself is invalid.
+    #[error(transparent)]
+    Calib(#[from] crate::calib::CalibError),
+    /// No host has an H measurement.
+    #[error(
+        "no host of the calibration has a speed (H) measurement; the model needs at least one"
+    )]
+    NoSpeed,
+    /// The speed reference host is unknown or unmeasured.
+    #[error("speed reference host {0:?} is not in the calibration or has no speed measurement")]
+    BadReference(String),
+    /// No sweep in the requested mode.
+    #[error("the calibration has no sweep in mode {mode:?} (modes present: {present})")]
+    NoMode {
+        /// Requested mode.
+        mode: &'static str,
+        /// Modes found.
+        present: String,
+    },
+    /// Fitting produced a non-finite coefficient.
+    #[error(
+        "fitting {what} produced a non-finite coefficient; check its samples for extreme values"
+    )]
+    Numeric {
+        /// Class and parameter.
+        what: String,
+    },
+    /// The produced model does not validate (a bug, or extreme input).
+    #[error("the fitted model is invalid: {0}")]
+    Model(#[from] ModelError),
+}
+
+// ---------------------------------------------------------------------------------------------
+// Segmented least squares
+// ---------------------------------------------------------------------------------------------
+
+/// One segment of a fitted function, with its residuals.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SegmentReport {
+    /// First size of the segment (0 for the first segment).
+    pub from: u64,
+    /// Value at `from` (µs).
+    pub base_us: f64,
+    /// Slope (µs per byte).
+    pub per_byte_us: f64,
+    /// Data points in the segment.
+    pub points: usize,
+    /// Distinct sizes in the segment.
+    pub sizes: usize,
+    /// Root mean square relative residual.
+    pub rms_rel: f64,
+    /// Largest absolute relative residual.
+    pub max_rel: f64,
+}
+
+/// The residual of a fitted function at one size (median over the points at that size).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Residual {
+    /// Message size.
+    pub bytes: u64,
+    /// Median of the measured values at this size.
+    pub measured_us: f64,
+    /// Fitted value.
+    pub fitted_us: f64,
+    /// `(fitted − measured) / measured` (measured floored at `weight_floor_us`).
+    pub rel: f64,
+}
+
+/// A fitted piecewise function with its diagnostics.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SegFit {
+    /// The function.
+    pub function: Piecewise,
+    /// Segments with their residuals.
+    pub segments: Vec<SegmentReport>,
+    /// BIC of the chosen segmentation.
+    pub bic: f64,
+    /// BIC of every segment count tried (index 0 = 1 segment; infinite = infeasible).
+    pub bic_by_k: Vec<f64>,
+    /// Residuals per size.
+    pub residuals: Vec<Residual>,
+}
+
+#[derive(Clone, Copy, Default)]
+struct Sums {
+    s0: f64,
+    s1: f64,
+    s2: f64,
+    t0: f64,
+    t1: f64,
+    u: f64,
+}
+
+impl Sums {
+    fn add(&mut self, w: f64, u: f64, y: f64) {
+        self.s0 += w;
+        self.s1 += w * u;
+        self.s2 += w * u * u;
+        self.t0 += w * y;
+        self.t1 += w * u * y;
+        self.u += w * y * y;
+    }
+
+    fn sse(&self, a: f64, b: f64) -> f64 {
+        let v = self.u - 2.0 * a * self.t0 - 2.0 * b * self.t1
+            + a * a * self.s0
+            + 2.0 * a * b * self.s1
+            + b * b * self.s2;
+        v.max(0.0)
+    }
+
+    /// Weighted least squares of y = a + b·u under a ≥ 0, b ≥ 0: (a, b, sse).
+    fn fit(&self) -> (f64, f64, f64) {
+        let det = self.s0 * self.s2 - self.s1 * self.s1;
+        if self.s0 <= 0.0 {
+            return (0.0, 0.0, self.u.max(0.0));
+        }
+        if det > 1e-12 * self.s0 * self.s2 {
+            let b = (self.s0 * self.t1 - self.s1 * self.t0) / det;
+            let a = (self.t0 - b * self.s1) / self.s0;
+            if a >= 0.0 && b >= 0.0 {
+                return (a, b, self.sse(a, b));
+            }
+        }
+        let a0 = (self.t0 / self.s0).max(0.0);
+        let c0 = (a0, 0.0, self.sse(a0, 0.0));
+        let b1 = if self.s2 > 0.0 {
+            (self.t1 / self.s2).max(0.0)
+        } else {
+            0.0
+        };
+        let c1 = (0.0, b1, self.sse(0.0, b1));
+        if c1.2 < c0.2 {
+            c1
+        } else {
+            c0
+        }
+    }
+}
+
+/// Fit a piecewise linear function of the message size to `points` (size, µs) by segmented
+/// least squares with BIC model selection (see the module docs). `None` if `points` is empty or
+/// holds a non-finite value.
+pub fn segmented_fit(points: &[(u64, f64)], opts: &SegOptions) -> Option<SegFit> {
+    if points.is_empty() || points.iter().any(|p| !p.1.is_finite()) {
+        return None;
+    }
+    let floor = if opts.weight_floor_us.is_finite() && opts.weight_floor_us > 0.0 {
+        opts.weight_floor_us
+    } else {
+        0.5
+    };
+    let mut pts = points.to_vec();
+    pts.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.total_cmp(&b.1)));
+    let weight = |y: f64| 1.0 / y.abs().max(floor).powi(2);
+    // Distinct sizes: group g covers pts[gstart[g]..gstart[g+1]].
+    let mut gstart = Vec::new();
+    for (i, p) in pts.iter().enumerate() {
+        if i == 0 || pts[i - 1].0 != p.0 {
+            gstart.push(i);
+        }
+    }
+    let n = gstart.len();
+    gstart.push(pts.len());
+    // Candidate segment starts (group indices).
+    let max_c = opts.max_candidates.max(2);
+    let cand: Vec<usize> = if n <= max_c {
+        (0..n).collect()
+    } else {
+        let lo = (pts[0].0.max(1) as f64).ln();
+        let hi = (pts[pts.len() - 1].0.max(1) as f64).ln();
+        let mut c = vec![0usize];
+        for t in 1..max_c {
+            let target = lo + (hi - lo) * t as f64 / max_c as f64;
+            let g = (0..n)
+                .find(|&g| (pts[gstart[g]].0.max(1) as f64).ln() >= target)
+                .unwrap_or(n - 1);
+            if c.last() != Some(&g) {
+                c.push(g);
+            }
+        }
+        c
+    };
+    let k_c = cand.len();
+    let mut bounds = cand.clone();
+    bounds.push(n);
+    let min_sizes = opts.min_sizes_per_segment.max(1);
+    // cost[i][j]: segment covering groups bounds[i]..bounds[j].
+    let mut cost = vec![vec![(f64::INFINITY, 0.0, 0.0); k_c + 1]; k_c + 1];
+    for i in 0..k_c {
+        let g0 = bounds[i];
+        let from = if g0 == 0 { 0 } else { pts[gstart[g0]].0 };
+        let mut sums = Sums::default();
+        let mut g = g0;
+        for j in (i + 1)..=k_c {
+            while g < bounds[j] {
+                for p in &pts[gstart[g]..gstart[g + 1]] {
+                    sums.add(weight(p.1), (p.0 - from) as f64, p.1);
+                }
+                g += 1;
+            }
+            let whole = i == 0 && j == k_c;
+            if bounds[j] - g0 >= min_sizes || whole {
+                cost[i][j] = sums.fit();
+            }
+        }
+    }
+    // DP over the number of segments.
+    let kmax = opts.max_segments.max(1).min(k_c);
+    let mut best = vec![vec![f64::INFINITY; k_c + 1]; kmax + 1];
+    let mut back = vec![vec![usize::MAX; k_c + 1]; kmax + 1];
+    for j in 1..=k_c {
+        best[1][j] = cost[0][j].2;
+        back[1][j] = 0;
+    }
+    for k in 2..=kmax {
+        for j in 1..=k_c {
+            for i in 1..j {
+                let v = best[k - 1][i] + cost[i][j].2;
+                if v < best[k][j] {
+                    best[k][j] = v;
+                    back[k][j] = i;
+                }
+            }
+        }
+    }
+    let npts = pts.len() as f64;
+    let mut bic_by_k = Vec::new();
+    let mut chosen = (f64::INFINITY, 1usize);
+    for (k, row) in best.iter().enumerate().skip(1) {
+        let sse = row[k_c];
+        let bic = if sse.is_finite() {
+            npts * (sse / npts).max(1e-12).ln() + (3 * k - 1) as f64 * npts.ln()
+        } else {
+            f64::INFINITY
+        };
+        bic_by_k.push(bic);
+        if bic < chosen.0 {
+            chosen = (bic, k);
+        }
+    }
+    // The 1-segment fit is always feasible (whole range), so chosen.0 is finite unless the data
+    // are numerically extreme.
+    let k = chosen.1;
+    let mut cuts = vec![k_c];
+    let mut j = k_c;
+    for kk in (1..=k).rev() {
+        let i = back[kk][j];
+        if i == usize::MAX {
+            return None;
+        }
+        cuts.push(i);
+        j = i;
+    }
+    cuts.reverse(); // [0, ..., k_c]
+    let mut segs = Vec::new();
+    let mut reports = Vec::new();
+    for w in cuts.windows(2) {
+        let (i, j) = (w[0], w[1]);
+        let (a, b, _) = cost[i][j];
+        let g0 = bounds[i];
+        let from = if g0 == 0 { 0 } else { pts[gstart[g0]].0 };
+        let seg_pts = &pts[gstart[g0]..gstart[bounds[j]]];
+        let rels: Vec<f64> = seg_pts
+            .iter()
+            .map(|p| (a + b * (p.0 - from) as f64 - p.1) / p.1.abs().max(floor))
+            .collect();
+        let rms = (rels.iter().map(|r| r * r).sum::<f64>() / rels.len().max(1) as f64).sqrt();
+        let maxr = rels.iter().fold(0.0f64, |m, r| m.max(r.abs()));
+        segs.push(Segment {
+            from,
+            base_us: a,
+            per_byte_us: b,
+        });
+        reports.push(SegmentReport {
+            from,
+            base_us: a,
+            per_byte_us: b,
+            points: seg_pts.len(),
+            sizes: bounds[j] - g0,
+            rms_rel: rms,
+            max_rel: maxr,
+        });
+    }
+    let function = Piecewise(segs);
+    let residuals = (0..n)
+        .map(|g| {
+            let mut ys: Vec<f64> = pts[gstart[g]..gstart[g + 1]].iter().map(|p| p.1).collect();
+            ys.sort_by(f64::total_cmp);
+            let m = ys.len();
+            let med = if m % 2 == 1 {
+                ys[m / 2]
+            } else {
+                (ys[m / 2 - 1] + ys[m / 2]) / 2.0
+            };
+            let bytes = pts[gstart[g]].0;
+            let fitted = function.value(bytes);
+            Residual {
+                bytes,
+                measured_us: med,
+                fitted_us: fitted,
+                rel: (fitted - med) / med.abs().max(floor),
+            }
+        })
+        .collect();
+    Some(SegFit {
+        function,
+        segments: reports,
+        bic: chosen.0,
+        bic_by_k,
+        residuals,
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// The modeller
+// ---------------------------------------------------------------------------------------------
+
+/// Report of one fitted parameter of a link.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ParamReport {
+    /// `l`, `os` or `or`.
+    pub param: String,
+    /// Where the function came from: `class fit`, `pair fit`, `class function`.
+    pub source: String,
+    /// The fit (absent when the class function was kept for a pair link).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fit: Option<SegFit>,
+}
+
+/// Report of one link of the model.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LinkReport {
+    /// Link class.
+    pub class: LinkClass,
+    /// Human-readable scope, e.g. `intra-site a`, `inter-site a-b`, `pair a1 -> b2`.
+    pub scope: String,
+    /// Measured pairs whose data were fitted.
+    pub pairs: Vec<String>,
+    /// For a pair link copied from another pair (inheritance): that pair.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inherited_from: Option<String>,
+    /// Per-parameter fits (empty for inherited pair links).
+    pub params: Vec<ParamReport>,
+}
+
+/// A host of the fitted model.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HostReport {
+    /// Name.
+    pub name: String,
+    /// H (median kernel wall time per repetition, µs).
+    pub h_us: f64,
+    /// Relative speed written to the model.
+    pub speed: f64,
+    /// Median wall/CPU ratio of its kernel runs (Eq. 4.3's load factor).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wall_cpu_ratio: Option<f64>,
+}
+
+/// Everything the fit decided, with residuals.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FitReport {
+    /// Send mode fitted.
+    pub mode: SendMode,
+    /// Host whose speed is 1.0.
+    pub speed_reference: String,
+    /// Hosts in the model.
+    pub hosts: Vec<HostReport>,
+    /// Hosts left out, with the reason.
+    pub excluded_hosts: Vec<(String, String)>,
+    /// Links in the model, in the same order.
+    pub links: Vec<LinkReport>,
+    /// Host pairs no link covers (the model cannot predict them).
+    pub uncovered: Vec<String>,
+    /// The calibration's partial reason, if it was partial.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partial: Option<String>,
+    /// Other remarks.
+    pub warnings: Vec<String>,
+}
+
+impl FitReport {
+    /// A human-readable summary.
+    pub fn to_text(&self) -> String {
+        use std::fmt::Write;
+        let mut s = String::new();
+        let _ = writeln!(
+            s,
+            "mode {}; speeds relative to {}",
+            self.mode.as_str(),
+            self.speed_reference
+        );
+        if let Some(p) = &self.partial {
+            let _ = writeln!(s, "PARTIAL calibration: {p}");
+        }
+        for h in &self.hosts {
+            let _ = writeln!(
+                s,
+                "host {:<16} H {:>12.3} us  speed {:.4}",
+                h.name, h.h_us, h.speed
+            );
+        }
+        for (h, why) in &self.excluded_hosts {
+            let _ = writeln!(s, "host {h} EXCLUDED: {why}");
+        }
+        for l in &self.links {
+            let _ = write!(s, "{} ({} pairs)", l.scope, l.pairs.len());
+            if let Some(f) = &l.inherited_from {
+                let _ = write!(s, " inherited from {f}");
+            }
+            let _ = writeln!(s);
+            for p in &l.params {
+                let Some(fit) = &p.fit else {
+                    let _ = writeln!(s, "  {:<2} {}", p.param, p.source);
+                    continue;
+                };
+                for (i, g) in fit.segments.iter().enumerate() {
+                    let bw = if g.per_byte_us > 0.0 {
+                        format!("{:.1} MB/s", 1.0 / g.per_byte_us)
+                    } else {
+                        "-".to_string()
+                    };
+                    let _ = writeln!(
+                        s,
+                        "  {:<2} {} from {:>10} B: {:>12.3} us + {:.6e} us/B ({bw}); {} sizes, rms {:.1}%, max {:.1}%",
+                        if i == 0 { p.param.as_str() } else { "" },
+                        if i == 0 { p.source.as_str() } else { "         " },
+                        g.from,
+                        g.base_us,
+                        g.per_byte_us,
+                        g.sizes,
+                        g.rms_rel * 100.0,
+                        g.max_rel * 100.0
+                    );
+                }
+            }
+        }
+        for u in &self.uncovered {
+            let _ = writeln!(s, "UNCOVERED: {u}");
+        }
+        for w in &self.warnings {
+            let _ = writeln!(s, "warning: {w}");
+        }
+        s
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+enum ClassKey {
+    SameHost(String),
+    Intra(String),
+    Inter(String, String),
+}
+
+impl ClassKey {
+    fn of(src_site: &str, dst_site: &str, same_host: bool) -> Self {
+        if same_host {
+            ClassKey::SameHost(src_site.to_string())
+        } else if src_site == dst_site {
+            ClassKey::Intra(src_site.to_string())
+        } else if src_site < dst_site {
+            ClassKey::Inter(src_site.to_string(), dst_site.to_string())
+        } else {
+            ClassKey::Inter(dst_site.to_string(), src_site.to_string())
+        }
+    }
+
+    fn class(&self) -> LinkClass {
+        match self {
+            ClassKey::SameHost(_) => LinkClass::SameHost,
+            ClassKey::Intra(_) => LinkClass::IntraSite,
+            ClassKey::Inter(..) => LinkClass::InterSite,
+        }
+    }
+
+    fn scope(&self) -> String {
+        match self {
+            ClassKey::SameHost(s) => format!("same-host {s}"),
+            ClassKey::Intra(s) => format!("intra-site {s}"),
+            ClassKey::Inter(a, b) => format!("inter-site {a}-{b}"),
+        }
+    }
+
+    fn link(&self, os: Piecewise, or: Piecewise, l: Piecewise) -> Link {
+        let (site, sites) = match self {
+            ClassKey::SameHost(s) | ClassKey::Intra(s) => (Some(s.clone()), None),
+            ClassKey::Inter(a, b) => (None, Some([a.clone(), b.clone()])),
+        };
+        Link {
+            class: self.class(),
+            site,
+            sites,
+            src: None,
+            dst: None,
+            os,
+            or,
+            l,
+        }
+    }
+}
+
+/// Per-size values of (l, os, or) a sweep contributes.
+fn values(method: Method, st: &DerivedStats) -> [f64; 3] {
+    let l = match method {
+        Method::PingPong => st.l.median,
+        Method::Plogp => {
+            let g = st.g.map(|g| g.median).unwrap_or(0.0);
+            st.l.median + g - st.os.median - st.or.median
+        }
+    };
+    [l, st.os.median, st.or.median]
+}
+
+const PARAMS: [&str; 3] = ["l", "os", "or"];
+
+#[derive(Default, Clone)]
+struct Data {
+    pairs: Vec<String>,
+    pts: [Vec<(u64, f64)>; 3],
+}
+
+fn fit3(
+    data: &Data,
+    seg: &SegOptions,
+    scope: &str,
+) -> Result<([Piecewise; 3], [SegFit; 3]), FitError> {
+    let mut out: Vec<SegFit> = Vec::with_capacity(3);
+    for (p, pts) in PARAMS.iter().zip(&data.pts) {
+        let f = segmented_fit(pts, seg).ok_or_else(|| FitError::Numeric {
+            what: format!("{scope} {p}"),
+        })?;
+        if f.function
+            .0
+            .iter()
+            .any(|s| !s.base_us.is_finite() || !s.per_byte_us.is_finite())
+        {
+            return Err(FitError::Numeric {
+                what: format!("{scope} {p}"),
+            });
+        }
+        out.push(f);
+    }
+    let [l, os, or]: [SegFit; 3] = out.try_into().expect("three fits");
+    Ok((
+        [l.function.clone(), os.function.clone(), or.function.clone()],
+        [l, os, or],
+    ))
+}
+
+fn mean_rel_miss(f: &Piecewise, pts: &[(u64, f64)], floor: f64) -> f64 {
+    if pts.is_empty() {
+        return 0.0;
+    }
+    pts.iter()
+        .map(|&(m, y)| ((f.value(m) - y) / y.abs().max(floor)).abs())
+        .sum::<f64>()
+        / pts.len() as f64
+}
+
+/// Fit a model to a calibration with the default options.
+pub fn fit_default(calib: &Calibration) -> Result<(Model, FitReport), FitError> {
+    fit(calib, &FitOptions::default())
+}
+
+/// Fit a `mutirao-model/1` model to `calib` (see the module docs). The model validates.
+pub fn fit(calib: &Calibration, opts: &FitOptions) -> Result<(Model, FitReport), FitError> {
+    calib.validate()?;
+    let modes = calib.modes();
+    let mode = match opts.mode {
+        Some(m) => m,
+        None if modes.contains(&SendMode::Isend) => SendMode::Isend,
+        None => SendMode::Send,
+    };
+    if !modes.contains(&mode) {
+        return Err(FitError::NoMode {
+            mode: mode.as_str(),
+            present: if modes.is_empty() {
+                "none".to_string()
+            } else {
+                modes
+                    .iter()
+                    .map(|m| m.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            },
+        });
+    }
+    let mut warnings = Vec::new();
+    // Hosts and speeds.
+    let mut excluded = Vec::new();
+    let mut measured: Vec<(&str, &str, f64, Option<f64>)> = Vec::new();
+    for h in &calib.hosts {
+        match h.speed.as_ref().and_then(|s| s.h_us().map(|x| (x, s))) {
+            Some((hu, s)) if hu > 0.0 && hu.is_finite() => {
+                measured.push((&h.name, &h.site, hu, s.wall_cpu_ratio()))
+            }
+            _ => excluded.push((
+                h.name.clone(),
+                "no usable speed (H) measurement".to_string(),
+            )),
+        }
+    }
+    if measured.is_empty() {
+        return Err(FitError::NoSpeed);
+    }
+    let (ref_name, h_ref) = match &opts.speed_reference {
+        SpeedReference::Fastest => measured
+            .iter()
+            .min_by(|a, b| a.2.total_cmp(&b.2))
+            .map(|m| (m.0.to_string(), m.2))
+            .expect("non-empty"),
+        SpeedReference::Host(n) => measured
+            .iter()
+            .find(|m| m.0 == n)
+            .map(|m| (m.0.to_string(), m.2))
+            .ok_or_else(|| FitError::BadReference(n.clone()))?,
+    };
+    let kernels: HashSet<&str> = calib
+        .hosts
+        .iter()
+        .filter_map(|h| h.speed.as_ref().map(|s| s.kernel.as_str()))
+        .collect();
+    if kernels.len() > 1 {
+        warnings.push(format!(
+            "hosts were measured with different kernels ({}); their H are not comparable",
+            kernels.into_iter().collect::<Vec<_>>().join(", ")
+        ));
+    }
+    let hosts: Vec<Host> = measured
+        .iter()
+        .map(|m| Host {
+            name: m.0.to_string(),
+            site: m.1.to_string(),
+            speed: h_ref / m.2,
+        })
+        .collect();
+    let host_reports = measured
+        .iter()
+        .map(|m| HostReport {
+            name: m.0.to_string(),
+            h_us: m.2,
+            speed: h_ref / m.2,
+            wall_cpu_ratio: m.3,
+        })
+        .collect();
+    let site_of: HashMap<&str, &str> = measured.iter().map(|m| (m.0, m.1)).collect();
+
+    // Gather points per class and per pair.
+    let mut classes: BTreeMap<ClassKey, Data> = BTreeMap::new();
+    let mut pairs: BTreeMap<(String, String), (ClassKey, Data)> = BTreeMap::new();
+    for sw in calib.pairs.iter().filter(|p| p.mode == mode) {
+        if sw.method == Method::Plogp
+            && calib.sweep(&sw.src, &sw.dst, mode).map(|p| p.method) == Some(Method::PingPong)
+        {
+            continue; // ping-pong preferred when both exist
+        }
+        let (Some(ss), Some(ds)) = (site_of.get(sw.src.as_str()), site_of.get(sw.dst.as_str()))
+        else {
+            continue;
+        };
+        let key = ClassKey::of(ss, ds, sw.src == sw.dst);
+        let mut pd = Data {
+            pairs: vec![format!("{} -> {}", sw.src, sw.dst)],
+            ..Data::default()
+        };
+        for s in &sw.sizes {
+            let Some(st) = s.stats.or_else(|| s.derive(sw.method)) else {
+                continue;
+            };
+            for (i, v) in values(sw.method, &st).into_iter().enumerate() {
+                pd.pts[i].push((s.bytes, v));
+            }
+        }
+        if pd.pts[0].is_empty() {
+            warnings.push(format!(
+                "pair {} -> {} has no usable samples in mode {}",
+                sw.src,
+                sw.dst,
+                mode.as_str()
+            ));
+            continue;
+        }
+        let cd = classes.entry(key.clone()).or_default();
+        cd.pairs.extend(pd.pairs.iter().cloned());
+        for i in 0..3 {
+            cd.pts[i].extend_from_slice(&pd.pts[i]);
+        }
+        pairs.insert((sw.src.clone(), sw.dst.clone()), (key, pd));
+    }
+
+    let mut links = Vec::new();
+    let mut reports = Vec::new();
+    let mut class_fns: HashMap<ClassKey, [Piecewise; 3]> = HashMap::new();
+    for (key, data) in &classes {
+        let (f, fits) = fit3(data, &opts.seg, &key.scope())?;
+        let [l, os, or] = f.clone();
+        links.push(key.link(os, or, l));
+        reports.push(LinkReport {
+            class: key.class(),
+            scope: key.scope(),
+            pairs: data.pairs.clone(),
+            inherited_from: None,
+            params: fits
+                .into_iter()
+                .zip(PARAMS)
+                .map(|(fit, p)| ParamReport {
+                    param: p.to_string(),
+                    source: "class fit".to_string(),
+                    fit: Some(fit),
+                })
+                .collect(),
+        });
+        class_fns.insert(key.clone(), f);
+    }
+
+    // Pair links where the class misses a pair.
+    let mut pair_links: HashMap<(String, String), [Piecewise; 3]> = HashMap::new();
+    if let Some(th) = opts.pair_threshold {
+        let floor = opts.seg.weight_floor_us.max(1e-9);
+        for ((src, dst), (key, pd)) in &pairs {
+            let Some(cf) = class_fns.get(key) else {
+                continue;
+            };
+            if classes.get(key).map(|c| c.pairs.len()) == Some(1) {
+                continue; // the class is this pair
+            }
+            let misses: Vec<bool> = (0..3)
+                .map(|i| mean_rel_miss(&cf[i], &pd.pts[i], floor) > th)
+                .collect();
+            if !misses.iter().any(|&m| m) {
+                continue;
+            }
+            let scope = format!("pair {src} -> {dst}");
+            let (own, fits) = fit3(pd, &opts.seg, &scope)?;
+            let mut chosen: [Piecewise; 3] = cf.clone();
+            let mut params = Vec::new();
+            for (i, fit) in fits.into_iter().enumerate() {
+                if misses[i] {
+                    chosen[i] = own[i].clone();
+                    params.push(ParamReport {
+                        param: PARAMS[i].to_string(),
+                        source: "pair fit".to_string(),
+                        fit: Some(fit),
+                    });
+                } else {
+                    params.push(ParamReport {
+                        param: PARAMS[i].to_string(),
+                        source: format!("class function ({})", key.scope()),
+                        fit: None,
+                    });
+                }
+            }
+            let [l, os, or] = chosen.clone();
+            links.push(pair_link(src, dst, os, or, l));
+            reports.push(LinkReport {
+                class: LinkClass::Pair,
+                scope,
+                pairs: pd.pairs.clone(),
+                inherited_from: None,
+                params,
+            });
+            pair_links.insert((src.clone(), dst.clone()), chosen);
+        }
+        for inh in &calib.provenance.inherited {
+            let from = (inh.from.src.clone(), inh.from.dst.clone());
+            let Some(f) = pair_links.get(&from) else {
+                continue;
+            };
+            let (src, dst) = (&inh.pair.src, &inh.pair.dst);
+            if !site_of.contains_key(src.as_str()) || !site_of.contains_key(dst.as_str()) {
+                continue;
+            }
+            if pairs.contains_key(&(src.clone(), dst.clone())) {
+                continue; // measured after all
+            }
+            let [l, os, or] = f.clone();
+            links.push(pair_link(src, dst, os, or, l));
+            reports.push(LinkReport {
+                class: LinkClass::Pair,
+                scope: format!("pair {src} -> {dst}"),
+                pairs: Vec::new(),
+                inherited_from: Some(format!("{} -> {}", inh.from.src, inh.from.dst)),
+                params: Vec::new(),
+            });
+        }
+    }
+
+    // Unrestricted class links where a pair would be uncovered.
+    let mut model = Model::new(hosts, links)?;
+    let uncovered_classes: Vec<LinkClass> = {
+        let mut v = Vec::new();
+        for a in &model.hosts {
+            for b in &model.hosts {
+                if let Err(ModelError::MissingClass { .. }) = model.link_for(&a.name, &b.name) {
+                    let c = model.class_of(a, b);
+                    if !v.contains(&c) {
+                        v.push(c);
+                    }
+                }
+            }
+        }
+        v
+    };
+    for c in uncovered_classes {
+        let mut data = Data::default();
+        for (key, d) in &classes {
+            if key.class() == c {
+                data.pairs.extend(d.pairs.iter().cloned());
+                for i in 0..3 {
+                    data.pts[i].extend_from_slice(&d.pts[i]);
+                }
+            }
+        }
+        if data.pts[0].is_empty() {
+            continue;
+        }
+        let scope = format!("{} (any site)", c.as_str());
+        let (f, fits) = fit3(&data, &opts.seg, &scope)?;
+        let [l, os, or] = f;
+        model.links.push(Link {
+            class: c,
+            site: None,
+            sites: None,
+            src: None,
+            dst: None,
+            os,
+            or,
+            l,
+        });
+        reports.push(LinkReport {
+            class: c,
+            scope,
+            pairs: data.pairs,
+            inherited_from: None,
+            params: fits
+                .into_iter()
+                .zip(PARAMS)
+                .map(|(fit, p)| ParamReport {
+                    param: p.to_string(),
+                    source: "class fit, all sites pooled (fallback)".to_string(),
+                    fit: Some(fit),
+                })
+                .collect(),
+        });
+    }
+    model.validate()?;
+    let mut uncovered = Vec::new();
+    for a in &model.hosts {
+        for b in &model.hosts {
+            if let Err(e) = model.link_for(&a.name, &b.name) {
+                uncovered.push(format!("{} -> {}: {e}", a.name, b.name));
+            }
+        }
+    }
+    let report = FitReport {
+        mode,
+        speed_reference: ref_name,
+        hosts: host_reports,
+        excluded_hosts: excluded,
+        links: reports,
+        uncovered,
+        partial: calib.partial.as_ref().map(|p| p.reason.clone()),
+        warnings,
+    };
+    Ok((model, report))
+}
+
+fn pair_link(src: &str, dst: &str, os: Piecewise, or: Piecewise, l: Piecewise) -> Link {
+    Link {
+        class: LinkClass::Pair,
+        site: None,
+        sites: None,
+        src: Some(src.to_string()),
+        dst: Some(dst.to_string()),
+        os,
+        or,
+        l,
+    }
+}
