@@ -1,0 +1,436 @@
+//! The pure layout of a testbed: names, addresses, routes and shaping parameters derived from a
+//! validated spec, a name prefix and an address slot. No I/O; `Testbed::up` carries it out.
+//!
+//! Addressing: the testbed owns `10.213.(16·slot).0/20`. Site `s` is `10.213.(16·slot+s).0/24`
+//! (hosts `.1`…, gateway `.254`); the last /24, `10.213.(16·slot+15).0/24`, holds the control
+//! links from the root namespace (`/30` each, `.4s+1` root side, `.4s+2` site side) and the WAN
+//! links (`/31` each from `.64`).
+
+use crate::spec::{Spec, MAX_SITES};
+use std::net::Ipv4Addr;
+
+/// First two octets of every testbed address.
+pub const NET_PREFIX: [u8; 2] = [10, 213];
+/// Number of address slots (each a /20), hence of testbeds that can be up at once.
+pub const SLOTS: u8 = 16;
+/// Length of a testbed prefix: `mtb` and six lower-case hex digits.
+pub const PREFIX_LEN: usize = 9;
+
+/// Is `s` a well-formed testbed prefix (`mtb` + 6 lower-case hex digits)?
+pub fn is_prefix(s: &str) -> bool {
+    s.len() == PREFIX_LEN
+        && s.starts_with("mtb")
+        && s[3..]
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+/// If `name` is an object (network namespace, root-namespace link, cgroup) made by some testbed,
+/// the prefix of that testbed.
+pub fn prefix_of(name: &str) -> Option<&str> {
+    let p = name.get(..PREFIX_LEN)?;
+    let rest = &name[PREFIX_LEN..];
+    let ours = rest.is_empty()
+        || rest
+            .strip_prefix('-')
+            .is_some_and(|r| r.starts_with('s') || r.starts_with('h'))
+        || rest
+            .strip_prefix('c')
+            .is_some_and(|r| !r.is_empty() && r.bytes().all(|b| b.is_ascii_digit()));
+    (is_prefix(p) && ours).then_some(p)
+}
+
+/// Token-bucket parameters for one shaped interface.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Tbf {
+    /// Rate in kbit/s (tc's `kbit` is 1000 bit/s).
+    pub rate_kbit: u64,
+    /// Bucket size in bytes: at least two 64 KiB GSO packets and 2 ms of traffic.
+    pub burst_bytes: u64,
+    /// Most time a packet may wait in the queue, in ms.
+    pub latency_ms: u64,
+}
+
+impl Tbf {
+    /// Parameters for a link of `mbit` Mbit/s.
+    pub fn for_mbit(mbit: f64) -> Tbf {
+        let rate_kbit = ((mbit * 1000.0).round() as u64).max(1);
+        let bytes_per_s = rate_kbit * 1000 / 8;
+        Tbf {
+            rate_kbit,
+            burst_bytes: (bytes_per_s / 500).max(2 * 65536),
+            latency_ms: 25,
+        }
+    }
+
+    /// The arguments after `tc qdisc add dev DEV root`.
+    pub fn tc_args(&self) -> Vec<String> {
+        vec![
+            "tbf".into(),
+            "rate".into(),
+            format!("{}kbit", self.rate_kbit),
+            "burst".into(),
+            self.burst_bytes.to_string(),
+            "latency".into(),
+            format!("{}ms", self.latency_ms),
+        ]
+    }
+}
+
+/// CFS bandwidth settings giving a cgroup `cpu` cores: `quota_us / period_us = cpu`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CpuQuota {
+    /// `cpu.cfs_period_us`: 10 ms, longer only where the quota would fall under the kernel's 1 ms minimum.
+    pub period_us: u64,
+    /// `cpu.cfs_quota_us`.
+    pub quota_us: u64,
+}
+
+impl CpuQuota {
+    /// The quota for a share of `cpu` cores (validated: at least [`crate::spec::MIN_CPU`]).
+    pub fn for_cpu(cpu: f64) -> CpuQuota {
+        let period_us = if cpu * 10_000.0 >= 1000.0 {
+            10_000
+        } else {
+            ((1000.0 / cpu).ceil() as u64).min(1_000_000)
+        };
+        let quota_us = ((cpu * period_us as f64).round() as u64).max(1000);
+        CpuQuota {
+            period_us,
+            quota_us,
+        }
+    }
+}
+
+/// One site as laid out.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SitePlan {
+    /// Site name from the spec.
+    pub name: String,
+    /// Network namespace holding the site's bridge `br0` and its router.
+    pub netns: String,
+    /// The site's /24 network address.
+    pub net: Ipv4Addr,
+    /// The gateway address (on `br0`).
+    pub gateway: Ipv4Addr,
+    /// Link in the root namespace leading to the site (`PREFIXc<s>`).
+    pub root_link: String,
+    /// Root-side address of that link (/30).
+    pub root_addr: Ipv4Addr,
+    /// Site-side address of that link (/30), on interface `ctl`.
+    pub ctl_addr: Ipv4Addr,
+    /// Shaping of every host link of the site.
+    pub nic: Tbf,
+}
+
+/// One host as laid out.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HostPlan {
+    /// Host name from the spec.
+    pub name: String,
+    /// Index of its site.
+    pub site: usize,
+    /// Its network namespace (`PREFIX-h<i>`); inside it the host's interface is `eth0`.
+    pub netns: String,
+    /// Its port on the site bridge, in the site namespace (`h<i>`).
+    pub port: String,
+    /// Its address (/24).
+    pub addr: Ipv4Addr,
+    /// Its CPU share in cores.
+    pub cpu: f64,
+    /// Its cgroup's name under the testbed's cgroup (`h<i>`).
+    pub cgroup: String,
+    /// Its CFS quota.
+    pub quota: CpuQuota,
+}
+
+/// One WAN link as laid out: a veth pair `w<k>` between two site namespaces.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WanPlan {
+    /// Index of the first site.
+    pub a: usize,
+    /// Index of the second site.
+    pub b: usize,
+    /// Interface name at both ends (`w<k>`).
+    pub ifname: String,
+    /// Address of site `a`'s end (/31).
+    pub addr_a: Ipv4Addr,
+    /// Address of site `b`'s end (/31).
+    pub addr_b: Ipv4Addr,
+    /// Shaping at both ends.
+    pub tbf: Tbf,
+}
+
+/// A route inside a site namespace: `net/24 via gateway dev ifname`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RoutePlan {
+    /// Site whose namespace holds the route.
+    pub site: usize,
+    /// Destination /24.
+    pub dest: Ipv4Addr,
+    /// Next hop (the far end of a WAN link).
+    pub via: Ipv4Addr,
+    /// Outgoing interface.
+    pub dev: String,
+}
+
+/// The complete layout of one testbed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Plan {
+    /// Name prefix of everything it creates.
+    pub prefix: String,
+    /// Address slot: the testbed owns `10.213.(16·slot).0/20`.
+    pub slot: u8,
+    /// Sites in spec order.
+    pub sites: Vec<SitePlan>,
+    /// Hosts in spec order.
+    pub hosts: Vec<HostPlan>,
+    /// WAN links in spec order.
+    pub wans: Vec<WanPlan>,
+    /// Inter-site routes.
+    pub routes: Vec<RoutePlan>,
+}
+
+fn addr(slot: u8, third: usize, fourth: usize) -> Ipv4Addr {
+    // Callers keep third < 16 and fourth < 256 (validated spec limits).
+    Ipv4Addr::new(
+        NET_PREFIX[0],
+        NET_PREFIX[1],
+        slot.wrapping_mul(16).wrapping_add(third as u8),
+        fourth as u8,
+    )
+}
+
+impl Plan {
+    /// Lay out a validated `spec` under `prefix` in address `slot` (< [`SLOTS`]).
+    pub fn new(spec: &Spec, prefix: &str, slot: u8) -> Plan {
+        let xfer = MAX_SITES; // third-octet offset of the control/WAN /24
+        let sites = spec
+            .sites
+            .iter()
+            .enumerate()
+            .map(|(s, site)| SitePlan {
+                name: site.name.clone(),
+                netns: format!("{prefix}-s{s}"),
+                net: addr(slot, s, 0),
+                gateway: addr(slot, s, 254),
+                root_link: format!("{prefix}c{s}"),
+                root_addr: addr(slot, xfer, 4 * s + 1),
+                ctl_addr: addr(slot, xfer, 4 * s + 2),
+                nic: Tbf::for_mbit(site.nic_mbit),
+            })
+            .collect();
+        let hosts = spec
+            .hosts()
+            .into_iter()
+            .map(|h| HostPlan {
+                name: h.spec.name.clone(),
+                site: h.site,
+                netns: format!("{prefix}-h{}", h.index),
+                port: format!("h{}", h.index),
+                addr: addr(slot, h.site, h.local + 1),
+                cpu: h.spec.cpu,
+                cgroup: format!("h{}", h.index),
+                quota: CpuQuota::for_cpu(h.spec.cpu),
+            })
+            .collect();
+        let wans: Vec<WanPlan> = spec
+            .wans
+            .iter()
+            .zip(spec.wan_ends())
+            .enumerate()
+            .filter_map(|(k, (w, ends))| {
+                let (a, b) = ends?;
+                Some(WanPlan {
+                    a,
+                    b,
+                    ifname: format!("w{k}"),
+                    addr_a: addr(slot, xfer, 64 + 2 * k),
+                    addr_b: addr(slot, xfer, 65 + 2 * k),
+                    tbf: Tbf::for_mbit(w.mbit),
+                })
+            })
+            .collect();
+        let mut routes = Vec::new();
+        for (s, row) in spec.next_hops().iter().enumerate() {
+            for (t, hop) in row.iter().enumerate() {
+                let Some(w) = hop.and_then(|k| wans.get(k)) else {
+                    continue;
+                };
+                let via = if w.a == s { w.addr_b } else { w.addr_a };
+                routes.push(RoutePlan {
+                    site: s,
+                    dest: addr(slot, t, 0),
+                    via,
+                    dev: w.ifname.clone(),
+                });
+            }
+        }
+        Plan {
+            prefix: prefix.to_string(),
+            slot,
+            sites,
+            hosts,
+            wans,
+            routes,
+        }
+    }
+
+    /// The whole /20 the testbed owns, as `10.213.X.0/20`.
+    pub fn block(&self) -> String {
+        format!("{}/20", addr(self.slot, 0, 0))
+    }
+}
+
+/// Open MPI-style hostfile text: one line `ADDR slots=N port=P` per host, in spec order, where
+/// `N = max(1, ceil(cpu))` and `port=P` (the agent's port) is present only when agents run.
+pub fn hostfile(hosts: &[(Ipv4Addr, f64)], port: Option<u16>) -> String {
+    let mut out = String::new();
+    for (addr, cpu) in hosts {
+        let slots = (cpu.ceil() as u64).max(1);
+        out.push_str(&format!("{addr} slots={slots}"));
+        if let Some(p) = port {
+            out.push_str(&format!(" port={p}"));
+        }
+        out.push('\n');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec() -> Spec {
+        Spec::parse(
+            r#"
+[[site]]
+name = "a"
+nic_mbit = 800
+hosts = [ { name = "a1", cpu = 1.0 }, { name = "a2", cpu = 0.5 } ]
+[[site]]
+name = "b"
+nic_mbit = 200
+hosts = [ { name = "b1", cpu = 0.25 } ]
+[[wan]]
+sites = ["a", "b"]
+mbit = 40
+"#,
+            2,
+        )
+        .expect("valid spec")
+    }
+
+    #[test]
+    fn prefixes_are_recognised() {
+        assert!(is_prefix("mtb0a1f9c"));
+        assert!(!is_prefix("mtb0A1F9C"));
+        assert!(!is_prefix("mtb0a1f9"));
+        assert!(!is_prefix("xtb0a1f9c"));
+        assert_eq!(prefix_of("mtb0a1f9c-h3"), Some("mtb0a1f9c"));
+        assert_eq!(prefix_of("mtb0a1f9c-s0"), Some("mtb0a1f9c"));
+        assert_eq!(prefix_of("mtb0a1f9cc12"), Some("mtb0a1f9c"));
+        assert_eq!(prefix_of("mtb0a1f9c"), Some("mtb0a1f9c"));
+        assert_eq!(prefix_of("mtb0a1f9cx"), None);
+        assert_eq!(prefix_of("mtb0a1f9c-foo"), None);
+        assert_eq!(prefix_of("eth0"), None);
+    }
+
+    #[test]
+    fn layout_of_the_two_site_example() {
+        let p = Plan::new(&spec(), "mtb000001", 3);
+        assert_eq!(p.block(), "10.213.48.0/20");
+        assert_eq!(p.sites[0].netns, "mtb000001-s0");
+        assert_eq!(p.sites[1].gateway, Ipv4Addr::new(10, 213, 49, 254));
+        assert_eq!(p.sites[1].root_link, "mtb000001c1");
+        assert_eq!(p.sites[1].root_addr, Ipv4Addr::new(10, 213, 63, 5));
+        assert_eq!(p.sites[1].ctl_addr, Ipv4Addr::new(10, 213, 63, 6));
+        let addrs: Vec<_> = p.hosts.iter().map(|h| h.addr).collect();
+        assert_eq!(
+            addrs,
+            [
+                Ipv4Addr::new(10, 213, 48, 1),
+                Ipv4Addr::new(10, 213, 48, 2),
+                Ipv4Addr::new(10, 213, 49, 1)
+            ]
+        );
+        assert_eq!(p.hosts[2].netns, "mtb000001-h2");
+        assert_eq!(p.wans[0].addr_a, Ipv4Addr::new(10, 213, 63, 64));
+        assert_eq!(p.wans[0].addr_b, Ipv4Addr::new(10, 213, 63, 65));
+        assert_eq!(
+            p.routes,
+            vec![
+                RoutePlan {
+                    site: 0,
+                    dest: Ipv4Addr::new(10, 213, 49, 0),
+                    via: Ipv4Addr::new(10, 213, 63, 65),
+                    dev: "w0".into()
+                },
+                RoutePlan {
+                    site: 1,
+                    dest: Ipv4Addr::new(10, 213, 48, 0),
+                    via: Ipv4Addr::new(10, 213, 63, 64),
+                    dev: "w0".into()
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn interface_names_fit_the_kernel_limit() {
+        // 15 sites, the longest names: root link PREFIXc14, host port h3749.
+        let p = Plan::new(&spec(), "mtbffffff", SLOTS - 1);
+        for s in &p.sites {
+            assert!(s.root_link.len() <= 15, "{}", s.root_link);
+        }
+        assert!("mtbffffffc14".len() <= 15);
+        assert!(format!("h{}", 15 * 250 - 1).len() <= 15);
+        assert_eq!(p.block(), "10.213.240.0/20");
+        assert_eq!(p.sites[0].root_addr, Ipv4Addr::new(10, 213, 255, 1));
+    }
+
+    #[test]
+    fn quotas_use_a_10ms_period_and_respect_the_1ms_minimum() {
+        assert_eq!(
+            CpuQuota::for_cpu(0.25),
+            CpuQuota {
+                period_us: 10_000,
+                quota_us: 2500
+            }
+        );
+        assert_eq!(CpuQuota::for_cpu(1.5).quota_us, 15_000);
+        let small = CpuQuota::for_cpu(0.01);
+        assert_eq!(small.period_us, 100_000);
+        assert_eq!(small.quota_us, 1000);
+    }
+
+    #[test]
+    fn tbf_burst_covers_gso_packets_and_two_ms() {
+        let slow = Tbf::for_mbit(40.0);
+        assert_eq!(slow.rate_kbit, 40_000);
+        assert_eq!(slow.burst_bytes, 131_072);
+        let fast = Tbf::for_mbit(800.0);
+        assert_eq!(fast.burst_bytes, 200_000);
+        assert_eq!(fast.tc_args()[2], "800000kbit");
+    }
+
+    #[test]
+    fn hostfile_has_open_mpi_form() {
+        let text = hostfile(
+            &[
+                (Ipv4Addr::new(10, 213, 0, 1), 1.0),
+                (Ipv4Addr::new(10, 213, 0, 2), 0.25),
+                (Ipv4Addr::new(10, 213, 1, 1), 1.5),
+            ],
+            Some(7700),
+        );
+        assert_eq!(
+            text,
+            "10.213.0.1 slots=1 port=7700\n10.213.0.2 slots=1 port=7700\n10.213.1.1 slots=2 port=7700\n"
+        );
+        assert_eq!(
+            hostfile(&[(Ipv4Addr::new(10, 213, 0, 1), 2.0)], None),
+            "10.213.0.1 slots=2\n"
+        );
+    }
+}
