@@ -3,7 +3,11 @@
 
 use clap::{Parser, Subcommand};
 
+mod agent_proto;
+mod cmd_agent;
 mod cmd_model;
+mod cmd_run;
+mod hostfile;
 
 /// mutirão: run parallel message-passing programs on unequal, non-dedicated machines —
 /// measure them, predict run times, place work, run it, and survive hosts that leave.
@@ -19,6 +23,10 @@ enum Command {
     /// Inspect and validate mutirao-model/1 files.
     #[command(subcommand)]
     Model(cmd_model::ModelCommand),
+    /// Run a parallel program on N ranks (locally, or on a hostfile's hosts through their agents).
+    Run(cmd_run::RunArgs),
+    /// Run the per-host agent that starts ranks for authenticated launchers.
+    Agent(cmd_agent::AgentArgs),
     // NEW SUBCOMMANDS: add one variant here and one match arm below, nothing else.
 }
 
@@ -26,6 +34,8 @@ fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Model(c) => cmd_model::run(c),
+        Command::Run(a) => cmd_run::run(a),
+        Command::Agent(a) => cmd_agent::run(a),
         // NEW MATCH ARMS
     };
     match result {

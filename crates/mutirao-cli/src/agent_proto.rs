@@ -1,0 +1,169 @@
+//! The launcher ↔ agent protocol: newline-delimited JSON over TCP, mutually authenticated with a
+//! shared secret (the agent token file) by HMAC-SHA256 challenge–response. The secret never
+//! crosses the wire.
+//!
+//! 1. agent → `{"op":"challenge","version":1,"nonce":N1}`
+//! 2. launcher → `{"op":"auth","mac":HMAC(k,"mutirao-agent-client-v1"‖N1),"nonce":N2}`
+//! 3. agent → `{"op":"welcome","mac":HMAC(k,"mutirao-agent-server-v1"‖N2),"host":…}` or
+//!    `{"op":"error","msg":…}` and close.
+//! 4. launcher → `{"op":"launch",…}`; agent → `started`, `output`, `exit` events. The launcher
+//!    may send `kill`. If the launcher's connection drops, the agent kills what it started.
+
+use hmac::{Hmac, Mac};
+use serde::{Deserialize, Serialize};
+use sha2::Sha256;
+use std::collections::BTreeMap;
+use std::io::{BufRead, Write};
+
+pub const AGENT_PROTOCOL: u32 = 1;
+/// Longest line either side accepts.
+pub const MAX_LINE: u64 = 4 << 20;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Msg {
+    Challenge {
+        version: u32,
+        nonce: String,
+    },
+    Auth {
+        mac: String,
+        nonce: String,
+    },
+    Welcome {
+        mac: String,
+        host: String,
+        cores: usize,
+    },
+    Error {
+        msg: String,
+    },
+    Launch {
+        program: String,
+        args: Vec<String>,
+        cwd: Option<String>,
+        ranks: Vec<RankSpec>,
+    },
+    Started {
+        rank: usize,
+        pid: u32,
+    },
+    Output {
+        rank: usize,
+        stream: Stream,
+        line: String,
+    },
+    Exit {
+        rank: usize,
+        code: Option<i32>,
+        signal: Option<i32>,
+    },
+    Kill {
+        signal: i32,
+    },
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Stream {
+    Out,
+    Err,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RankSpec {
+    pub rank: usize,
+    pub env: BTreeMap<String, String>,
+}
+
+pub fn read_msg(r: &mut impl BufRead) -> Result<Option<Msg>, String> {
+    let mut line = Vec::new();
+    let n = std::io::Read::take(&mut *r, MAX_LINE + 1)
+        .read_until(b'\n', &mut line)
+        .map_err(|e| format!("read failed: {e}"))?;
+    if n == 0 {
+        return Ok(None);
+    }
+    if line.len() as u64 > MAX_LINE {
+        return Err(format!("message longer than {MAX_LINE} bytes"));
+    }
+    serde_json::from_slice(&line)
+        .map(Some)
+        .map_err(|e| format!("malformed message: {e}"))
+}
+
+pub fn write_msg(w: &mut impl Write, m: &Msg) -> std::io::Result<()> {
+    let mut s = serde_json::to_vec(m).map_err(std::io::Error::other)?;
+    s.push(b'\n');
+    w.write_all(&s)?;
+    w.flush()
+}
+
+pub fn mac(secret: &[u8], label: &str, nonce: &str) -> String {
+    let mut m = <Hmac<Sha256> as Mac>::new_from_slice(secret).expect("HMAC takes any key length");
+    m.update(label.as_bytes());
+    m.update(nonce.as_bytes());
+    mutirao::pmi::hex(&m.finalize().into_bytes())
+}
+
+pub fn verify(secret: &[u8], label: &str, nonce: &str, mac_hex: &str) -> bool {
+    mutirao::wire::constant_time_eq(mac(secret, label, nonce).as_bytes(), mac_hex.as_bytes())
+}
+
+pub const CLIENT_LABEL: &str = "mutirao-agent-client-v1";
+pub const SERVER_LABEL: &str = "mutirao-agent-server-v1";
+
+pub fn nonce() -> std::io::Result<String> {
+    Ok(mutirao::pmi::hex(&mutirao::pmi::new_token()?))
+}
+
+/// Read a token file: at least 16 bytes of secret after trimming whitespace.
+pub fn read_token_file(path: &std::path::Path) -> Result<Vec<u8>, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        format!(
+            "cannot read the agent token file {}: {e}\n  create one with: mutirao agent --gen-token {}",
+            path.display(),
+            path.display()
+        )
+    })?;
+    let t = text.trim();
+    if t.len() < 16 {
+        return Err(format!(
+            "the agent token in {} is shorter than 16 characters: use `mutirao agent --gen-token`",
+            path.display()
+        ));
+    }
+    Ok(t.as_bytes().to_vec())
+}
+
+/// Where the token lives unless `--token-file` says otherwise: `$MUTIRAO_AGENT_TOKEN_FILE`, else
+/// `$HOME/.mutirao/agent.token`.
+pub fn default_token_path() -> std::path::PathBuf {
+    if let Ok(p) = std::env::var("MUTIRAO_AGENT_TOKEN_FILE") {
+        return p.into();
+    }
+    let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
+    std::path::Path::new(&home).join(".mutirao/agent.token")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mac_depends_on_secret_label_and_nonce() {
+        let a = mac(b"secret-secret-16", CLIENT_LABEL, "n1");
+        assert!(verify(b"secret-secret-16", CLIENT_LABEL, "n1", &a));
+        assert!(!verify(b"secret-secret-17", CLIENT_LABEL, "n1", &a));
+        assert!(!verify(b"secret-secret-16", SERVER_LABEL, "n1", &a));
+        assert!(!verify(b"secret-secret-16", CLIENT_LABEL, "n2", &a));
+    }
+
+    #[test]
+    fn malformed_lines_are_errors() {
+        let mut r = std::io::Cursor::new(b"{\"op\":\"launch\"\n".to_vec());
+        assert!(read_msg(&mut r).is_err());
+        let mut r = std::io::Cursor::new(b"".to_vec());
+        assert!(read_msg(&mut r).unwrap().is_none());
+    }
+}

@@ -1,0 +1,673 @@
+//! Collective operations, with the algorithms MPICH uses:
+//!
+//! | operation | algorithm |
+//! |---|---|
+//! | barrier | dissemination (⌈log₂ n⌉ rounds) |
+//! | bcast | binomial tree; scatter + ring allgather (van de Geijn) from 512 KiB on > 2 ranks |
+//! | reduce | binomial tree (rank order kept for non-commutative operators) |
+//! | allreduce | recursive doubling with folding for non-powers of two; ring reduce-scatter + allgather from 64 KiB for commutative operators |
+//! | gather / scatter | binomial tree |
+//! | gatherv / scatterv | direct (as MPICH), one message per rank |
+//! | allgather | recursive doubling for powers of two below 64 KiB, ring otherwise |
+//! | alltoall | pairwise exchange |
+//!
+//! Collective traffic travels in a context of its own, so it never matches user receives.
+
+use crate::comm::{Comm, CommInner};
+use crate::op::Op;
+use crate::Error;
+use bytemuck::Pod;
+use std::cell::Cell;
+use std::ops::Range;
+use std::rc::Rc;
+
+const T_BARRIER: i32 = 1;
+const T_BCAST: i32 = 2;
+const T_REDUCE: i32 = 3;
+const T_ALLREDUCE: i32 = 4;
+const T_GATHER: i32 = 5;
+const T_SCATTER: i32 = 6;
+const T_ALLGATHER: i32 = 7;
+const T_ALLTOALL: i32 = 8;
+
+/// Messages at or above this size use the bandwidth-optimal algorithms.
+pub const LARGE_BCAST: usize = 512 * 1024;
+/// Allreduce/allgather switch to ring algorithms at this size.
+pub const LARGE_REDUCE: usize = 64 * 1024;
+
+/// Split `buf` into a shared range and a disjoint mutable range.
+fn split2(buf: &mut [u8], a: Range<usize>, b: Range<usize>) -> (&[u8], &mut [u8]) {
+    debug_assert!(a.end <= b.start || b.end <= a.start || a.is_empty() || b.is_empty());
+    if a.is_empty() {
+        return (&[], &mut buf[b]);
+    }
+    if b.is_empty() {
+        return (&buf[a], &mut []);
+    }
+    if a.end <= b.start {
+        let (lo, hi) = buf.split_at_mut(b.start);
+        (&lo[a], &mut hi[..b.end - b.start])
+    } else {
+        let (lo, hi) = buf.split_at_mut(a.start);
+        (&hi[..a.end - a.start], &mut lo[b])
+    }
+}
+
+impl Comm {
+    fn cctx(&self) -> u64 {
+        self.inner.ctx + 1
+    }
+
+    /// One collective step: sends to and receives from communicator ranks.
+    fn step(
+        &self,
+        tag: i32,
+        sends: &[(usize, &[u8])],
+        recvs: &mut [(usize, &mut [u8])],
+    ) -> Result<(), Error> {
+        let s: Vec<(usize, i32, &[u8])> = sends.iter().map(|(d, b)| (*d, tag, *b)).collect();
+        let mut r: Vec<(Option<usize>, Option<i32>, &mut [u8])> = Vec::with_capacity(recvs.len());
+        for (src, buf) in recvs.iter_mut() {
+            r.push((Some(self.peer(*src)?), Some(tag), &mut **buf));
+        }
+        let st = self.raw_exchange(self.cctx(), &s, &mut r)?;
+        for (got, (_, _, buf)) in st.iter().zip(r.iter()) {
+            if got.bytes != buf.len() {
+                return Err(Error::Invalid(format!(
+                    "collective mismatch: rank {} sent {} bytes where {} were expected (do all ranks pass the same count and root?)",
+                    got.source,
+                    got.bytes,
+                    buf.len()
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    fn check_root(&self, root: usize) -> Result<(), Error> {
+        if root >= self.size() {
+            return Err(Error::Invalid(format!(
+                "root {root} is not a rank of this communicator of {} ranks",
+                self.size()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Block until every rank of the communicator has entered the barrier.
+    pub fn barrier(&self) -> Result<(), Error> {
+        let (n, r) = (self.size(), self.rank());
+        let mut k = 1;
+        while k < n {
+            self.step(
+                T_BARRIER,
+                &[((r + k) % n, &[])],
+                &mut [((r + n - k) % n, &mut [])],
+            )?;
+            k *= 2;
+        }
+        Ok(())
+    }
+
+    /// Broadcast `buf` from `root` to every rank (every rank passes a buffer of the same length).
+    pub fn bcast<T: Pod>(&self, buf: &mut [T], root: usize) -> Result<(), Error> {
+        self.check_root(root)?;
+        let n = self.size();
+        if n == 1 {
+            return Ok(());
+        }
+        let bytes: &mut [u8] = bytemuck::cast_slice_mut(buf);
+        if bytes.len() >= LARGE_BCAST && n > 2 {
+            self.bcast_scatter_allgather(bytes, root)
+        } else {
+            self.bcast_binomial(bytes, root)
+        }
+    }
+
+    fn bcast_binomial(&self, bytes: &mut [u8], root: usize) -> Result<(), Error> {
+        let (n, r) = (self.size(), self.rank());
+        let vr = (r + n - root) % n;
+        let real = |v: usize| (v + root) % n;
+        let mut mask = 1;
+        while mask < n {
+            if vr & mask != 0 {
+                self.step(T_BCAST, &[], &mut [(real(vr - mask), &mut *bytes)])?;
+                break;
+            }
+            mask <<= 1;
+        }
+        mask >>= 1;
+        let mut sends = Vec::new();
+        while mask > 0 {
+            if vr + mask < n {
+                sends.push((real(vr + mask), &*bytes));
+            }
+            mask >>= 1;
+        }
+        self.step(T_BCAST, &sends, &mut [])
+    }
+
+    fn bcast_scatter_allgather(&self, bytes: &mut [u8], root: usize) -> Result<(), Error> {
+        let (n, r) = (self.size(), self.rank());
+        let len = bytes.len();
+        let cs = len.div_ceil(n);
+        let chunks = |a: usize, b: usize| (a * cs).min(len)..(b * cs).min(len);
+        let vr = (r + n - root) % n;
+        let real = |v: usize| (v + root) % n;
+        // Binomial scatter: vr receives chunks [vr, vr + lowbit(vr)) from its parent.
+        let mut mask = 1;
+        while mask < n {
+            if vr & mask != 0 {
+                let range = chunks(vr, (vr + mask).min(n));
+                self.step(T_BCAST, &[], &mut [(real(vr - mask), &mut bytes[range])])?;
+                break;
+            }
+            mask <<= 1;
+        }
+        mask >>= 1;
+        while mask > 0 {
+            if vr + mask < n {
+                let range = chunks(vr + mask, (vr + 2 * mask).min(n));
+                self.step(T_BCAST, &[(real(vr + mask), &bytes[range])], &mut [])?;
+            }
+            mask >>= 1;
+        }
+        // Ring allgather of the chunks, in vr space.
+        let right = real((vr + 1) % n);
+        let left = real((vr + n - 1) % n);
+        for s in 0..n - 1 {
+            let send_c = (vr + n - s) % n;
+            let recv_c = (vr + 2 * n - s - 1) % n;
+            let (sb, rb) = split2(
+                bytes,
+                chunks(send_c, send_c + 1),
+                chunks(recv_c, recv_c + 1),
+            );
+            self.step(T_BCAST, &[(right, sb)], &mut [(left, rb)])?;
+        }
+        Ok(())
+    }
+
+    /// Combine every rank's `send` with `op`; the result lands in `recv` on `root` (ignored
+    /// elsewhere).
+    pub fn reduce<T: Pod, O: Op<T>>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        op: &O,
+        root: usize,
+    ) -> Result<(), Error> {
+        self.check_root(root)?;
+        let (n, r) = (self.size(), self.rank());
+        if r == root && recv.len() != send.len() {
+            return Err(Error::Invalid(format!(
+                "reduce: receive buffer has {} elements, send buffer {}",
+                recv.len(),
+                send.len()
+            )));
+        }
+        // Non-commutative operators: reduce at rank 0 in rank order, then move to the root.
+        let tree_root = if op.commutative() { root } else { 0 };
+        let vr = (r + n - tree_root) % n;
+        let real = |v: usize| (v + tree_root) % n;
+        let mut acc = send.to_vec();
+        let mut tmp = send.to_vec();
+        let mut mask = 1;
+        while mask < n {
+            if vr & mask == 0 {
+                let child = vr | mask;
+                if child < n {
+                    self.step(
+                        T_REDUCE,
+                        &[],
+                        &mut [(real(child), bytemuck::cast_slice_mut(&mut tmp))],
+                    )?;
+                    // acc holds lower ranks than tmp.
+                    op.combine(&acc, &mut tmp);
+                    std::mem::swap(&mut acc, &mut tmp);
+                }
+            } else {
+                self.step(
+                    T_REDUCE,
+                    &[(real(vr & !mask), bytemuck::cast_slice(&acc))],
+                    &mut [],
+                )?;
+                break;
+            }
+            mask <<= 1;
+        }
+        if tree_root != root {
+            if r == tree_root {
+                self.step(T_REDUCE, &[(root, bytemuck::cast_slice(&acc))], &mut [])?;
+            } else if r == root {
+                self.step(
+                    T_REDUCE,
+                    &[],
+                    &mut [(tree_root, bytemuck::cast_slice_mut(recv))],
+                )?;
+                return Ok(());
+            }
+        }
+        if r == root {
+            recv.copy_from_slice(&acc);
+        }
+        Ok(())
+    }
+
+    /// Combine every rank's `send` with `op`; every rank gets the result in `recv`.
+    pub fn allreduce<T: Pod, O: Op<T>>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        op: &O,
+    ) -> Result<(), Error> {
+        if recv.len() != send.len() {
+            return Err(Error::Invalid(format!(
+                "allreduce: receive buffer has {} elements, send buffer {}",
+                recv.len(),
+                send.len()
+            )));
+        }
+        recv.copy_from_slice(send);
+        let n = self.size();
+        if n == 1 {
+            return Ok(());
+        }
+        if std::mem::size_of_val(send) >= LARGE_REDUCE && op.commutative() && send.len() >= n {
+            self.allreduce_ring(recv, op)
+        } else {
+            self.allreduce_rd(recv, op)
+        }
+    }
+
+    fn allreduce_rd<T: Pod, O: Op<T>>(&self, acc: &mut [T], op: &O) -> Result<(), Error> {
+        let (n, r) = (self.size(), self.rank());
+        let pof2 = 1usize << (usize::BITS - 1 - n.leading_zeros());
+        let rem = n - pof2;
+        let mut tmp = acc.to_vec();
+        let newrank = if r < 2 * rem {
+            if r % 2 == 0 {
+                self.step(T_ALLREDUCE, &[(r + 1, bytemuck::cast_slice(acc))], &mut [])?;
+                None
+            } else {
+                self.step(
+                    T_ALLREDUCE,
+                    &[],
+                    &mut [(r - 1, bytemuck::cast_slice_mut(&mut tmp))],
+                )?;
+                op.combine(&tmp, acc);
+                Some(r / 2)
+            }
+        } else {
+            Some(r - rem)
+        };
+        if let Some(nr) = newrank {
+            let mut mask = 1;
+            while mask < pof2 {
+                let pn = nr ^ mask;
+                let partner = if pn < rem { pn * 2 + 1 } else { pn + rem };
+                self.step(
+                    T_ALLREDUCE,
+                    &[(partner, bytemuck::cast_slice(acc))],
+                    &mut [(partner, bytemuck::cast_slice_mut(&mut tmp))],
+                )?;
+                if partner < r {
+                    op.combine(&tmp, acc);
+                } else {
+                    op.combine(acc, &mut tmp);
+                    acc.copy_from_slice(&tmp);
+                }
+                mask <<= 1;
+            }
+        }
+        if r < 2 * rem {
+            if r % 2 == 1 {
+                self.step(T_ALLREDUCE, &[(r - 1, bytemuck::cast_slice(acc))], &mut [])?;
+            } else {
+                self.step(
+                    T_ALLREDUCE,
+                    &[],
+                    &mut [(r + 1, bytemuck::cast_slice_mut(acc))],
+                )?;
+            }
+        }
+        Ok(())
+    }
+
+    fn allreduce_ring<T: Pod, O: Op<T>>(&self, acc: &mut [T], op: &O) -> Result<(), Error> {
+        let (n, r) = (self.size(), self.rank());
+        let count = acc.len();
+        let bs = count.div_ceil(n);
+        let block = |i: usize| (i * bs).min(count)..((i + 1) * bs).min(count);
+        let right = (r + 1) % n;
+        let left = (r + n - 1) % n;
+        let mut tmp: Vec<T> = vec![T::zeroed(); bs];
+        // Reduce-scatter: after n-1 steps rank r holds the full sum of block (r+1) mod n.
+        for s in 0..n - 1 {
+            let sb = block((r + n - s) % n);
+            let rb = block((r + 2 * n - s - 1) % n);
+            let rlen = rb.len();
+            self.step(
+                T_ALLREDUCE,
+                &[(right, bytemuck::cast_slice(&acc[sb]))],
+                &mut [(left, bytemuck::cast_slice_mut(&mut tmp[..rlen]))],
+            )?;
+            op.combine(&tmp[..rlen], &mut acc[rb]);
+        }
+        // Allgather of the reduced blocks.
+        let elem = std::mem::size_of::<T>();
+        let bytes: &mut [u8] = bytemuck::cast_slice_mut(acc);
+        let byte_block = |i: usize| {
+            let b = block(i);
+            b.start * elem..b.end * elem
+        };
+        for s in 0..n - 1 {
+            let sb = byte_block((r + 1 + n - s) % n);
+            let rb = byte_block((r + n - s) % n);
+            let (sbuf, rbuf) = split2(bytes, sb, rb);
+            self.step(T_ALLREDUCE, &[(right, sbuf)], &mut [(left, rbuf)])?;
+        }
+        Ok(())
+    }
+
+    /// Gather equal-size blocks at `root`: `recv` (root only) gets rank i's `send` at
+    /// `[i·len, (i+1)·len)`.
+    pub fn gather<T: Pod>(&self, send: &[T], recv: &mut [T], root: usize) -> Result<(), Error> {
+        self.check_root(root)?;
+        let (n, r) = (self.size(), self.rank());
+        let len = std::mem::size_of_val(send);
+        if r == root && std::mem::size_of_val(recv) != n * len {
+            return Err(Error::Invalid(format!(
+                "gather: root's receive buffer must hold {n} × {} elements",
+                send.len()
+            )));
+        }
+        let vr = (r + n - root) % n;
+        let real = |v: usize| (v + root) % n;
+        let span = if vr == 0 {
+            n
+        } else {
+            (vr & vr.wrapping_neg()).min(n - vr)
+        };
+        let mut tmp = vec![0u8; span * len];
+        tmp[..len].copy_from_slice(bytemuck::cast_slice(send));
+        let mut have = 1;
+        let mut mask = 1;
+        while mask < n {
+            if vr & mask == 0 {
+                let child = vr + mask;
+                if child < n {
+                    let cnt = mask.min(n - child);
+                    self.step(
+                        T_GATHER,
+                        &[],
+                        &mut [(real(child), &mut tmp[mask * len..(mask + cnt) * len])],
+                    )?;
+                    have = mask + cnt;
+                }
+            } else {
+                self.step(T_GATHER, &[(real(vr - mask), &tmp[..have * len])], &mut [])?;
+                break;
+            }
+            mask <<= 1;
+        }
+        if r == root {
+            let out: &mut [u8] = bytemuck::cast_slice_mut(recv);
+            for v in 0..n {
+                let rr = real(v);
+                out[rr * len..(rr + 1) * len].copy_from_slice(&tmp[v * len..(v + 1) * len]);
+            }
+        }
+        Ok(())
+    }
+
+    /// Gather blocks of different sizes at `root`: rank i sends `counts[i]` elements, stored
+    /// contiguously in rank order in `recv` (root only; `counts` is read at the root).
+    pub fn gatherv<T: Pod>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        counts: &[usize],
+        root: usize,
+    ) -> Result<(), Error> {
+        self.check_root(root)?;
+        let (n, r) = (self.size(), self.rank());
+        if r != root {
+            return self.step(T_GATHER, &[(root, bytemuck::cast_slice(send))], &mut []);
+        }
+        if counts.len() != n
+            || counts.iter().sum::<usize>() != recv.len()
+            || counts[r] != send.len()
+        {
+            return Err(Error::Invalid(format!(
+                "gatherv: counts must have {n} entries summing to the receive buffer length, and counts[root] must equal the send length"
+            )));
+        }
+        let mut rest: &mut [T] = recv;
+        let mut parts: Vec<(usize, &mut [u8])> = Vec::with_capacity(n);
+        for (i, c) in counts.iter().enumerate() {
+            let (head, tail) = rest.split_at_mut(*c);
+            rest = tail;
+            if i == r {
+                head.copy_from_slice(send);
+            } else {
+                parts.push((i, bytemuck::cast_slice_mut(head)));
+            }
+        }
+        self.step(T_GATHER, &[], &mut parts)
+    }
+
+    /// Scatter equal-size blocks from `root`: rank i gets `send[i·len, (i+1)·len)` in `recv`.
+    pub fn scatter<T: Pod>(&self, send: &[T], recv: &mut [T], root: usize) -> Result<(), Error> {
+        self.check_root(root)?;
+        let (n, r) = (self.size(), self.rank());
+        let len = std::mem::size_of_val(recv);
+        if r == root && std::mem::size_of_val(send) != n * len {
+            return Err(Error::Invalid(format!(
+                "scatter: root's send buffer must hold {n} × {} elements",
+                recv.len()
+            )));
+        }
+        let vr = (r + n - root) % n;
+        let real = |v: usize| (v + root) % n;
+        let span = if vr == 0 {
+            n
+        } else {
+            (vr & vr.wrapping_neg()).min(n - vr)
+        };
+        let mut tmp = vec![0u8; span * len];
+        if r == root {
+            let src: &[u8] = bytemuck::cast_slice(send);
+            for v in 0..n {
+                let rr = real(v);
+                tmp[v * len..(v + 1) * len].copy_from_slice(&src[rr * len..(rr + 1) * len]);
+            }
+        }
+        let mut mask = 1;
+        while mask < n {
+            if vr & mask != 0 {
+                self.step(T_SCATTER, &[], &mut [(real(vr - mask), &mut tmp[..])])?;
+                break;
+            }
+            mask <<= 1;
+        }
+        mask >>= 1;
+        while mask > 0 {
+            if vr + mask < n {
+                let cnt = mask.min(n - vr - mask);
+                self.step(
+                    T_SCATTER,
+                    &[(real(vr + mask), &tmp[mask * len..(mask + cnt) * len])],
+                    &mut [],
+                )?;
+            }
+            mask >>= 1;
+        }
+        bytemuck::cast_slice_mut::<T, u8>(recv).copy_from_slice(&tmp[..len]);
+        Ok(())
+    }
+
+    /// Scatter blocks of different sizes from `root`: rank i gets `counts[i]` elements, taken
+    /// contiguously in rank order from `send` (root only).
+    pub fn scatterv<T: Pod>(
+        &self,
+        send: &[T],
+        counts: &[usize],
+        recv: &mut [T],
+        root: usize,
+    ) -> Result<(), Error> {
+        self.check_root(root)?;
+        let (n, r) = (self.size(), self.rank());
+        if r != root {
+            return self.step(
+                T_SCATTER,
+                &[],
+                &mut [(root, bytemuck::cast_slice_mut(recv))],
+            );
+        }
+        if counts.len() != n
+            || counts.iter().sum::<usize>() != send.len()
+            || counts[r] != recv.len()
+        {
+            return Err(Error::Invalid(format!(
+                "scatterv: counts must have {n} entries summing to the send buffer length, and counts[root] must equal the receive length"
+            )));
+        }
+        let mut sends = Vec::with_capacity(n);
+        let mut off = 0;
+        for (i, c) in counts.iter().enumerate() {
+            let part = &send[off..off + c];
+            if i == r {
+                recv.copy_from_slice(part);
+            } else {
+                sends.push((i, bytemuck::cast_slice(part)));
+            }
+            off += c;
+        }
+        self.step(T_SCATTER, &sends, &mut [])
+    }
+
+    /// Every rank gets every rank's block: `recv[i·len, (i+1)·len)` = rank i's `send`.
+    pub fn allgather<T: Pod>(&self, send: &[T], recv: &mut [T]) -> Result<(), Error> {
+        let (n, r) = (self.size(), self.rank());
+        let len = std::mem::size_of_val(send);
+        if std::mem::size_of_val(recv) != n * len {
+            return Err(Error::Invalid(format!(
+                "allgather: receive buffer must hold {n} × {} elements",
+                send.len()
+            )));
+        }
+        let bytes: &mut [u8] = bytemuck::cast_slice_mut(recv);
+        bytes[r * len..(r + 1) * len].copy_from_slice(bytemuck::cast_slice(send));
+        if n == 1 {
+            return Ok(());
+        }
+        if n.is_power_of_two() && n * len < LARGE_REDUCE {
+            let mut mask = 1;
+            while mask < n {
+                let partner = r ^ mask;
+                let mine = (r & !(mask - 1)) * len;
+                let theirs = (partner & !(mask - 1)) * len;
+                let (sb, rb) = split2(bytes, mine..mine + mask * len, theirs..theirs + mask * len);
+                self.step(T_ALLGATHER, &[(partner, sb)], &mut [(partner, rb)])?;
+                mask <<= 1;
+            }
+        } else {
+            let right = (r + 1) % n;
+            let left = (r + n - 1) % n;
+            for s in 0..n - 1 {
+                let sc = (r + n - s) % n;
+                let rc = (r + 2 * n - s - 1) % n;
+                let (sb, rb) = split2(bytes, sc * len..(sc + 1) * len, rc * len..(rc + 1) * len);
+                self.step(T_ALLGATHER, &[(right, sb)], &mut [(left, rb)])?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Personalised exchange: block j of `send` goes to rank j, landing as block `rank` of its
+    /// `recv`.
+    pub fn alltoall<T: Pod>(&self, send: &[T], recv: &mut [T]) -> Result<(), Error> {
+        let (n, r) = (self.size(), self.rank());
+        if send.len() != recv.len() || send.len() % n != 0 {
+            return Err(Error::Invalid(format!(
+                "alltoall: send and receive buffers must have the same length, a multiple of {n}"
+            )));
+        }
+        let len = std::mem::size_of_val(send) / n;
+        let sb: &[u8] = bytemuck::cast_slice(send);
+        let rb: &mut [u8] = bytemuck::cast_slice_mut(recv);
+        rb[r * len..(r + 1) * len].copy_from_slice(&sb[r * len..(r + 1) * len]);
+        for k in 1..n {
+            let to = (r + k) % n;
+            let from = (r + n - k) % n;
+            self.step(
+                T_ALLTOALL,
+                &[(to, &sb[to * len..(to + 1) * len])],
+                &mut [(from, &mut rb[from * len..(from + 1) * len])],
+            )?;
+        }
+        Ok(())
+    }
+
+    fn child_ctx(&self, color: u64) -> u64 {
+        let seq = self.inner.children.get() + 1;
+        self.inner.children.set(seq);
+        // splitmix64 of (parent, seq, color): distinct communicators get distinct contexts with
+        // overwhelming probability; even, and never the world's 0.
+        let mut z = self
+            .inner
+            .ctx
+            .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+            .wrapping_add(seq.wrapping_mul(0xBF58_476D_1CE4_E5B9))
+            .wrapping_add(color.wrapping_mul(0x94D0_49BB_1331_11EB));
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        (z & !1).max(2)
+    }
+
+    fn derived(&self, ctx: u64, group: Vec<usize>) -> Comm {
+        let me = self.inner.group[self.rank()];
+        let rank = group.iter().position(|w| *w == me).unwrap_or(0);
+        Comm {
+            inner: Rc::new(CommInner {
+                eng: self.inner.eng.clone(),
+                ctx,
+                index: group.iter().enumerate().map(|(i, w)| (*w, i)).collect(),
+                group,
+                rank,
+                children: Cell::new(0),
+            }),
+        }
+    }
+
+    /// A copy of this communicator with its own message space (collective).
+    pub fn dup(&self) -> Result<Comm, Error> {
+        self.barrier()?;
+        let ctx = self.child_ctx(u64::MAX);
+        Ok(self.derived(ctx, self.inner.group.clone()))
+    }
+
+    /// Partition the ranks by `color` (collective). Ranks with the same colour form a new
+    /// communicator ordered by (`key`, old rank); `None` leaves the rank out (returns `None`).
+    pub fn split(&self, color: Option<u32>, key: i32) -> Result<Option<Comm>, Error> {
+        let n = self.size();
+        let mine = [color.map_or(-1, i64::from), i64::from(key)];
+        let mut all = vec![0i64; 2 * n];
+        self.allgather(&mine, &mut all)?;
+        let Some(c) = color else {
+            // Keep the sequence in step with the members.
+            self.inner.children.set(self.inner.children.get() + 1);
+            return Ok(None);
+        };
+        let mut members: Vec<(i64, usize)> = (0..n)
+            .filter(|i| all[2 * i] == i64::from(c))
+            .map(|i| (all[2 * i + 1], i))
+            .collect();
+        members.sort();
+        let group = members.iter().map(|(_, i)| self.inner.group[*i]).collect();
+        let ctx = self.child_ctx(u64::from(c));
+        Ok(Some(self.derived(ctx, group)))
+    }
+}

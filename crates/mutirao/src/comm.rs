@@ -1,0 +1,522 @@
+//! Communicators and point-to-point operations.
+
+use crate::engine::{Buf, Dest, Engine, SendData};
+use crate::{Error, Status, ANY_SOURCE, ANY_TAG};
+use bytemuck::Pod;
+use serde::{de::DeserializeOwned, Serialize};
+use std::cell::{Cell, RefCell};
+use std::marker::PhantomData;
+use std::rc::Rc;
+
+pub(crate) struct CommInner {
+    pub(crate) eng: Rc<RefCell<Engine>>,
+    /// Context id for point-to-point traffic (even); collectives use `ctx + 1`.
+    pub(crate) ctx: u64,
+    /// Communicator rank → world rank.
+    pub(crate) group: Vec<usize>,
+    /// World rank → communicator rank.
+    pub(crate) index: std::collections::HashMap<usize, usize>,
+    pub(crate) rank: usize,
+    /// Number of communicators derived so far (they are created collectively, in the same order
+    /// on every member, so this counter agrees across members).
+    pub(crate) children: Cell<u64>,
+}
+
+/// A communicator: a group of ranks and a private message space. Cheap to clone.
+#[derive(Clone)]
+pub struct Comm {
+    pub(crate) inner: Rc<CommInner>,
+}
+
+impl std::fmt::Debug for Comm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Comm")
+            .field("rank", &self.rank())
+            .field("size", &self.size())
+            .field("ctx", &self.inner.ctx)
+            .finish()
+    }
+}
+
+fn alloc_vec<T: Pod>(len: usize) -> Result<Box<dyn Buf>, Error> {
+    let elem = std::mem::size_of::<T>();
+    if elem == 0 || len % elem != 0 {
+        return Err(Error::ElementSize { bytes: len, elem });
+    }
+    Ok(Box::new(vec![T::zeroed(); len / elem]))
+}
+
+fn check_elems<T>(status: &Status) -> Result<(), Error> {
+    let elem = std::mem::size_of::<T>();
+    if elem == 0 || status.bytes % elem != 0 {
+        return Err(Error::ElementSize {
+            bytes: status.bytes,
+            elem,
+        });
+    }
+    Ok(())
+}
+
+impl Comm {
+    pub(crate) fn world(engine: Engine) -> Comm {
+        let size = engine.size;
+        let rank = engine.rank;
+        Comm {
+            inner: Rc::new(CommInner {
+                eng: Rc::new(RefCell::new(engine)),
+                ctx: 0,
+                group: (0..size).collect(),
+                index: (0..size).map(|i| (i, i)).collect(),
+                rank,
+                children: Cell::new(0),
+            }),
+        }
+    }
+
+    /// This process's rank in the communicator.
+    pub fn rank(&self) -> usize {
+        self.inner.rank
+    }
+
+    /// Number of ranks in the communicator.
+    pub fn size(&self) -> usize {
+        self.inner.group.len()
+    }
+
+    /// The world rank of communicator rank `r`.
+    pub fn world_rank(&self, r: usize) -> Option<usize> {
+        self.inner.group.get(r).copied()
+    }
+
+    pub(crate) fn peer(&self, r: usize) -> Result<usize, Error> {
+        self.inner.group.get(r).copied().ok_or_else(|| {
+            Error::Invalid(format!(
+                "rank {r} is not in this communicator of {} ranks",
+                self.size()
+            ))
+        })
+    }
+
+    fn src_filter(&self, src: usize) -> Result<Option<usize>, Error> {
+        if src == ANY_SOURCE {
+            Ok(None)
+        } else {
+            self.peer(src).map(Some)
+        }
+    }
+
+    fn tag_filter(tag: i32) -> Result<Option<i32>, Error> {
+        match tag {
+            ANY_TAG => Ok(None),
+            t if t >= 0 => Ok(Some(t)),
+            t => Err(Error::Invalid(format!(
+                "tag {t}: tags are ≥ 0 (ANY_TAG = -1 only when receiving)"
+            ))),
+        }
+    }
+
+    fn send_tag(tag: i32) -> Result<i32, Error> {
+        if tag < 0 {
+            return Err(Error::Invalid(format!("tag {tag}: send tags must be ≥ 0")));
+        }
+        Ok(tag)
+    }
+
+    pub(crate) fn to_local(&self, mut s: Status) -> Status {
+        s.source = self.inner.index.get(&s.source).copied().unwrap_or(s.source);
+        s
+    }
+
+    // ------------------------------------------------------------ blocking
+
+    /// Send `buf` to rank `dest` with `tag`. Returns when `buf` may be reused.
+    pub fn send<T: Pod>(&self, buf: &[T], dest: usize, tag: i32) -> Result<(), Error> {
+        let tag = Self::send_tag(tag)?;
+        self.raw_send(self.inner.ctx, bytemuck::cast_slice(buf), dest, tag)
+    }
+
+    pub(crate) fn raw_send(
+        &self,
+        ctx: u64,
+        bytes: &[u8],
+        dest: usize,
+        tag: i32,
+    ) -> Result<(), Error> {
+        let peer = self.peer(dest)?;
+        let mut e = self.inner.eng.borrow_mut();
+        let id = e.start_send(
+            peer,
+            ctx,
+            tag,
+            SendData::Borrowed(bytes.as_ptr(), bytes.len()),
+        )?;
+        // The engine may hold `bytes` until this function returns: wait, then always remove it.
+        let res = e.wait_until(|e| e.send_finished(id));
+        let res = res.and_then(|_| e.take_send(id).map(|_| ()));
+        e.forget_send(id);
+        res
+    }
+
+    /// Receive into `buf` from `src` (or [`ANY_SOURCE`]) with `tag` (or [`ANY_TAG`]).
+    /// The message may be shorter than `buf`; [`Status::bytes`] tells its size.
+    pub fn recv<T: Pod>(&self, buf: &mut [T], src: usize, tag: i32) -> Result<Status, Error> {
+        let st = self.raw_recv(
+            self.inner.ctx,
+            bytemuck::cast_slice_mut(buf),
+            self.src_filter(src)?,
+            Self::tag_filter(tag)?,
+        )?;
+        check_elems::<T>(&st)?;
+        Ok(st)
+    }
+
+    pub(crate) fn raw_recv(
+        &self,
+        ctx: u64,
+        buf: &mut [u8],
+        src: Option<usize>,
+        tag: Option<i32>,
+    ) -> Result<Status, Error> {
+        let mut e = self.inner.eng.borrow_mut();
+        let id = e.post_recv(ctx, src, tag, Dest::Borrowed(buf.as_mut_ptr(), buf.len()))?;
+        let res = e.wait_until(|e| e.recv_finished(id));
+        let res = res.and_then(|_| e.take_recv(id).map(|(s, _)| s));
+        e.forget_recv(id);
+        res.map(|s| self.to_local(s))
+    }
+
+    /// Receive a message of any length into a new vector.
+    pub fn recv_vec<T: Pod>(&self, src: usize, tag: i32) -> Result<(Vec<T>, Status), Error> {
+        let req: Request<T> = self.irecv(src, tag)?;
+        let (v, st) = req.wait()?;
+        Ok((v, st.expect("receives have a status")))
+    }
+
+    /// Send a value of any serde type.
+    pub fn send_obj<T: Serialize + ?Sized>(
+        &self,
+        value: &T,
+        dest: usize,
+        tag: i32,
+    ) -> Result<(), Error> {
+        let bytes = bincode::serialize(value).map_err(|e| Error::Codec(e.to_string()))?;
+        self.send(&bytes, dest, tag)
+    }
+
+    /// Receive a value of any serde type.
+    pub fn recv_obj<T: DeserializeOwned>(
+        &self,
+        src: usize,
+        tag: i32,
+    ) -> Result<(T, Status), Error> {
+        let (bytes, st) = self.recv_vec::<u8>(src, tag)?;
+        let v = bincode::deserialize(&bytes).map_err(|e| {
+            Error::Codec(format!(
+                "message from rank {} (tag {}) is not a {}: {e}",
+                st.source,
+                st.tag,
+                std::any::type_name::<T>()
+            ))
+        })?;
+        Ok((v, st))
+    }
+
+    /// Send `send` to `dest` and receive into `recv` from `src` at once (no deadlock whatever the
+    /// sizes).
+    pub fn sendrecv<S: Pod, R: Pod>(
+        &self,
+        send: &[S],
+        dest: usize,
+        send_tag: i32,
+        recv: &mut [R],
+        src: usize,
+        recv_tag: i32,
+    ) -> Result<Status, Error> {
+        let st = self.raw_exchange(
+            self.inner.ctx,
+            &[(dest, Self::send_tag(send_tag)?, bytemuck::cast_slice(send))],
+            &mut [(
+                self.src_filter(src)?,
+                Self::tag_filter(recv_tag)?,
+                bytemuck::cast_slice_mut(recv),
+            )],
+        )?;
+        let st = st[0];
+        check_elems::<R>(&st)?;
+        Ok(st)
+    }
+
+    /// Post every receive, start every send, wait for all (the building block of collectives).
+    /// Sources are world ranks already resolved (`None` = any); destinations are communicator ranks.
+    pub(crate) fn raw_exchange(
+        &self,
+        ctx: u64,
+        sends: &[(usize, i32, &[u8])],
+        recvs: &mut [(Option<usize>, Option<i32>, &mut [u8])],
+    ) -> Result<Vec<Status>, Error> {
+        let peers: Vec<usize> = sends
+            .iter()
+            .map(|(d, _, _)| self.peer(*d))
+            .collect::<Result<_, _>>()?;
+        let mut e = self.inner.eng.borrow_mut();
+        let mut rids = Vec::with_capacity(recvs.len());
+        let mut sids = Vec::with_capacity(sends.len());
+        let mut res: Result<(), Error> = Ok(());
+        for (src, tag, buf) in recvs.iter_mut() {
+            match e.post_recv(ctx, *src, *tag, Dest::Borrowed(buf.as_mut_ptr(), buf.len())) {
+                Ok(id) => rids.push(id),
+                Err(err) => {
+                    res = Err(err);
+                    break;
+                }
+            }
+        }
+        if res.is_ok() {
+            for ((_, tag, buf), peer) in sends.iter().zip(&peers) {
+                match e.start_send(
+                    *peer,
+                    ctx,
+                    *tag,
+                    SendData::Borrowed(buf.as_ptr(), buf.len()),
+                ) {
+                    Ok(id) => sids.push(id),
+                    Err(err) => {
+                        res = Err(err);
+                        break;
+                    }
+                }
+            }
+        }
+        let mut statuses = Vec::with_capacity(rids.len());
+        if res.is_ok() {
+            res = e.wait_until(|e| {
+                rids.iter().all(|id| e.recv_finished(*id))
+                    && sids.iter().all(|id| e.send_finished(*id))
+            });
+        }
+        if res.is_ok() {
+            for id in &rids {
+                match e.take_recv(*id) {
+                    Ok((s, _)) => statuses.push(self.to_local(s)),
+                    Err(err) => {
+                        res = Err(err);
+                        break;
+                    }
+                }
+            }
+        }
+        if res.is_ok() {
+            for id in &sids {
+                if let Err(err) = e.take_send(*id) {
+                    res = Err(err);
+                    break;
+                }
+            }
+        }
+        // Borrowed pointers never outlive this call.
+        for id in rids {
+            e.forget_recv(id);
+        }
+        for id in sids {
+            e.forget_send(id);
+        }
+        res.map(|_| statuses)
+    }
+
+    // ------------------------------------------------------------ probe
+
+    /// Is a matching message waiting? Never blocks.
+    pub fn iprobe(&self, src: usize, tag: i32) -> Result<Option<Status>, Error> {
+        let (s, t) = (self.src_filter(src)?, Self::tag_filter(tag)?);
+        let mut e = self.inner.eng.borrow_mut();
+        if let Some(st) = e.iprobe(self.inner.ctx, s, t) {
+            return Ok(Some(self.to_local(st)));
+        }
+        e.poke()?;
+        Ok(e.iprobe(self.inner.ctx, s, t).map(|st| self.to_local(st)))
+    }
+
+    /// Wait until a matching message is here and describe it (it stays to be received).
+    pub fn probe(&self, src: usize, tag: i32) -> Result<Status, Error> {
+        let (s, t) = (self.src_filter(src)?, Self::tag_filter(tag)?);
+        let ctx = self.inner.ctx;
+        let mut e = self.inner.eng.borrow_mut();
+        e.wait_until(|e| e.iprobe(ctx, s, t).is_some() || e.source_gone(s).is_some())?;
+        match e.iprobe(ctx, s, t) {
+            Some(st) => Ok(self.to_local(st)),
+            None => Err(e
+                .source_gone(s)
+                .unwrap_or_else(|| Error::Invalid("probe".into()))),
+        }
+    }
+
+    // ------------------------------------------------------------ nonblocking
+
+    /// Start sending `data`; the buffer comes back from [`Request::wait`].
+    pub fn isend<T: Pod>(&self, data: Vec<T>, dest: usize, tag: i32) -> Result<Request<T>, Error> {
+        let tag = Self::send_tag(tag)?;
+        let peer = self.peer(dest)?;
+        let id = self.inner.eng.borrow_mut().start_send(
+            peer,
+            self.inner.ctx,
+            tag,
+            SendData::Owned(Box::new(data)),
+        )?;
+        Ok(Request::new(self.clone(), id, false))
+    }
+
+    /// Start receiving a message of any length; [`Request::wait`] returns it.
+    pub fn irecv<T: Pod>(&self, src: usize, tag: i32) -> Result<Request<T>, Error> {
+        let id = self.inner.eng.borrow_mut().post_recv(
+            self.inner.ctx,
+            self.src_filter(src)?,
+            Self::tag_filter(tag)?,
+            Dest::Alloc(alloc_vec::<T>),
+        )?;
+        Ok(Request::new(self.clone(), id, true))
+    }
+
+    /// Start receiving into `buf` (at most `buf.len()` elements); [`Request::wait`] returns the
+    /// buffer and the status.
+    pub fn irecv_into<T: Pod>(
+        &self,
+        buf: Vec<T>,
+        src: usize,
+        tag: i32,
+    ) -> Result<Request<T>, Error> {
+        let id = self.inner.eng.borrow_mut().post_recv(
+            self.inner.ctx,
+            self.src_filter(src)?,
+            Self::tag_filter(tag)?,
+            Dest::Owned(Box::new(buf)),
+        )?;
+        Ok(Request::new(self.clone(), id, true))
+    }
+
+    /// Finish: a barrier (so no rank leaves while others still talk to it), then goodbye to every
+    /// peer. Dropping the last handle of the world communicator does the same, ignoring errors.
+    pub fn finalize(self) -> Result<(), Error> {
+        let res = self.barrier();
+        let fin = self.inner.eng.borrow_mut().finalize_io();
+        res.and(fin)
+    }
+}
+
+impl Drop for CommInner {
+    fn drop(&mut self) {
+        if self.ctx == 0 && Rc::strong_count(&self.eng) == 1 {
+            if let Ok(mut e) = self.eng.try_borrow_mut() {
+                if !e.finalized {
+                    let _ = e.finalize_io();
+                }
+            }
+        }
+    }
+}
+
+/// What a completed request yields: the data (a receive's message, or a send's buffer back) and,
+/// for receives, the status.
+pub type Completion<T> = (Vec<T>, Option<Status>);
+
+/// A nonblocking operation in flight. Dropping it lets it finish in the background.
+pub struct Request<T: Pod> {
+    comm: Comm,
+    id: u64,
+    is_recv: bool,
+    taken: bool,
+    _t: PhantomData<T>,
+}
+
+impl<T: Pod> Request<T> {
+    fn new(comm: Comm, id: u64, is_recv: bool) -> Self {
+        Request {
+            comm,
+            id,
+            is_recv,
+            taken: false,
+            _t: PhantomData,
+        }
+    }
+
+    fn finished(&self, e: &Engine) -> bool {
+        if self.is_recv {
+            e.recv_finished(self.id)
+        } else {
+            e.send_finished(self.id)
+        }
+    }
+
+    /// Has it completed? Drives progress once; never blocks.
+    pub fn test(&mut self) -> Result<bool, Error> {
+        let mut e = self.comm.inner.eng.borrow_mut();
+        if self.finished(&e) {
+            return Ok(true);
+        }
+        e.poke()?;
+        Ok(self.finished(&e))
+    }
+
+    fn take(mut self, e: &mut Engine) -> Result<(Vec<T>, Option<Status>), Error> {
+        self.taken = true;
+        let (buf, st) = if self.is_recv {
+            let (st, buf) = e.take_recv(self.id)?;
+            check_elems::<T>(&st)?;
+            (buf, Some(self.comm.to_local(st)))
+        } else {
+            (e.take_send(self.id)?, None)
+        };
+        let v = match buf {
+            Some(b) => match b.into_any().downcast::<Vec<T>>() {
+                Ok(v) => *v,
+                Err(_) => return Err(Error::Invalid("request buffer of another type".into())),
+            },
+            None => Vec::new(),
+        };
+        // An irecv_into buffer is returned whole; the status tells how much was filled.
+        Ok((v, st))
+    }
+
+    /// Wait for completion. A receive returns its data and status; a send returns its buffer.
+    pub fn wait(self) -> Result<(Vec<T>, Option<Status>), Error> {
+        let comm = self.comm.clone();
+        let mut e = comm.inner.eng.borrow_mut();
+        e.wait_until(|e| self.finished(e))?;
+        self.take(&mut e)
+    }
+}
+
+impl<T: Pod> Drop for Request<T> {
+    fn drop(&mut self) {
+        if !self.taken {
+            if let Ok(mut e) = self.comm.inner.eng.try_borrow_mut() {
+                e.detach(self.id);
+            }
+        }
+    }
+}
+
+/// Wait for every request; results in the same order.
+pub fn wait_all<T: Pod>(reqs: Vec<Request<T>>) -> Result<Vec<Completion<T>>, Error> {
+    reqs.into_iter().map(Request::wait).collect()
+}
+
+/// Wait for any one request; removes it from `reqs` and returns its index and result.
+pub fn wait_any<T: Pod>(
+    reqs: &mut Vec<Request<T>>,
+) -> Result<(usize, Vec<T>, Option<Status>), Error> {
+    let Some(first) = reqs.first() else {
+        return Err(Error::Invalid("wait_any on an empty list".into()));
+    };
+    let comm = first.comm.clone();
+    let idx = {
+        let mut e = comm.inner.eng.borrow_mut();
+        e.wait_until(|e| reqs.iter().any(|r| r.finished(e)))?;
+        reqs.iter()
+            .position(|r| r.finished(&e))
+            .expect("one finished")
+    };
+    let r = reqs.remove(idx);
+    let mut e = comm.inner.eng.borrow_mut();
+    let (v, st) = r.take(&mut e)?;
+    Ok((idx, v, st))
+}

@@ -1,0 +1,65 @@
+//! Environment variables that tune the runtime. Every one has a sane default.
+//!
+//! | variable | default | meaning |
+//! |---|---|---|
+//! | `MUTIRAO_EAGER_LIMIT` | 65536 | messages up to this many bytes are sent at once; larger ones by rendezvous |
+//! | `MUTIRAO_SPIN_US` | 50 (5 when ranks outnumber cores) | how long a waiting rank polls before sleeping |
+//! | `MUTIRAO_TRANSPORT` | `auto` | `auto`: shared memory to ranks of the same host, TCP otherwise; `tcp`: TCP only |
+//! | `MUTIRAO_SHM_RING` | 2097152 | bytes of each shared-memory ring (one per direction per local peer) |
+//! | `MUTIRAO_CONNECT_TIMEOUT_S` | 60 | how long start-up waits for the launcher and the peers |
+
+use std::time::Duration;
+
+fn env_usize(name: &str) -> Result<Option<usize>, String> {
+    match std::env::var(name) {
+        Ok(v) => v
+            .trim()
+            .parse::<usize>()
+            .map(Some)
+            .map_err(|_| format!("{name}={v:?} is not a non-negative integer")),
+        Err(_) => Ok(None),
+    }
+}
+
+/// Settings read from the environment.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub eager_limit: usize,
+    pub spin: Duration,
+    pub shm: bool,
+    pub shm_ring: usize,
+    pub connect_timeout: Duration,
+}
+
+impl Config {
+    /// Read the environment; `local_ranks` is the number of ranks sharing this host.
+    pub fn from_env(local_ranks: usize) -> Result<Config, String> {
+        let cores = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1);
+        let default_spin = if local_ranks > cores { 5 } else { 50 };
+        let transport = std::env::var("MUTIRAO_TRANSPORT").unwrap_or_else(|_| "auto".into());
+        let shm = match transport.as_str() {
+            "auto" | "shm" => true,
+            "tcp" => false,
+            other => {
+                return Err(format!(
+                    "MUTIRAO_TRANSPORT={other:?}: expected \"auto\" or \"tcp\""
+                ))
+            }
+        };
+        Ok(Config {
+            eager_limit: env_usize("MUTIRAO_EAGER_LIMIT")?.unwrap_or(64 * 1024),
+            spin: Duration::from_micros(
+                env_usize("MUTIRAO_SPIN_US")?.unwrap_or(default_spin) as u64
+            ),
+            shm,
+            shm_ring: env_usize("MUTIRAO_SHM_RING")?
+                .unwrap_or(2 << 20)
+                .clamp(4096, 1 << 30),
+            connect_timeout: Duration::from_secs(
+                env_usize("MUTIRAO_CONNECT_TIMEOUT_S")?.unwrap_or(60) as u64,
+            ),
+        })
+    }
+}

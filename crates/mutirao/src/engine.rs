@@ -1,0 +1,1375 @@
+//! The progress engine: connections to every peer, frame I/O, message matching, and the
+//! spin-then-block wait loop.
+//!
+//! Single-threaded by design (like an MPI library at `MPI_THREAD_FUNNELED`): every API call drives
+//! progress. Invariants:
+//! - frames from one peer are processed in stream order, and a header is matched against posted
+//!   receives the moment it is decoded, so MPI's non-overtaking rule per (source, tag, context)
+//!   holds;
+//! - a receive matches the first posted receive in post order, or the oldest unexpected message;
+//! - eager messages (≤ `eager_limit`) are sent at once and buffered by the receiver if unexpected;
+//!   larger ones use rendezvous (RTS → CTS → DATA), so an unexpected large message costs the
+//!   receiver only its header;
+//! - raw pointers to caller memory (blocking send/recv) live in the engine only while the blocking
+//!   call that put them there is running: it removes them on every exit path;
+//! - a peer's failure (EOF without BYE, reset, protocol error) fails every pending operation that
+//!   needs it and every later one, instead of blocking.
+
+use crate::shm::Ring;
+use crate::wire::{Header, Kind, HEADER_LEN};
+use crate::{Error, Status};
+use mio::net::TcpStream;
+use mio::{Events, Interest, Poll, Token};
+use std::collections::{HashMap, VecDeque};
+use std::io::{IoSlice, Read, Write};
+use std::time::{Duration, Instant};
+
+/// A buffer the engine owns on behalf of a nonblocking request (type-erased `Vec<T: Pod>`).
+pub trait Buf: std::any::Any {
+    fn bytes(&self) -> &[u8];
+    fn bytes_mut(&mut self) -> &mut [u8];
+    fn into_any(self: Box<Self>) -> Box<dyn std::any::Any>;
+}
+
+impl<T: bytemuck::Pod> Buf for Vec<T> {
+    fn bytes(&self) -> &[u8] {
+        bytemuck::cast_slice(self)
+    }
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        bytemuck::cast_slice_mut(self)
+    }
+    fn into_any(self: Box<Self>) -> Box<dyn std::any::Any> {
+        self
+    }
+}
+
+/// Where a receive puts its payload.
+pub(crate) enum Dest {
+    /// Caller memory during a blocking call (see module invariants).
+    Borrowed(*mut u8, usize),
+    /// An owned buffer whose size bounds the message.
+    Owned(Box<dyn Buf>),
+    /// Allocate exactly the message size on arrival.
+    Alloc(fn(usize) -> Result<Box<dyn Buf>, Error>),
+}
+
+/// Where a send takes its payload from.
+pub(crate) enum SendData {
+    Borrowed(*const u8, usize),
+    Owned(Box<dyn Buf>),
+}
+
+impl SendData {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            // SAFETY: a Borrowed pointer is only stored while the blocking send that owns the
+            // borrow is running (module invariant), so it points to `len` live bytes.
+            SendData::Borrowed(p, n) => unsafe { std::slice::from_raw_parts(*p, *n) },
+            SendData::Owned(b) => b.bytes(),
+        }
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum RecvState {
+    Posted,
+    /// Payload frames are arriving from this peer.
+    Receiving,
+    Done,
+}
+
+pub(crate) struct Recv {
+    ctx: u64,
+    src: Option<usize>,
+    tag: Option<i32>,
+    dest: Dest,
+    /// Message length once matched.
+    len: usize,
+    state: RecvState,
+    pub(crate) status: Option<Status>,
+    pub(crate) err: Option<Error>,
+    detached: bool,
+}
+
+impl Recv {
+    fn slice_mut(&mut self) -> &mut [u8] {
+        match &mut self.dest {
+            // SAFETY: see the module invariant on borrowed pointers.
+            Dest::Borrowed(p, n) => unsafe { std::slice::from_raw_parts_mut(*p, *n) },
+            Dest::Owned(b) => b.bytes_mut(),
+            Dest::Alloc(_) => &mut [],
+        }
+    }
+
+    /// Prepare the destination for a message of `len` bytes; errors on truncation.
+    fn bind(&mut self, len: usize) -> Result<(), Error> {
+        if let Dest::Alloc(f) = &self.dest {
+            self.dest = Dest::Owned(f(len)?);
+        }
+        let cap = self.slice_mut().len();
+        if len > cap {
+            return Err(Error::Truncated { got: len, cap });
+        }
+        self.len = len;
+        Ok(())
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum SendState {
+    WaitCts,
+    Streaming,
+    Done,
+}
+
+pub(crate) struct Send {
+    peer: usize,
+    data: SendData,
+    state: SendState,
+    pub(crate) err: Option<Error>,
+    detached: bool,
+}
+
+enum OutPayload {
+    None,
+    Owned(Vec<u8>),
+    Send(u64),
+}
+
+struct Out {
+    hdr: [u8; HEADER_LEN],
+    /// Bytes of header + payload already written.
+    pos: usize,
+    payload: OutPayload,
+}
+
+enum Rx {
+    Header,
+    Payload {
+        remaining: usize,
+        target: Target,
+        hdr: Header,
+    },
+}
+
+enum Target {
+    Recv(u64, usize),
+    Unexpected(Vec<u8>, usize),
+    Discard,
+}
+
+struct Unexpected {
+    peer: usize,
+    ctx: u64,
+    tag: i32,
+    body: UnexBody,
+}
+
+enum UnexBody {
+    Eager(Vec<u8>),
+    Rts { send_id: u64, len: usize },
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum PeerState {
+    Alive,
+    Finalized,
+    Failed(String),
+}
+
+pub(crate) struct ShmLink {
+    pub tx: Ring,
+    pub rx: Ring,
+}
+
+/// The byte-stream side of a peer: a TCP socket, or a shared-memory ring pair (with its socket
+/// as doorbell and liveness signal).
+struct Io {
+    sock: Option<TcpStream>,
+    shm: Option<ShmLink>,
+    readable: bool,
+    writable: bool,
+}
+
+pub(crate) struct Peer {
+    pub(crate) state: PeerState,
+    io: Io,
+    rx: Rx,
+    stage: Vec<u8>,
+    stage_start: usize,
+    stage_end: usize,
+    txq: VecDeque<Out>,
+    bye_sent: bool,
+}
+
+const STAGE: usize = 64 * 1024;
+
+impl Peer {
+    pub(crate) fn new(sock: Option<TcpStream>, shm: Option<ShmLink>) -> Peer {
+        Peer {
+            state: PeerState::Alive,
+            io: Io {
+                sock,
+                shm,
+                readable: true,
+                writable: true,
+            },
+            rx: Rx::Header,
+            stage: vec![0u8; STAGE],
+            stage_start: 0,
+            stage_end: 0,
+            txq: VecDeque::new(),
+            bye_sent: false,
+        }
+    }
+
+    fn is_shm(&self) -> bool {
+        self.io.shm.is_some()
+    }
+}
+
+impl Io {
+    /// Read raw stream bytes. Ok(0) means "nothing now".
+    fn raw_read(&mut self, buf: &mut [u8]) -> Result<usize, String> {
+        if let Some(shm) = &mut self.shm {
+            let (n, wake) = shm.rx.read(buf);
+            if wake {
+                ring_doorbell(self.sock.as_mut());
+            }
+            return Ok(n);
+        }
+        let Some(sock) = self.sock.as_mut() else {
+            return Ok(0);
+        };
+        if !self.readable {
+            return Ok(0);
+        }
+        match sock.read(buf) {
+            Ok(0) if !buf.is_empty() => Err("connection closed".into()),
+            Ok(n) => Ok(n),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                self.readable = false;
+                Ok(0)
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => Ok(0),
+            Err(e) => Err(format!("connection error: {e}")),
+        }
+    }
+
+    /// Write raw stream bytes; Ok(n) may be short.
+    fn raw_write(&mut self, bufs: &[IoSlice<'_>]) -> Result<usize, String> {
+        if let Some(shm) = &mut self.shm {
+            let (n, wake) = shm.tx.write_vectored(bufs);
+            if wake {
+                ring_doorbell(self.sock.as_mut());
+            }
+            return Ok(n);
+        }
+        let Some(sock) = self.sock.as_mut() else {
+            return Err("no connection".into());
+        };
+        if !self.writable {
+            return Ok(0);
+        }
+        match sock.write_vectored(bufs) {
+            Ok(n) => Ok(n),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                self.writable = false;
+                Ok(0)
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => Ok(0),
+            Err(e) => Err(format!("connection error: {e}")),
+        }
+    }
+}
+
+fn ring_doorbell(sock: Option<&mut TcpStream>) {
+    if let Some(s) = sock {
+        // WouldBlock means doorbell bytes are already pending: the peer will wake anyway.
+        let _ = s.write(&[1u8]);
+    }
+}
+
+/// Tunables, from the environment (see `crate::config`).
+#[derive(Clone, Debug)]
+pub(crate) struct Tuning {
+    pub eager_limit: usize,
+    pub spin: Duration,
+}
+
+pub(crate) struct Engine {
+    pub(crate) rank: usize,
+    pub(crate) size: usize,
+    pub(crate) peers: Vec<Peer>,
+    poll: Option<Poll>,
+    events: Events,
+    posted: VecDeque<u64>,
+    unexpected: VecDeque<Unexpected>,
+    pub(crate) recvs: HashMap<u64, Recv>,
+    pub(crate) sends: HashMap<u64, Send>,
+    next_id: u64,
+    tuning: Tuning,
+    n_shm: usize,
+    n_sock: usize,
+    /// Keeps the launcher connection open for the life of the job.
+    pub(crate) _pmi: Option<crate::pmi::PmiClient>,
+    pub(crate) finalized: bool,
+}
+
+impl Engine {
+    pub(crate) fn new(
+        rank: usize,
+        size: usize,
+        mut peers: Vec<Peer>,
+        tuning: Tuning,
+    ) -> Result<Engine, Error> {
+        let poll = if size > 1 {
+            let poll = Poll::new()?;
+            for (i, p) in peers.iter_mut().enumerate() {
+                if let Some(s) = p.io.sock.as_mut() {
+                    poll.registry().register(
+                        s,
+                        Token(i),
+                        Interest::READABLE | Interest::WRITABLE,
+                    )?;
+                }
+            }
+            Some(poll)
+        } else {
+            None
+        };
+        let n_shm = peers.iter().filter(|p| p.is_shm()).count();
+        let n_sock = peers
+            .iter()
+            .filter(|p| p.io.sock.is_some() && !p.is_shm())
+            .count();
+        Ok(Engine {
+            rank,
+            size,
+            peers,
+            poll,
+            events: Events::with_capacity(256),
+            posted: VecDeque::new(),
+            unexpected: VecDeque::new(),
+            recvs: HashMap::new(),
+            sends: HashMap::new(),
+            next_id: 1,
+            tuning,
+            n_shm,
+            n_sock,
+            _pmi: None,
+            finalized: false,
+        })
+    }
+
+    fn new_id(&mut self) -> u64 {
+        self.next_id += 1;
+        self.next_id
+    }
+
+    fn check_peer(&self, peer: usize) -> Result<(), Error> {
+        match &self.peers.get(peer).map(|p| &p.state) {
+            None => Err(Error::Invalid(format!(
+                "rank {peer} does not exist (the job has {} ranks)",
+                self.size
+            ))),
+            Some(PeerState::Alive) => Ok(()),
+            Some(PeerState::Finalized) => Err(Error::PeerFinalized(peer)),
+            Some(PeerState::Failed(why)) => Err(Error::PeerFailed {
+                rank: peer,
+                reason: why.clone(),
+            }),
+        }
+    }
+
+    // ---------------------------------------------------------------- sends
+
+    /// Start a send. Small messages are written (or queued) at once and complete immediately.
+    pub(crate) fn start_send(
+        &mut self,
+        peer: usize,
+        ctx: u64,
+        tag: i32,
+        data: SendData,
+    ) -> Result<u64, Error> {
+        if self.finalized {
+            return Err(Error::Invalid("send after finalize".into()));
+        }
+        let id = self.new_id();
+        let len = data.bytes().len();
+        if peer == self.rank {
+            self.check_peer(peer)?;
+            let bytes = data.bytes().to_vec();
+            self.deliver_local(ctx, tag, bytes);
+            self.sends.insert(id, done_send(peer, data));
+            return Ok(id);
+        }
+        self.check_peer(peer)?;
+        if len <= self.tuning.eager_limit {
+            let hdr = Header {
+                kind: Kind::Eager,
+                tag,
+                ctx,
+                len: len as u64,
+                id: 0,
+            };
+            self.write_or_queue(peer, hdr, data.bytes())?;
+            self.sends.insert(id, done_send(peer, data));
+        } else {
+            let hdr = Header {
+                kind: Kind::Rts,
+                tag,
+                ctx,
+                len: len as u64,
+                id,
+            };
+            self.sends.insert(
+                id,
+                Send {
+                    peer,
+                    data,
+                    state: SendState::WaitCts,
+                    err: None,
+                    detached: false,
+                },
+            );
+            self.write_or_queue(peer, hdr, &[])?;
+        }
+        Ok(id)
+    }
+
+    /// Write a frame with its payload now if the connection is idle; queue the rest (copied).
+    fn write_or_queue(&mut self, peer: usize, hdr: Header, payload: &[u8]) -> Result<(), Error> {
+        let h = hdr.encode();
+        let p = &mut self.peers[peer];
+        let mut written = 0;
+        if p.txq.is_empty() {
+            match p.io.raw_write(&[IoSlice::new(&h), IoSlice::new(payload)]) {
+                Ok(n) => written = n,
+                Err(why) => {
+                    self.fail_peer(peer, why);
+                    return self.check_peer(peer);
+                }
+            }
+        }
+        let total = HEADER_LEN + payload.len();
+        if written < total {
+            let pay = if written > HEADER_LEN {
+                payload[written - HEADER_LEN..].to_vec()
+            } else {
+                payload.to_vec()
+            };
+            let (pos, pay) = if written > HEADER_LEN {
+                // Header done: keep only the rest of the payload, as a header-less frame.
+                (HEADER_LEN, pay)
+            } else {
+                (written, pay)
+            };
+            p.txq.push_back(Out {
+                hdr: h,
+                pos,
+                payload: if pay.is_empty() {
+                    OutPayload::None
+                } else {
+                    OutPayload::Owned(pay)
+                },
+            });
+        }
+        Ok(())
+    }
+
+    fn queue_frame(&mut self, peer: usize, hdr: Header, payload: OutPayload) {
+        self.peers[peer].txq.push_back(Out {
+            hdr: hdr.encode(),
+            pos: 0,
+            payload,
+        });
+    }
+
+    /// Write queued frames of `peer` until the connection would block.
+    fn flush(&mut self, peer: usize) -> bool {
+        let mut did = false;
+        loop {
+            let p = &mut self.peers[peer];
+            let Some(out) = p.txq.front_mut() else {
+                break;
+            };
+            let payload: &[u8] = match &out.payload {
+                OutPayload::None => &[],
+                OutPayload::Owned(v) => v,
+                OutPayload::Send(id) => match self.sends.get(id) {
+                    Some(s) => s.data.bytes(),
+                    None => &[],
+                },
+            };
+            let total = HEADER_LEN + payload.len();
+            let res = if out.pos < HEADER_LEN {
+                p.io.raw_write(&[IoSlice::new(&out.hdr[out.pos..]), IoSlice::new(payload)])
+            } else {
+                p.io.raw_write(&[IoSlice::new(&payload[out.pos - HEADER_LEN..])])
+            };
+            match res {
+                Ok(0) => break,
+                Ok(n) => {
+                    did = true;
+                    out.pos += n;
+                    if out.pos == total {
+                        let out = p.txq.pop_front().expect("front exists");
+                        if let OutPayload::Send(id) = out.payload {
+                            self.send_done(id);
+                        }
+                    }
+                }
+                Err(why) => {
+                    self.fail_peer(peer, why);
+                    break;
+                }
+            }
+        }
+        did
+    }
+
+    fn send_done(&mut self, id: u64) {
+        if let Some(s) = self.sends.get_mut(&id) {
+            s.state = SendState::Done;
+            if s.detached {
+                self.sends.remove(&id);
+            }
+        }
+    }
+
+    // ---------------------------------------------------------------- receives
+
+    /// Post a receive; matches the oldest unexpected message first.
+    pub(crate) fn post_recv(
+        &mut self,
+        ctx: u64,
+        src: Option<usize>,
+        tag: Option<i32>,
+        dest: Dest,
+    ) -> Result<u64, Error> {
+        if let Some(s) = src {
+            if s >= self.size {
+                return Err(Error::Invalid(format!(
+                    "source rank {s} does not exist (the job has {} ranks)",
+                    self.size
+                )));
+            }
+        }
+        let id = self.new_id();
+        let mut r = Recv {
+            ctx,
+            src,
+            tag,
+            dest,
+            len: 0,
+            state: RecvState::Posted,
+            status: None,
+            err: None,
+            detached: false,
+        };
+        if let Some(i) = self
+            .unexpected
+            .iter()
+            .position(|u| matches(&r, u.peer, u.ctx, u.tag))
+        {
+            let u = self.unexpected.remove(i).expect("index from position");
+            let status = Status {
+                source: u.peer,
+                tag: u.tag,
+                bytes: match &u.body {
+                    UnexBody::Eager(v) => v.len(),
+                    UnexBody::Rts { len, .. } => *len,
+                },
+            };
+            r.status = Some(status);
+            match u.body {
+                UnexBody::Eager(v) => {
+                    match r.bind(v.len()) {
+                        Ok(()) => r.slice_mut()[..v.len()].copy_from_slice(&v),
+                        Err(e) => r.err = Some(e),
+                    }
+                    r.state = RecvState::Done;
+                }
+                UnexBody::Rts { send_id, len } => match r.bind(len) {
+                    Ok(()) => {
+                        r.state = RecvState::Receiving;
+                        self.send_cts(u.peer, send_id, id);
+                    }
+                    Err(e) => {
+                        // Refuse: tell the sender with a zero-length CTS marker? The sender would
+                        // wait forever; instead accept the data into the void.
+                        r.err = Some(e);
+                        r.state = RecvState::Receiving;
+                        r.dest = Dest::Alloc(discard_alloc);
+                        r.len = len;
+                        self.send_cts(u.peer, send_id, id);
+                    }
+                },
+            }
+            self.recvs.insert(id, r);
+            return Ok(id);
+        }
+        // Nothing buffered: fail at once if the source can never send.
+        let dead = match src {
+            Some(s) => self.check_peer(s).err(),
+            None => self.any_failed(),
+        };
+        if let Some(e) = dead {
+            r.err = Some(e);
+            r.state = RecvState::Done;
+        } else {
+            self.posted.push_back(id);
+        }
+        self.recvs.insert(id, r);
+        Ok(id)
+    }
+
+    fn any_failed(&self) -> Option<Error> {
+        self.peers
+            .iter()
+            .enumerate()
+            .find_map(|(i, p)| match &p.state {
+                PeerState::Failed(why) => Some(Error::PeerFailed {
+                    rank: i,
+                    reason: why.clone(),
+                }),
+                _ => None,
+            })
+    }
+
+    fn send_cts(&mut self, peer: usize, send_id: u64, recv_id: u64) {
+        let hdr = Header {
+            kind: Kind::Cts,
+            tag: 0,
+            ctx: 0,
+            len: recv_id,
+            id: send_id,
+        };
+        self.queue_frame(peer, hdr, OutPayload::None);
+        self.flush(peer);
+    }
+
+    fn match_posted(&mut self, peer: usize, ctx: u64, tag: i32) -> Option<u64> {
+        let recvs = &self.recvs;
+        let i = self
+            .posted
+            .iter()
+            .position(|id| recvs.get(id).is_some_and(|r| matches(r, peer, ctx, tag)))?;
+        self.posted.remove(i)
+    }
+
+    /// A message to ourselves: match or buffer at once.
+    fn deliver_local(&mut self, ctx: u64, tag: i32, bytes: Vec<u8>) {
+        let me = self.rank;
+        self.deliver_eager(me, ctx, tag, bytes);
+    }
+
+    fn deliver_eager(&mut self, peer: usize, ctx: u64, tag: i32, bytes: Vec<u8>) {
+        if let Some(id) = self.match_posted(peer, ctx, tag) {
+            if let Some(r) = self.recvs.get_mut(&id) {
+                r.status = Some(Status {
+                    source: peer,
+                    tag,
+                    bytes: bytes.len(),
+                });
+                match r.bind(bytes.len()) {
+                    Ok(()) => r.slice_mut()[..bytes.len()].copy_from_slice(&bytes),
+                    Err(e) => r.err = Some(e),
+                }
+                self.recv_done(id);
+            }
+        } else {
+            self.unexpected.push_back(Unexpected {
+                peer,
+                ctx,
+                tag,
+                body: UnexBody::Eager(bytes),
+            });
+        }
+    }
+
+    fn recv_done(&mut self, id: u64) {
+        if let Some(r) = self.recvs.get_mut(&id) {
+            r.state = RecvState::Done;
+            if r.detached {
+                self.recvs.remove(&id);
+            }
+        }
+    }
+
+    /// Is there a matching message already here? (probe)
+    pub(crate) fn iprobe(&self, ctx: u64, src: Option<usize>, tag: Option<i32>) -> Option<Status> {
+        let probe = Recv {
+            ctx,
+            src,
+            tag,
+            dest: Dest::Alloc(discard_alloc),
+            len: 0,
+            state: RecvState::Posted,
+            status: None,
+            err: None,
+            detached: false,
+        };
+        self.unexpected
+            .iter()
+            .find(|u| matches(&probe, u.peer, u.ctx, u.tag))
+            .map(|u| Status {
+                source: u.peer,
+                tag: u.tag,
+                bytes: match &u.body {
+                    UnexBody::Eager(v) => v.len(),
+                    UnexBody::Rts { len, .. } => *len,
+                },
+            })
+    }
+
+    // ---------------------------------------------------------------- input
+
+    /// Process every byte available from `peer`. Returns whether anything was read.
+    fn read_peer(&mut self, peer: usize) -> bool {
+        let mut did = false;
+        loop {
+            match self.step_input(peer) {
+                Ok(true) => did = true,
+                Ok(false) => break,
+                Err(why) => {
+                    if self.peers[peer].state == PeerState::Alive {
+                        self.fail_peer(peer, why);
+                    }
+                    break;
+                }
+            }
+        }
+        did
+    }
+
+    /// Make one step of progress on `peer`'s input; Ok(false) = nothing available.
+    fn step_input(&mut self, peer: usize) -> Result<bool, String> {
+        if self.peers[peer].state != PeerState::Alive {
+            return Ok(false);
+        }
+        let p = &mut self.peers[peer];
+        match &mut p.rx {
+            Rx::Header => {
+                let have = p.stage_end - p.stage_start;
+                if have < HEADER_LEN {
+                    if p.stage_start > 0 {
+                        p.stage.copy_within(p.stage_start..p.stage_end, 0);
+                        p.stage_end = have;
+                        p.stage_start = 0;
+                    }
+                    let n = p.io.raw_read(&mut p.stage[p.stage_end..])?;
+                    if n == 0 {
+                        return Ok(false);
+                    }
+                    p.stage_end += n;
+                    return Ok(true);
+                }
+                let hdr = Header::decode(&p.stage[p.stage_start..p.stage_start + HEADER_LEN])
+                    .map_err(|e| format!("protocol error: {e}"))?;
+                p.stage_start += HEADER_LEN;
+                self.on_header(peer, hdr)?;
+                Ok(true)
+            }
+            Rx::Payload { .. } => self.step_payload(peer),
+        }
+    }
+
+    fn on_header(&mut self, peer: usize, hdr: Header) -> Result<(), String> {
+        match hdr.kind {
+            Kind::Eager => {
+                let len = usize::try_from(hdr.len).map_err(|_| "message too large".to_string())?;
+                let target = match self.match_posted(peer, hdr.ctx, hdr.tag) {
+                    Some(id) => {
+                        let r = self.recvs.get_mut(&id).expect("posted ids are live");
+                        r.status = Some(Status {
+                            source: peer,
+                            tag: hdr.tag,
+                            bytes: len,
+                        });
+                        match r.bind(len) {
+                            Ok(()) => {
+                                r.state = RecvState::Receiving;
+                                Target::Recv(id, 0)
+                            }
+                            Err(e) => {
+                                r.err = Some(e);
+                                self.recv_done(id);
+                                Target::Discard
+                            }
+                        }
+                    }
+                    None => Target::Unexpected(vec![0u8; len], 0),
+                };
+                self.peers[peer].rx = Rx::Payload {
+                    remaining: len,
+                    target,
+                    hdr,
+                };
+                if len == 0 {
+                    self.payload_complete(peer);
+                }
+            }
+            Kind::Rts => {
+                let len = usize::try_from(hdr.len).map_err(|_| "message too large".to_string())?;
+                match self.match_posted(peer, hdr.ctx, hdr.tag) {
+                    Some(id) => {
+                        let r = self.recvs.get_mut(&id).expect("posted ids are live");
+                        r.status = Some(Status {
+                            source: peer,
+                            tag: hdr.tag,
+                            bytes: len,
+                        });
+                        if let Err(e) = r.bind(len) {
+                            r.err = Some(e);
+                            r.dest = Dest::Alloc(discard_alloc);
+                            r.len = len;
+                        }
+                        r.state = RecvState::Receiving;
+                        self.send_cts(peer, hdr.id, id);
+                    }
+                    None => self.unexpected.push_back(Unexpected {
+                        peer,
+                        ctx: hdr.ctx,
+                        tag: hdr.tag,
+                        body: UnexBody::Rts {
+                            send_id: hdr.id,
+                            len,
+                        },
+                    }),
+                }
+            }
+            Kind::Cts => {
+                let send_id = hdr.id;
+                let recv_id = hdr.len;
+                let Some(s) = self.sends.get_mut(&send_id) else {
+                    return Err(format!("CTS for unknown send {send_id}"));
+                };
+                if s.peer != peer || s.state != SendState::WaitCts {
+                    return Err(format!("unexpected CTS for send {send_id}"));
+                }
+                s.state = SendState::Streaming;
+                let len = s.data.bytes().len() as u64;
+                self.queue_frame(
+                    peer,
+                    Header {
+                        kind: Kind::Data,
+                        tag: 0,
+                        ctx: 0,
+                        len,
+                        id: recv_id,
+                    },
+                    OutPayload::Send(send_id),
+                );
+                self.flush(peer);
+            }
+            Kind::Data => {
+                let len = usize::try_from(hdr.len).map_err(|_| "message too large".to_string())?;
+                let id = hdr.id;
+                let ok = self.recvs.get(&id).is_some_and(|r| {
+                    r.state == RecvState::Receiving && r.status.map(|s| s.source) == Some(peer)
+                });
+                if !ok {
+                    return Err(format!("DATA for unknown receive {id}"));
+                }
+                let r = self.recvs.get_mut(&id).expect("checked");
+                if len != r.len {
+                    return Err(format!("DATA of {len} bytes for a {}-byte message", r.len));
+                }
+                let target = if r.slice_mut().len() >= len {
+                    Target::Recv(id, 0)
+                } else {
+                    Target::Discard
+                };
+                self.peers[peer].rx = Rx::Payload {
+                    remaining: len,
+                    target,
+                    hdr,
+                };
+                if len == 0 {
+                    self.payload_complete(peer);
+                }
+            }
+            Kind::Bye => {
+                self.peers[peer].state = PeerState::Finalized;
+                self.fail_ops_of(peer);
+            }
+            Kind::Marker => return Err("checkpoint markers are not supported yet".into()),
+        }
+        Ok(())
+    }
+
+    fn step_payload(&mut self, peer: usize) -> Result<bool, String> {
+        let p = &mut self.peers[peer];
+        let Rx::Payload {
+            remaining, target, ..
+        } = &mut p.rx
+        else {
+            return Ok(false);
+        };
+        let want = *remaining;
+        // Destination slice for the next bytes.
+        let mut scratch = [0u8; 0];
+        let mut discard_buf;
+        let dst: &mut [u8] = match target {
+            Target::Recv(id, off) => match self.recvs.get_mut(id) {
+                Some(r) => &mut r.slice_mut()[*off..*off + want],
+                None => {
+                    *target = Target::Discard;
+                    &mut scratch
+                }
+            },
+            Target::Unexpected(v, off) => &mut v[*off..*off + want],
+            Target::Discard => {
+                discard_buf = vec![0u8; want.min(STAGE)];
+                &mut discard_buf
+            }
+        };
+        if dst.is_empty() && want > 0 {
+            return Ok(true); // target switched to Discard; next step handles it
+        }
+        // Take staged bytes first, then read straight into the destination.
+        let staged = p.stage_end - p.stage_start;
+        let n = if staged > 0 {
+            let n = staged.min(dst.len());
+            dst[..n].copy_from_slice(&p.stage[p.stage_start..p.stage_start + n]);
+            p.stage_start += n;
+            n
+        } else if dst.len() < 1024 {
+            // Small remainder: read through the stage to pick up following frames too.
+            let got = p.io.raw_read(&mut p.stage[..])?;
+            p.stage_start = 0;
+            p.stage_end = got;
+            if got == 0 {
+                return Ok(false);
+            }
+            return Ok(true);
+        } else {
+            let n = p.io.raw_read(dst)?;
+            if n == 0 {
+                return Ok(false);
+            }
+            n
+        };
+        match target {
+            Target::Recv(_, off) | Target::Unexpected(_, off) => *off += n,
+            Target::Discard => {}
+        }
+        *remaining -= n;
+        if *remaining == 0 {
+            self.payload_complete(peer);
+        }
+        Ok(true)
+    }
+
+    fn payload_complete(&mut self, peer: usize) {
+        let rx = std::mem::replace(&mut self.peers[peer].rx, Rx::Header);
+        let Rx::Payload { target, hdr, .. } = rx else {
+            return;
+        };
+        match target {
+            Target::Recv(id, _) => self.recv_done(id),
+            Target::Unexpected(v, _) => self.deliver_eager(peer, hdr.ctx, hdr.tag, v),
+            Target::Discard => {
+                if hdr.kind == Kind::Data {
+                    self.recv_done(hdr.id);
+                }
+            }
+        }
+    }
+
+    // ---------------------------------------------------------------- failures
+
+    /// Mark `peer` failed and fail everything that needs it.
+    pub(crate) fn fail_peer(&mut self, peer: usize, why: String) {
+        if let Some(p) = self.peers.get_mut(peer) {
+            if p.state != PeerState::Alive {
+                return;
+            }
+            p.state = PeerState::Failed(why);
+            p.txq.clear();
+            p.rx = Rx::Header;
+            if let (Some(s), Some(poll)) = (p.io.sock.as_mut(), self.poll.as_ref()) {
+                let _ = poll.registry().deregister(s);
+            }
+            p.io.sock = None;
+        }
+        self.fail_ops_of(peer);
+    }
+
+    /// Fail pending operations that can no longer complete because `peer` is gone.
+    fn fail_ops_of(&mut self, peer: usize) {
+        let err = match self.check_peer(peer) {
+            Err(e) => e,
+            Ok(()) => return,
+        };
+        let failed = matches!(self.peers[peer].state, PeerState::Failed(_));
+        // Receives posted for this source (or any source, ULFM's rule, if it failed).
+        let mut keep = VecDeque::new();
+        while let Some(id) = self.posted.pop_front() {
+            let hit = self
+                .recvs
+                .get(&id)
+                .is_some_and(|r| r.src == Some(peer) || (failed && r.src.is_none()));
+            if hit {
+                if let Some(r) = self.recvs.get_mut(&id) {
+                    r.err = Some(err.clone());
+                }
+                self.recv_done(id);
+            } else {
+                keep.push_back(id);
+            }
+        }
+        self.posted = keep;
+        // Receives in progress from it.
+        let ids: Vec<u64> = self
+            .recvs
+            .iter()
+            .filter(|(_, r)| {
+                r.state == RecvState::Receiving && r.status.map(|s| s.source) == Some(peer)
+            })
+            .map(|(id, _)| *id)
+            .collect();
+        for id in ids {
+            if let Some(r) = self.recvs.get_mut(&id) {
+                r.err = Some(err.clone());
+            }
+            self.recv_done(id);
+        }
+        // Sends to it that are not finished.
+        let ids: Vec<u64> = self
+            .sends
+            .iter()
+            .filter(|(_, s)| s.peer == peer && s.state != SendState::Done)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in ids {
+            if let Some(s) = self.sends.get_mut(&id) {
+                s.err = Some(err.clone());
+            }
+            self.send_done(id);
+        }
+    }
+
+    // ---------------------------------------------------------------- progress
+
+    /// One non-blocking pass over every connection. `sockets`: also ask the kernel for socket events.
+    fn progress_once(&mut self, sockets: bool) -> Result<bool, Error> {
+        let mut did = false;
+        if self.n_shm > 0 {
+            for i in 0..self.peers.len() {
+                let p = &self.peers[i];
+                if let Some(shm) = &p.io.shm {
+                    if p.state == PeerState::Alive
+                        && (shm.rx.available() > 0 || p.stage_end > p.stage_start)
+                    {
+                        did |= self.read_peer(i);
+                    }
+                }
+            }
+        }
+        if sockets {
+            did |= self.poll_sockets(Some(Duration::ZERO))?;
+        }
+        for i in 0..self.peers.len() {
+            if !self.peers[i].txq.is_empty() {
+                did |= self.flush(i);
+            }
+        }
+        Ok(did)
+    }
+
+    fn poll_sockets(&mut self, timeout: Option<Duration>) -> Result<bool, Error> {
+        let Some(poll) = self.poll.as_mut() else {
+            return Ok(false);
+        };
+        match poll.poll(&mut self.events, timeout) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => return Ok(false),
+            Err(e) => return Err(e.into()),
+        }
+        let mut did = false;
+        let evs: Vec<(usize, bool, bool)> = self
+            .events
+            .iter()
+            .map(|e| {
+                (
+                    e.token().0,
+                    e.is_readable() || e.is_read_closed() || e.is_error(),
+                    e.is_writable(),
+                )
+            })
+            .collect();
+        for (i, r, w) in evs {
+            let Some(p) = self.peers.get_mut(i) else {
+                continue;
+            };
+            if w {
+                p.io.writable = true;
+            }
+            if r {
+                p.io.readable = true;
+                if p.is_shm() {
+                    did |= self.drain_doorbell(i);
+                } else {
+                    did |= self.read_peer(i);
+                }
+            }
+        }
+        Ok(did)
+    }
+
+    /// A shm peer's socket only carries wake-up bytes, and its EOF means the peer is gone.
+    fn drain_doorbell(&mut self, i: usize) -> bool {
+        let mut buf = [0u8; 256];
+        let mut closed = None;
+        if let Some(s) = self.peers[i].io.sock.as_mut() {
+            loop {
+                match s.read(&mut buf) {
+                    Ok(0) => {
+                        closed = Some("connection closed".to_string());
+                        break;
+                    }
+                    Ok(_) => continue,
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                    Err(e) => {
+                        closed = Some(format!("connection error: {e}"));
+                        break;
+                    }
+                }
+            }
+        }
+        // Whatever the ring still holds (maybe its BYE) counts before the close.
+        self.read_peer(i);
+        if let Some(why) = closed {
+            if let (Some(s), Some(poll)) = (self.peers[i].io.sock.as_mut(), self.poll.as_ref()) {
+                let _ = poll.registry().deregister(s);
+            }
+            self.peers[i].io.sock = None;
+            if self.peers[i].state == PeerState::Alive {
+                self.fail_peer(i, why);
+            }
+        }
+        true
+    }
+
+    /// Drive progress until `done` holds: spin for `tuning.spin`, then block in the kernel so a
+    /// waiting rank costs no CPU.
+    pub(crate) fn wait_until(
+        &mut self,
+        mut done: impl FnMut(&Engine) -> bool,
+    ) -> Result<(), Error> {
+        let start = Instant::now();
+        let mut spins: u32 = 0;
+        let every = if self.n_shm > 0 { 16 } else { 1 };
+        loop {
+            if done(self) {
+                return Ok(());
+            }
+            let sockets = self.n_sock + self.n_shm > 0 && spins % every == 0;
+            if self.progress_once(sockets)? {
+                spins = 0;
+                continue;
+            }
+            spins = spins.wrapping_add(1);
+            if start.elapsed() < self.tuning.spin {
+                std::hint::spin_loop();
+                continue;
+            }
+            if self.poll.is_none() {
+                // A single rank waiting for itself can never be satisfied.
+                return Err(Error::Invalid(
+                    "deadlock: this rank waits for a message no one can send".into(),
+                ));
+            }
+            // Block: announce sleep on every ring, re-check, then wait for a socket event.
+            let mut woke = false;
+            for p in &self.peers {
+                if let Some(shm) = &p.io.shm {
+                    woke |= shm.rx.prepare_reader_sleep();
+                    if !p.txq.is_empty() {
+                        woke |= shm.tx.prepare_writer_sleep();
+                    }
+                }
+            }
+            if !woke {
+                self.poll_sockets(Some(Duration::from_millis(200)))?;
+            }
+            for p in &self.peers {
+                if let Some(shm) = &p.io.shm {
+                    shm.rx.clear_reader_sleep();
+                }
+            }
+        }
+    }
+
+    /// One non-blocking progress pass (for test/iprobe).
+    pub(crate) fn poke(&mut self) -> Result<(), Error> {
+        self.progress_once(self.n_sock + self.n_shm > 0).map(|_| ())
+    }
+
+    /// Why nothing more can come from `src` (a rank, or any rank when `None`), if so.
+    pub(crate) fn source_gone(&self, src: Option<usize>) -> Option<Error> {
+        match src {
+            Some(s) => self.check_peer(s).err(),
+            None => self.any_failed(),
+        }
+    }
+
+    pub(crate) fn recv_finished(&self, id: u64) -> bool {
+        self.recvs
+            .get(&id)
+            .is_none_or(|r| r.state == RecvState::Done)
+    }
+
+    pub(crate) fn send_finished(&self, id: u64) -> bool {
+        self.sends
+            .get(&id)
+            .is_none_or(|s| s.state == SendState::Done)
+    }
+
+    /// Take a finished receive out of the engine.
+    pub(crate) fn take_recv(&mut self, id: u64) -> Result<(Status, Option<Box<dyn Buf>>), Error> {
+        let r = self
+            .recvs
+            .remove(&id)
+            .ok_or_else(|| Error::Invalid("unknown request".into()))?;
+        if let Some(e) = r.err {
+            return Err(e);
+        }
+        let status = r
+            .status
+            .ok_or_else(|| Error::Invalid("receive has no status".into()))?;
+        let buf = match r.dest {
+            Dest::Owned(b) => Some(b),
+            _ => None,
+        };
+        Ok((status, buf))
+    }
+
+    pub(crate) fn take_send(&mut self, id: u64) -> Result<Option<Box<dyn Buf>>, Error> {
+        let s = self
+            .sends
+            .remove(&id)
+            .ok_or_else(|| Error::Invalid("unknown request".into()))?;
+        if let Some(e) = s.err {
+            return Err(e);
+        }
+        Ok(match s.data {
+            SendData::Owned(b) => Some(b),
+            SendData::Borrowed(..) => None,
+        })
+    }
+
+    /// Remove a receive whatever its state (blocking-call exit path). If payload is still flowing
+    /// into it, the rest is discarded so no pointer to caller memory survives.
+    pub(crate) fn forget_recv(&mut self, id: u64) {
+        self.posted.retain(|x| *x != id);
+        for p in &mut self.peers {
+            if let Rx::Payload { target, .. } = &mut p.rx {
+                if matches!(target, Target::Recv(t, _) if *t == id) {
+                    *target = Target::Discard;
+                }
+            }
+        }
+        self.recvs.remove(&id);
+    }
+
+    /// Remove a send whatever its state (blocking-call exit path). Queued frames that still
+    /// reference its data are dropped (the peer has failed if the send did not complete).
+    pub(crate) fn forget_send(&mut self, id: u64) {
+        if let Some(s) = self.sends.remove(&id) {
+            if s.state != SendState::Done {
+                let peer = s.peer;
+                self.peers[peer]
+                    .txq
+                    .retain(|o| !matches!(o.payload, OutPayload::Send(x) if x == id));
+                if s.state == SendState::Streaming && self.peers[peer].state == PeerState::Alive {
+                    self.fail_peer(peer, "a send was abandoned mid-stream".into());
+                }
+            }
+        }
+    }
+
+    /// Let a request complete in the background; its buffer is freed when it does.
+    pub(crate) fn detach(&mut self, id: u64) {
+        if let Some(r) = self.recvs.get_mut(&id) {
+            if r.state == RecvState::Done {
+                self.recvs.remove(&id);
+            } else if r.state == RecvState::Posted {
+                self.posted.retain(|x| *x != id);
+                self.recvs.remove(&id);
+            } else {
+                r.detached = true;
+            }
+        } else if let Some(s) = self.sends.get_mut(&id) {
+            if s.state == SendState::Done {
+                self.sends.remove(&id);
+            } else {
+                s.detached = true;
+            }
+        }
+    }
+
+    /// Flush everything, say goodbye to every peer, and stop.
+    pub(crate) fn finalize_io(&mut self) -> Result<(), Error> {
+        // Pending background sends must reach their peers first.
+        let res = self.wait_until(|e| {
+            e.sends.values().all(|s| s.state == SendState::Done)
+                && e.peers.iter().all(|p| p.txq.is_empty())
+        });
+        for i in 0..self.peers.len() {
+            if i == self.rank {
+                continue;
+            }
+            let p = &self.peers[i];
+            if !p.bye_sent
+                && matches!(p.state, PeerState::Alive | PeerState::Finalized)
+                && p.io.sock.is_some()
+            {
+                self.peers[i].bye_sent = true;
+                let hdr = Header {
+                    kind: Kind::Bye,
+                    tag: 0,
+                    ctx: 0,
+                    len: 0,
+                    id: 0,
+                };
+                self.queue_frame(i, hdr, OutPayload::None);
+            }
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while self
+            .peers
+            .iter()
+            .any(|p| !p.txq.is_empty() && p.io.sock.is_some())
+            && Instant::now() < deadline
+        {
+            if !self.progress_once(true)? {
+                self.poll_sockets(Some(Duration::from_millis(10)))?;
+            }
+        }
+        self.finalized = true;
+        res
+    }
+}
+
+fn done_send(peer: usize, data: SendData) -> Send {
+    Send {
+        peer,
+        data,
+        state: SendState::Done,
+        err: None,
+        detached: false,
+    }
+}
+
+fn discard_alloc(len: usize) -> Result<Box<dyn Buf>, Error> {
+    Ok(Box::new(vec![0u8; len]))
+}
+
+fn matches(r: &Recv, peer: usize, ctx: u64, tag: i32) -> bool {
+    r.ctx == ctx && r.src.is_none_or(|s| s == peer) && r.tag.is_none_or(|t| t == tag)
+}

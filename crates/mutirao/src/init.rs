@@ -1,0 +1,368 @@
+//! Start-up: read the launcher's environment, exchange addresses through the PMI fence, build the
+//! mesh of connections (shared memory to ranks of this host, TCP to the others).
+
+use crate::config::Config;
+use crate::engine::{Engine, Peer, ShmLink, Tuning};
+use crate::pmi::{unhex_token, Kvs, PmiClient};
+use crate::shm::Ring;
+use crate::wire::{Hello, HELLO_LEN, PROTOCOL_VERSION};
+use crate::{Comm, Error};
+use std::io::{Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+/// What the launcher tells a rank through its environment.
+#[derive(Clone)]
+pub struct JobEnv {
+    /// `MUTIRAO_RANK`
+    pub rank: usize,
+    /// `MUTIRAO_SIZE`
+    pub size: usize,
+    /// `MUTIRAO_PMI_ADDR`: the launcher's bootstrap server.
+    pub pmi_addr: String,
+    /// `MUTIRAO_JOB_TOKEN`: 64 hex digits shared by the ranks of one job.
+    pub token: [u8; 32],
+    /// `MUTIRAO_JOB_ID`: names the job's shared-memory files.
+    pub job_id: String,
+    /// `MUTIRAO_BIND`: address this rank listens on (default 127.0.0.1).
+    pub bind: IpAddr,
+    /// `MUTIRAO_LOCAL_RANKS`: ranks on this host (tunes spinning).
+    pub local_ranks: usize,
+}
+
+impl std::fmt::Debug for JobEnv {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JobEnv")
+            .field("rank", &self.rank)
+            .field("size", &self.size)
+            .field("pmi_addr", &self.pmi_addr)
+            .field("job_id", &self.job_id)
+            .field("bind", &self.bind)
+            .finish_non_exhaustive()
+    }
+}
+
+impl JobEnv {
+    /// Read the environment. `Ok(None)`: no launcher (run as a single rank).
+    pub fn from_env() -> Result<Option<JobEnv>, Error> {
+        let Ok(rank) = std::env::var("MUTIRAO_RANK") else {
+            return Ok(None);
+        };
+        let get = |k: &str| {
+            std::env::var(k).map_err(|_| {
+                Error::Init(format!(
+                    "MUTIRAO_RANK is set but {k} is not: start the program with `mutirao run`"
+                ))
+            })
+        };
+        let num = |k: &str, v: String| {
+            v.parse::<usize>()
+                .map_err(|_| Error::Init(format!("{k}={v:?} is not a number")))
+        };
+        let rank = num("MUTIRAO_RANK", rank)?;
+        let size = num("MUTIRAO_SIZE", get("MUTIRAO_SIZE")?)?;
+        if size == 0 || rank >= size {
+            return Err(Error::Init(format!(
+                "MUTIRAO_RANK={rank} is not below MUTIRAO_SIZE={size}"
+            )));
+        }
+        let token = unhex_token(&get("MUTIRAO_JOB_TOKEN")?)
+            .ok_or_else(|| Error::Init("MUTIRAO_JOB_TOKEN is not 64 hex digits".into()))?;
+        let job_id = get("MUTIRAO_JOB_ID")?;
+        if job_id.is_empty()
+            || !job_id
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        {
+            return Err(Error::Init(format!(
+                "MUTIRAO_JOB_ID={job_id:?} must be non-empty letters, digits, - or _"
+            )));
+        }
+        let bind = match std::env::var("MUTIRAO_BIND") {
+            Ok(b) => b
+                .parse()
+                .map_err(|_| Error::Init(format!("MUTIRAO_BIND={b:?} is not an IP address")))?,
+            Err(_) => IpAddr::from([127, 0, 0, 1]),
+        };
+        let local_ranks = match std::env::var("MUTIRAO_LOCAL_RANKS") {
+            Ok(v) => num("MUTIRAO_LOCAL_RANKS", v)?,
+            Err(_) => 1,
+        };
+        Ok(Some(JobEnv {
+            rank,
+            size,
+            pmi_addr: get("MUTIRAO_PMI_ADDR")?,
+            token,
+            job_id,
+            bind,
+            local_ranks,
+        }))
+    }
+}
+
+/// Start the library: under `mutirao run` join the job, otherwise run as a single rank.
+/// Returns the world communicator.
+pub fn init() -> Result<Comm, Error> {
+    match JobEnv::from_env()? {
+        Some(env) => init_with(&env),
+        None => {
+            let cfg = Config::from_env(1).map_err(Error::Init)?;
+            let engine = Engine::new(
+                0,
+                1,
+                vec![Peer::new(None, None)],
+                Tuning {
+                    eager_limit: cfg.eager_limit,
+                    spin: cfg.spin,
+                },
+            )?;
+            Ok(Comm::world(engine))
+        }
+    }
+}
+
+/// An identity that is equal exactly for processes that can share memory *and* are meant to be
+/// on the same host: same kernel boot, same network namespace (testbed hosts differ), same name.
+fn host_identity() -> String {
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+    let netns = std::fs::read_link("/proc/self/ns/net")
+        .map(|p| p.display().to_string())
+        .unwrap_or_default();
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    format!("{}|{}|{}", boot.trim(), netns, host.trim())
+}
+
+fn ring_path(job: &str, src: usize, dst: usize) -> PathBuf {
+    PathBuf::from(format!("/dev/shm/mutirao-{job}-{src}-{dst}"))
+}
+
+/// Join the job described by `env`.
+pub fn init_with(env: &JobEnv) -> Result<Comm, Error> {
+    let cfg = Config::from_env(env.local_ranks).map_err(Error::Init)?;
+    let deadline = Instant::now() + cfg.connect_timeout;
+    let mut pmi = PmiClient::connect(
+        &env.pmi_addr,
+        env.rank as u32,
+        &env.token,
+        cfg.connect_timeout,
+    )
+    .map_err(Error::Init)?;
+
+    let listener = TcpListener::bind(SocketAddr::new(env.bind, 0))
+        .map_err(|e| Error::Init(format!("cannot listen on {}: {e}", env.bind)))?;
+    let my_addr = listener.local_addr()?;
+    let me = host_identity();
+    let mut kvs = Kvs::new();
+    kvs.insert("addr".into(), my_addr.to_string());
+    kvs.insert("host".into(), me.clone());
+    let all = pmi
+        .fence(kvs, cfg.connect_timeout)
+        .map_err(|e| Error::Init(format!("address exchange: {e}")))?;
+    if all.len() != env.size {
+        return Err(Error::Init(format!(
+            "the launcher returned {} addresses for {} ranks",
+            all.len(),
+            env.size
+        )));
+    }
+    let local: Vec<bool> = all
+        .iter()
+        .enumerate()
+        .map(|(i, k)| i != env.rank && cfg.shm && k.get("host") == Some(&me))
+        .collect();
+
+    // Inbound rings from local peers exist before anyone connects to us.
+    let mut inbound: Vec<Option<Ring>> = (0..env.size).map(|_| None).collect();
+    let mut created = Vec::new();
+    let cleanup = |paths: &[PathBuf]| {
+        for p in paths {
+            let _ = std::fs::remove_file(p);
+        }
+    };
+    for (i, is_local) in local.iter().enumerate() {
+        if *is_local {
+            let p = ring_path(&env.job_id, i, env.rank);
+            let _ = std::fs::remove_file(&p);
+            match Ring::create(&p, cfg.shm_ring) {
+                Ok(r) => {
+                    created.push(p);
+                    inbound[i] = Some(r);
+                }
+                Err(e) => {
+                    cleanup(&created);
+                    return Err(Error::Init(format!(
+                        "cannot create shared-memory ring {}: {e} (set MUTIRAO_TRANSPORT=tcp to avoid shared memory)",
+                        p.display()
+                    )));
+                }
+            }
+        }
+    }
+
+    let mesh = connect_mesh(env, &all, &listener, deadline);
+    let mut socks = match mesh {
+        Ok(s) => s,
+        Err(e) => {
+            cleanup(&created);
+            return Err(e);
+        }
+    };
+    // Every peer has created its inbound rings before it spoke to us: map our outbound ones.
+    let mut peers = Vec::with_capacity(env.size);
+    for i in 0..env.size {
+        let sock = socks[i].take();
+        let shm = match inbound[i].take() {
+            Some(rx) => {
+                let tx = Ring::open(&ring_path(&env.job_id, env.rank, i)).map_err(|e| {
+                    cleanup(&created);
+                    Error::Init(format!("cannot open the ring to rank {i}: {e}"))
+                })?;
+                Some(ShmLink { tx, rx })
+            }
+            None => None,
+        };
+        let sock = match sock {
+            Some(s) => {
+                s.set_nonblocking(true)?;
+                Some(mio::net::TcpStream::from_std(s))
+            }
+            None => None,
+        };
+        peers.push(Peer::new(sock, shm));
+    }
+    // When everyone has mapped, the files can go: nothing is left in /dev/shm if a rank dies.
+    let fenced = pmi.fence(Kvs::new(), cfg.connect_timeout);
+    cleanup(&created);
+    fenced.map_err(|e| Error::Init(format!("connection barrier: {e}")))?;
+
+    let mut engine = Engine::new(
+        env.rank,
+        env.size,
+        peers,
+        Tuning {
+            eager_limit: cfg.eager_limit,
+            spin: cfg.spin,
+        },
+    )?;
+    engine._pmi = Some(pmi);
+    Ok(Comm::world(engine))
+}
+
+/// Connect to every lower rank, accept every higher one; authenticate both ways.
+fn connect_mesh(
+    env: &JobEnv,
+    all: &[Kvs],
+    listener: &TcpListener,
+    deadline: Instant,
+) -> Result<Vec<Option<TcpStream>>, Error> {
+    let hello = Hello {
+        version: PROTOCOL_VERSION,
+        rank: env.rank as u32,
+        token: env.token,
+    }
+    .encode();
+    let mut socks: Vec<Option<TcpStream>> = (0..env.size).map(|_| None).collect();
+    let remaining = |d: Instant| {
+        d.saturating_duration_since(Instant::now())
+            .max(Duration::from_millis(1))
+    };
+    // 1. Connect down and say hello (completes in the peer's accept backlog).
+    for (j, kv) in all.iter().enumerate().take(env.rank) {
+        let addr: SocketAddr = kv
+            .get("addr")
+            .and_then(|a| a.parse().ok())
+            .ok_or_else(|| Error::Init(format!("rank {j} published no valid address")))?;
+        let mut s = loop {
+            match TcpStream::connect_timeout(&addr, remaining(deadline)) {
+                Ok(s) => break s,
+                Err(e) if Instant::now() < deadline => {
+                    let _ = e;
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Err(e) => {
+                    return Err(Error::Init(format!(
+                        "cannot connect to rank {j} at {addr}: {e}"
+                    )))
+                }
+            }
+        };
+        s.set_nodelay(true)?;
+        s.write_all(&hello)
+            .map_err(|e| Error::Init(format!("handshake with rank {j}: {e}")))?;
+        socks[j] = Some(s);
+    }
+    // 2. Accept up, check their hello, answer.
+    listener.set_nonblocking(true)?;
+    let mut expected = env.size - env.rank - 1;
+    while expected > 0 {
+        match listener.accept() {
+            Ok((mut s, from)) => {
+                s.set_nonblocking(false)?;
+                s.set_read_timeout(Some(remaining(deadline).min(Duration::from_secs(10))))?;
+                let mut buf = [0u8; HELLO_LEN];
+                let theirs = s
+                    .read_exact(&mut buf)
+                    .map_err(|e| e.to_string())
+                    .and_then(|_| {
+                        Hello::decode_checked(&buf, &env.token, env.size as u32)
+                            .map_err(|e| e.to_string())
+                    });
+                match theirs {
+                    Ok(h) if (h.rank as usize) > env.rank && socks[h.rank as usize].is_none() => {
+                        s.set_nodelay(true)?;
+                        s.write_all(&hello).map_err(|e| {
+                            Error::Init(format!("handshake with rank {}: {e}", h.rank))
+                        })?;
+                        s.set_read_timeout(None)?;
+                        socks[h.rank as usize] = Some(s);
+                        expected -= 1;
+                    }
+                    Ok(h) => {
+                        eprintln!(
+                            "mutirao: rank {}: refused a duplicate or misdirected connection claiming rank {} from {from}",
+                            env.rank, h.rank
+                        );
+                    }
+                    Err(e) => {
+                        // Not one of ours: refuse and go on waiting for the real peers.
+                        eprintln!(
+                            "mutirao: rank {}: refused a connection from {from}: {e}",
+                            env.rank
+                        );
+                    }
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if Instant::now() >= deadline {
+                    let missing: Vec<usize> = (env.rank + 1..env.size)
+                        .filter(|r| socks[*r].is_none())
+                        .collect();
+                    return Err(Error::Init(format!(
+                        "timed out waiting for ranks {missing:?} to connect"
+                    )));
+                }
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            Err(e) => return Err(Error::Init(format!("accept failed: {e}"))),
+        }
+    }
+    // 3. Read the answers of the lower ranks.
+    for (j, s) in socks.iter_mut().enumerate().take(env.rank) {
+        let s = s.as_mut().expect("connected in step 1");
+        s.set_read_timeout(Some(remaining(deadline)))?;
+        let mut buf = [0u8; HELLO_LEN];
+        s.read_exact(&mut buf)
+            .map_err(|e| Error::Init(format!("handshake with rank {j}: no answer: {e}")))?;
+        let h = Hello::decode_checked(&buf, &env.token, env.size as u32)
+            .map_err(|e| Error::Init(format!("handshake with rank {j}: {e}")))?;
+        if h.rank as usize != j {
+            return Err(Error::Init(format!(
+                "the address of rank {j} answered as rank {}",
+                h.rank
+            )));
+        }
+        s.set_read_timeout(None)?;
+    }
+    Ok(socks)
+}

@@ -1,0 +1,583 @@
+//! Multi-process tests: every trial starts N copies of this binary as ranks of one job (with an
+//! in-test bootstrap server), on shared memory and on TCP, and checks how they ended.
+//!
+//! A process started with `MUTIRAO_SCENARIO` set is a rank: it runs that scenario and exits
+//! 0 (pass), 1 (fail, message on stderr) or 3 (it saw the error the scenario expects).
+
+use libtest_mimic::{Arguments, Failed, Trial};
+use mutirao::op::{self, Op, UserOp};
+use mutirao::pmi::{hex, new_token, PmiServer};
+use mutirao::{Comm, Error, ANY_SOURCE, ANY_TAG};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+// ------------------------------------------------------------------ a tiny seeded generator
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        // splitmix64
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+type R = Result<(), String>;
+
+fn e(err: Error) -> String {
+    err.to_string()
+}
+
+macro_rules! check {
+    ($cond:expr, $($fmt:tt)*) => {
+        if !$cond {
+            return Err(format!($($fmt)*));
+        }
+    };
+}
+
+// ------------------------------------------------------------------ scenarios (run as ranks)
+
+fn p2p(w: &Comm) -> R {
+    let dbg = |s: &str| {
+        if std::env::var("P2P_DEBUG").is_ok() {
+            eprintln!("[{}] {s}", w.rank())
+        }
+    };
+    let (r, n) = (w.rank(), w.size());
+    // Non-overtaking: rank 1 sends 200 messages with tags 0/1/2, rank 0 takes tag 2 first, then any.
+    if r == 1 {
+        for i in 0..200u32 {
+            w.send(&[i], 0, (i % 3) as i32).map_err(e)?;
+        }
+    } else if r == 0 {
+        let mut b = [0u32];
+        let st = w.recv(&mut b, 1, 2).map_err(e)?;
+        check!(
+            b[0] == 2 && st.tag == 2 && st.source == 1 && st.bytes == 4,
+            "first tag-2 message is {b:?} {st:?}"
+        );
+        let mut last = [None::<u32>; 3];
+        for _ in 0..199 {
+            let st = w.recv(&mut b, ANY_SOURCE, ANY_TAG).map_err(e)?;
+            let t = st.tag as usize;
+            check!(b[0] % 3 == t as u32, "tag {t} carried {}", b[0]);
+            if let Some(prev) = last[t] {
+                check!(b[0] > prev, "tag {t}: {} arrived after {prev}", b[0]);
+            }
+            last[t] = Some(b[0]);
+        }
+    }
+    dbg("order done");
+    w.barrier().map_err(e)?;
+    // Every size across eager/rendezvous, both directions at once, checked content.
+    for &size in &[0usize, 1, 100, 65536, 65537, 300_000, 4 << 20] {
+        let to = (r + 1) % n;
+        let from = (r + n - 1) % n;
+        let out: Vec<u8> = (0..size).map(|i| (i * 7 + r) as u8).collect();
+        let mut inb = vec![0u8; size];
+        let st = w.sendrecv(&out, to, 5, &mut inb, from, 5).map_err(e)?;
+        check!(
+            st.bytes == size && st.source == from,
+            "sendrecv {size}: {st:?}"
+        );
+        check!(
+            inb.iter()
+                .enumerate()
+                .all(|(i, b)| *b == (i * 7 + from) as u8),
+            "sendrecv {size}: wrong bytes"
+        );
+        dbg(&format!("sendrecv {size} ok"));
+    }
+    // Unexpected large message: sent before the receive is posted.
+    if n >= 2 {
+        // (A blocking send of a large message may wait for its receive, as in MPI: use isend.)
+        let pending = if r == 0 {
+            let big: Vec<u64> = (0..200_000).collect();
+            Some(w.isend(big, 1, 9).map_err(e)?)
+        } else {
+            None
+        };
+        w.barrier().map_err(e)?;
+        if r == 1 {
+            let (v, st) = w.recv_vec::<u64>(0, 9).map_err(e)?;
+            check!(
+                st.bytes == 1_600_000 && v.len() == 200_000 && v[199_999] == 199_999,
+                "unexpected large: {st:?}"
+            );
+        }
+        if let Some(p) = pending {
+            p.wait().map_err(e)?;
+        }
+    }
+    dbg("unexpected large done");
+    // Truncation is an error, not a crash.
+    if n >= 2 {
+        if r == 0 {
+            w.send(&[1u8; 10], 1, 11).map_err(e)?;
+        } else if r == 1 {
+            let mut small = [0u8; 4];
+            match w.recv(&mut small, 0, 11) {
+                Err(Error::Truncated { got: 10, cap: 4 }) => {}
+                other => return Err(format!("truncation gave {other:?}")),
+            }
+        }
+    }
+    // Serde objects and self-sends.
+    w.send_obj(&vec![format!("to myself {r}")], r, 3)
+        .map_err(e)?;
+    let (v, _): (Vec<String>, _) = w.recv_obj(r, 3).map_err(e)?;
+    check!(v == [format!("to myself {r}")], "self send gave {v:?}");
+    Ok(())
+}
+
+fn nonblocking(w: &Comm) -> R {
+    let (r, n) = (w.rank(), w.size());
+    let mut reqs = Vec::new();
+    for p in 0..n {
+        reqs.push(w.irecv::<u32>(p, 4).map_err(e)?);
+    }
+    let mut sends = Vec::new();
+    for p in 0..n {
+        let len = 1 + p * 20_000; // some eager, some rendezvous
+        sends.push(w.isend(vec![r as u32; len], p, 4).map_err(e)?);
+    }
+    let mut seen = vec![false; n];
+    while !reqs.is_empty() {
+        let (_, v, st) = mutirao::wait_any(&mut reqs).map_err(e)?;
+        let st = st.ok_or("no status")?;
+        check!(
+            v.len() == 1 + r * 20_000 && v.iter().all(|x| *x as usize == st.source),
+            "irecv from {}: len {}",
+            st.source,
+            v.len()
+        );
+        seen[st.source] = true;
+    }
+    check!(seen.iter().all(|s| *s), "missing sources {seen:?}");
+    for (i, (buf, _)) in mutirao::wait_all(sends).map_err(e)?.into_iter().enumerate() {
+        check!(
+            buf.len() == 1 + i * 20_000,
+            "isend buffer not returned whole"
+        );
+    }
+    // test() and probe.
+    if n >= 2 {
+        if r == 1 {
+            w.send(&[7u16, 8, 9], 0, 6).map_err(e)?;
+        }
+        if r == 0 {
+            let st = w.probe(1, 6).map_err(e)?;
+            check!(st.bytes == 6 && st.count::<u16>() == 3, "probe {st:?}");
+            let mut q = w.irecv::<u16>(1, 6).map_err(e)?;
+            let t0 = Instant::now();
+            while !q.test().map_err(e)? {
+                check!(
+                    t0.elapsed() < Duration::from_secs(10),
+                    "test never completed"
+                );
+            }
+            let (v, _) = q.wait().map_err(e)?;
+            check!(v == [7, 8, 9], "got {v:?}");
+            check!(
+                w.iprobe(1, 6).map_err(e)?.is_none(),
+                "message received twice"
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Affine maps x ↦ a·x + b under composition: associative, not commutative.
+fn compose() -> impl Op<[u64; 2]> {
+    UserOp::new(|input: &[[u64; 2]], inout: &mut [[u64; 2]]| {
+        for (f, g) in input.iter().zip(inout.iter_mut()) {
+            // (input then inout): x ↦ g(f(x)) = ga·(fa·x + fb) + gb
+            *g = [
+                g[0].wrapping_mul(f[0]),
+                g[0].wrapping_mul(f[1]).wrapping_add(g[1]),
+            ];
+        }
+    })
+    .non_commutative()
+}
+
+fn collectives(w: &Comm) -> R {
+    let (r, n) = (w.rank(), w.size());
+    let mut rng = Rng(12345 + n as u64);
+    let val = |rank: usize, i: usize, salt: u64| -> u64 {
+        (rank as u64 + 1)
+            .wrapping_mul(1_000_003)
+            .wrapping_add(i as u64 * 31)
+            .wrapping_add(salt)
+    };
+    for case in 0..60u64 {
+        // Sizes span the small and large algorithm paths.
+        let count = match rng.below(4) {
+            0 => rng.below(4) as usize,
+            1 => 1 + rng.below(100) as usize,
+            2 => 1 + rng.below(20_000) as usize,
+            _ => 70_000 + rng.below(10_000) as usize,
+        };
+        let root = rng.below(n as u64) as usize;
+        let salt = rng.next();
+        let mine: Vec<u64> = (0..count).map(|i| val(r, i, salt)).collect();
+        let serial_sum: Vec<u64> = (0..count)
+            .map(|i| (0..n).fold(0u64, |a, k| a.wrapping_add(val(k, i, salt))))
+            .collect();
+        match case % 9 {
+            0 => {
+                let mut b = if r == root {
+                    mine.clone()
+                } else {
+                    vec![0u64; count]
+                };
+                w.bcast(&mut b, root).map_err(e)?;
+                let want: Vec<u64> = (0..count).map(|i| val(root, i, salt)).collect();
+                check!(b == want, "case {case}: bcast of {count} from {root}");
+            }
+            1 => {
+                let mut out = vec![0u64; count];
+                w.reduce(&mine, &mut out, &op::Sum, root).map_err(e)?;
+                check!(
+                    r != root || out == serial_sum,
+                    "case {case}: reduce of {count} to {root}"
+                );
+            }
+            2 => {
+                let mut out = vec![0u64; count];
+                w.allreduce(&mine, &mut out, &op::Sum).map_err(e)?;
+                check!(out == serial_sum, "case {case}: allreduce of {count}");
+                let mut mx = vec![0u64; count];
+                w.allreduce(&mine, &mut mx, &op::Max).map_err(e)?;
+                let want: Vec<u64> = (0..count)
+                    .map(|i| (0..n).map(|k| val(k, i, salt)).max().unwrap_or(0))
+                    .collect();
+                check!(mx == want, "case {case}: allreduce max of {count}");
+            }
+            3 => {
+                let c = count.min(5000);
+                let mut out = vec![0u64; if r == root { n * c } else { 0 }];
+                w.gather(&mine[..c], &mut out, root).map_err(e)?;
+                if r == root {
+                    for k in 0..n {
+                        check!(
+                            (0..c).all(|i| out[k * c + i] == val(k, i, salt)),
+                            "case {case}: gather block {k}"
+                        );
+                    }
+                }
+            }
+            4 => {
+                let c = count.min(5000);
+                let all: Vec<u64> = (0..n * c)
+                    .map(|x| val(x / c.max(1), x % c.max(1), salt))
+                    .collect();
+                let mut out = vec![0u64; c];
+                w.scatter(if r == root { &all } else { &[] }, &mut out, root)
+                    .map_err(e)?;
+                check!(
+                    (0..c).all(|i| out[i] == val(r, i, salt)),
+                    "case {case}: scatter of {c}"
+                );
+            }
+            5 => {
+                let c = count.min(5000);
+                let mut out = vec![0u64; n * c];
+                w.allgather(&mine[..c], &mut out).map_err(e)?;
+                for k in 0..n {
+                    check!(
+                        (0..c).all(|i| out[k * c + i] == val(k, i, salt)),
+                        "case {case}: allgather block {k}"
+                    );
+                }
+            }
+            6 => {
+                let c = count.min(2000);
+                let send: Vec<u64> = (0..n * c).map(|x| val(r, x, salt)).collect();
+                let mut out = vec![0u64; n * c];
+                w.alltoall(&send, &mut out).map_err(e)?;
+                for k in 0..n {
+                    check!(
+                        (0..c).all(|i| out[k * c + i] == val(k, r * c + i, salt)),
+                        "case {case}: alltoall from {k}"
+                    );
+                }
+            }
+            7 => {
+                // Variable counts: rank k contributes k + case % 3 elements.
+                let counts: Vec<usize> = (0..n).map(|k| k + (case % 3) as usize).collect();
+                let total: usize = counts.iter().sum();
+                let my: Vec<u64> = (0..counts[r]).map(|i| val(r, i, salt)).collect();
+                let mut out = vec![0u64; if r == root { total } else { 0 }];
+                w.gatherv(&my, &mut out, &counts, root).map_err(e)?;
+                if r == root {
+                    let want: Vec<u64> = (0..n)
+                        .flat_map(|k| (0..counts[k]).map(move |i| val(k, i, salt)))
+                        .collect();
+                    check!(out == want, "case {case}: gatherv");
+                }
+                let mut back = vec![0u64; counts[r]];
+                w.scatterv(if r == root { &out } else { &[] }, &counts, &mut back, root)
+                    .map_err(e)?;
+                check!(back == my, "case {case}: scatterv");
+            }
+            _ => {
+                // Non-commutative user operator: the result is the composition in rank order.
+                let c = count.min(3000);
+                let f = |k: usize, i: usize| [val(k, i, salt) | 1, val(k, i, salt ^ 7)];
+                let my: Vec<[u64; 2]> = (0..c).map(|i| f(r, i)).collect();
+                let mut out = vec![[0u64; 2]; c];
+                w.allreduce(&my, &mut out, &compose()).map_err(e)?;
+                let mut red = vec![[0u64; 2]; c];
+                w.reduce(&my, &mut red, &compose(), root).map_err(e)?;
+                for i in 0..c {
+                    let mut acc = f(0, i);
+                    for k in 1..n {
+                        let g = f(k, i);
+                        acc = [
+                            g[0].wrapping_mul(acc[0]),
+                            g[0].wrapping_mul(acc[1]).wrapping_add(g[1]),
+                        ];
+                    }
+                    check!(
+                        out[i] == acc,
+                        "case {case}: non-commutative allreduce element {i}"
+                    );
+                    check!(
+                        r != root || red[i] == acc,
+                        "case {case}: non-commutative reduce element {i}"
+                    );
+                }
+            }
+        }
+    }
+    w.barrier().map_err(e)?;
+    // split and dup: parity groups reduce separately, keys reverse the order.
+    let sub = w
+        .split(Some((r % 2) as u32), -(r as i32))
+        .map_err(e)?
+        .ok_or("split returned None")?;
+    let members: Vec<usize> = (0..n).filter(|k| k % 2 == r % 2).collect();
+    check!(sub.size() == members.len(), "split size {}", sub.size());
+    check!(
+        sub.rank() == members.len() - 1 - members.iter().position(|k| *k == r).unwrap_or(0),
+        "split rank order"
+    );
+    let mut s = [0u64];
+    sub.allreduce(&[r as u64], &mut s, &op::Sum).map_err(e)?;
+    check!(
+        s[0] == members.iter().map(|k| *k as u64).sum::<u64>(),
+        "split allreduce {}",
+        s[0]
+    );
+    let d = w.dup().map_err(e)?;
+    // A message on the dup does not match a receive on the original.
+    if n >= 2 {
+        if r == 0 {
+            d.send(&[1u8], 1, 0).map_err(e)?;
+            w.send(&[2u8], 1, 0).map_err(e)?;
+        } else if r == 1 {
+            let mut b = [0u8];
+            w.recv(&mut b, 0, 0).map_err(e)?;
+            check!(b[0] == 2, "dup leaked into the original communicator");
+            d.recv(&mut b, 0, 0).map_err(e)?;
+            check!(b[0] == 1, "dup lost its message");
+        }
+    }
+    check!(
+        w.split(None, 0).map_err(e)?.is_none(),
+        "split(None) gave a communicator"
+    );
+    Ok(())
+}
+
+/// The last rank kills itself with SIGKILL in the middle of a series of allreduces; the others
+/// must get an error (exit 3) well within 5 s.
+fn kill_mid_collective(w: &Comm) -> R {
+    let (r, n) = (w.rank(), w.size());
+    let mut out = vec![0u64; 1000];
+    for i in 0..1_000_000u64 {
+        if r == n - 1 && i == 50 {
+            // SAFETY: kill(2) on our own pid has no memory-safety preconditions.
+            unsafe {
+                libc_kill_self();
+            }
+        }
+        match w.allreduce(&vec![i; 1000], &mut out, &op::Sum) {
+            Ok(()) => {}
+            Err(Error::PeerFailed { .. }) | Err(Error::PeerFinalized(_)) => std::process::exit(3),
+            Err(other) => return Err(format!("unexpected error kind: {other}")),
+        }
+    }
+    Err("the collective never failed".into())
+}
+
+unsafe fn libc_kill_self() {
+    extern "C" {
+        fn kill(pid: i32, sig: i32) -> i32;
+    }
+    kill(std::process::id() as i32, 9);
+}
+
+fn run_scenario(name: &str) -> ! {
+    let w = match mutirao::init() {
+        Ok(w) => w,
+        Err(err) => {
+            eprintln!("init failed: {err}");
+            std::process::exit(1);
+        }
+    };
+    let res = match name {
+        "p2p" => p2p(&w),
+        "nonblocking" => nonblocking(&w),
+        "collectives" => collectives(&w),
+        "kill" => kill_mid_collective(&w),
+        other => Err(format!("unknown scenario {other}")),
+    };
+    let fin = w.finalize().map_err(e);
+    match res.and(fin) {
+        Ok(()) => std::process::exit(0),
+        Err(msg) => {
+            eprintln!("scenario {name} failed on rank: {msg}");
+            std::process::exit(1);
+        }
+    }
+}
+
+// ------------------------------------------------------------------ the driver
+
+struct Outcome {
+    codes: Vec<Option<i32>>,
+    stderr: Vec<String>,
+    elapsed: Duration,
+}
+
+fn launch(scenario: &str, n: usize, transport: &str, limit: Duration) -> Result<Outcome, Failed> {
+    let token = new_token().map_err(|e| e.to_string())?;
+    let pmi = PmiServer::start(
+        "127.0.0.1:0".parse().unwrap(),
+        n as u32,
+        token,
+        Duration::from_secs(30),
+    )
+    .map_err(|e| e.to_string())?;
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let job = format!("t{}{}", std::process::id(), &hex(&token)[..8]);
+    let start = Instant::now();
+    let mut kids = Vec::new();
+    for r in 0..n {
+        let child = Command::new(&exe)
+            .env("MUTIRAO_SCENARIO", scenario)
+            .env("MUTIRAO_RANK", r.to_string())
+            .env("MUTIRAO_SIZE", n.to_string())
+            .env("MUTIRAO_PMI_ADDR", pmi.addr().to_string())
+            .env("MUTIRAO_JOB_TOKEN", hex(&token))
+            .env("MUTIRAO_JOB_ID", &job)
+            .env("MUTIRAO_LOCAL_RANKS", n.to_string())
+            .env("MUTIRAO_TRANSPORT", transport)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| e.to_string())?;
+        kids.push(child);
+    }
+    let mut codes = vec![None; n];
+    let mut done = vec![false; n];
+    while done.iter().any(|d| !d) {
+        for (i, k) in kids.iter_mut().enumerate() {
+            if !done[i] {
+                if let Ok(Some(st)) = k.try_wait() {
+                    codes[i] = st.code();
+                    done[i] = true;
+                }
+            }
+        }
+        if start.elapsed() > limit {
+            for k in kids.iter_mut() {
+                let _ = k.kill();
+                let _ = k.wait();
+            }
+            return Err(format!(
+                "{scenario} on {n} ranks ({transport}) did not finish within {limit:?}"
+            )
+            .into());
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let elapsed = start.elapsed();
+    let stderr = kids
+        .into_iter()
+        .map(|k| {
+            let mut s = String::new();
+            if let Some(mut e) = k.stderr {
+                use std::io::Read;
+                let _ = e.read_to_string(&mut s);
+            }
+            s
+        })
+        .collect();
+    Ok(Outcome {
+        codes,
+        stderr,
+        elapsed,
+    })
+}
+
+fn expect_all_ok(scenario: &'static str, n: usize, transport: &'static str) -> Trial {
+    Trial::test(format!("{scenario}_{n}ranks_{transport}"), move || {
+        let o = launch(scenario, n, transport, Duration::from_secs(60))?;
+        if o.codes.iter().all(|c| *c == Some(0)) {
+            Ok(())
+        } else {
+            Err(format!("exit codes {:?}\n{}", o.codes, o.stderr.join("\n")).into())
+        }
+    })
+}
+
+fn main() {
+    if let Ok(s) = std::env::var("MUTIRAO_SCENARIO") {
+        run_scenario(&s);
+    }
+    let args = Arguments::from_args();
+    let mut trials = Vec::new();
+    for transport in ["auto", "tcp"] {
+        trials.push(expect_all_ok("p2p", 3, transport));
+        trials.push(expect_all_ok("nonblocking", 4, transport));
+        for n in [1, 2, 3, 5] {
+            trials.push(expect_all_ok("collectives", n, transport));
+        }
+    }
+    trials.push(expect_all_ok("collectives", 8, "auto"));
+    for transport in ["auto", "tcp"] {
+        trials.push(Trial::test(
+            format!("kill9_mid_collective_others_get_errors_{transport}"),
+            move || {
+                let o = launch("kill", 4, transport, Duration::from_secs(30))?;
+                let survivors = &o.codes[..3];
+                if o.codes[3].is_some() {
+                    return Err(format!("the killed rank exited normally: {:?}", o.codes).into());
+                }
+                if !survivors.iter().all(|c| *c == Some(3)) {
+                    return Err(format!(
+                        "survivors should report the failure (exit 3): {:?}\n{}",
+                        o.codes,
+                        o.stderr.join("\n")
+                    )
+                    .into());
+                }
+                if o.elapsed > Duration::from_secs(5) {
+                    return Err(format!("survivors took {:?} to notice", o.elapsed).into());
+                }
+                Ok(())
+            },
+        ));
+    }
+    libtest_mimic::run(&args, trials).exit();
+}
