@@ -27,6 +27,7 @@ pub mod calib;
 pub mod fit;
 pub mod hcap;
 pub mod legacy;
+pub mod presets;
 pub mod strategy;
 
 use serde::{Deserialize, Serialize};
