@@ -1,0 +1,223 @@
+//! A [`Platform`]: a model resolved for fast lookups (host index → speed, host pair → link).
+
+use mutirao_model::{Host, LinkParams, Model, ModelError};
+use std::collections::HashMap;
+
+/// What is wrong with a platform.
+#[derive(Debug, PartialEq, thiserror::Error)]
+pub enum PlatformError {
+    /// The model does not cover a host pair, or names an unknown host.
+    #[error("{0}")]
+    Model(#[from] ModelError),
+    /// The model has no host.
+    #[error("the model has no host; add at least one host")]
+    NoHosts,
+    /// A pair table does not have hosts² entries or points past the link list.
+    #[error("platform pair table: {0}")]
+    BadTable(String),
+    /// A host's speed is not a finite number > 0.
+    #[error("host {name:?} has speed {speed}; speed must be a finite number > 0")]
+    BadSpeed {
+        /// Host name.
+        name: String,
+        /// Bad speed.
+        speed: f64,
+    },
+}
+
+/// Hosts and the HLogP parameters of every ordered host pair, resolved once.
+///
+/// All functions of message size return **seconds**. Link parameters may be negative
+/// (the thesis's LAM overlap case) when a platform is built with [`Platform::from_parts`];
+/// models loaded from files never are.
+#[derive(Debug, Clone)]
+pub struct Platform {
+    hosts: Vec<Host>,
+    links: Vec<LinkParams>,
+    pair: Vec<u32>,
+    by_name: HashMap<String, usize>,
+    // For each host: the distinct link indices of its row (used for "max over destinations").
+    row_links: Vec<Vec<u32>>,
+    // For each link index: number of ordered pairs of distinct hosts using it.
+    offdiag_count: Vec<usize>,
+}
+
+impl Platform {
+    /// Resolve a model: every ordered host pair (including a host with itself) must be covered.
+    pub fn from_model(model: &Model) -> Result<Self, PlatformError> {
+        model.validate()?;
+        if model.hosts.is_empty() {
+            return Err(PlatformError::NoHosts);
+        }
+        let n = model.hosts.len();
+        let mut index_of_link: HashMap<*const mutirao_model::Link, u32> = HashMap::new();
+        let mut links = Vec::new();
+        let mut pair = Vec::with_capacity(n * n);
+        for a in &model.hosts {
+            for b in &model.hosts {
+                let l = model.link_for(&a.name, &b.name)?;
+                let id = *index_of_link.entry(l as *const _).or_insert_with(|| {
+                    links.push(l.params());
+                    (links.len() - 1) as u32
+                });
+                pair.push(id);
+            }
+        }
+        Self::from_parts(model.hosts.clone(), links, pair)
+    }
+
+    /// Build a platform from hosts, a list of link parameter sets and a row-major
+    /// `hosts × hosts` table of indices into `links` (`pair[src * n + dst]`).
+    pub fn from_parts(
+        hosts: Vec<Host>,
+        links: Vec<LinkParams>,
+        pair: Vec<u32>,
+    ) -> Result<Self, PlatformError> {
+        let n = hosts.len();
+        if n == 0 {
+            return Err(PlatformError::NoHosts);
+        }
+        if pair.len() != n * n {
+            return Err(PlatformError::BadTable(format!(
+                "{} entries for {n} hosts; expected {}",
+                pair.len(),
+                n * n
+            )));
+        }
+        if let Some(&bad) = pair.iter().find(|&&i| i as usize >= links.len()) {
+            return Err(PlatformError::BadTable(format!(
+                "link index {bad} but only {} links",
+                links.len()
+            )));
+        }
+        let mut by_name = HashMap::with_capacity(n);
+        for (i, h) in hosts.iter().enumerate() {
+            if !(h.speed.is_finite() && h.speed > 0.0) {
+                return Err(PlatformError::BadSpeed {
+                    name: h.name.clone(),
+                    speed: h.speed,
+                });
+            }
+            if by_name.insert(h.name.clone(), i).is_some() {
+                return Err(ModelError::DuplicateHost(h.name.clone()).into());
+            }
+        }
+        let mut row_links = Vec::with_capacity(n);
+        let mut offdiag_count = vec![0usize; links.len()];
+        for a in 0..n {
+            let mut row: Vec<u32> = pair[a * n..(a + 1) * n].to_vec();
+            for (b, &l) in row.iter().enumerate() {
+                if a != b {
+                    offdiag_count[l as usize] += 1;
+                }
+            }
+            row.sort_unstable();
+            row.dedup();
+            row_links.push(row);
+        }
+        Ok(Platform {
+            hosts,
+            links,
+            pair,
+            by_name,
+            row_links,
+            offdiag_count,
+        })
+    }
+
+    /// Number of hosts.
+    pub fn len(&self) -> usize {
+        self.hosts.len()
+    }
+
+    /// Always false: a platform has at least one host.
+    pub fn is_empty(&self) -> bool {
+        self.hosts.is_empty()
+    }
+
+    /// The hosts, by index.
+    pub fn hosts(&self) -> &[Host] {
+        &self.hosts
+    }
+
+    /// Index of the host named `name`.
+    pub fn host_index(&self, name: &str) -> Option<usize> {
+        self.by_name.get(name).copied()
+    }
+
+    /// Relative speed of host `h`.
+    pub fn speed(&self, h: usize) -> f64 {
+        self.hosts[h].speed
+    }
+
+    /// Seconds host `h` needs for `work`.
+    pub fn exec_s(&self, work: f64, h: usize) -> f64 {
+        work / self.hosts[h].speed
+    }
+
+    /// The link parameters that apply to `src -> dst`.
+    pub fn link(&self, src: usize, dst: usize) -> &LinkParams {
+        &self.links[self.pair[src * self.hosts.len() + dst] as usize]
+    }
+
+    /// Send overhead in seconds.
+    pub fn os_s(&self, bytes: u64, src: usize, dst: usize) -> f64 {
+        self.link(src, dst).os.value(bytes) * 1e-6
+    }
+
+    /// Receive overhead in seconds.
+    pub fn or_s(&self, bytes: u64, src: usize, dst: usize) -> f64 {
+        self.link(src, dst).or.value(bytes) * 1e-6
+    }
+
+    /// Latency in seconds.
+    pub fn l_s(&self, bytes: u64, src: usize, dst: usize) -> f64 {
+        self.link(src, dst).l.value(bytes) * 1e-6
+    }
+
+    /// One-way time `Os + L + Or` in seconds.
+    pub fn one_way_s(&self, bytes: u64, src: usize, dst: usize) -> f64 {
+        self.link(src, dst).one_way_s(bytes)
+    }
+
+    /// The largest send overhead host `src` may pay for a message of `bytes` bytes, over every
+    /// destination (including itself), in seconds.
+    pub fn max_os_s(&self, bytes: u64, src: usize) -> f64 {
+        self.row_links[src]
+            .iter()
+            .map(|&l| self.links[l as usize].os.value(bytes) * 1e-6)
+            .fold(f64::NEG_INFINITY, f64::max)
+    }
+
+    /// Mean one-way time `Os + L + Or` over all ordered pairs of distinct hosts, in seconds
+    /// (0 with a single host): HEFT's average communication cost.
+    pub fn mean_one_way_s(&self, bytes: u64) -> f64 {
+        let n = self.hosts.len();
+        if n < 2 {
+            return 0.0;
+        }
+        let total: f64 = self
+            .offdiag_count
+            .iter()
+            .enumerate()
+            .filter(|(_, &c)| c > 0)
+            .map(|(l, &c)| c as f64 * self.links[l].one_way_s(bytes))
+            .sum();
+        total / (n * (n - 1)) as f64
+    }
+
+    /// Mean of `work / speed` over the hosts.
+    pub fn mean_exec_s(&self, work: f64) -> f64 {
+        work * self.mean_inv_speed()
+    }
+
+    /// Mean of `1 / speed` over the hosts.
+    pub fn mean_inv_speed(&self) -> f64 {
+        self.hosts.iter().map(|h| 1.0 / h.speed).sum::<f64>() / self.hosts.len() as f64
+    }
+
+    /// The largest host speed.
+    pub fn max_speed(&self) -> f64 {
+        self.hosts.iter().map(|h| h.speed).fold(0.0, f64::max)
+    }
+}

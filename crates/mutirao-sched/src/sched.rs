@@ -1,0 +1,621 @@
+//! List schedulers and the `mutirao-schedule/1` format.
+//!
+//! * [`Algorithm::Heft`]: HEFT (Topcuoglu, Hariri & Wu 2002), insertion-based, under the
+//!   latency model (a message between hosts costs `Os + L + Or` of delay, none within a host,
+//!   no CPU time) — the thesis's baseline.
+//! * [`Algorithm::HlogpHeft`]: the thesis's overhead-aware HEFT (digest 000 §11.7). Same
+//!   upward rank; for each candidate host the predecessors' send slots are placed in their
+//!   reserved send windows, receive overheads are placed on the candidate in arrival order right
+//!   before the task, and after the task a send window of `Σ_succ max_q Os(m, p, q)` is
+//!   reserved, shrunk to the actual `Os` as each successor is placed.
+//! * [`Algorithm::Peft`]: PEFT (Arabnejad & Barbosa 2014), optimistic cost table, latency model.
+//! * [`Algorithm::RoundRobin`]: `mpirun`'s default: task `i` (rank order = task order in the
+//!   graph) on host `i mod P`; times from the HLogP simulator.
+//!
+//! Every algorithm picks, among the tasks whose predecessors are all placed, the one with the
+//! highest priority, so every schedule respects precedence even with zero or negative costs.
+
+use crate::dag::Dag;
+use crate::platform::Platform;
+use crate::sim::{self, CommMode, Placement, SimError, SimOptions, WaitMode};
+use serde::{Deserialize, Serialize};
+use std::collections::BinaryHeap;
+use std::fmt::Write as _;
+
+/// The format tag every schedule file carries.
+pub const SCHEDULE_FORMAT: &str = "mutirao-schedule/1";
+
+/// A scheduling algorithm.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Algorithm {
+    /// Insertion-based HEFT under the latency model.
+    Heft,
+    /// The thesis's HLogP-aware HEFT.
+    HlogpHeft,
+    /// PEFT under the latency model.
+    Peft,
+    /// Round-robin in rank order.
+    RoundRobin,
+}
+
+impl Algorithm {
+    /// Every algorithm, in a fixed order.
+    pub const ALL: [Algorithm; 4] = [
+        Algorithm::Heft,
+        Algorithm::Peft,
+        Algorithm::HlogpHeft,
+        Algorithm::RoundRobin,
+    ];
+
+    /// The name used on the command line and in schedule files.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Algorithm::Heft => "heft",
+            Algorithm::HlogpHeft => "hlogp-heft",
+            Algorithm::Peft => "peft",
+            Algorithm::RoundRobin => "round-robin",
+        }
+    }
+
+    /// The model the algorithm's own makespan estimate uses.
+    pub fn own_model(self) -> CommMode {
+        match self {
+            Algorithm::Heft | Algorithm::Peft => CommMode::LatencyOnly,
+            Algorithm::HlogpHeft | Algorithm::RoundRobin => CommMode::HLogP,
+        }
+    }
+}
+
+impl std::str::FromStr for Algorithm {
+    type Err = SchedError;
+    fn from_str(s: &str) -> Result<Self, SchedError> {
+        Algorithm::ALL
+            .into_iter()
+            .find(|a| a.as_str() == s)
+            .ok_or_else(|| SchedError::UnknownAlgorithm(s.to_string()))
+    }
+}
+
+/// What is wrong with a scheduling request or a schedule file.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum SchedError {
+    /// Unknown algorithm name.
+    #[error("unknown algorithm {0:?}; use one of heft, hlogp-heft, peft, round-robin")]
+    UnknownAlgorithm(String),
+    /// The schedule text is not JSON of the expected shape.
+    #[error("schedule is not valid mutirao-schedule/1 JSON: {0}")]
+    Json(String),
+    /// Wrong format tag.
+    #[error("schedule format is {found:?}, expected {SCHEDULE_FORMAT:?}")]
+    Format {
+        /// The tag found.
+        found: String,
+    },
+    /// A schedule entry names a task the graph lacks.
+    #[error("schedule tasks[{index}]: task {id:?} is not in the task graph")]
+    UnknownTask {
+        /// Entry index.
+        index: usize,
+        /// Task id.
+        id: String,
+    },
+    /// A schedule entry names a host the model lacks.
+    #[error("schedule tasks[{index}] (task {id:?}): host {host:?} is not in the model")]
+    UnknownHost {
+        /// Entry index.
+        index: usize,
+        /// Task id.
+        id: String,
+        /// Host name.
+        host: String,
+    },
+    /// A task appears twice.
+    #[error("schedule tasks[{index}]: task {id:?} is already placed by tasks[{first}]")]
+    DuplicateTask {
+        /// Entry index.
+        index: usize,
+        /// First entry.
+        first: usize,
+        /// Task id.
+        id: String,
+    },
+    /// A task of the graph is not placed.
+    #[error("the schedule does not place task {0:?} of the task graph")]
+    MissingTask(String),
+    /// A start time is not a finite number.
+    #[error("schedule tasks[{index}] (task {id:?}): start_s is not a finite number")]
+    BadTime {
+        /// Entry index.
+        index: usize,
+        /// Task id.
+        id: String,
+    },
+    /// The simulator rejected the placement.
+    #[error(transparent)]
+    Sim(#[from] SimError),
+}
+
+/// One placed task.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ScheduledTask {
+    /// Task id.
+    pub id: String,
+    /// Host name.
+    pub host: String,
+    /// Predicted start, seconds.
+    pub start_s: f64,
+    /// Predicted finish, seconds.
+    pub finish_s: f64,
+}
+
+/// A `mutirao-schedule/1` document. `tasks` lists the tasks in the order the algorithm placed
+/// them; the simulator sends each task's messages in this order of their receivers.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Schedule {
+    /// Always [`SCHEDULE_FORMAT`].
+    pub format: String,
+    /// Algorithm name.
+    pub algorithm: String,
+    /// The algorithm's own makespan estimate, seconds.
+    pub makespan_s: f64,
+    /// Placed tasks, in placement order.
+    pub tasks: Vec<ScheduledTask>,
+}
+
+impl Schedule {
+    /// Parse a schedule (format tag checked; contents checked by [`Schedule::placement`]).
+    pub fn from_json(text: &str) -> Result<Self, SchedError> {
+        let s: Schedule =
+            serde_json::from_str(text).map_err(|e| SchedError::Json(e.to_string()))?;
+        if s.format != SCHEDULE_FORMAT {
+            return Err(SchedError::Format { found: s.format });
+        }
+        Ok(s)
+    }
+
+    /// Pretty JSON text.
+    pub fn to_json(&self) -> String {
+        // Strings and finite floats always serialize.
+        serde_json::to_string_pretty(self).unwrap_or_default()
+    }
+
+    /// Check the schedule against a graph and a platform and turn it into a [`Placement`].
+    pub fn placement(&self, dag: &Dag, platform: &Platform) -> Result<Placement, SchedError> {
+        let n = dag.len();
+        let ids = dag.id_index();
+        let mut host = vec![usize::MAX; n];
+        let mut start = vec![0.0; n];
+        let mut seq = vec![0; n];
+        let mut first = vec![usize::MAX; n];
+        for (index, st) in self.tasks.iter().enumerate() {
+            let t = *ids
+                .get(st.id.as_str())
+                .ok_or_else(|| SchedError::UnknownTask {
+                    index,
+                    id: st.id.clone(),
+                })?;
+            if first[t] != usize::MAX {
+                return Err(SchedError::DuplicateTask {
+                    index,
+                    first: first[t],
+                    id: st.id.clone(),
+                });
+            }
+            first[t] = index;
+            host[t] = platform
+                .host_index(&st.host)
+                .ok_or_else(|| SchedError::UnknownHost {
+                    index,
+                    id: st.id.clone(),
+                    host: st.host.clone(),
+                })?;
+            if !st.start_s.is_finite() {
+                return Err(SchedError::BadTime {
+                    index,
+                    id: st.id.clone(),
+                });
+            }
+            start[t] = st.start_s;
+            seq[t] = index;
+        }
+        if let Some(t) = (0..n).find(|&t| first[t] == usize::MAX) {
+            return Err(SchedError::MissingTask(dag.tasks()[t].id.clone()));
+        }
+        Ok(Placement { host, start, seq })
+    }
+
+    /// A hostfile for `mutirao run`: one `host slots=1` line per rank, rank `i` being task `i`
+    /// of the graph (task order in the graph file).
+    pub fn hostfile(&self, dag: &Dag) -> String {
+        self.rank_hosts(dag)
+            .iter()
+            .map(|h| format!("{h} slots=1\n"))
+            .collect()
+    }
+
+    /// An Open MPI-style rankfile: `rank i=HOST slot=0` per task, rank `i` being task `i`.
+    pub fn rankfile(&self, dag: &Dag) -> String {
+        let mut s = String::new();
+        for (i, h) in self.rank_hosts(dag).iter().enumerate() {
+            let _ = writeln!(s, "rank {i}={h} slot=0");
+        }
+        s
+    }
+
+    fn rank_hosts<'a>(&'a self, dag: &Dag) -> Vec<&'a str> {
+        let ids = dag.id_index();
+        let mut out = vec![""; dag.len()];
+        for st in &self.tasks {
+            if let Some(&t) = ids.get(st.id.as_str()) {
+                out[t] = st.host.as_str();
+            }
+        }
+        out
+    }
+}
+
+/// The quality figures of the HEFT paper for one makespan.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Metrics {
+    /// Schedule length ratio: makespan / Σ over the min-cost critical path of min execution time.
+    pub slr: f64,
+    /// Best single-host sequential time / makespan.
+    pub speedup: f64,
+    /// Speedup / number of hosts.
+    pub efficiency: f64,
+}
+
+/// SLR, speedup and efficiency of `makespan_s` (Topcuoglu et al. 2002, §6.1).
+pub fn metrics(dag: &Dag, platform: &Platform, makespan_s: f64) -> Metrics {
+    let cp = sim::critical_path_bound_s(dag, platform);
+    let seq = dag.tasks().iter().map(|t| t.work).sum::<f64>() / platform.max_speed();
+    let slr = if cp > 0.0 { makespan_s / cp } else { 1.0 };
+    let speedup = if makespan_s > 0.0 {
+        seq / makespan_s
+    } else {
+        1.0
+    };
+    Metrics {
+        slr,
+        speedup,
+        efficiency: speedup / platform.len() as f64,
+    }
+}
+
+/// HEFT upward rank with mean execution time and mean one-way message time.
+pub fn upward_rank(dag: &Dag, platform: &Platform) -> Vec<f64> {
+    let inv = platform.mean_inv_speed();
+    let mut rank = vec![0.0f64; dag.len()];
+    for &v in dag.topo_order().iter().rev() {
+        let best = dag
+            .out_edges(v)
+            .iter()
+            .map(|&ei| {
+                let e = dag.edges()[ei];
+                platform.mean_one_way_s(e.bytes) + rank[e.to]
+            })
+            .fold(0.0, f64::max);
+        rank[v] = dag.tasks()[v].work * inv + best;
+    }
+    rank
+}
+
+/// Intervals of one host's timeline, sorted and disjoint.
+#[derive(Default, Clone)]
+struct Timeline {
+    // (start, end, owner task)
+    iv: Vec<(f64, f64, usize)>,
+}
+
+impl Timeline {
+    /// Gaps `[gs, ge)` that end after `from`, in time order (the last one is unbounded).
+    fn gaps_from(&self, from: f64) -> impl Iterator<Item = (f64, f64)> + '_ {
+        let i0 = self.iv.partition_point(|&(_, e, _)| e <= from);
+        (i0..=self.iv.len()).map(move |i| {
+            let gs = if i == 0 { 0.0 } else { self.iv[i - 1].1 };
+            let ge = if i == self.iv.len() {
+                f64::INFINITY
+            } else {
+                self.iv[i].0
+            };
+            (gs, ge)
+        })
+    }
+
+    fn insert(&mut self, s: f64, e: f64, owner: usize) {
+        let i = self.iv.partition_point(|&(a, _, _)| a <= s);
+        self.iv.insert(i, (s, e, owner));
+    }
+
+    fn set_end(&mut self, s: f64, owner: usize, e: f64) {
+        let mut i = self.iv.partition_point(|&(a, _, _)| a < s);
+        while i < self.iv.len() {
+            if self.iv[i].2 == owner {
+                self.iv[i].1 = e;
+                return;
+            }
+            i += 1;
+        }
+    }
+}
+
+struct Plan {
+    host: Vec<usize>,
+    start: Vec<f64>,
+    finish: Vec<f64>,
+    order: Vec<usize>,
+}
+
+/// Schedule `dag` on `platform` with `algo`.
+pub fn schedule(dag: &Dag, platform: &Platform, algo: Algorithm) -> Result<Schedule, SchedError> {
+    let plan = match algo {
+        Algorithm::Heft => {
+            let rank = upward_rank(dag, platform);
+            list_latency(dag, platform, &rank, None)
+        }
+        Algorithm::Peft => {
+            let (oct, rank) = peft_oct(dag, platform);
+            list_latency(dag, platform, &rank, Some(&oct))
+        }
+        Algorithm::HlogpHeft => {
+            let rank = upward_rank(dag, platform);
+            hlogp_heft(dag, platform, &rank)
+        }
+        Algorithm::RoundRobin => round_robin(dag, platform)?,
+    };
+    let makespan = plan.finish.iter().copied().fold(0.0, f64::max);
+    let tasks = plan
+        .order
+        .iter()
+        .map(|&t| ScheduledTask {
+            id: dag.tasks()[t].id.clone(),
+            host: platform.hosts()[plan.host[t]].name.clone(),
+            start_s: plan.start[t],
+            finish_s: plan.finish[t],
+        })
+        .collect();
+    Ok(Schedule {
+        format: SCHEDULE_FORMAT.to_string(),
+        algorithm: algo.as_str().to_string(),
+        makespan_s: makespan,
+        tasks,
+    })
+}
+
+/// Ready-list driver: repeatedly take the ready task with the highest `rank` (ties: earlier in
+/// topological order) and hand it to `place`.
+fn by_priority(dag: &Dag, rank: &[f64], mut place: impl FnMut(usize)) -> Vec<usize> {
+    #[derive(PartialEq)]
+    struct Item(f64, usize, usize);
+    impl Eq for Item {}
+    impl PartialOrd for Item {
+        fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+            Some(self.cmp(o))
+        }
+    }
+    impl Ord for Item {
+        fn cmp(&self, o: &Self) -> std::cmp::Ordering {
+            self.0.total_cmp(&o.0).then(o.1.cmp(&self.1))
+        }
+    }
+    let n = dag.len();
+    let mut topo_pos = vec![0usize; n];
+    for (i, &t) in dag.topo_order().iter().enumerate() {
+        topo_pos[t] = i;
+    }
+    let mut remaining: Vec<usize> = (0..n).map(|t| dag.in_edges(t).len()).collect();
+    let mut heap: BinaryHeap<Item> = (0..n)
+        .filter(|&t| remaining[t] == 0)
+        .map(|t| Item(rank[t], topo_pos[t], t))
+        .collect();
+    let mut order = Vec::with_capacity(n);
+    while let Some(Item(_, _, v)) = heap.pop() {
+        place(v);
+        order.push(v);
+        for &ei in dag.out_edges(v) {
+            let w = dag.edges()[ei].to;
+            remaining[w] -= 1;
+            if remaining[w] == 0 {
+                heap.push(Item(rank[w], topo_pos[w], w));
+            }
+        }
+    }
+    order
+}
+
+/// Insertion-based EFT list scheduling under the latency model (HEFT; PEFT with `oct`).
+fn list_latency(dag: &Dag, platform: &Platform, rank: &[f64], oct: Option<&[f64]>) -> Plan {
+    let n = dag.len();
+    let np = platform.len();
+    let mut host = vec![0usize; n];
+    let mut start = vec![0.0; n];
+    let mut finish = vec![0.0; n];
+    let mut tl = vec![Timeline::default(); np];
+    let order = by_priority(dag, rank, |v| {
+        let mut best = (f64::INFINITY, f64::INFINITY, 0usize, 0.0);
+        for p in 0..np {
+            let ready = dag
+                .in_edges(v)
+                .iter()
+                .map(|&ei| {
+                    let e = dag.edges()[ei];
+                    let hu = host[e.from];
+                    finish[e.from]
+                        + if hu == p {
+                            0.0
+                        } else {
+                            platform.one_way_s(e.bytes, hu, p)
+                        }
+                })
+                .fold(0.0, f64::max);
+            let w = platform.exec_s(dag.tasks()[v].work, p);
+            let mut s = ready;
+            for (gs, ge) in tl[p].gaps_from(ready) {
+                s = gs.max(ready);
+                if s + w <= ge {
+                    break;
+                }
+            }
+            let eft = s + w;
+            let key = eft + oct.map_or(0.0, |o| o[v * np + p]);
+            if key < best.0 || (key == best.0 && eft < best.1) {
+                best = (key, eft, p, s);
+            }
+        }
+        let (_, eft, p, s) = best;
+        host[v] = p;
+        start[v] = s;
+        finish[v] = eft;
+        tl[p].insert(s, eft, v);
+    });
+    Plan {
+        host,
+        start,
+        finish,
+        order,
+    }
+}
+
+/// PEFT's optimistic cost table (row-major, `tasks × hosts`) and rank_oct (row means).
+pub fn peft_oct(dag: &Dag, platform: &Platform) -> (Vec<f64>, Vec<f64>) {
+    let n = dag.len();
+    let np = platform.len();
+    let mut oct = vec![0.0f64; n * np];
+    let mut x = vec![0.0f64; np];
+    for &v in dag.topo_order().iter().rev() {
+        for &ei in dag.out_edges(v) {
+            let e = dag.edges()[ei];
+            let s = e.to;
+            let c = platform.mean_one_way_s(e.bytes);
+            let mut m = f64::INFINITY;
+            for w in 0..np {
+                x[w] = oct[s * np + w] + platform.exec_s(dag.tasks()[s].work, w);
+                m = m.min(x[w]);
+            }
+            for p in 0..np {
+                let val = x[p].min(m + c);
+                if val > oct[v * np + p] {
+                    oct[v * np + p] = val;
+                }
+            }
+        }
+    }
+    let rank = (0..n)
+        .map(|v| oct[v * np..(v + 1) * np].iter().sum::<f64>() / np as f64)
+        .collect();
+    (oct, rank)
+}
+
+/// The thesis's HLogP-aware HEFT.
+fn hlogp_heft(dag: &Dag, platform: &Platform, rank: &[f64]) -> Plan {
+    let n = dag.len();
+    let np = platform.len();
+    let edges = dag.edges();
+    let mut host = vec![0usize; n];
+    let mut start = vec![0.0; n];
+    let mut finish = vec![0.0; n];
+    let mut block_start = vec![0.0; n];
+    let mut sent = vec![0.0f64; n];
+    let mut pending = vec![0.0f64; n];
+    let mut unplaced = vec![0usize; n];
+    let mut tl = vec![Timeline::default(); np];
+    let mut arr: Vec<(f64, usize, f64)> = Vec::new();
+    let order = by_priority(dag, rank, |v| {
+        // (finish, host, start, block start, window)
+        let mut best = (f64::INFINITY, 0usize, 0.0, 0.0, 0.0);
+        for p in 0..np {
+            arr.clear();
+            for &ei in dag.in_edges(v) {
+                let e = edges[ei];
+                let u = e.from;
+                let hu = host[u];
+                let ss = finish[u] + sent[u];
+                let lp = platform.link(hu, p);
+                let a = ss + (lp.os.value(e.bytes) + lp.l.value(e.bytes)) * 1e-6;
+                arr.push((a, ei, lp.or.value(e.bytes) * 1e-6));
+            }
+            arr.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+            let window: f64 = dag
+                .out_edges(v)
+                .iter()
+                .map(|&ei| platform.max_os_s(edges[ei].bytes, p))
+                .sum();
+            let w = platform.exec_s(dag.tasks()[v].work, p);
+            let first = arr.first().map_or(0.0, |x| x.0);
+            let mut found = (f64::INFINITY, 0.0, 0.0);
+            for (gs, ge) in tl[p].gaps_from(first) {
+                let mut t = gs;
+                for &(a, _, or) in arr.iter() {
+                    t = t.max(a) + or;
+                }
+                let st = t;
+                let fin = st + w;
+                if fin + window <= ge {
+                    found = (fin, st, gs.max(first));
+                    break;
+                }
+            }
+            if found.0 < best.0 {
+                best = (found.0, p, found.1, found.2, window);
+            }
+        }
+        let (fin, p, st, bs, window) = best;
+        host[v] = p;
+        start[v] = st;
+        finish[v] = fin;
+        block_start[v] = bs;
+        unplaced[v] = dag.out_edges(v).len();
+        pending[v] = window;
+        tl[p].insert(bs, fin + window, v);
+        // Place the predecessors' send slots and shrink their windows.
+        for &ei in dag.in_edges(v) {
+            let e = edges[ei];
+            let u = e.from;
+            let hu = host[u];
+            sent[u] += platform.os_s(e.bytes, hu, p);
+            unplaced[u] -= 1;
+            pending[u] = if unplaced[u] == 0 {
+                0.0
+            } else {
+                (pending[u] - platform.max_os_s(e.bytes, hu)).max(0.0)
+            };
+            tl[hu].set_end(block_start[u], u, finish[u] + sent[u] + pending[u]);
+        }
+    });
+    Plan {
+        host,
+        start,
+        finish,
+        order,
+    }
+}
+
+fn round_robin(dag: &Dag, platform: &Platform) -> Result<Plan, SchedError> {
+    let n = dag.len();
+    let np = platform.len();
+    let mut topo_pos = vec![0usize; n];
+    for (i, &t) in dag.topo_order().iter().enumerate() {
+        topo_pos[t] = i;
+    }
+    let placement = Placement {
+        host: (0..n).map(|t| t % np).collect(),
+        start: topo_pos.iter().map(|&p| p as f64).collect(),
+        seq: topo_pos,
+    };
+    let r = sim::simulate(
+        dag,
+        platform,
+        &placement,
+        SimOptions {
+            comm: CommMode::HLogP,
+            wait: WaitMode::Block,
+            record_messages: false,
+        },
+    )?;
+    Ok(Plan {
+        host: placement.host,
+        start: r.tasks.iter().map(|t| t.start_s).collect(),
+        finish: r.tasks.iter().map(|t| t.finish_s).collect(),
+        order: dag.topo_order().to_vec(),
+    })
+}
