@@ -1,0 +1,1073 @@
+//! The directory server: a [`Directory`] served to local clients over a Unix socket and to
+//! peer servers over authenticated TCP (tokio, multi-threaded).
+//!
+//! Hosting it (what `mutirao agent` does):
+//! ```no_run
+//! # async fn host() -> Result<(), mutirao_dir::DirError> {
+//! use mutirao_dir::server::{DirServer, ServerConfig};
+//! let mut cfg = ServerConfig::default();
+//! cfg.dir.node = 7;
+//! cfg.cluster_key = b"shared secret".to_vec();
+//! cfg.peers = vec!["127.0.0.1:7701".parse().unwrap()];
+//! let server = DirServer::new(cfg)?;
+//! let tcp = tokio::net::TcpListener::bind("127.0.0.1:7700").await?;
+//! let handles = server.spawn(Some("/tmp/mutirao-dir.sock".into()), Some(tcp))?;
+//! # drop(handles); Ok(()) }
+//! ```
+//!
+//! Requests from local clients run as the uid/gid the kernel reports for the socket
+//! (SO_PEERCRED); requests from peers run as the uid/gid the origin server attached, trusted
+//! because the peer proved knowledge of the cluster key. Registration never touches the network
+//! (except `unique` ones, routed to the attributes' owner server). Site and grid queries that
+//! miss locally fan out to the peers in scope; only peers that find something reply, and the
+//! first positive reply wins; silence until `peer_timeout` means not found.
+
+use crate::attr::{Attr, AttrList};
+use crate::directory::{full_key, Acl, Cred, DirConfig, Directory, Registered, ACL_ATTR};
+use crate::error::DirError;
+use crate::gid::Gid;
+use crate::net::{
+    frame_into, handshake_accept, handshake_connect, read_frame, write_frame, PeerId,
+};
+use crate::wire::{Header, Kind, Packet, Scope, FLAG_CREATED, FLAG_MORE, FLAG_UNIQUE};
+use std::collections::hash_map::DefaultHasher;
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncWriteExt, BufReader, BufWriter};
+use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::{JoinHandle, JoinSet};
+
+/// Name of the system attribute carrying an error message in a reply.
+pub const ERROR_ATTR: &str = "sys.error";
+
+/// Server configuration.
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    /// The directory's configuration (gid split, cluster and node ids, timeouts).
+    pub dir: DirConfig,
+    /// TCP addresses of the other directory servers (sites are learned at the handshake).
+    pub peers: Vec<SocketAddr>,
+    /// Shared cluster key authenticating servers to each other. Must not be empty when
+    /// peers are used.
+    pub cluster_key: Vec<u8>,
+    /// How long a fan-out waits for a positive reply before answering "not found".
+    pub peer_timeout: Duration,
+    /// How long connecting to a peer may take.
+    pub connect_timeout: Duration,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            dir: DirConfig::default(),
+            peers: vec![],
+            cluster_key: vec![],
+            peer_timeout: Duration::from_millis(200),
+            connect_timeout: Duration::from_secs(1),
+        }
+    }
+}
+
+struct Conn {
+    id: PeerId,
+    tx: mpsc::UnboundedSender<Vec<u8>>,
+    pending: Mutex<HashMap<u64, oneshot::Sender<Packet>>>,
+    alive: AtomicBool,
+}
+
+impl Conn {
+    /// Sends a request; waits at most `timeout` for a reply (`None`: silence or failure).
+    async fn request(&self, mut p: Packet, id: u64, timeout: Duration) -> Option<Packet> {
+        p.header.query_id = id;
+        let (tx, rx) = oneshot::channel();
+        lock(&self.pending).insert(id, tx);
+        let mut frame = Vec::with_capacity(p.encoded_len() + 4);
+        frame_into(&p, &mut frame);
+        if self.tx.send(frame).is_err() {
+            lock(&self.pending).remove(&id);
+            return None;
+        }
+        match tokio::time::timeout(timeout, rx).await {
+            Ok(Ok(reply)) => Some(reply),
+            _ => {
+                lock(&self.pending).remove(&id);
+                None
+            }
+        }
+    }
+
+    /// Sends a request that expects no reply.
+    fn notify(&self, p: &Packet) {
+        let mut frame = Vec::with_capacity(p.encoded_len() + 4);
+        frame_into(p, &mut frame);
+        let _ = self.tx.send(frame);
+    }
+}
+
+struct PeerLink {
+    addr: SocketAddr,
+    conn: tokio::sync::Mutex<Option<Arc<Conn>>>,
+}
+
+struct PeerCursor {
+    conn: Arc<Conn>,
+    remote: u64,
+    buffered: Option<(Gid, AttrList)>,
+    more: bool,
+}
+
+struct GridCursor {
+    cred: Cred,
+    local: Option<u64>,
+    arrivals: mpsc::UnboundedReceiver<(Arc<Conn>, u64, Packet)>,
+    peers: Vec<PeerCursor>,
+    deadline: tokio::time::Instant,
+    last_used: Instant,
+}
+
+struct Inner {
+    cfg: ServerConfig,
+    me: PeerId,
+    dir: RwLock<Directory>,
+    peers: Vec<PeerLink>,
+    next_req: AtomicU64,
+    next_cursor: AtomicU64,
+    cursors: Mutex<HashMap<u64, Arc<tokio::sync::Mutex<GridCursor>>>>,
+    cursor_used: Mutex<HashMap<u64, Instant>>,
+    remote_held: Mutex<HashMap<Gid, Vec<(Arc<Conn>, Gid, Cred)>>>,
+}
+
+/// The directory server. Cheap to clone (an `Arc`).
+#[derive(Clone)]
+pub struct DirServer {
+    inner: Arc<Inner>,
+}
+
+/// Handles of the tasks started by [`DirServer::spawn`]; abort them to stop the server.
+pub struct ServerHandles {
+    /// Unix-socket accept loop.
+    pub unix: Option<JoinHandle<Result<(), DirError>>>,
+    /// TCP accept loop.
+    pub tcp: Option<JoinHandle<Result<(), DirError>>>,
+    /// Heartbeat-expiry loop.
+    pub maintenance: JoinHandle<()>,
+}
+
+impl ServerHandles {
+    /// Aborts every task.
+    pub fn abort(&self) {
+        if let Some(h) = &self.unix {
+            h.abort();
+        }
+        if let Some(h) = &self.tcp {
+            h.abort();
+        }
+        self.maintenance.abort();
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn reply(h: &Header) -> Header {
+    let mut r = Header::new(Kind::Reply);
+    r.query_id = h.query_id;
+    r.scope = h.scope;
+    r
+}
+
+/// A reply packet carrying `e`.
+pub fn error_packet(h: &Header, e: &DirError) -> Packet {
+    let mut r = reply(h);
+    r.status = e.status();
+    r.target = match e {
+        DirError::NotFound(g) | DirError::UnknownContext(g) => *g,
+        _ => h.target,
+    };
+    if let DirError::UnknownQuery(q) = e {
+        r.query_id = *q;
+    }
+    if let DirError::UnknownScope(s) = e {
+        r.scope = *s;
+    }
+    let msg = e.to_string();
+    let msg: String = msg.chars().take(4096).collect();
+    let attrs = AttrList::from_attrs([Attr::full(ERROR_ATTR, msg)]).unwrap_or_default();
+    Packet::new(r, attrs)
+}
+
+/// Rebuilds the error carried by a reply packet (status ≠ 0).
+pub fn error_from_packet(p: &Packet) -> DirError {
+    let h = &p.header;
+    let msg = p
+        .attrs
+        .value(ERROR_ATTR)
+        .map(|v| String::from_utf8_lossy(v).into_owned())
+        .unwrap_or_else(|| format!("server status {}", h.status));
+    match h.status {
+        1 => DirError::NotFound(h.target),
+        2 => DirError::NoMatch,
+        3 => DirError::PermissionDenied(msg.trim_start_matches("permission denied: ").to_string()),
+        4 => DirError::UnknownQuery(h.query_id),
+        5 => DirError::UnknownContext(h.target),
+        6 => DirError::Exhausted,
+        10 => DirError::BadConfig(msg),
+        11 => DirError::Protocol(msg),
+        12 => DirError::TooLarge(msg),
+        13 => DirError::BadAttrs(msg),
+        14 => DirError::UnknownScope(h.scope),
+        15 => DirError::SystemNamespace(msg),
+        21 => DirError::Auth(msg),
+        23 => DirError::Timeout(msg),
+        30 => DirError::Meu(msg),
+        _ => DirError::Protocol(msg),
+    }
+}
+
+fn ok_packet(h: &Header, target: Gid, attrs: AttrList) -> Packet {
+    let mut r = reply(h);
+    r.target = target;
+    Packet::new(r, attrs)
+}
+
+impl DirServer {
+    /// A server with an empty directory. Spawns nothing; call [`DirServer::spawn`] (or the
+    /// `serve_*` functions) inside a tokio runtime.
+    pub fn new(cfg: ServerConfig) -> Result<Self, DirError> {
+        if !cfg.peers.is_empty() && cfg.cluster_key.is_empty() {
+            return Err(DirError::BadConfig(
+                "peers are configured but the cluster key is empty; give every server the same key"
+                    .into(),
+            ));
+        }
+        let dir = Directory::new(cfg.dir.clone())?;
+        let me = PeerId {
+            cluster: cfg.dir.cluster,
+            node: cfg.dir.node,
+        };
+        let peers = cfg
+            .peers
+            .iter()
+            .map(|&addr| PeerLink {
+                addr,
+                conn: tokio::sync::Mutex::new(None),
+            })
+            .collect();
+        Ok(DirServer {
+            inner: Arc::new(Inner {
+                cfg,
+                me,
+                dir: RwLock::new(dir),
+                peers,
+                next_req: AtomicU64::new(1),
+                next_cursor: AtomicU64::new(1),
+                cursors: Mutex::new(HashMap::new()),
+                cursor_used: Mutex::new(HashMap::new()),
+                remote_held: Mutex::new(HashMap::new()),
+            }),
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &ServerConfig {
+        &self.inner.cfg
+    }
+
+    /// Runs `f` on the directory (in-process access without a socket).
+    pub fn with_directory<R>(&self, f: impl FnOnce(&mut Directory) -> R) -> R {
+        let mut d = self.inner.dir.write().unwrap_or_else(|e| e.into_inner());
+        f(&mut d)
+    }
+
+    /// Open multi-answer queries: this server's grid cursors plus the directory's cursors
+    /// (including those held for peers).
+    pub fn open_queries(&self) -> usize {
+        lock(&self.inner.cursors).len() + self.with_directory(|d| d.open_queries())
+    }
+
+    /// Starts the maintenance loop and the listeners given. The Unix socket is created at
+    /// `unix` (a stale socket file there is replaced) with mode 0666: who may do what is
+    /// decided per request from the peer's uid.
+    pub fn spawn(
+        &self,
+        unix: Option<PathBuf>,
+        tcp: Option<TcpListener>,
+    ) -> Result<ServerHandles, DirError> {
+        let unix = match unix {
+            Some(p) => {
+                let l = bind_unix(&p)?;
+                let s = self.clone();
+                Some(tokio::spawn(async move { s.serve_unix_listener(l).await }))
+            }
+            None => None,
+        };
+        let tcp = tcp.map(|l| {
+            let s = self.clone();
+            tokio::spawn(async move { s.serve_tcp(l).await })
+        });
+        let maintenance = self.spawn_maintenance();
+        Ok(ServerHandles {
+            unix,
+            tcp,
+            maintenance,
+        })
+    }
+
+    /// Periodically purges contexts that missed their heartbeats and idle queries.
+    pub fn spawn_maintenance(&self) -> JoinHandle<()> {
+        let s = self.clone();
+        let period = (s.inner.cfg.dir.heartbeat_timeout / 4).max(Duration::from_millis(5));
+        tokio::spawn(async move {
+            let mut iv = tokio::time::interval(period);
+            loop {
+                iv.tick().await;
+                s.maintain(Instant::now());
+            }
+        })
+    }
+
+    /// One maintenance pass at time `now` (exposed for tests and custom loops).
+    pub fn maintain(&self, now: Instant) {
+        let expired = self.with_directory(|d| d.expire(now));
+        for ctx in expired.contexts {
+            self.release_remote(ctx);
+        }
+        let qt = self.inner.cfg.dir.query_timeout;
+        let idle: Vec<u64> = lock(&self.inner.cursor_used)
+            .iter()
+            .filter(|(_, t)| now.saturating_duration_since(**t) > qt)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in idle {
+            self.drop_cursor(id);
+        }
+    }
+
+    fn release_remote(&self, ctx: Gid) {
+        let held = lock(&self.inner.remote_held).remove(&ctx);
+        for (conn, gid, cred) in held.into_iter().flatten() {
+            // The delete runs as the user who registered it, who owns it at the holder.
+            let mut h = Header::new(Kind::PeerDelete);
+            h.target = gid;
+            h.uid = cred.uid;
+            h.gid = cred.gid;
+            conn.notify(&Packet::new(h, AttrList::new()));
+        }
+    }
+
+    /// Serves local clients on a Unix socket at `path` until the task is aborted.
+    pub async fn serve_unix(&self, path: &Path) -> Result<(), DirError> {
+        let l = bind_unix(path)?;
+        self.serve_unix_listener(l).await
+    }
+
+    /// Serves local clients on an already bound Unix listener.
+    pub async fn serve_unix_listener(&self, l: UnixListener) -> Result<(), DirError> {
+        loop {
+            let (stream, _) = l.accept().await?;
+            let s = self.clone();
+            tokio::spawn(async move {
+                let _ = s.local_conn(stream).await;
+            });
+        }
+    }
+
+    async fn local_conn(&self, stream: UnixStream) -> Result<(), DirError> {
+        let cred = stream.peer_cred()?;
+        let cred = Cred::new(cred.uid(), cred.gid());
+        let (r, w) = stream.into_split();
+        let mut r = BufReader::with_capacity(64 * 1024, r);
+        let mut w = BufWriter::with_capacity(64 * 1024, w);
+        let mut buf = Vec::new();
+        let mut out = Vec::new();
+        loop {
+            if read_frame(&mut r, &mut buf).await?.is_none() {
+                w.flush().await?;
+                return Ok(());
+            }
+            let reply = match Packet::decode(&buf) {
+                Ok(p) => self.handle(cred, p).await,
+                Err(e) => error_packet(&Header::new(Kind::Reply), &e),
+            };
+            out.clear();
+            frame_into(&reply, &mut out);
+            w.write_all(&out).await?;
+            if r.buffer().is_empty() {
+                w.flush().await?;
+            }
+        }
+    }
+
+    /// Serves peer servers on a TCP listener until the task is aborted.
+    pub async fn serve_tcp(&self, l: TcpListener) -> Result<(), DirError> {
+        loop {
+            let (stream, _) = l.accept().await?;
+            let s = self.clone();
+            tokio::spawn(async move {
+                let _ = s.peer_conn(stream).await;
+            });
+        }
+    }
+
+    async fn peer_conn(&self, mut stream: TcpStream) -> Result<(), DirError> {
+        stream.set_nodelay(true)?;
+        handshake_accept(&mut stream, &self.inner.cfg.cluster_key, self.inner.me).await?;
+        let (r, w) = stream.into_split();
+        let mut r = BufReader::new(r);
+        let (tx, rx) = mpsc::unbounded_channel::<Vec<u8>>();
+        let writer = tokio::spawn(write_loop(w, rx));
+        // Paged queries of this connection: the requester's start request id -> our cursor.
+        let cursors: Arc<Mutex<HashMap<u64, u64>>> = Arc::new(Mutex::new(HashMap::new()));
+        let mut buf = Vec::new();
+        let result = loop {
+            match read_frame(&mut r, &mut buf).await {
+                Ok(Some(())) => {}
+                Ok(None) => break Ok(()),
+                Err(e) => break Err(e),
+            }
+            let p = match Packet::decode(&buf) {
+                Ok(p) => p,
+                Err(e) => break Err(e),
+            };
+            let s = self.clone();
+            let tx = tx.clone();
+            let cursors = cursors.clone();
+            tokio::spawn(async move {
+                if let Some(reply) = s.handle_peer(p, &cursors) {
+                    let mut f = Vec::with_capacity(reply.encoded_len() + 4);
+                    frame_into(&reply, &mut f);
+                    let _ = tx.send(f);
+                }
+            });
+        };
+        let ids: Vec<u64> = lock(&cursors).drain().map(|(_, v)| v).collect();
+        self.with_directory(|d| {
+            for q in ids {
+                let _ = d.query_stop(q);
+            }
+        });
+        drop(tx);
+        let _ = writer.await;
+        result
+    }
+
+    fn handle_peer(&self, p: Packet, cursors: &Mutex<HashMap<u64, u64>>) -> Option<Packet> {
+        let h = &p.header;
+        let cred = Cred::new(h.uid, h.gid);
+        let now = Instant::now();
+        match h.kind {
+            Kind::PeerQuery => {
+                let gid = (h.target != Gid::NONE).then_some(h.target);
+                let d = self.inner.dir.read().unwrap_or_else(|e| e.into_inner());
+                d.query(cred, gid, &p.attrs)
+                    .ok()
+                    .map(|(g, a)| ok_packet(h, g, a))
+            }
+            Kind::PeerStart => {
+                let mut d = self.with_dir_write();
+                let q = d.query_start(cred, p.attrs.clone(), now).ok()?;
+                match d.query_next(q, now) {
+                    Ok(Some((g, a))) => {
+                        let mut r = ok_packet(h, g, a);
+                        if d.query_has_more(q) {
+                            r.header.flags |= FLAG_MORE;
+                            lock(cursors).insert(h.query_id, q);
+                        } else {
+                            let _ = d.query_stop(q);
+                        }
+                        Some(r)
+                    }
+                    _ => {
+                        let _ = d.query_stop(q);
+                        None
+                    }
+                }
+            }
+            Kind::PeerNext => {
+                let start = h.target.0;
+                let q = lock(cursors).get(&start).copied();
+                let Some(q) = q else {
+                    return Some(error_packet(h, &DirError::UnknownQuery(start)));
+                };
+                let mut d = self.with_dir_write();
+                let res = d.query_next(q, now);
+                let more = d.query_has_more(q);
+                if !more {
+                    let _ = d.query_stop(q);
+                    lock(cursors).remove(&start);
+                }
+                Some(match res {
+                    Ok(Some((g, a))) => {
+                        let mut r = ok_packet(h, g, a);
+                        if more {
+                            r.header.flags |= FLAG_MORE;
+                        }
+                        r
+                    }
+                    Ok(None) => error_packet(h, &DirError::NoMatch),
+                    Err(e) => error_packet(h, &e),
+                })
+            }
+            Kind::PeerStop => {
+                if let Some(q) = lock(cursors).remove(&h.target.0) {
+                    let _ = self.with_dir_write().query_stop(q);
+                }
+                None
+            }
+            Kind::PeerUnique => {
+                let mut attrs = p.attrs.clone();
+                let acl = match take_acl(&mut attrs) {
+                    Ok(a) => a,
+                    Err(e) => return Some(error_packet(h, &e)),
+                };
+                let res = self
+                    .with_dir_write()
+                    .register(cred, Gid::NONE, attrs, acl, true);
+                Some(match res {
+                    Ok(r) => registered_packet(h, r),
+                    Err(e) => error_packet(h, &e),
+                })
+            }
+            Kind::PeerDelete => {
+                let res = self.with_dir_write().delete(cred, h.target);
+                Some(match res {
+                    Ok(()) => ok_packet(h, h.target, AttrList::new()),
+                    Err(e) => error_packet(h, &e),
+                })
+            }
+            _ => Some(error_packet(
+                h,
+                &DirError::Protocol(format!("{:?} is not a server-to-server request", h.kind)),
+            )),
+        }
+    }
+
+    fn with_dir_write(&self) -> std::sync::RwLockWriteGuard<'_, Directory> {
+        self.inner.dir.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn with_dir_read(&self) -> std::sync::RwLockReadGuard<'_, Directory> {
+        self.inner.dir.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Handles one local-client request as `cred` and returns the reply (never fails: errors
+    /// are reply packets). This is what the Unix socket calls; an embedding process may call
+    /// it directly.
+    pub async fn handle(&self, cred: Cred, p: Packet) -> Packet {
+        match self.handle_inner(cred, p.clone()).await {
+            Ok(r) => r,
+            Err(e) => error_packet(&p.header, &e),
+        }
+    }
+
+    async fn handle_inner(&self, cred: Cred, p: Packet) -> Result<Packet, DirError> {
+        let h = p.header.clone();
+        let now = Instant::now();
+        match h.kind {
+            Kind::OpenContext => {
+                let g = self.with_dir_write().open_context(cred, now)?;
+                Ok(ok_packet(&h, g, AttrList::new()))
+            }
+            Kind::Heartbeat => {
+                self.with_dir_write().heartbeat(cred, h.target, now)?;
+                Ok(ok_packet(&h, h.target, AttrList::new()))
+            }
+            Kind::CloseContext => {
+                self.with_dir_write().close_context(cred, h.target)?;
+                self.release_remote(h.target);
+                Ok(ok_packet(&h, h.target, AttrList::new()))
+            }
+            Kind::Register => self.register(cred, &h, p.attrs).await,
+            Kind::Query => {
+                let scope = Scope::from_u8(h.scope)?;
+                let gid = (h.target != Gid::NONE).then_some(h.target);
+                let (g, a) = self.query(cred, gid, &p.attrs, scope).await?;
+                Ok(ok_packet(&h, g, a))
+            }
+            Kind::QueryStart => {
+                let scope = Scope::from_u8(h.scope)?;
+                let id = self.cursor_start(cred, p.attrs, scope).await?;
+                self.cursor_reply(&h, id).await
+            }
+            Kind::QueryNext => self.cursor_reply(&h, h.query_id).await,
+            Kind::QueryStop => {
+                if !self.drop_cursor(h.query_id) {
+                    return Err(DirError::UnknownQuery(h.query_id));
+                }
+                Ok(ok_packet(&h, Gid::NONE, AttrList::new()))
+            }
+            Kind::Delete => {
+                self.delete(cred, h.target).await?;
+                Ok(ok_packet(&h, h.target, AttrList::new()))
+            }
+            k => Err(DirError::Protocol(format!("{k:?} is not a client request"))),
+        }
+    }
+
+    async fn register(&self, cred: Cred, h: &Header, attrs: AttrList) -> Result<Packet, DirError> {
+        let mut user = attrs.clone();
+        let acl = take_acl(&mut user)?;
+        let unique = h.flags & FLAG_UNIQUE != 0;
+        if unique && !self.inner.peers.is_empty() {
+            // Validate everything locally before any network I/O, so a bad request changes
+            // nothing anywhere.
+            {
+                let d = self.with_dir_read();
+                d.check_context(cred, h.target)?;
+                d.check_registrable(&user)?;
+            }
+            let key = full_key(&user);
+            let conns = self.conns(Scope::Grid).await;
+            let score = |id: PeerId| {
+                let mut s = DefaultHasher::new();
+                (key, id.cluster, id.node).hash(&mut s);
+                (s.finish(), id.cluster, id.node)
+            };
+            let mut best: Option<Arc<Conn>> = None;
+            let mut best_score = score(self.inner.me);
+            for c in conns {
+                let sc = score(c.id);
+                if sc > best_score {
+                    best_score = sc;
+                    best = Some(c);
+                }
+            }
+            if let Some(owner) = best {
+                let mut rh = Header::new(Kind::PeerUnique);
+                rh.uid = cred.uid;
+                rh.gid = cred.gid;
+                let id = self.inner.next_req.fetch_add(1, Ordering::Relaxed);
+                let r = owner
+                    .request(Packet::new(rh, attrs), id, self.inner.cfg.peer_timeout.max(Duration::from_secs(1)))
+                    .await
+                    .ok_or_else(|| DirError::Timeout("the owner server of these attributes did not answer the unique registration".into()))?;
+                if r.header.status != 0 {
+                    return Err(error_from_packet(&r));
+                }
+                if r.header.flags & FLAG_CREATED != 0 {
+                    let ctx = if h.target == Gid::NONE {
+                        None
+                    } else {
+                        Some(h.target)
+                    };
+                    if let Some(ctx) = ctx {
+                        lock(&self.inner.remote_held).entry(ctx).or_default().push((
+                            owner,
+                            r.header.target,
+                            cred,
+                        ));
+                    }
+                }
+                let mut out = reply(h);
+                out.target = r.header.target;
+                out.flags = r.header.flags & FLAG_CREATED;
+                return Ok(Packet::new(out, AttrList::new()));
+            }
+        }
+        let r = self
+            .with_dir_write()
+            .register(cred, h.target, user, acl, unique)?;
+        Ok(registered_packet(h, r))
+    }
+
+    /// Single-answer query as `cred` in `scope`.
+    pub async fn query(
+        &self,
+        cred: Cred,
+        gid: Option<Gid>,
+        q: &AttrList,
+        scope: Scope,
+    ) -> Result<(Gid, AttrList), DirError> {
+        let split = self.inner.cfg.dir.split;
+        if let Some(g) = gid {
+            let parts = split.decode(g);
+            let mine = parts.cluster == self.inner.me.cluster && parts.node == self.inner.me.node;
+            if mine {
+                return self.with_dir_read().query(cred, gid, q);
+            }
+            let in_scope = match scope {
+                Scope::Local => false,
+                Scope::Site => parts.cluster == self.inner.me.cluster,
+                Scope::Grid => true,
+            };
+            if !in_scope {
+                return Err(DirError::NotFound(g));
+            }
+            let owner = self
+                .conns(scope)
+                .await
+                .into_iter()
+                .find(|c| c.id.cluster == parts.cluster && c.id.node == parts.node)
+                .ok_or(DirError::NotFound(g))?;
+            let mut h = Header::new(Kind::PeerQuery);
+            h.uid = cred.uid;
+            h.gid = cred.gid;
+            h.target = g;
+            let id = self.inner.next_req.fetch_add(1, Ordering::Relaxed);
+            return match owner
+                .request(Packet::new(h, q.clone()), id, self.inner.cfg.peer_timeout)
+                .await
+            {
+                Some(r) if r.header.status == 0 => Ok((r.header.target, r.attrs)),
+                _ => Err(DirError::NotFound(g)),
+            };
+        }
+        match self.with_dir_read().query(cred, None, q) {
+            Err(DirError::NoMatch) if scope != Scope::Local => {}
+            other => return other,
+        }
+        let conns = self.conns(scope).await;
+        let mut set = JoinSet::new();
+        for c in conns {
+            let mut h = Header::new(Kind::PeerQuery);
+            h.uid = cred.uid;
+            h.gid = cred.gid;
+            let p = Packet::new(h, q.clone());
+            let id = self.inner.next_req.fetch_add(1, Ordering::Relaxed);
+            let t = self.inner.cfg.peer_timeout;
+            set.spawn(async move { c.request(p, id, t).await });
+        }
+        while let Some(res) = set.join_next().await {
+            if let Ok(Some(r)) = res {
+                if r.header.status == 0 {
+                    set.abort_all();
+                    return Ok((r.header.target, r.attrs));
+                }
+            }
+        }
+        Err(DirError::NoMatch)
+    }
+
+    async fn delete(&self, cred: Cred, gid: Gid) -> Result<(), DirError> {
+        let parts = self.inner.cfg.dir.split.decode(gid);
+        if parts.cluster == self.inner.me.cluster && parts.node == self.inner.me.node {
+            let closing_ctx = self.with_dir_read().is_context(gid);
+            self.with_dir_write().delete(cred, gid)?;
+            if closing_ctx {
+                self.release_remote(gid);
+            }
+            return Ok(());
+        }
+        let owner = self
+            .conns(Scope::Grid)
+            .await
+            .into_iter()
+            .find(|c| c.id.cluster == parts.cluster && c.id.node == parts.node)
+            .ok_or(DirError::NotFound(gid))?;
+        let mut h = Header::new(Kind::PeerDelete);
+        h.uid = cred.uid;
+        h.gid = cred.gid;
+        h.target = gid;
+        let id = self.inner.next_req.fetch_add(1, Ordering::Relaxed);
+        let r = owner
+            .request(
+                Packet::new(h, AttrList::new()),
+                id,
+                self.inner.cfg.peer_timeout.max(Duration::from_secs(1)),
+            )
+            .await
+            .ok_or_else(|| DirError::Timeout(format!("the server holding {gid} did not answer")))?;
+        if r.header.status != 0 {
+            return Err(error_from_packet(&r));
+        }
+        Ok(())
+    }
+
+    async fn cursor_start(&self, cred: Cred, q: AttrList, scope: Scope) -> Result<u64, DirError> {
+        let now = Instant::now();
+        let local = self.with_dir_write().query_start(cred, q.clone(), now)?;
+        let (tx, rx) = mpsc::unbounded_channel();
+        if scope != Scope::Local {
+            for c in self.conns(scope).await {
+                let mut h = Header::new(Kind::PeerStart);
+                h.uid = cred.uid;
+                h.gid = cred.gid;
+                let p = Packet::new(h, q.clone());
+                let id = self.inner.next_req.fetch_add(1, Ordering::Relaxed);
+                let t = self.inner.cfg.peer_timeout;
+                let tx = tx.clone();
+                tokio::spawn(async move {
+                    if let Some(r) = c.request(p, id, t).await {
+                        if r.header.status == 0 {
+                            let _ = tx.send((c, id, r));
+                        }
+                    }
+                });
+            }
+        }
+        let id = self.inner.next_cursor.fetch_add(1, Ordering::Relaxed);
+        let cur = GridCursor {
+            cred,
+            local: Some(local),
+            arrivals: rx,
+            peers: vec![],
+            deadline: tokio::time::Instant::now()
+                + if scope == Scope::Local {
+                    Duration::ZERO
+                } else {
+                    self.inner.cfg.peer_timeout
+                },
+            last_used: now,
+        };
+        lock(&self.inner.cursors).insert(id, Arc::new(tokio::sync::Mutex::new(cur)));
+        lock(&self.inner.cursor_used).insert(id, now);
+        Ok(id)
+    }
+
+    async fn cursor_reply(&self, h: &Header, id: u64) -> Result<Packet, DirError> {
+        let cur = lock(&self.inner.cursors)
+            .get(&id)
+            .cloned()
+            .ok_or(DirError::UnknownQuery(id))?;
+        let next = {
+            let mut c = cur.lock().await;
+            c.last_used = Instant::now();
+            lock(&self.inner.cursor_used).insert(id, c.last_used);
+            self.cursor_next(&mut c).await
+        };
+        match next {
+            Some((g, a)) => {
+                let mut r = ok_packet(h, g, a);
+                r.header.query_id = id;
+                r.header.flags |= FLAG_MORE;
+                Ok(r)
+            }
+            None => {
+                self.drop_cursor(id);
+                let mut e = error_packet(h, &DirError::NoMatch);
+                e.header.query_id = id;
+                Ok(e)
+            }
+        }
+    }
+
+    async fn cursor_next(&self, c: &mut GridCursor) -> Option<(Gid, AttrList)> {
+        let _ = c.cred;
+        if let Some(l) = c.local {
+            let r = self.with_dir_write().query_next(l, Instant::now());
+            match r {
+                Ok(Some(x)) => return Some(x),
+                _ => {
+                    let _ = self.with_dir_write().query_stop(l);
+                    c.local = None;
+                }
+            }
+        }
+        loop {
+            while let Ok((conn, remote, r)) = c.arrivals.try_recv() {
+                c.peers.push(PeerCursor {
+                    conn,
+                    remote,
+                    buffered: Some((r.header.target, r.attrs)),
+                    more: r.header.flags & FLAG_MORE != 0,
+                });
+            }
+            for pc in c.peers.iter_mut() {
+                if let Some(x) = pc.buffered.take() {
+                    return Some(x);
+                }
+            }
+            for pc in c.peers.iter_mut() {
+                if pc.more {
+                    let mut h = Header::new(Kind::PeerNext);
+                    h.target = Gid(pc.remote);
+                    let id = self.inner.next_req.fetch_add(1, Ordering::Relaxed);
+                    match pc
+                        .conn
+                        .request(
+                            Packet::new(h, AttrList::new()),
+                            id,
+                            self.inner.cfg.peer_timeout,
+                        )
+                        .await
+                    {
+                        Some(r) if r.header.status == 0 => {
+                            pc.more = r.header.flags & FLAG_MORE != 0;
+                            return Some((r.header.target, r.attrs));
+                        }
+                        _ => pc.more = false,
+                    }
+                }
+            }
+            let now = tokio::time::Instant::now();
+            if now >= c.deadline {
+                return None;
+            }
+            match tokio::time::timeout(c.deadline - now, c.arrivals.recv()).await {
+                Ok(Some((conn, remote, r))) => c.peers.push(PeerCursor {
+                    conn,
+                    remote,
+                    buffered: Some((r.header.target, r.attrs)),
+                    more: r.header.flags & FLAG_MORE != 0,
+                }),
+                Ok(None) | Err(_) => {
+                    // Every sender finished (or the window closed): drain what is left.
+                    c.deadline = now;
+                }
+            }
+        }
+    }
+
+    fn drop_cursor(&self, id: u64) -> bool {
+        lock(&self.inner.cursor_used).remove(&id);
+        let Some(cur) = lock(&self.inner.cursors).remove(&id) else {
+            return false;
+        };
+        if let Ok(c) = cur.try_lock() {
+            if let Some(l) = c.local {
+                let _ = self.with_dir_write().query_stop(l);
+            }
+            for pc in &c.peers {
+                if pc.more {
+                    let mut h = Header::new(Kind::PeerStop);
+                    h.target = Gid(pc.remote);
+                    pc.conn.notify(&Packet::new(h, AttrList::new()));
+                }
+            }
+        }
+        true
+    }
+
+    /// Connections to every reachable peer in `scope` (connecting lazily, concurrently).
+    async fn conns(&self, scope: Scope) -> Vec<Arc<Conn>> {
+        if scope == Scope::Local || self.inner.peers.is_empty() {
+            return vec![];
+        }
+        let mut set = JoinSet::new();
+        for i in 0..self.inner.peers.len() {
+            let s = self.clone();
+            set.spawn(async move { s.conn(i).await });
+        }
+        let mut out = Vec::new();
+        while let Some(r) = set.join_next().await {
+            if let Ok(Some(c)) = r {
+                if scope == Scope::Grid || c.id.cluster == self.inner.me.cluster {
+                    out.push(c);
+                }
+            }
+        }
+        out
+    }
+
+    async fn conn(&self, i: usize) -> Option<Arc<Conn>> {
+        let link = &self.inner.peers[i];
+        let mut slot = link.conn.lock().await;
+        if let Some(c) = slot.as_ref() {
+            if c.alive.load(Ordering::Acquire) {
+                return Some(c.clone());
+            }
+        }
+        let c = self.connect(link.addr).await.ok()?;
+        *slot = Some(c.clone());
+        Some(c)
+    }
+
+    async fn connect(&self, addr: SocketAddr) -> Result<Arc<Conn>, DirError> {
+        let mut s = tokio::time::timeout(self.inner.cfg.connect_timeout, TcpStream::connect(addr))
+            .await
+            .map_err(|_| DirError::Timeout(format!("connecting to peer {addr}")))??;
+        s.set_nodelay(true)?;
+        let id = handshake_connect(&mut s, &self.inner.cfg.cluster_key, self.inner.me).await?;
+        let (r, w) = s.into_split();
+        let (tx, rx) = mpsc::unbounded_channel();
+        let conn = Arc::new(Conn {
+            id,
+            tx,
+            pending: Mutex::new(HashMap::new()),
+            alive: AtomicBool::new(true),
+        });
+        tokio::spawn(write_loop(w, rx));
+        let c2 = conn.clone();
+        tokio::spawn(async move {
+            let mut r = BufReader::new(r);
+            let mut buf = Vec::new();
+            while let Ok(Some(())) = read_frame(&mut r, &mut buf).await {
+                let Ok(p) = Packet::decode(&buf) else { break };
+                let waiter = lock(&c2.pending).remove(&p.header.query_id);
+                if let Some(w) = waiter {
+                    let _ = w.send(p);
+                }
+            }
+            c2.alive.store(false, Ordering::Release);
+            lock(&c2.pending).clear();
+        });
+        Ok(conn)
+    }
+}
+
+async fn write_loop(w: tokio::net::tcp::OwnedWriteHalf, mut rx: mpsc::UnboundedReceiver<Vec<u8>>) {
+    let mut w = BufWriter::new(w);
+    while let Some(f) = rx.recv().await {
+        if w.write_all(&f).await.is_err() {
+            return;
+        }
+        while let Ok(f) = rx.try_recv() {
+            if w.write_all(&f).await.is_err() {
+                return;
+            }
+        }
+        if w.flush().await.is_err() {
+            return;
+        }
+    }
+}
+
+fn registered_packet(h: &Header, r: Registered) -> Packet {
+    let mut out = reply(h);
+    out.target = r.gid;
+    if r.created {
+        out.flags |= FLAG_CREATED;
+    }
+    Packet::new(out, AttrList::new())
+}
+
+fn take_acl(attrs: &mut AttrList) -> Result<Acl, DirError> {
+    match attrs.remove(ACL_ATTR) {
+        None => Ok(Acl::Public),
+        Some(a) => match a.bytes() {
+            Some(b) => Acl::decode(b),
+            None => Err(DirError::BadAttrs(format!(
+                "{ACL_ATTR} must be a full value"
+            ))),
+        },
+    }
+}
+
+fn bind_unix(path: &Path) -> Result<UnixListener, DirError> {
+    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    if let Ok(m) = std::fs::symlink_metadata(path) {
+        if m.file_type().is_socket() {
+            if std::os::unix::net::UnixStream::connect(path).is_ok() {
+                return Err(DirError::Io(format!(
+                    "{} is in use by a running server; stop it or choose another path",
+                    path.display()
+                )));
+            }
+            std::fs::remove_file(path)?;
+        } else {
+            return Err(DirError::Io(format!(
+                "{} exists and is not a socket; refusing to replace it",
+                path.display()
+            )));
+        }
+    }
+    let l = UnixListener::bind(path)
+        .map_err(|e| DirError::Io(format!("cannot bind {}: {e}", path.display())))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666))?;
+    Ok(l)
+}
+
+/// Writes one packet to an async stream (helper for embedders speaking the protocol).
+pub async fn send_packet<W: tokio::io::AsyncWrite + Unpin>(
+    w: &mut W,
+    p: &Packet,
+) -> Result<(), DirError> {
+    write_frame(w, p).await
+}
