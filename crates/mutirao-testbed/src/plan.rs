@@ -13,6 +13,8 @@ use std::net::Ipv4Addr;
 pub const NET_PREFIX: [u8; 2] = [10, 213];
 /// Number of address slots (each a /20), hence of testbeds that can be up at once.
 pub const SLOTS: u8 = 16;
+/// Largest `cpu.shares` the kernel accepts; also the weight of a testbed's parent cgroup.
+pub const MAX_SHARES: u64 = 262_144;
 /// Length of a testbed prefix: `mtb` and six lower-case hex digits.
 pub const PREFIX_LEN: usize = 9;
 
@@ -77,9 +79,12 @@ impl Tbf {
     }
 }
 
-/// CFS bandwidth settings giving a cgroup `cpu` cores: `quota_us / period_us = cpu`.
+/// CFS settings giving a cgroup `cpu` cores: `quota_us / period_us = cpu` caps it, and a large
+/// `cpu.shares` weight lets it get that much even while other work loads the machine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CpuQuota {
+    /// `cpu.shares`: 16 × 1024 per core of quota (a nice-0 task weighs 1024), at most 262144.
+    pub shares: u64,
     /// `cpu.cfs_period_us`: 10 ms, longer only where the quota would fall under the kernel's 1 ms minimum.
     pub period_us: u64,
     /// `cpu.cfs_quota_us`.
@@ -96,6 +101,7 @@ impl CpuQuota {
         };
         let quota_us = ((cpu * period_us as f64).round() as u64).max(1000);
         CpuQuota {
+            shares: ((cpu * 16.0 * 1024.0).round() as u64).clamp(2, MAX_SHARES),
             period_us,
             quota_us,
         }
@@ -394,6 +400,7 @@ mbit = 40
         assert_eq!(
             CpuQuota::for_cpu(0.25),
             CpuQuota {
+                shares: 4096,
                 period_us: 10_000,
                 quota_us: 2500
             }

@@ -341,6 +341,7 @@ impl Testbed {
             path: st.cgroup.clone(),
             source,
         })?;
+        write_file(&st.cgroup.join("cpu.shares"), &plan::MAX_SHARES.to_string())?;
 
         // Hosts: namespace, veth to the site bridge, tbf on both ends, address, default route, cgroup.
         for h in &p.hosts {
@@ -399,6 +400,7 @@ impl Testbed {
                 &h.quota.period_us.to_string(),
             )?;
             write_file(&cg.join("cpu.cfs_quota_us"), &h.quota.quota_us.to_string())?;
+            write_file(&cg.join("cpu.shares"), &h.quota.shares.to_string())?;
             st.hosts.push(HostInfo {
                 name: h.name.clone(),
                 site: site.name.clone(),

@@ -1,0 +1,331 @@
+//! Tests that build real testbeds. They need root; without it each prints
+//! `SKIPPED: needs root …` and returns (nextest has no runtime skip, so look for that line:
+//! `cargo nextest run -p mutirao-testbed --no-capture` or `cargo test -p mutirao-testbed -- --nocapture`).
+//! Every testbed is torn down by its `Drop`, also when an assertion fails.
+
+use mutirao_testbed::{sys, AgentLaunch, Error, Spec, Testbed, UpOptions};
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+const PROBE: &str = env!("CARGO_BIN_EXE_mutirao-testbed-probe");
+
+const TWO_SITES: &str = r#"
+[[site]]
+name = "a"
+nic_mbit = 800
+hosts = [ { name = "a1", cpu = 1.0 }, { name = "a2", cpu = 0.5 } ]
+
+[[site]]
+name = "b"
+nic_mbit = 200
+hosts = [ { name = "b1", cpu = 0.25 } ]
+
+[[wan]]
+sites = ["a", "b"]
+mbit = 40
+"#;
+
+/// True when the root tests can run; otherwise prints why they are skipped.
+fn require_root() -> bool {
+    if sys::is_root() {
+        return true;
+    }
+    let msg = "SKIPPED: needs root (the testbed creates network namespaces, veth links, tc qdiscs and cgroups)";
+    println!("{msg}");
+    eprintln!("{msg}");
+    false
+}
+
+fn spec(text: &str) -> Spec {
+    Spec::parse(text, 2).expect("test spec is valid")
+}
+
+fn probe(args: &[&str]) -> Command {
+    let mut c = Command::new(PROBE);
+    c.args(args).stdout(Stdio::piped()).stderr(Stdio::piped());
+    c
+}
+
+fn finish(child: std::process::Child, what: &str) -> String {
+    let out: Output = child.wait_with_output().expect("wait for probe");
+    assert!(
+        out.status.success(),
+        "{what} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// `recv BYTES SECONDS` lines of a `serve` output.
+fn recvs(out: &str) -> Vec<(u64, f64)> {
+    out.lines()
+        .filter_map(|l| {
+            let mut w = l.split_whitespace();
+            (w.next() == Some("recv")).then_some(())?;
+            Some((w.next()?.parse().ok()?, w.next()?.parse().ok()?))
+        })
+        .collect()
+}
+
+/// Mbit/s of `bytes` sent from host `src` to host `dst`, measured by the receiver.
+fn throughput(tb: &Testbed, src: &str, dst: &str, bytes: u64, port: u16) -> f64 {
+    let to = SocketAddr::from((tb.host(dst).expect("dst").addr, port)).to_string();
+    let server = tb
+        .spawn(dst, probe(&["serve", &to, "1", "10000"]))
+        .expect("spawn serve");
+    let sender = tb
+        .spawn(src, probe(&["send", &to, &bytes.to_string(), "10000"]))
+        .expect("spawn send");
+    finish(sender, "send");
+    let r = recvs(&finish(server, "serve"));
+    assert_eq!(r.len(), 1, "one connection");
+    assert_eq!(r[0].0, bytes, "all bytes arrived");
+    bytes as f64 * 8.0 / r[0].1 / 1e6
+}
+
+fn assert_gone(prefix: &str) {
+    let left = sys::leftovers(prefix);
+    assert!(left.is_empty(), "left behind: {left:?}");
+    assert!(!sys::live_prefixes().iter().any(|p| p == prefix));
+}
+
+#[test]
+fn two_site_testbed_has_the_spec_rates_and_cpu_shares() {
+    if !require_root() {
+        return;
+    }
+    let tb = Testbed::up(&spec(TWO_SITES), UpOptions::default()).expect("testbed up");
+    let prefix = tb.prefix().to_string();
+    let names: Vec<&str> = tb.hosts().iter().map(|h| h.name.as_str()).collect();
+    assert_eq!(names, ["a1", "a2", "b1"]);
+    assert_eq!(tb.host("b1").map(|h| h.site.as_str()), Some("b"));
+    assert_eq!(tb.host("a2").map(|h| h.cpu), Some(0.5));
+    assert_eq!(tb.hostfile().lines().count(), 3);
+
+    // Every host reaches every other, and the root namespace reaches every host.
+    let port = 5000;
+    let servers: Vec<_> = tb
+        .hosts()
+        .iter()
+        .map(|h| {
+            let a = SocketAddr::from((h.addr, port)).to_string();
+            (
+                h.name.clone(),
+                tb.spawn(&h.name, probe(&["serve", &a, "3", "8000"]))
+                    .expect("serve"),
+            )
+        })
+        .collect();
+    let mut senders = Vec::new();
+    for src in tb.hosts() {
+        for dst in tb.hosts().iter().filter(|d| d.name != src.name) {
+            let a = SocketAddr::from((dst.addr, port)).to_string();
+            senders.push(
+                tb.spawn(&src.name, probe(&["send", &a, "1000", "8000"]))
+                    .expect("send"),
+            );
+        }
+    }
+    for h in tb.hosts() {
+        let a = SocketAddr::from((h.addr, port));
+        let mut s = (0..100)
+            .find_map(|_| {
+                TcpStream::connect_timeout(&a, Duration::from_millis(200))
+                    .inspect_err(|_| std::thread::sleep(Duration::from_millis(20)))
+                    .ok()
+            })
+            .unwrap_or_else(|| panic!("root namespace cannot reach {} at {a}", h.name));
+        s.write_all(&[7u8; 1000]).expect("write from root");
+        s.shutdown(std::net::Shutdown::Write).expect("shutdown");
+        let _ = s.read(&mut [0u8; 1]);
+    }
+    for s in senders {
+        finish(s, "send");
+    }
+    for (name, s) in servers {
+        let r = recvs(&finish(s, "serve"));
+        assert_eq!(
+            r.len(),
+            3,
+            "{name} got a connection from both peers and root"
+        );
+        assert!(r.iter().all(|&(b, _)| b == 1000), "{name}: {r:?}");
+    }
+
+    // The WAN (40 Mbit) is the bottleneck between sites, in both directions.
+    let ab = throughput(&tb, "a1", "b1", 6 << 20, 5001);
+    let ba = throughput(&tb, "b1", "a1", 6 << 20, 5002);
+    println!("a1->b1 {ab:.1} Mbit/s, b1->a1 {ba:.1} Mbit/s (shaped 40)");
+    for r in [ab, ba] {
+        assert!(
+            (36.0..=44.0).contains(&r),
+            "WAN rate {r:.1} Mbit/s not within 10% of 40"
+        );
+    }
+
+    // CPU shares: spin in a1 (1.0) and b1 (0.25) at the same time.
+    let iters = "60000000";
+    let fast = tb.spawn("a1", probe(&["spin", iters])).expect("spin a1");
+    let slow = tb.spawn("b1", probe(&["spin", iters])).expect("spin b1");
+    let parse = |out: String| -> (f64, f64) {
+        let w: Vec<f64> = out
+            .split_whitespace()
+            .skip(1)
+            .take(2)
+            .filter_map(|t| t.parse().ok())
+            .collect();
+        assert_eq!(w.len(), 2, "spin output {out:?}");
+        (w[0], w[1])
+    };
+    let (fw, fc) = parse(finish(fast, "spin a1"));
+    let (sw, sc) = parse(finish(slow, "spin b1"));
+    println!(
+        "spin a1: wall {fw:.3}s cpu {fc:.3}s; b1: wall {sw:.3}s cpu {sc:.3}s; ratio {:.2}",
+        sw / fw
+    );
+    assert!(
+        sc / sw <= 0.25 * 1.2,
+        "b1 used {:.2} of a core, quota 0.25",
+        sc / sw
+    );
+    assert!(sc / sw >= 0.15, "b1 got only {:.2} of a core", sc / sw);
+    assert!(fc / fw >= 0.5, "a1 got only {:.2} of a core", fc / fw);
+    assert!(
+        (2.5..=6.0).contains(&(sw / fw)),
+        "slowdown {:.2}, expected about 4",
+        sw / fw
+    );
+
+    tb.down().expect("clean teardown");
+    assert_gone(&prefix);
+}
+
+#[test]
+fn a_failure_in_the_middle_of_up_removes_everything() {
+    if !require_root() {
+        return;
+    }
+    for steps in [3, 17, 40] {
+        let prefix = sys::random_prefix().expect("prefix");
+        let opts = UpOptions {
+            prefix: Some(prefix.clone()),
+            fail_after_steps: Some(steps),
+            ..UpOptions::default()
+        };
+        match Testbed::up(&spec(TWO_SITES), opts) {
+            Err(Error::Injected(n)) => assert_eq!(n, steps),
+            other => panic!("expected the injected failure, got {other:?}"),
+        }
+        assert_gone(&prefix);
+    }
+}
+
+#[test]
+fn two_testbeds_coexist_and_go_down_independently() {
+    if !require_root() {
+        return;
+    }
+    let one = "[[site]]\nname = \"x\"\nnic_mbit = 100\nhosts = [ { name = \"x1\", cpu = 0.5 } ]\n";
+    let t1 = Testbed::up(&spec(one), UpOptions::default()).expect("first");
+    let t2 = Testbed::up(&spec(one), UpOptions::default()).expect("second");
+    assert_ne!(t1.prefix(), t2.prefix());
+    assert_ne!(t1.state().block, t2.state().block);
+    let (p1, p2) = (t1.prefix().to_string(), t2.prefix().to_string());
+    drop(t1);
+    assert_gone(&p1);
+    // The second still works: its host serves, the root namespace reaches it.
+    let a = SocketAddr::from((t2.hosts()[0].addr, 6000));
+    let server = t2
+        .spawn("x1", probe(&["serve", &a.to_string(), "1", "5000"]))
+        .expect("serve");
+    let sender = Command::new(PROBE)
+        .args(["send", &a.to_string(), "4096", "5000"])
+        .output()
+        .expect("send from root");
+    assert!(
+        sender.status.success(),
+        "{}",
+        String::from_utf8_lossy(&sender.stderr)
+    );
+    assert_eq!(recvs(&finish(server, "serve"))[0].0, 4096);
+    drop(t2);
+    assert_gone(&p2);
+}
+
+#[test]
+fn agents_start_in_every_host_and_a_failing_agent_cleans_up() {
+    if !require_root() {
+        return;
+    }
+    // A stand-in agent: serves its {addr} until the readiness probe has connected.
+    let good = AgentLaunch {
+        program: PROBE.into(),
+        args: vec!["serve".into(), "{addr}".into(), "2".into(), "20000".into()],
+        port: 7207,
+        log_dir: None,
+        ready_timeout: Duration::from_secs(5),
+    };
+    let tb = Testbed::up(
+        &spec(TWO_SITES),
+        UpOptions {
+            agent: Some(good.clone()),
+            ..UpOptions::default()
+        },
+    )
+    .expect("up with agents");
+    let lines: Vec<String> = tb
+        .hosts()
+        .iter()
+        .map(|h| format!("{} slots=1 port=7207", h.addr))
+        .collect();
+    assert_eq!(tb.hostfile(), format!("{}\n", lines.join("\n")));
+    assert_eq!(tb.state().agents.len(), 3);
+    for a in &tb.state().agents {
+        assert!(
+            std::path::Path::new(&format!("/proc/{}", a.pid)).exists(),
+            "agent of {} runs",
+            a.host
+        );
+        let cg = std::fs::read_to_string(format!("/proc/{}/cgroup", a.pid)).unwrap_or_default();
+        assert!(
+            cg.contains(tb.prefix()),
+            "agent of {} is in the testbed cgroup: {cg}",
+            a.host
+        );
+    }
+    let pids: Vec<u32> = tb.state().agents.iter().map(|a| a.pid).collect();
+    let prefix = tb.prefix().to_string();
+    drop(tb);
+    assert_gone(&prefix);
+    for p in pids {
+        let state = std::fs::read_to_string(format!("/proc/{p}/stat")).unwrap_or_default();
+        assert!(
+            state.is_empty() || state.contains(") Z"),
+            "agent {p} still runs"
+        );
+    }
+
+    let prefix = sys::random_prefix().expect("prefix");
+    let bad = AgentLaunch {
+        program: "/bin/false".into(),
+        ..good
+    };
+    let r = Testbed::up(
+        &spec(TWO_SITES),
+        UpOptions {
+            prefix: Some(prefix.clone()),
+            agent: Some(bad),
+            ..UpOptions::default()
+        },
+    );
+    match r {
+        Err(Error::Agent { host, problem, .. }) => {
+            assert_eq!(host, "a1");
+            assert!(problem.contains("exited"), "{problem}");
+        }
+        other => panic!("expected an agent error, got {other:?}"),
+    }
+    assert_gone(&prefix);
+}
