@@ -53,7 +53,7 @@ pub enum SpeedReference {
 pub struct SegOptions {
     /// Most segments a function may have. Default 4.
     pub max_segments: usize,
-    /// Fewest distinct message sizes in a segment. Default 2.
+    /// Fewest distinct message sizes in a segment. Default 3.
     pub min_sizes_per_segment: usize,
     /// Floor of |y| in the relative weights, µs. Default 0.5.
     pub weight_floor_us: f64,
@@ -65,7 +65,7 @@ impl Default for SegOptions {
     fn default() -> Self {
         SegOptions {
             max_segments: 4,
-            min_sizes_per_segment: 2,
+            min_sizes_per_segment: 3,
             weight_floor_us: 0.5,
             max_candidates: 200,
         }
@@ -289,7 +289,7 @@ pub fn segmented_fit(points: &[(u64, f64)], opts: &SegOptions) -> Option<SegFit>
     bounds.push(n);
     let min_sizes = opts.min_sizes_per_segment.max(1);
     // cost[i][j]: segment covering groups bounds[i]..bounds[j].
-    let mut cost = vec![vec![(f64::INFINITY, 0.0, 0.0); k_c + 1]; k_c + 1];
+    let mut cost = vec![vec![(0.0, 0.0, f64::INFINITY); k_c + 1]; k_c + 1];
     for i in 0..k_c {
         let g0 = bounds[i];
         let from = if g0 == 0 { 0 } else { pts[gstart[g0]].0 };
@@ -519,7 +519,7 @@ impl FitReport {
                     continue;
                 };
                 for (i, g) in fit.segments.iter().enumerate() {
-                    let bw = if g.per_byte_us > 0.0 {
+                    let bw = if p.param == "l" && g.per_byte_us > 0.0 {
                         format!("{:.1} MB/s", 1.0 / g.per_byte_us)
                     } else {
                         "-".to_string()

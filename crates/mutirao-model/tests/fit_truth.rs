@@ -1,0 +1,454 @@
+//! The analytic modeller recovers known piecewise truths from synthetic calibrations.
+
+use mutirao_model::calib::{
+    CalibHost, Calibration, PLogPSample, PingPongSample, SendMode, SpeedMeasurement, SpeedSample,
+    StrategyKind,
+};
+use mutirao_model::fit::{
+    fit, fit_default, segmented_fit, FitError, FitOptions, SegOptions, SpeedReference,
+};
+use mutirao_model::strategy::{plan, PlanHost, PlanOptions};
+use mutirao_model::{LinkClass, Piecewise};
+
+/// xorshift64*: deterministic noise without a dependency.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> f64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        (self.0.wrapping_mul(0x2545F4914F6CDD1D) >> 11) as f64 / (1u64 << 53) as f64
+    }
+    /// Multiplicative noise, uniform in [1 − a, 1 + a].
+    fn noise(&mut self, a: f64) -> f64 {
+        1.0 + a * (2.0 * self.next() - 1.0)
+    }
+}
+
+/// Powers of two from 64 B to 64 MiB plus the 1.5× sizes between them.
+fn sizes() -> Vec<u64> {
+    let mut v = Vec::new();
+    let mut m = 64u64;
+    while m <= 64 << 20 {
+        v.push(m);
+        if m < 64 << 20 {
+            v.push(m + m / 2);
+        }
+        m *= 2;
+    }
+    v
+}
+
+/// Truth of L with an eager → rendezvous switch above 64 KiB: slope 0.01 µs/B (100 MB/s) and
+/// 50 µs below, an extra round trip (300 µs) and slope 0.0125 µs/B (80 MB/s) above.
+fn l_truth(m: u64) -> f64 {
+    if m <= 65536 {
+        50.0 + 0.01 * m as f64
+    } else {
+        300.0 + 0.0125 * m as f64
+    }
+}
+
+fn segment_at(f: &Piecewise, m: u64) -> mutirao_model::Segment {
+    *f.0.iter().rev().find(|s| s.from <= m).unwrap()
+}
+
+#[test]
+fn breakpoint_and_slopes_are_recovered_from_noisy_data() {
+    let mut rng = Rng(42);
+    let mut pts = Vec::new();
+    for _pair in 0..3 {
+        for m in sizes() {
+            pts.push((m, l_truth(m) * rng.noise(0.03)));
+        }
+    }
+    let f = segmented_fit(&pts, &SegOptions::default()).unwrap();
+    let starts: Vec<u64> = f.function.0.iter().map(|s| s.from).collect();
+    // The first size above 64 KiB in the data is 98304: the rendezvous segment starts there.
+    assert!(starts.contains(&98304), "segments start at {starts:?}");
+    assert!(!starts.iter().any(|&s| s > 65536 && s < 98304));
+    let eager = segment_at(&f.function, 65536);
+    let rdv = segment_at(&f.function, 64 << 20);
+    assert!(
+        (eager.per_byte_us / 0.01 - 1.0).abs() < 0.03,
+        "eager slope {}",
+        eager.per_byte_us
+    );
+    assert!(
+        (rdv.per_byte_us / 0.0125 - 1.0).abs() < 0.03,
+        "rendezvous slope {}",
+        rdv.per_byte_us
+    );
+    assert_eq!(
+        rdv.from, 98304,
+        "one segment covers the whole rendezvous range"
+    );
+    // Residuals are reported per size and stay near the noise level.
+    assert_eq!(f.residuals.len(), sizes().len());
+    assert!(
+        f.residuals.iter().all(|r| r.rel.abs() < 0.06),
+        "{:?}",
+        f.residuals
+    );
+    assert!(f.segments.iter().all(|s| s.rms_rel < 0.04));
+}
+
+#[test]
+fn noise_free_data_gives_exact_coefficients_and_minimal_segments() {
+    let pts: Vec<(u64, f64)> = sizes().into_iter().map(|m| (m, l_truth(m))).collect();
+    let f = segmented_fit(&pts, &SegOptions::default()).unwrap();
+    assert_eq!(f.function.0.len(), 2, "{:?}", f.function);
+    assert_eq!(f.function.0[1].from, 98304);
+    assert!((f.function.0[0].base_us - 50.0).abs() < 1e-6);
+    assert!((f.function.0[0].per_byte_us - 0.01).abs() < 1e-10);
+    assert!((f.function.value(1 << 20) - l_truth(1 << 20)).abs() < 1e-6);
+    // A constant stays one constant segment; negative data clamp to zero.
+    let c: Vec<(u64, f64)> = sizes().into_iter().map(|m| (m, 37.0)).collect();
+    let f = segmented_fit(&c, &SegOptions::default()).unwrap();
+    assert_eq!(f.function.0.len(), 1);
+    assert!(
+        (f.function.0[0].base_us - 37.0).abs() < 1e-6,
+        "{:?}",
+        f.function
+    );
+    assert!(
+        f.function.0[0].per_byte_us.abs() < 1e-12,
+        "{:?}",
+        f.function
+    );
+    let neg: Vec<(u64, f64)> = sizes()
+        .into_iter()
+        .map(|m| (m, -(m as f64) * 0.08))
+        .collect();
+    let f = segmented_fit(&neg, &SegOptions::default()).unwrap();
+    assert!(f
+        .function
+        .0
+        .iter()
+        .all(|s| s.base_us == 0.0 && s.per_byte_us == 0.0));
+}
+
+// ---- full calibrations ---------------------------------------------------------------------
+
+struct Truth {
+    /// (name, site, H µs per rep)
+    hosts: Vec<(&'static str, &'static str, f64)>,
+}
+
+impl Truth {
+    fn site(&self, h: &str) -> &'static str {
+        self.hosts.iter().find(|x| x.0 == h).unwrap().1
+    }
+    /// Slope of L (µs per byte) for a class: 800 Mbit/s host links in site a, 200 in b,
+    /// 40 Mbit/s between sites; same-host 5 GB/s.
+    fn l_slope(&self, src: &str, dst: &str) -> f64 {
+        if src == dst {
+            return 1.0 / 5000.0;
+        }
+        match (self.site(src), self.site(dst)) {
+            ("a", "a") => 8.0 / 800.0,
+            ("b", "b") => 8.0 / 200.0,
+            _ => 8.0 / 40.0,
+        }
+    }
+    fn l(&self, src: &str, dst: &str, m: u64) -> f64 {
+        let base = if src == dst {
+            5.0
+        } else if self.site(src) == self.site(dst) {
+            60.0
+        } else {
+            400.0
+        };
+        let extra = if m > 65536 { 2.0 * base } else { 0.0 };
+        base + extra + self.l_slope(src, dst) * m as f64
+    }
+    /// Overheads scale with the host's H (slow hosts have larger Os/Or).
+    fn os(&self, src: &str, m: u64) -> f64 {
+        let h = self.hosts.iter().find(|x| x.0 == src).unwrap().2;
+        h * (5.0 + if m > 131072 { 10.0 } else { 1e-4 * m as f64 })
+    }
+    fn or(&self, dst: &str, m: u64) -> f64 {
+        let h = self.hosts.iter().find(|x| x.0 == dst).unwrap().2;
+        h * (2.0 + 2e-4 * m as f64)
+    }
+}
+
+fn build(truth: &Truth, strategy: StrategyKind, seed: u64) -> Calibration {
+    let mut rng = Rng(seed);
+    let mut c = Calibration::new(strategy, "test", 1);
+    let phosts: Vec<PlanHost> = truth
+        .hosts
+        .iter()
+        .map(|&(n, s, h)| PlanHost::with_h(n, s, h))
+        .collect();
+    for &(n, s, h) in &truth.hosts {
+        let mut host = CalibHost::new(n, s, "127.0.0.1:0");
+        host.speed = Some(SpeedMeasurement {
+            kernel: "inc+matmul+gauss".into(),
+            reps: 100,
+            samples: (0..5)
+                .map(|_| {
+                    let w = h * 100.0 * rng.noise(0.01);
+                    SpeedSample {
+                        wall_us: w,
+                        cpu_us: w / h.max(1.0),
+                    }
+                })
+                .collect(),
+        });
+        c.add_host(host).unwrap();
+    }
+    let p = plan(strategy, &phosts, &PlanOptions::default()).unwrap();
+    for pair in &p.measure {
+        for m in sizes() {
+            let samples: Vec<PingPongSample> = (0..7)
+                .map(|_| {
+                    let (s, d) = (pair.src.as_str(), pair.dst.as_str());
+                    let osa = truth.os(s, m) * rng.noise(0.02);
+                    let orb = truth.or(d, m) * rng.noise(0.02);
+                    let osb = truth.os(d, m) * rng.noise(0.02);
+                    let ora = truth.or(s, m) * rng.noise(0.02);
+                    let l = truth.l(s, d, m) * rng.noise(0.02);
+                    PingPongSample {
+                        rtt_us: osa + orb + osb + ora + 2.0 * l,
+                        os_src_us: osa,
+                        or_dst_us: orb,
+                        os_dst_us: osb,
+                        or_src_us: ora,
+                        probe_us: None,
+                        wait_src_us: None,
+                    }
+                })
+                .collect();
+            c.record_pingpong(&pair.src, &pair.dst, SendMode::Isend, m, 3, &samples)
+                .unwrap();
+        }
+    }
+    c.provenance.inherited = p.inherit;
+    c.provenance.clusters = p.clusters;
+    c.finalize(2);
+    c.validate().unwrap();
+    c
+}
+
+fn two_sites() -> Truth {
+    Truth {
+        hosts: vec![
+            ("a1", "a", 1.0),
+            ("a2", "a", 2.0),
+            ("a3", "a", 4.0),
+            ("b1", "b", 1.0),
+            ("b2", "b", 1.0),
+        ],
+    }
+}
+
+fn rel(a: f64, b: f64) -> f64 {
+    (a / b - 1.0).abs()
+}
+
+#[test]
+fn all_pairs_fit_recovers_bandwidths_speeds_and_overheads() {
+    let t = two_sites();
+    let c = build(&t, StrategyKind::AllPairs, 7);
+    let (model, report) = fit_default(&c).unwrap();
+    model.validate().unwrap();
+    model.check_complete().unwrap();
+    assert!(report.uncovered.is_empty());
+    // Speeds: fastest = 1.0, the others H_ref/H.
+    for (n, _, h) in &t.hosts {
+        let sp = model.host(n).unwrap().speed;
+        assert!(rel(sp, 1.0 / h) < 0.02, "{n}: speed {sp}");
+    }
+    assert_eq!(report.speed_reference, "a1");
+    // Large-message bandwidth per class, from the last segment of l.
+    for (s, d) in [
+        ("a1", "a2"),
+        ("b2", "b1"),
+        ("a3", "b1"),
+        ("b1", "a2"),
+        ("a2", "a2"),
+    ] {
+        let p = model.link_params(s, d).unwrap();
+        let last = segment_at(&p.l, 64 << 20);
+        assert!(
+            rel(last.per_byte_us, t.l_slope(s, d)) < 0.03,
+            "{s}->{d}: {last:?}"
+        );
+        // The eager -> rendezvous switch is found.
+        if s != d {
+            assert!(p.l.0.iter().any(|g| g.from == 98304), "{s}->{d}: {:?}", p.l);
+        }
+        // Os and Or of the actual sender / receiver (pair links where the class misses).
+        for m in [1024u64, 1 << 20] {
+            assert!(
+                rel(p.os.value(m), t.os(s, m)) < 0.12,
+                "{s}->{d} os({m}) {}",
+                p.os.value(m)
+            );
+            assert!(
+                rel(p.or.value(m), t.or(d, m)) < 0.12,
+                "{s}->{d} or({m}) {}",
+                p.or.value(m)
+            );
+        }
+    }
+    // Class links per site and site pair exist.
+    let classes: Vec<(LinkClass, Option<String>)> = model
+        .links
+        .iter()
+        .map(|l| (l.class, l.site.clone()))
+        .collect();
+    assert!(classes.contains(&(LinkClass::IntraSite, Some("a".into()))));
+    assert!(classes.contains(&(LinkClass::SameHost, Some("b".into()))));
+    assert!(model.links.iter().any(|l| l.class == LinkClass::InterSite));
+    assert!(
+        model.links.iter().any(|l| l.class == LinkClass::Pair),
+        "heterogeneous overheads need pair links"
+    );
+    assert!(report.to_text().contains("intra-site a"));
+    // The report carries residuals for every fitted parameter.
+    for l in &report.links {
+        for p in &l.params {
+            if let Some(f) = &p.fit {
+                assert!(!f.residuals.is_empty());
+            }
+        }
+    }
+}
+
+#[test]
+fn type_sampled_fixes_mixed_site_overheads_that_site_sampled_gets_wrong() {
+    // Site a mixes H 1 and H 4 hosts (like UFF's P4s and Athlons).
+    let t = Truth {
+        hosts: vec![
+            ("a1", "a", 1.0),
+            ("a2", "a", 1.0),
+            ("a3", "a", 4.0),
+            ("a4", "a", 4.0),
+            ("b1", "b", 1.0),
+            ("b2", "b", 1.0),
+        ],
+    };
+    let typed = build(&t, StrategyKind::TypeSampled, 11);
+    let site = build(&t, StrategyKind::SiteSampled, 11);
+    let all = build(&t, StrategyKind::AllPairs, 11);
+    assert!(typed.pairs.len() < all.pairs.len() && site.pairs.len() < typed.pairs.len());
+    let (mt, _) = fit_default(&typed).unwrap();
+    let (ms, _) = fit_default(&site).unwrap();
+    let (ma, _) = fit_default(&all).unwrap();
+    let m = 4096;
+    let mut worst_typed: f64 = 0.0;
+    let mut worst_site: f64 = 0.0;
+    for (s, d) in [
+        ("a4", "a1"),
+        ("a3", "a2"),
+        ("a4", "a3"),
+        ("a4", "b2"),
+        ("b2", "a4"),
+    ] {
+        let truth = ma.link_params(s, d).unwrap();
+        let tt = mt.link_params(s, d).unwrap();
+        let ss = ms.link_params(s, d).unwrap();
+        for (a, b, c) in [
+            (tt.os.value(m), ss.os.value(m), truth.os.value(m)),
+            (tt.or.value(m), ss.or.value(m), truth.or.value(m)),
+        ] {
+            worst_typed = worst_typed.max(rel(a, c));
+            worst_site = worst_site.max(rel(b, c));
+        }
+    }
+    assert!(worst_typed < 0.10, "type-sampled off by {worst_typed}");
+    assert!(
+        worst_site > 0.5,
+        "site-sampled should miss the slow hosts, off by {worst_site}"
+    );
+}
+
+#[test]
+fn partial_calibrations_fit_what_is_there_and_say_so() {
+    let t = two_sites();
+    let mut c = build(&t, StrategyKind::AllPairs, 3);
+    c.hosts[4].speed = None; // b2 died before its kernel ran
+    c.mark_partial("b2", "agent unreachable at 10.0.0.5:7000");
+    let (model, report) = fit_default(&c).unwrap();
+    assert!(model.host("b2").is_err());
+    assert_eq!(report.excluded_hosts[0].0, "b2");
+    assert!(report.partial.as_deref().unwrap().contains("unreachable"));
+    model.check_complete().unwrap();
+}
+
+#[test]
+fn options_and_errors() {
+    let t = two_sites();
+    let c = build(&t, StrategyKind::SiteSampled, 5);
+    let e = fit(
+        &c,
+        &FitOptions {
+            mode: Some(SendMode::Send),
+            ..FitOptions::default()
+        },
+    )
+    .unwrap_err();
+    assert!(matches!(e, FitError::NoMode { .. }), "{e}");
+    assert!(e.to_string().contains("isend"), "{e}");
+    let o = FitOptions {
+        speed_reference: SpeedReference::Host("a3".into()),
+        ..FitOptions::default()
+    };
+    let (m, _) = fit(&c, &o).unwrap();
+    assert!(rel(m.host("a1").unwrap().speed, 4.0) < 0.03);
+    let o = FitOptions {
+        speed_reference: SpeedReference::Host("zz".into()),
+        ..FitOptions::default()
+    };
+    assert_eq!(
+        fit(&c, &o).unwrap_err(),
+        FitError::BadReference("zz".into())
+    );
+    // No pair links when disabled.
+    let o = FitOptions {
+        pair_threshold: None,
+        ..FitOptions::default()
+    };
+    let (m, _) = fit(&c, &o).unwrap();
+    assert!(m.links.iter().all(|l| l.class != LinkClass::Pair));
+    m.check_complete().unwrap();
+}
+
+#[test]
+fn plogp_sweeps_fit_to_the_one_way_time() {
+    let mut c = Calibration::new(StrategyKind::AllPairs, "test", 0);
+    for n in ["x", "y"] {
+        let mut h = CalibHost::new(n, "s", "a");
+        h.speed = Some(SpeedMeasurement {
+            kernel: "k".into(),
+            reps: 1,
+            samples: vec![SpeedSample {
+                wall_us: 10.0,
+                cpu_us: 10.0,
+            }],
+        });
+        c.add_host(h).unwrap();
+    }
+    for m in sizes() {
+        // L = 150, g(0) = 20, g(m) = 20 + 0.01 m, Os = 5, Or = 3.
+        let rtt0 = 2.0 * 150.0 + 2.0 * 20.0;
+        let s = PLogPSample {
+            rtt0_us: rtt0,
+            g0_us: 20.0,
+            rtt_us: rtt0 + 0.01 * m as f64,
+            os_us: 5.0,
+            or_us: 3.0,
+        };
+        c.record_plogp("x", "y", m, &[s]).unwrap();
+    }
+    c.finalize(1);
+    let (model, _) = fit_default(&c).unwrap();
+    let p = model.link_params("x", "y").unwrap();
+    for m in [64u64, 65536, 1 << 24] {
+        let one_way = p.os.value(m) + p.l.value(m) + p.or.value(m);
+        let truth = 150.0 + 20.0 + 0.01 * m as f64;
+        assert!(rel(one_way, truth) < 1e-6, "{m}: {one_way} vs {truth}");
+    }
+}
