@@ -23,6 +23,9 @@ use std::io::{BufReader, BufWriter, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 
+/// One query's outcome: the gid found and the answer attributes.
+pub type QueryResult = Result<(Gid, AttrList), DirError>;
+
 /// A connection to a local directory server.
 pub struct Client {
     r: BufReader<UnixStream>,
@@ -155,7 +158,7 @@ impl Client {
         &mut self,
         qs: &[(Option<Gid>, AttrList)],
         scope: Scope,
-    ) -> Result<Vec<Result<(Gid, AttrList), DirError>>, DirError> {
+    ) -> Result<Vec<QueryResult>, DirError> {
         for (g, q) in qs {
             self.send(query_packet(*g, q, scope))?;
         }

@@ -110,6 +110,9 @@ impl Conn {
     }
 }
 
+/// A unique resource a peer holds for one of our contexts: (holder, gid, registrant).
+type RemoteHeld = (Arc<Conn>, Gid, Cred);
+
 struct PeerLink {
     addr: SocketAddr,
     conn: tokio::sync::Mutex<Option<Arc<Conn>>>,
@@ -140,7 +143,7 @@ struct Inner {
     next_cursor: AtomicU64,
     cursors: Mutex<HashMap<u64, Arc<tokio::sync::Mutex<GridCursor>>>>,
     cursor_used: Mutex<HashMap<u64, Instant>>,
-    remote_held: Mutex<HashMap<Gid, Vec<(Arc<Conn>, Gid, Cred)>>>,
+    remote_held: Mutex<HashMap<Gid, Vec<RemoteHeld>>>,
 }
 
 /// The directory server. Cheap to clone (an `Arc`).
@@ -723,23 +726,11 @@ impl DirServer {
             Err(DirError::NoMatch) if scope != Scope::Local => {}
             other => return other,
         }
-        let conns = self.conns(scope).await;
-        let mut set = JoinSet::new();
-        for c in conns {
-            let mut h = Header::new(Kind::PeerQuery);
-            h.uid = cred.uid;
-            h.gid = cred.gid;
-            let p = Packet::new(h, q.clone());
-            let id = self.inner.next_req.fetch_add(1, Ordering::Relaxed);
-            let t = self.inner.cfg.peer_timeout;
-            set.spawn(async move { c.request(p, id, t).await });
-        }
+        let mut set = self.fan_out(scope, cred, Kind::PeerQuery, q);
         while let Some(res) = set.join_next().await {
-            if let Ok(Some(r)) = res {
-                if r.header.status == 0 {
-                    set.abort_all();
-                    return Ok((r.header.target, r.attrs));
-                }
+            if let Ok(Some((_, _, r))) = res {
+                set.abort_all();
+                return Ok((r.header.target, r.attrs));
             }
         }
         Err(DirError::NoMatch)
@@ -785,22 +776,14 @@ impl DirServer {
         let local = self.with_dir_write().query_start(cred, q.clone(), now)?;
         let (tx, rx) = mpsc::unbounded_channel();
         if scope != Scope::Local {
-            for c in self.conns(scope).await {
-                let mut h = Header::new(Kind::PeerStart);
-                h.uid = cred.uid;
-                h.gid = cred.gid;
-                let p = Packet::new(h, q.clone());
-                let id = self.inner.next_req.fetch_add(1, Ordering::Relaxed);
-                let t = self.inner.cfg.peer_timeout;
-                let tx = tx.clone();
-                tokio::spawn(async move {
-                    if let Some(r) = c.request(p, id, t).await {
-                        if r.header.status == 0 {
-                            let _ = tx.send((c, id, r));
-                        }
+            let mut set = self.fan_out(scope, cred, Kind::PeerStart, &q);
+            tokio::spawn(async move {
+                while let Some(res) = set.join_next().await {
+                    if let Ok(Some(x)) = res {
+                        let _ = tx.send(x);
                     }
-                });
-            }
+                }
+            });
         }
         let id = self.inner.next_cursor.fetch_add(1, Ordering::Relaxed);
         let cur = GridCursor {
@@ -935,6 +918,38 @@ impl DirServer {
         true
     }
 
+    /// Sends `kind` with `q` as `cred` to every peer in `scope`, each in its own task that
+    /// first connects (lazily) and then waits at most `peer_timeout` for a positive reply.
+    fn fan_out(
+        &self,
+        scope: Scope,
+        cred: Cred,
+        kind: Kind,
+        q: &AttrList,
+    ) -> JoinSet<Option<(Arc<Conn>, u64, Packet)>> {
+        let mut set = JoinSet::new();
+        if scope == Scope::Local {
+            return set;
+        }
+        for i in 0..self.inner.peers.len() {
+            let s = self.clone();
+            let mut h = Header::new(kind);
+            h.uid = cred.uid;
+            h.gid = cred.gid;
+            let p = Packet::new(h, q.clone());
+            set.spawn(async move {
+                let c = s.conn(i).await?;
+                if scope == Scope::Site && c.id.cluster != s.inner.me.cluster {
+                    return None;
+                }
+                let id = s.inner.next_req.fetch_add(1, Ordering::Relaxed);
+                let r = c.request(p, id, s.inner.cfg.peer_timeout).await?;
+                (r.header.status == 0).then_some((c, id, r))
+            });
+        }
+        set
+    }
+
     /// Connections to every reachable peer in `scope` (connecting lazily, concurrently).
     async fn conns(&self, scope: Scope) -> Vec<Arc<Conn>> {
         if scope == Scope::Local || self.inner.peers.is_empty() {
@@ -970,11 +985,14 @@ impl DirServer {
     }
 
     async fn connect(&self, addr: SocketAddr) -> Result<Arc<Conn>, DirError> {
-        let mut s = tokio::time::timeout(self.inner.cfg.connect_timeout, TcpStream::connect(addr))
-            .await
-            .map_err(|_| DirError::Timeout(format!("connecting to peer {addr}")))??;
-        s.set_nodelay(true)?;
-        let id = handshake_connect(&mut s, &self.inner.cfg.cluster_key, self.inner.me).await?;
+        let (s, id) = tokio::time::timeout(self.inner.cfg.connect_timeout, async {
+            let mut s = TcpStream::connect(addr).await?;
+            s.set_nodelay(true)?;
+            let id = handshake_connect(&mut s, &self.inner.cfg.cluster_key, self.inner.me).await?;
+            Ok::<_, DirError>((s, id))
+        })
+        .await
+        .map_err(|_| DirError::Timeout(format!("connecting to peer {addr}")))??;
         let (r, w) = s.into_split();
         let (tx, rx) = mpsc::unbounded_channel();
         let conn = Arc::new(Conn {

@@ -1,0 +1,496 @@
+//! Digest 002 §7.8 directory checks through real servers (Unix sockets + loopback TCP).
+
+use mutirao_dir::client::Client;
+use mutirao_dir::server::{DirServer, ServerConfig, ServerHandles};
+use mutirao_dir::wire::{Header, Kind, Packet, HEADER_LEN};
+use mutirao_dir::{Acl, Attr, AttrList, Cred, DirConfig, DirError, Gid, Scope};
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+struct Grid {
+    rt: tokio::runtime::Runtime,
+    servers: Vec<DirServer>,
+    socks: Vec<PathBuf>,
+    handles: Vec<ServerHandles>,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Grid {
+    fn drop(&mut self) {
+        for h in &self.handles {
+            h.abort();
+        }
+    }
+}
+
+/// Starts one server per `(cluster, node)`, all peers of each other.
+fn grid(ids: &[(u64, u64)], heartbeat: Duration) -> Grid {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let listeners: Vec<tokio::net::TcpListener> = ids
+        .iter()
+        .map(|_| {
+            rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+                .unwrap()
+        })
+        .collect();
+    let addrs: Vec<SocketAddr> = listeners.iter().map(|l| l.local_addr().unwrap()).collect();
+    let mut servers = vec![];
+    let mut socks = vec![];
+    let mut handles = vec![];
+    for (i, (l, &(cluster, node))) in listeners.into_iter().zip(ids).enumerate() {
+        let cfg = ServerConfig {
+            dir: DirConfig {
+                cluster,
+                node,
+                heartbeat_timeout: heartbeat,
+                ..DirConfig::default()
+            },
+            peers: addrs
+                .iter()
+                .enumerate()
+                .filter(|(j, _)| *j != i)
+                .map(|(_, a)| *a)
+                .collect(),
+            cluster_key: b"test cluster key".to_vec(),
+            peer_timeout: Duration::from_millis(150),
+            ..ServerConfig::default()
+        };
+        let s = DirServer::new(cfg).unwrap();
+        let sock = dir.path().join(format!("s{i}.sock"));
+        let _g = rt.enter();
+        handles.push(s.spawn(Some(sock.clone()), Some(l)).unwrap());
+        servers.push(s);
+        socks.push(sock);
+    }
+    Grid {
+        rt,
+        servers,
+        socks,
+        handles,
+        _dir: dir,
+    }
+}
+
+fn al(pairs: &[(&str, &str)]) -> AttrList {
+    AttrList::from_pairs(
+        pairs
+            .iter()
+            .map(|(a, b)| (a.to_string(), b.as_bytes().to_vec())),
+    )
+    .unwrap()
+}
+
+fn wait_until(mut f: impl FnMut() -> bool, what: &str) {
+    let t = Instant::now();
+    while !f() {
+        assert!(
+            t.elapsed() < Duration::from_secs(3),
+            "timed out waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn check_01_register_sends_nothing_to_peers() {
+    // A "peer" that only counts connections.
+    let fake = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    fake.set_nonblocking(true).unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("d.sock");
+    let s = DirServer::new(ServerConfig {
+        dir: DirConfig {
+            cluster: 2,
+            node: 5,
+            ..DirConfig::default()
+        },
+        peers: vec![fake.local_addr().unwrap()],
+        cluster_key: b"k".to_vec(),
+        peer_timeout: Duration::from_millis(50),
+        connect_timeout: Duration::from_millis(100),
+    })
+    .unwrap();
+    let h = {
+        let _g = rt.enter();
+        s.spawn(Some(sock.clone()), None).unwrap()
+    };
+    let mut c = Client::connect(&sock).unwrap();
+    let ctx = c.open_context().unwrap();
+    for i in 0..20 {
+        let r = c
+            .register(ctx, &al(&[("i", &i.to_string())]), &Acl::Public, false)
+            .unwrap();
+        let p = mutirao_dir::GidSplit::default().decode(r.gid);
+        assert_eq!((p.cluster, p.node), (2, 5));
+    }
+    assert!(fake.accept().is_err(), "register contacted a peer");
+    // a local-scope miss does not either; a grid miss does (so the probe works)
+    assert_eq!(
+        c.query(None, &al(&[("x", "y")]), Scope::Local),
+        Err(DirError::NoMatch)
+    );
+    assert!(fake.accept().is_err(), "local query contacted a peer");
+    assert_eq!(
+        c.query(None, &al(&[("x", "y")]), Scope::Grid),
+        Err(DirError::NoMatch)
+    );
+    fake.set_nonblocking(false).unwrap();
+    assert!(fake.accept().is_ok(), "grid query did not contact the peer");
+    h.abort();
+}
+
+#[test]
+fn check_04_scopes_local_site_grid() {
+    // A and B in site 1, C in site 2.
+    let g = grid(&[(1, 1), (1, 2), (2, 3)], Duration::from_secs(5));
+    let mut a = Client::connect(&g.socks[0]).unwrap();
+    let mut b = Client::connect(&g.socks[1]).unwrap();
+    let mut c = Client::connect(&g.socks[2]).unwrap();
+    let on_b = b
+        .register(Gid::NONE, &al(&[("where", "b")]), &Acl::Public, false)
+        .unwrap()
+        .gid;
+    let on_c = c
+        .register(Gid::NONE, &al(&[("where", "c")]), &Acl::Public, false)
+        .unwrap()
+        .gid;
+    let qb = al(&[("where", "b")]);
+    let qc = al(&[("where", "c")]);
+    assert_eq!(a.query(None, &qb, Scope::Local), Err(DirError::NoMatch));
+    assert_eq!(a.query(None, &qb, Scope::Site).unwrap().0, on_b);
+    assert_eq!(a.query(None, &qb, Scope::Grid).unwrap().0, on_b);
+    assert_eq!(a.query(None, &qc, Scope::Local), Err(DirError::NoMatch));
+    assert_eq!(a.query(None, &qc, Scope::Site), Err(DirError::NoMatch));
+    let (gid, attrs) = a.query(None, &qc, Scope::Grid).unwrap();
+    assert_eq!(gid, on_c);
+    assert_eq!(attrs, qc);
+    // by gid, the same scoping
+    assert_eq!(
+        a.query(Some(on_b), &AttrList::new(), Scope::Local),
+        Err(DirError::NotFound(on_b))
+    );
+    assert_eq!(
+        a.query(Some(on_b), &AttrList::new(), Scope::Site)
+            .unwrap()
+            .0,
+        on_b
+    );
+    assert_eq!(
+        a.query(Some(on_c), &AttrList::new(), Scope::Site),
+        Err(DirError::NotFound(on_c))
+    );
+    let want = AttrList::from_attrs([Attr::want("where", 8)]).unwrap();
+    assert_eq!(a.query(Some(on_c), &want, Scope::Grid).unwrap().1, qc);
+}
+
+#[test]
+fn check_05_paged_grid_query_yields_each_once_and_frees_state() {
+    let g = grid(&[(1, 1), (1, 2), (1, 3), (1, 4)], Duration::from_secs(5));
+    let mut want = HashSet::new();
+    for s in &g.socks {
+        let mut c = Client::connect(s).unwrap();
+        for _ in 0..5 {
+            want.insert(
+                c.register(Gid::NONE, &al(&[("kind", "robot")]), &Acl::Public, false)
+                    .unwrap()
+                    .gid,
+            );
+        }
+        c.register(Gid::NONE, &al(&[("kind", "other")]), &Acl::Public, false)
+            .unwrap();
+    }
+    assert_eq!(want.len(), 20);
+    let mut c = Client::connect(&g.socks[0]).unwrap();
+    let mut got = vec![];
+    for r in c
+        .query_iter(&al(&[("kind", "robot")]), Scope::Site)
+        .unwrap()
+    {
+        got.push(r.unwrap().0);
+    }
+    assert_eq!(got.len(), 20, "each result exactly once");
+    assert_eq!(got.iter().copied().collect::<HashSet<_>>(), want);
+    wait_until(
+        || g.servers.iter().all(|s| s.open_queries() == 0),
+        "state freed after exhaustion",
+    );
+    // stopping early frees every server's state too
+    let mut it = c
+        .query_iter(&al(&[("kind", "robot")]), Scope::Site)
+        .unwrap();
+    for _ in 0..8 {
+        it.next().unwrap().unwrap();
+    }
+    assert!(g.servers.iter().map(|s| s.open_queries()).sum::<usize>() > 0);
+    it.stop().unwrap();
+    wait_until(
+        || g.servers.iter().all(|s| s.open_queries() == 0),
+        "state freed after stop",
+    );
+}
+
+#[test]
+fn check_06_concurrent_unique_registrations_on_k_servers_give_one_gid() {
+    let k = 4;
+    let g = grid(&[(1, 1), (1, 2), (1, 3), (1, 4)], Duration::from_secs(5));
+    for round in 0..3 {
+        let attrs = al(&[("group", &format!("g{round}")), ("type", "domain")]);
+        let results: Vec<_> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..k)
+                .map(|i| {
+                    let sock = g.socks[i].clone();
+                    let attrs = attrs.clone();
+                    s.spawn(move || {
+                        let mut c = Client::connect(&sock).unwrap();
+                        c.register(Gid::NONE, &attrs, &Acl::Public, true).unwrap()
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert!(
+            results.iter().all(|r| r.gid == results[0].gid),
+            "{results:?}"
+        );
+        assert_eq!(
+            results.iter().filter(|r| r.created).count(),
+            1,
+            "{results:?}"
+        );
+        let mut c = Client::connect(&g.socks[0]).unwrap();
+        let n = c.query_iter(&attrs, Scope::Grid).unwrap().count();
+        assert_eq!(n, 1, "exactly one resource exists");
+    }
+}
+
+#[test]
+fn check_07_outsider_gets_not_found_across_servers() {
+    let g = grid(&[(1, 1), (1, 2)], Duration::from_secs(5));
+    let alice = Cred::new(1000, 100);
+    let outsider = Cred::new(4242, 4242);
+    let acl = Acl::Only {
+        users: vec![],
+        groups: vec![100],
+    };
+    let reg = g.servers[1]
+        .with_directory(|d| d.register(alice, Gid::NONE, al(&[("secret", "1")]), acl, false))
+        .unwrap();
+    let q = |who: Cred, gid: Option<Gid>, attrs: AttrList| {
+        g.rt.block_on(g.servers[0].query(who, gid, &attrs, Scope::Grid))
+    };
+    assert_eq!(q(alice, None, al(&[("secret", "1")])).unwrap().0, reg.gid);
+    assert_eq!(
+        q(Cred::new(7, 100), Some(reg.gid), AttrList::new())
+            .unwrap()
+            .0,
+        reg.gid
+    );
+    assert_eq!(
+        q(outsider, None, al(&[("secret", "1")])),
+        Err(DirError::NoMatch)
+    );
+    assert_eq!(
+        q(outsider, None, al(&[("nothing", "1")])),
+        Err(DirError::NoMatch)
+    );
+    assert_eq!(
+        q(outsider, Some(reg.gid), AttrList::new()),
+        Err(DirError::NotFound(reg.gid))
+    );
+    let missing = Gid(reg.gid.0 + 99);
+    assert_eq!(
+        q(outsider, Some(missing), AttrList::new()),
+        Err(DirError::NotFound(missing))
+    );
+}
+
+#[test]
+fn check_03_killed_context_disappears_from_every_scope() {
+    let hb = Duration::from_millis(150);
+    let g = grid(&[(1, 1), (1, 2), (1, 3)], hb);
+    let mut observer = Client::connect(&g.socks[0]).unwrap();
+    let mut victim = Client::connect(&g.socks[1]).unwrap();
+    let ctx = victim.open_context().unwrap();
+    let plain = victim
+        .register(ctx, &al(&[("v", "plain")]), &Acl::Public, false)
+        .unwrap()
+        .gid;
+    let uniq = victim
+        .register(ctx, &al(&[("v", "unique")]), &Acl::Public, true)
+        .unwrap()
+        .gid;
+    // alive while heartbeating
+    for _ in 0..4 {
+        std::thread::sleep(hb / 3);
+        victim.heartbeat(ctx).unwrap();
+    }
+    assert_eq!(
+        observer
+            .query(None, &al(&[("v", "plain")]), Scope::Grid)
+            .unwrap()
+            .0,
+        plain
+    );
+    assert_eq!(
+        observer
+            .query(None, &al(&[("v", "unique")]), Scope::Grid)
+            .unwrap()
+            .0,
+        uniq
+    );
+    // "kill" the process: no more heartbeats
+    drop(victim);
+    let killed = Instant::now();
+    wait_until(
+        || {
+            observer
+                .query(None, &al(&[("v", "plain")]), Scope::Grid)
+                .is_err()
+                && observer
+                    .query(None, &al(&[("v", "unique")]), Scope::Grid)
+                    .is_err()
+        },
+        "purge",
+    );
+    // heartbeat timeout + maintenance period (timeout/4) + the last fan-out's timeout
+    assert!(
+        killed.elapsed() <= hb * 3 + Duration::from_millis(400),
+        "{:?}",
+        killed.elapsed()
+    );
+}
+
+#[test]
+fn bad_requests_get_clear_errors_and_change_nothing() {
+    let g = grid(&[(1, 1)], Duration::from_secs(5));
+    let mut c = Client::connect(&g.socks[0]).unwrap();
+    let keep = c
+        .register(Gid::NONE, &al(&[("a", "1")]), &Acl::Public, false)
+        .unwrap()
+        .gid;
+    let count = || g.servers[0].with_directory(|d| d.len());
+    let before = count();
+    // unknown scope
+    let mut h = Header::new(Kind::Query);
+    h.scope = 9;
+    let e = c.call(Packet::new(h, al(&[("a", "1")]))).unwrap_err();
+    assert_eq!(e, DirError::UnknownScope(9));
+    // system namespace in a registration
+    let e = c
+        .call(Packet::new(
+            Header::new(Kind::Register),
+            al(&[("sys.context", "x")]),
+        ))
+        .unwrap_err();
+    assert!(matches!(e, DirError::SystemNamespace(_)), "{e}");
+    // malformed ACL
+    let e = c
+        .call(Packet::new(
+            Header::new(Kind::Register),
+            al(&[("b", "2"), ("sys.acl", "zz")]),
+        ))
+        .unwrap_err();
+    assert!(matches!(e, DirError::BadAttrs(_)), "{e}");
+    // unknown context, unknown query, delete of a missing gid
+    let mut h = Header::new(Kind::Register);
+    h.target = Gid(12345);
+    assert_eq!(
+        c.call(Packet::new(h, al(&[("b", "2")]))).unwrap_err(),
+        DirError::UnknownContext(Gid(12345))
+    );
+    let mut h = Header::new(Kind::QueryNext);
+    h.query_id = 777;
+    assert_eq!(
+        c.call(Packet::new(h, AttrList::new())).unwrap_err(),
+        DirError::UnknownQuery(777)
+    );
+    assert_eq!(
+        c.delete(Gid(keep.0 + 50)),
+        Err(DirError::NotFound(Gid(keep.0 + 50)))
+    );
+    // a raw oversized / truncated packet on the socket
+    {
+        use std::io::{Read, Write};
+        let mut s = std::os::unix::net::UnixStream::connect(&g.socks[0]).unwrap();
+        let mut raw = Packet::new(Header::new(Kind::Register), AttrList::new()).encode();
+        raw[HEADER_LEN..HEADER_LEN + 4].copy_from_slice(&1u32.to_le_bytes());
+        raw.extend_from_slice(&1u16.to_le_bytes());
+        raw.push(b'z');
+        raw.push(0);
+        raw.extend_from_slice(&(200_000u32).to_le_bytes());
+        raw.extend(std::iter::repeat_n(0u8, 200_000));
+        s.write_all(&(raw.len() as u32).to_le_bytes()).unwrap();
+        s.write_all(&raw).unwrap();
+        let mut len = [0u8; 4];
+        s.read_exact(&mut len).unwrap();
+        let mut buf = vec![0; u32::from_le_bytes(len) as usize];
+        s.read_exact(&mut buf).unwrap();
+        let reply = Packet::decode(&buf).unwrap();
+        let e = mutirao_dir::server::error_from_packet(&reply);
+        assert!(matches!(e, DirError::TooLarge(_)), "{e}");
+        assert!(e.to_string().contains("limit"), "{e}");
+    }
+    assert_eq!(count(), before);
+    assert_eq!(
+        c.query(Some(keep), &AttrList::new(), Scope::Local)
+            .unwrap()
+            .0,
+        keep
+    );
+}
+
+#[test]
+fn peer_with_wrong_key_is_rejected() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let l1 = rt
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let a1 = l1.local_addr().unwrap();
+    let mk = |node, key: &[u8], peers: Vec<SocketAddr>| {
+        DirServer::new(ServerConfig {
+            dir: DirConfig {
+                cluster: 1,
+                node,
+                ..DirConfig::default()
+            },
+            peers,
+            cluster_key: key.to_vec(),
+            peer_timeout: Duration::from_millis(100),
+            ..ServerConfig::default()
+        })
+        .unwrap()
+    };
+    let holder = mk(1, b"right", vec![]);
+    holder
+        .with_directory(|d| {
+            d.register(
+                Cred::new(0, 0),
+                Gid::NONE,
+                al(&[("x", "1")]),
+                Acl::Public,
+                false,
+            )
+        })
+        .unwrap();
+    let intruder = mk(2, b"wrong", vec![a1]);
+    let _g = rt.enter();
+    let h1 = holder.spawn(None, Some(l1)).unwrap();
+    let sock = dir.path().join("i.sock");
+    let h2 = intruder.spawn(Some(sock.clone()), None).unwrap();
+    let mut c = Client::connect(&sock).unwrap();
+    assert_eq!(
+        c.query(None, &al(&[("x", "1")]), Scope::Grid),
+        Err(DirError::NoMatch)
+    );
+    h1.abort();
+    h2.abort();
+}
