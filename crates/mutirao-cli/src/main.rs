@@ -5,6 +5,7 @@ use clap::{Parser, Subcommand};
 
 mod agent_proto;
 mod cmd_agent;
+mod cmd_fit;
 mod cmd_model;
 mod cmd_run;
 mod hostfile;
@@ -27,6 +28,11 @@ enum Command {
     Run(cmd_run::RunArgs),
     /// Run the per-host agent that starts ranks for authenticated launchers.
     Agent(cmd_agent::AgentArgs),
+    /// Fit a mutirao-model/1 model to a calibration (segmented least squares per link class).
+    Fit(cmd_fit::FitArgs),
+    /// Calibration files: check, plan, and the thesis's legacy host-list and output formats.
+    #[command(subcommand)]
+    Calib(cmd_fit::CalibCommand),
     // NEW SUBCOMMANDS: add one variant here and one match arm below, nothing else.
 }
 
@@ -36,6 +42,8 @@ fn main() -> std::process::ExitCode {
         Command::Model(c) => cmd_model::run(c),
         Command::Run(a) => cmd_run::run(a),
         Command::Agent(a) => cmd_agent::run(a),
+        Command::Fit(a) => cmd_fit::run_fit(a),
+        Command::Calib(c) => cmd_fit::run_calib(c),
         // NEW MATCH ARMS
     };
     match result {

@@ -1,0 +1,450 @@
+//! `mutirao fit` (the analytic modeller) and `mutirao calib …` (calibration files, plans and the
+//! thesis's legacy formats). Thin shells over `mutirao_model::{fit, calib, strategy, legacy}`.
+
+use anyhow::{bail, Context};
+use clap::{Args, Subcommand, ValueEnum};
+use mutirao_model::calib::{Calibration, SendMode, StrategyKind};
+use mutirao_model::fit::{fit, FitOptions, SpeedReference};
+use mutirao_model::legacy::{
+    infer_site, output_from_calibration, parse_host_list, parse_output, write_output, CommaStyle,
+};
+use mutirao_model::strategy::{plan, PlanHost, PlanOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+/// Arguments of `mutirao fit`.
+#[derive(Args)]
+pub struct FitArgs {
+    /// The calibration (mutirao-calib/1 JSON).
+    calib: PathBuf,
+    /// Where to write the model (mutirao-model/1 JSON); written atomically.
+    #[arg(short, long)]
+    output: PathBuf,
+    /// Print the fit report (segments, bandwidths, residuals) to stdout.
+    #[arg(long)]
+    report: bool,
+    /// Also write the full report, with per-size residuals, as JSON to this file.
+    #[arg(long, value_name = "FILE")]
+    report_json: Option<PathBuf>,
+    /// Send mode to fit (default: isend if the calibration has it, else send).
+    #[arg(long, value_enum)]
+    mode: Option<ModeArg>,
+    /// Host whose speed is 1.0 (default: the fastest host).
+    #[arg(long, value_name = "HOST")]
+    speed_reference: Option<String>,
+    /// Most segments per fitted function.
+    #[arg(long, default_value_t = 4)]
+    max_segments: usize,
+    /// Emit a pair link when the class function misses a pair by more than this relative error.
+    #[arg(long, default_value_t = 0.10, conflicts_with = "no_pair_links")]
+    pair_threshold: f64,
+    /// Never emit pair links (class links only).
+    #[arg(long)]
+    no_pair_links: bool,
+}
+
+/// A send mode on the command line.
+#[derive(Clone, Copy, ValueEnum)]
+pub enum ModeArg {
+    /// Blocking send.
+    Send,
+    /// Nonblocking send.
+    Isend,
+}
+
+impl From<ModeArg> for SendMode {
+    fn from(m: ModeArg) -> Self {
+        match m {
+            ModeArg::Send => SendMode::Send,
+            ModeArg::Isend => SendMode::Isend,
+        }
+    }
+}
+
+/// A strategy on the command line.
+#[derive(Clone, Copy, ValueEnum)]
+pub enum StrategyArg {
+    /// Every ordered pair.
+    AllPairs,
+    /// Thesis II(b): one pair per site, one representative per site pair.
+    SiteSampled,
+    /// One representative per cluster of similar hosts in each site (needs speeds).
+    TypeSampled,
+}
+
+/// How to print a host list.
+#[derive(Clone, Copy, ValueEnum)]
+pub enum HostsFormat {
+    /// A readable table.
+    Table,
+    /// JSON.
+    Json,
+    /// A `mutirao run --hostfile` file, the site in a comment.
+    Hostfile,
+}
+
+/// How to read `23,567` in a legacy output file.
+#[derive(Clone, Copy, ValueEnum)]
+pub enum CommaArg {
+    /// 23,567 = 23567.
+    Thousands,
+    /// 23,567 = 23.567.
+    Decimal,
+}
+
+/// `mutirao calib …`.
+#[derive(Subcommand)]
+pub enum CalibCommand {
+    /// Validate a calibration file and summarise it (hosts, sweeps, partial state).
+    Check {
+        /// The calibration (mutirao-calib/1 JSON).
+        file: PathBuf,
+    },
+    /// Print the pairs a strategy measures and what the others inherit (JSON).
+    Plan {
+        /// A Fig. 4.1 host list, or a calibration JSON (whose measured speeds type-sampled uses).
+        hosts: PathBuf,
+        /// Planning strategy.
+        #[arg(long, value_enum, default_value = "all-pairs")]
+        strategy: StrategyArg,
+        /// Map a domain suffix to a site (repeatable), e.g. `--site-map ic.uff.br=UFF`.
+        #[arg(long, value_name = "SUFFIX=SITE")]
+        site_map: Vec<String>,
+        /// Do not measure same-host pairs.
+        #[arg(long)]
+        no_same_host: bool,
+        /// Type-sampled cluster tolerance (relative).
+        #[arg(long, default_value_t = 0.10)]
+        tolerance: f64,
+    },
+    /// Read a thesis Fig. 4.1 host list (`host [exec_path] [site=NAME]` per line).
+    LegacyHosts {
+        /// The host list.
+        file: PathBuf,
+        /// Map a domain suffix to a site (repeatable), e.g. `--site-map ic.uff.br=UFF`.
+        #[arg(long, value_name = "SUFFIX=SITE")]
+        site_map: Vec<String>,
+        /// Output format.
+        #[arg(long, value_enum, default_value = "table")]
+        format: HostsFormat,
+    },
+    /// Write a calibration as a thesis Fig. 4.2 output file (one message size).
+    LegacyOut {
+        /// The calibration (mutirao-calib/1 JSON).
+        calib: PathBuf,
+        /// Message size in bytes (must have been measured).
+        #[arg(long)]
+        size: u64,
+        /// Send mode (default: isend if present, else send).
+        #[arg(long, value_enum)]
+        mode: Option<ModeArg>,
+        /// Output file (default: stdout); written atomically.
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+        /// Leave out the trailing `# size …` comment (strict thesis layout).
+        #[arg(long)]
+        no_comment: bool,
+    },
+    /// Read a thesis Fig. 4.2 output file and print it as JSON (comma readings go to stderr).
+    LegacyRead {
+        /// The output file.
+        file: PathBuf,
+        /// How to read numbers such as `23,567`.
+        #[arg(long, value_enum, default_value = "thousands")]
+        comma: CommaArg,
+    },
+}
+
+fn read(path: &Path, what: &str) -> anyhow::Result<String> {
+    std::fs::read_to_string(path).with_context(|| format!("cannot read {what} {}", path.display()))
+}
+
+fn load_calib(path: &Path) -> anyhow::Result<Calibration> {
+    let text = read(path, "calibration file")?;
+    Calibration::from_json(&text).with_context(|| format!("in {}", path.display()))
+}
+
+/// Write `text` to `path` atomically: a temporary file in the same directory, fsync, rename.
+fn write_atomic(path: &Path, text: &str) -> anyhow::Result<()> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let name = path
+        .file_name()
+        .with_context(|| format!("{} is not a file path", path.display()))?;
+    let tmp = dir.join(format!(
+        ".{}.tmp.{}",
+        name.to_string_lossy(),
+        std::process::id()
+    ));
+    let res = (|| -> std::io::Result<()> {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(text.as_bytes())?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)?;
+        if let Ok(d) = std::fs::File::open(&dir) {
+            let _ = d.sync_all();
+        }
+        Ok(())
+    })();
+    if res.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    res.with_context(|| format!("cannot write {}", path.display()))
+}
+
+fn site_map(items: &[String]) -> anyhow::Result<Vec<(String, String)>> {
+    items
+        .iter()
+        .map(|s| match s.split_once('=') {
+            Some((a, b)) if !a.is_empty() && !b.is_empty() => Ok((a.to_string(), b.to_string())),
+            _ => bail!("--site-map {s:?}: expected SUFFIX=SITE, e.g. ic.uff.br=UFF"),
+        })
+        .collect()
+}
+
+/// `mutirao fit`.
+pub fn run_fit(a: FitArgs) -> anyhow::Result<ExitCode> {
+    let calib = load_calib(&a.calib)?;
+    let opts = FitOptions {
+        mode: a.mode.map(Into::into),
+        seg: mutirao_model::fit::SegOptions {
+            max_segments: a.max_segments,
+            ..Default::default()
+        },
+        speed_reference: match a.speed_reference {
+            Some(h) => SpeedReference::Host(h),
+            None => SpeedReference::Fastest,
+        },
+        pair_threshold: if a.no_pair_links {
+            None
+        } else {
+            Some(a.pair_threshold)
+        },
+    };
+    if a.max_segments == 0 {
+        bail!("--max-segments must be at least 1");
+    }
+    let (model, report) =
+        fit(&calib, &opts).with_context(|| format!("fitting {}", a.calib.display()))?;
+    if let Some(p) = &a.report_json {
+        let text = serde_json::to_string_pretty(&report).context("serialising the report")?;
+        write_atomic(p, &text)?;
+    }
+    write_atomic(&a.output, &model.to_json())?;
+    if a.report {
+        print!("{}", report.to_text());
+    }
+    if let Some(p) = &report.partial {
+        eprintln!("mutirao: warning: the calibration is partial ({p}); the model covers what was measured");
+    }
+    for u in &report.uncovered {
+        eprintln!("mutirao: warning: uncovered pair {u}");
+    }
+    eprintln!(
+        "{}: {} hosts, {} links ({} mode)",
+        a.output.display(),
+        model.hosts.len(),
+        model.links.len(),
+        report.mode.as_str()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+fn plan_hosts(path: &Path, map: &[(String, String)]) -> anyhow::Result<Vec<PlanHost>> {
+    let text = read(path, "host list")?;
+    if text.trim_start().starts_with('{') {
+        let c = Calibration::from_json(&text).with_context(|| format!("in {}", path.display()))?;
+        Ok(c.hosts
+            .iter()
+            .map(|h| PlanHost {
+                h: h.speed.as_ref().and_then(|s| s.h_us()),
+                ..PlanHost::new(&h.name, &h.site)
+            })
+            .collect())
+    } else {
+        let hosts = parse_host_list(&text).with_context(|| format!("in {}", path.display()))?;
+        Ok(hosts
+            .iter()
+            .map(|h| PlanHost::new(&h.name, &infer_site(h, map)))
+            .collect())
+    }
+}
+
+/// `mutirao calib …`.
+pub fn run_calib(cmd: CalibCommand) -> anyhow::Result<ExitCode> {
+    match cmd {
+        CalibCommand::Check { file } => {
+            let c = load_calib(&file)?;
+            let samples: usize = c
+                .pairs
+                .iter()
+                .flat_map(|p| p.sizes.iter())
+                .map(|s| s.samples.len() + s.plogp.len())
+                .sum();
+            println!(
+                "{}: ok, {} hosts, {} sweeps ({} samples), {} inherited pairs, strategy {}, modes {}",
+                file.display(),
+                c.hosts.len(),
+                c.pairs.len(),
+                samples,
+                c.provenance.inherited.len(),
+                c.provenance.strategy.as_str(),
+                c.modes()
+                    .iter()
+                    .map(|m| m.as_str())
+                    .collect::<Vec<_>>()
+                    .join(",")
+            );
+            if let Some(p) = &c.partial {
+                println!("PARTIAL: {}", p.reason);
+                return Ok(ExitCode::from(1));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        CalibCommand::Plan {
+            hosts,
+            strategy,
+            site_map: sm,
+            no_same_host,
+            tolerance,
+        } => {
+            let map = site_map(&sm)?;
+            let hs = plan_hosts(&hosts, &map)?;
+            let kind = match strategy {
+                StrategyArg::AllPairs => StrategyKind::AllPairs,
+                StrategyArg::SiteSampled => StrategyKind::SiteSampled,
+                StrategyArg::TypeSampled => StrategyKind::TypeSampled,
+            };
+            let o = PlanOptions {
+                same_host: !no_same_host,
+                tolerance,
+                ..PlanOptions::default()
+            };
+            let p = plan(kind, &hs, &o).with_context(|| format!("planning {}", hosts.display()))?;
+            println!("{}", serde_json::to_string_pretty(&p)?);
+            eprintln!(
+                "{} pairs to measure, {} inherited",
+                p.measure.len(),
+                p.inherit.len()
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        CalibCommand::LegacyHosts {
+            file,
+            site_map: sm,
+            format,
+        } => {
+            let map = site_map(&sm)?;
+            let text = read(&file, "host list")?;
+            let hosts = parse_host_list(&text).with_context(|| format!("in {}", file.display()))?;
+            match format {
+                HostsFormat::Table => {
+                    for h in &hosts {
+                        println!(
+                            "{:<32} {:<24} {}",
+                            h.name,
+                            infer_site(h, &map),
+                            h.exec_path.as_deref().unwrap_or("-")
+                        );
+                    }
+                }
+                HostsFormat::Json => {
+                    let v: Vec<serde_json::Value> = hosts
+                        .iter()
+                        .map(|h| {
+                            serde_json::json!({
+                                "name": h.name,
+                                "site": infer_site(h, &map),
+                                "exec_path": h.exec_path,
+                            })
+                        })
+                        .collect();
+                    println!("{}", serde_json::to_string_pretty(&v)?);
+                }
+                HostsFormat::Hostfile => {
+                    for h in &hosts {
+                        println!("{} slots=1 # site={}", h.name, infer_site(h, &map));
+                    }
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        CalibCommand::LegacyOut {
+            calib,
+            size,
+            mode,
+            output,
+            no_comment,
+        } => {
+            let c = load_calib(&calib)?;
+            let modes = c.modes();
+            let mode: SendMode = match mode {
+                Some(m) => m.into(),
+                None if modes.contains(&SendMode::Isend) => SendMode::Isend,
+                None => SendMode::Send,
+            };
+            let out = output_from_calibration(&c, size, mode)
+                .with_context(|| format!("in {}", calib.display()))?;
+            let comment = format!(
+                "size {size} B, mode {}, from {}",
+                mode.as_str(),
+                calib.display()
+            );
+            let text = write_output(&out, (!no_comment).then_some(comment.as_str()));
+            match output {
+                Some(p) => write_atomic(&p, &text)?,
+                None => print!("{text}"),
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        CalibCommand::LegacyRead { file, comma } => {
+            let text = read(&file, "legacy output file")?;
+            let style = match comma {
+                CommaArg::Thousands => CommaStyle::Thousands,
+                CommaArg::Decimal => CommaStyle::Decimal,
+            };
+            let (out, warnings) =
+                parse_output(&text, style).with_context(|| format!("in {}", file.display()))?;
+            for w in warnings {
+                eprintln!("mutirao: warning: {}: {w}", file.display());
+            }
+            println!("{}", serde_json::to_string_pretty(&out)?);
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn atomic_write_replaces_and_leaves_no_temp() {
+        let dir = std::env::temp_dir().join(format!("mutirao-cmdfit-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("m.json");
+        write_atomic(&p, "one").unwrap();
+        write_atomic(&p, "two").unwrap();
+        assert_eq!(std::fs::read_to_string(&p).unwrap(), "two");
+        let names: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names.len(), 1, "{names:?}");
+        assert!(write_atomic(&dir.join("no/such/m.json"), "x").is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn site_map_parses_and_rejects() {
+        assert_eq!(
+            site_map(&["ic.uff.br=UFF".into()]).unwrap(),
+            [("ic.uff.br".to_string(), "UFF".to_string())]
+        );
+        let e = site_map(&["nope".into()]).unwrap_err();
+        assert!(e.to_string().contains("SUFFIX=SITE"), "{e}");
+    }
+}
