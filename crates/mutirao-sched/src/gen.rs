@@ -136,6 +136,7 @@ pub fn ring(n: usize, work: f64, bytes: u64) -> Result<Dag, GenError> {
 
 /// Gaussian elimination on an `m × m` matrix (HEFT paper, Fig. 7): pivot tasks `p{k}` and
 /// update tasks `u{k}_{j}`; `(m² + m − 2) / 2` tasks.
+#[allow(clippy::needless_range_loop)] // j indexes two rows of `upd`
 pub fn gauss(m: usize, work: f64, bytes: u64) -> Result<Dag, GenError> {
     at_least("m", m, 2, "the matrix size must be >= 2")?;
     check_work_bytes(work)?;
@@ -280,6 +281,7 @@ impl Default for RandomParams {
 /// A seeded random layered graph with Topcuoglu's parameters. Message times are uniform in
 /// `[0, 2·CCR·w_DAG]` and sizes are those times × `bytes_per_s`, so on a platform whose links
 /// move `bytes_per_s` the CCR holds.
+#[allow(clippy::needless_range_loop)] // task indices address several arrays
 pub fn random(p: &RandomParams) -> Result<Dag, GenError> {
     at_least("n", p.n, 1, "must be >= 1")?;
     at_least("out_degree", p.out_degree, 1, "must be >= 1")?;
@@ -479,7 +481,7 @@ mod tests {
         assert_ne!(a, c);
         assert_eq!(a.len(), 300);
         let entries = (0..a.len()).filter(|&t| a.in_edges(t).is_empty()).count();
-        assert!(entries >= 1 && entries < 300);
+        assert!((1..300).contains(&entries));
         for t in 0..a.len() {
             assert!(a.out_edges(t).len() <= 3 + a.len());
         }

@@ -523,7 +523,7 @@ fn hlogp_heft(dag: &Dag, platform: &Platform, rank: &[f64]) -> Plan {
     let order = by_priority(dag, rank, |v| {
         // (finish, host, start, block start, window)
         let mut best = (f64::INFINITY, 0usize, 0.0, 0.0, 0.0);
-        for p in 0..np {
+        for (p, tlp) in tl.iter().enumerate() {
             arr.clear();
             for &ei in dag.in_edges(v) {
                 let e = edges[ei];
@@ -543,7 +543,7 @@ fn hlogp_heft(dag: &Dag, platform: &Platform, rank: &[f64]) -> Plan {
             let w = platform.exec_s(dag.tasks()[v].work, p);
             let first = arr.first().map_or(0.0, |x| x.0);
             let mut found = (f64::INFINITY, 0.0, 0.0);
-            for (gs, ge) in tl[p].gaps_from(first) {
+            for (gs, ge) in tlp.gaps_from(first) {
                 let mut t = gs;
                 for &(a, _, or) in arr.iter() {
                     t = t.max(a) + or;
@@ -618,4 +618,232 @@ fn round_robin(dag: &Dag, platform: &Platform) -> Result<Plan, SchedError> {
         finish: r.tasks.iter().map(|t| t.finish_s).collect(),
         order: dag.topo_order().to_vec(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dag::{Edge, Task};
+    use mutirao_model::{Host, Link, LinkClass, Model, Piecewise};
+
+    fn model(speeds: &[f64], l_us: f64, os_us: f64, or_us: f64) -> Model {
+        let hosts = speeds
+            .iter()
+            .enumerate()
+            .map(|(i, &speed)| Host {
+                name: format!("h{i}"),
+                site: "s".into(),
+                speed,
+            })
+            .collect();
+        let link = |class, scale: f64| Link {
+            class,
+            site: None,
+            sites: None,
+            src: None,
+            dst: None,
+            os: Piecewise::linear(os_us * scale, 0.0),
+            or: Piecewise::linear(or_us * scale, 0.0),
+            l: Piecewise::linear(l_us * scale, 0.0),
+        };
+        Model::new(
+            hosts,
+            vec![
+                link(LinkClass::IntraSite, 1.0),
+                link(LinkClass::SameHost, 0.0),
+            ],
+        )
+        .unwrap()
+    }
+
+    fn chain(n: usize) -> Dag {
+        let tasks = (0..n)
+            .map(|i| Task {
+                id: format!("t{i}"),
+                work: 1.0,
+            })
+            .collect();
+        let edges = (1..n)
+            .map(|i| Edge {
+                from: i - 1,
+                to: i,
+                bytes: 10,
+            })
+            .collect();
+        Dag::new(tasks, edges).unwrap()
+    }
+
+    #[test]
+    fn algorithm_names_round_trip_and_unknown_is_named() {
+        for a in Algorithm::ALL {
+            assert_eq!(a.as_str().parse::<Algorithm>().unwrap(), a);
+        }
+        let e = "fastest".parse::<Algorithm>().unwrap_err();
+        assert!(e.to_string().contains("\"fastest\""), "{e}");
+    }
+
+    #[test]
+    fn chain_goes_to_the_fastest_host_when_messages_cost() {
+        let p = Platform::from_model(&model(&[1.0, 2.0, 0.5], 1e6, 0.0, 0.0)).unwrap();
+        let dag = chain(4);
+        for algo in [Algorithm::Heft, Algorithm::Peft, Algorithm::HlogpHeft] {
+            let s = schedule(&dag, &p, algo).unwrap();
+            assert!(s.tasks.iter().all(|t| t.host == "h1"), "{algo:?}: {s:?}");
+            assert!((s.makespan_s - 2.0).abs() < 1e-12);
+            let m = metrics(&dag, &p, s.makespan_s);
+            assert!((m.slr - 1.0).abs() < 1e-12);
+            assert!((m.speedup - 1.0).abs() < 1e-12);
+            assert!((m.efficiency - 1.0 / 3.0).abs() < 1e-12);
+        }
+    }
+
+    #[test]
+    fn independent_tasks_spread_over_hosts() {
+        let tasks = (0..4)
+            .map(|i| Task {
+                id: format!("t{i}"),
+                work: 1.0,
+            })
+            .collect();
+        let dag = Dag::new(tasks, vec![]).unwrap();
+        let p = Platform::from_model(&model(&[1.0; 4], 10.0, 1.0, 1.0)).unwrap();
+        for algo in Algorithm::ALL {
+            let s = schedule(&dag, &p, algo).unwrap();
+            assert_eq!(s.makespan_s, 1.0, "{algo:?}");
+            let mut hosts: Vec<&str> = s.tasks.iter().map(|t| t.host.as_str()).collect();
+            hosts.sort();
+            hosts.dedup();
+            assert_eq!(hosts.len(), 4, "{algo:?}");
+        }
+    }
+
+    #[test]
+    fn hlogp_heft_charges_overheads_heft_does_not() {
+        // Fork of 1 -> 2 with big overheads: HEFT thinks remote messages only delay; HLogP-HEFT
+        // knows the sender's CPU is busy for Os.
+        let tasks = vec![
+            Task {
+                id: "r".into(),
+                work: 1.0,
+            },
+            Task {
+                id: "a".into(),
+                work: 1.0,
+            },
+            Task {
+                id: "b".into(),
+                work: 1.0,
+            },
+        ];
+        let edges = vec![
+            Edge {
+                from: 0,
+                to: 1,
+                bytes: 1,
+            },
+            Edge {
+                from: 0,
+                to: 2,
+                bytes: 1,
+            },
+        ];
+        let dag = Dag::new(tasks, edges).unwrap();
+        let p = Platform::from_model(&model(&[1.0, 1.0], 0.0, 400_000.0, 400_000.0)).unwrap();
+        let heft = schedule(&dag, &p, Algorithm::Heft).unwrap();
+        let hl = schedule(&dag, &p, Algorithm::HlogpHeft).unwrap();
+        // HEFT: r, then a local (t=1..2), b remote arriving at 1.8 -> 2.8.
+        assert!((heft.makespan_s - 2.8).abs() < 1e-9, "{heft:?}");
+        // HEFT starts `a` right after `r` on h0, as if the send to h1 cost h0 nothing.
+        let a_heft = heft.tasks.iter().find(|t| t.id == "a").unwrap();
+        assert_eq!((a_heft.host.as_str(), a_heft.start_s), ("h0", 1.0));
+        // HLogP-HEFT reserves r's send window (Os 0.4 for b) on h0 before anything else runs
+        // there; b pays Os 0.4 on h0 and Or 0.4 on h1: 1 + 0.4 + 0.4 + 1 = 2.8.
+        assert!((hl.makespan_s - 2.8).abs() < 1e-9, "{hl:?}");
+        let a_hl = hl.tasks.iter().find(|t| t.id == "a").unwrap();
+        let b_hl = hl.tasks.iter().find(|t| t.id == "b").unwrap();
+        assert_ne!(a_hl.host, b_hl.host);
+        if a_hl.host == "h0" {
+            assert!(a_hl.start_s >= 1.4 - 1e-9, "{hl:?}");
+        }
+        let pl = hl.placement(&dag, &p).unwrap();
+        let r = crate::sim::simulate(&dag, &p, &pl, SimOptions::default()).unwrap();
+        assert!((r.makespan_s - hl.makespan_s).abs() < 1e-9);
+    }
+
+    #[test]
+    fn placement_errors_name_the_entry() {
+        let p = Platform::from_model(&model(&[1.0, 1.0], 1.0, 1.0, 1.0)).unwrap();
+        let dag = chain(2);
+        let good = schedule(&dag, &p, Algorithm::Heft).unwrap();
+        let mut s = good.clone();
+        s.tasks[1].host = "nowhere".into();
+        let e = s.placement(&dag, &p).unwrap_err();
+        assert!(
+            e.to_string().contains("tasks[1]") && e.to_string().contains("\"nowhere\""),
+            "{e}"
+        );
+        let mut s = good.clone();
+        s.tasks[0].id = "ghost".into();
+        assert!(matches!(
+            s.placement(&dag, &p),
+            Err(SchedError::UnknownTask { index: 0, .. })
+        ));
+        let mut s = good.clone();
+        s.tasks[1].id = s.tasks[0].id.clone();
+        assert!(matches!(
+            s.placement(&dag, &p),
+            Err(SchedError::DuplicateTask {
+                index: 1,
+                first: 0,
+                ..
+            })
+        ));
+        let mut s = good.clone();
+        s.tasks.pop();
+        assert!(matches!(
+            s.placement(&dag, &p),
+            Err(SchedError::MissingTask(_))
+        ));
+        let e =
+            Schedule::from_json(r#"{"format":"nope","algorithm":"x","makespan_s":1,"tasks":[]}"#)
+                .unwrap_err();
+        assert!(matches!(e, SchedError::Format { .. }));
+    }
+
+    #[test]
+    fn out_of_order_schedule_is_a_named_deadlock() {
+        let p = Platform::from_model(&model(&[1.0], 1.0, 1.0, 1.0)).unwrap();
+        let dag = chain(2);
+        let mut s = schedule(&dag, &p, Algorithm::Heft).unwrap();
+        // Put t1 before t0 on the only host.
+        s.tasks[0].start_s = 5.0;
+        let pl = s.placement(&dag, &p).unwrap();
+        let e = crate::sim::simulate(&dag, &p, &pl, SimOptions::default()).unwrap_err();
+        let msg = e.to_string();
+        assert!(
+            msg.contains("\"t1\"") && msg.contains("\"t0\"") && msg.contains("\"h0\""),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn hostfile_and_rankfile_list_ranks_in_task_order() {
+        let p = Platform::from_model(&model(&[1.0, 1.0], 1e9, 0.0, 0.0)).unwrap();
+        let dag = chain(2);
+        let mut s = schedule(&dag, &p, Algorithm::RoundRobin).unwrap();
+        assert_eq!(s.hostfile(&dag), "h0 slots=1\nh1 slots=1\n");
+        s.tasks.reverse();
+        assert_eq!(s.rankfile(&dag), "rank 0=h0 slot=0\nrank 1=h1 slot=0\n");
+    }
+
+    #[test]
+    fn peft_oct_of_exit_tasks_is_zero_and_parents_see_children() {
+        let p = Platform::from_model(&model(&[1.0, 0.5], 0.0, 0.0, 0.0)).unwrap();
+        let dag = chain(2);
+        let (oct, rank) = peft_oct(&dag, &p);
+        assert_eq!(&oct[2..4], &[0.0, 0.0]);
+        // OCT(t0, p) = min over w of work(t1)/speed(w) + comm (0 here) = 1.0.
+        assert_eq!(&oct[0..2], &[1.0, 1.0]);
+        assert_eq!(rank, vec![1.0, 0.0]);
+    }
 }
