@@ -5,6 +5,7 @@
 //! | `MUTIRAO_EAGER_LIMIT` | 65536 | messages up to this many bytes are sent at once; larger ones by rendezvous |
 //! | `MUTIRAO_SPIN_US` | 50 (5 when ranks outnumber cores) | how long a waiting rank polls before sleeping |
 //! | `MUTIRAO_TRANSPORT` | `auto` | `auto`: shared memory to ranks of the same host, TCP otherwise; `tcp`: TCP only |
+//! | `MUTIRAO_CMA` | 1 | same-host large messages are copied once, straight from the sender's memory (`process_vm_readv`); 0 streams them through the ring |
 //! | `MUTIRAO_SHM_RING` | 2097152 | bytes of each shared-memory ring (one per direction per local peer) |
 //! | `MUTIRAO_CONNECT_TIMEOUT_S` | 60 | how long start-up waits for the launcher and the peers |
 
@@ -27,6 +28,7 @@ pub struct Config {
     pub eager_limit: usize,
     pub spin: Duration,
     pub shm: bool,
+    pub cma: bool,
     pub shm_ring: usize,
     pub connect_timeout: Duration,
 }
@@ -54,6 +56,7 @@ impl Config {
                 env_usize("MUTIRAO_SPIN_US")?.unwrap_or(default_spin) as u64
             ),
             shm,
+            cma: env_usize("MUTIRAO_CMA")?.unwrap_or(1) != 0,
             shm_ring: env_usize("MUTIRAO_SHM_RING")?
                 .unwrap_or(2 << 20)
                 .clamp(4096, 1 << 30),

@@ -21,8 +21,29 @@ use crate::{Error, Status};
 use mio::net::TcpStream;
 use mio::{Events, Interest, Poll, Token};
 use std::collections::{HashMap, VecDeque};
+use std::hash::{BuildHasherDefault, Hasher};
 use std::io::{IoSlice, Read, Write};
 use std::time::{Duration, Instant};
+
+/// Request ids are sequential integers: a multiplicative hash is enough (and far cheaper than SipHash).
+#[derive(Default)]
+pub(crate) struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(*b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = v.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
+type IdMap<V> = HashMap<u64, V, BuildHasherDefault<IdHasher>>;
 
 /// A buffer the engine owns on behalf of a nonblocking request (type-erased `Vec<T: Pod>`).
 pub trait Buf: std::any::Any {
@@ -167,7 +188,12 @@ struct Unexpected {
 
 enum UnexBody {
     Eager(Vec<u8>),
-    Rts { send_id: u64, len: usize },
+    Rts {
+        send_id: u64,
+        len: usize,
+        /// (sender's buffer address, sender's pid) for a same-host cross-memory copy.
+        cma: Option<(u64, i32)>,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -294,6 +320,7 @@ fn ring_doorbell(sock: Option<&mut TcpStream>) {
 #[derive(Clone, Debug)]
 pub(crate) struct Tuning {
     pub eager_limit: usize,
+    pub cma: bool,
     pub spin: Duration,
 }
 
@@ -305,12 +332,14 @@ pub(crate) struct Engine {
     events: Events,
     posted: VecDeque<u64>,
     unexpected: VecDeque<Unexpected>,
-    pub(crate) recvs: HashMap<u64, Recv>,
-    pub(crate) sends: HashMap<u64, Send>,
+    pub(crate) recvs: IdMap<Recv>,
+    pub(crate) sends: IdMap<Send>,
     next_id: u64,
     tuning: Tuning,
     n_shm: usize,
     n_sock: usize,
+    /// Offer cross-memory copies to same-host peers (`MUTIRAO_CMA`, default on).
+    cma: bool,
     /// Keeps the launcher connection open for the life of the job.
     pub(crate) _pmi: Option<crate::pmi::PmiClient>,
     pub(crate) finalized: bool,
@@ -339,6 +368,7 @@ impl Engine {
             None
         };
         let n_shm = peers.iter().filter(|p| p.is_shm()).count();
+        let cma = tuning.cma;
         let n_sock = peers
             .iter()
             .filter(|p| p.io.sock.is_some() && !p.is_shm())
@@ -351,12 +381,13 @@ impl Engine {
             events: Events::with_capacity(256),
             posted: VecDeque::new(),
             unexpected: VecDeque::new(),
-            recvs: HashMap::new(),
-            sends: HashMap::new(),
+            recvs: IdMap::default(),
+            sends: IdMap::default(),
             next_id: 1,
             tuning,
             n_shm,
             n_sock,
+            cma,
             _pmi: None,
             finalized: false,
         })
@@ -416,13 +447,17 @@ impl Engine {
             self.write_or_queue(peer, hdr, data.bytes())?;
             self.sends.insert(id, done_send(peer, data));
         } else {
+            let cma = self.peers[peer].is_shm() && self.cma;
             let hdr = Header {
-                kind: Kind::Rts,
+                kind: if cma { Kind::RtsCma } else { Kind::Rts },
                 tag,
                 ctx,
                 len: len as u64,
                 id,
             };
+            let mut info = [0u8; 16];
+            info[..8].copy_from_slice(&(data.bytes().as_ptr() as u64).to_le_bytes());
+            info[8..].copy_from_slice(&u64::from(std::process::id()).to_le_bytes());
             self.sends.insert(
                 id,
                 Send {
@@ -433,7 +468,8 @@ impl Engine {
                     detached: false,
                 },
             );
-            self.write_or_queue(peer, hdr, &[])?;
+            let payload: &[u8] = if cma { &info } else { &[] };
+            self.write_or_queue(peer, hdr, payload)?;
         }
         Ok(id)
     }
@@ -591,21 +627,11 @@ impl Engine {
                     }
                     r.state = RecvState::Done;
                 }
-                UnexBody::Rts { send_id, len } => match r.bind(len) {
-                    Ok(()) => {
-                        r.state = RecvState::Receiving;
-                        self.send_cts(u.peer, send_id, id);
-                    }
-                    Err(e) => {
-                        // Refuse: tell the sender with a zero-length CTS marker? The sender would
-                        // wait forever; instead accept the data into the void.
-                        r.err = Some(e);
-                        r.state = RecvState::Receiving;
-                        r.dest = Dest::Alloc(discard_alloc);
-                        r.len = len;
-                        self.send_cts(u.peer, send_id, id);
-                    }
-                },
+                UnexBody::Rts { send_id, len, cma } => {
+                    self.recvs.insert(id, r);
+                    self.rendezvous_matched(u.peer, id, send_id, len, cma);
+                    return Ok(id);
+                }
             }
             self.recvs.insert(id, r);
             return Ok(id);
@@ -636,6 +662,73 @@ impl Engine {
                 }),
                 _ => None,
             })
+    }
+
+    /// A ready-to-send arrived: match it now or keep it as unexpected (header only).
+    fn on_rts(&mut self, peer: usize, hdr: Header, len: usize, cma: Option<(u64, i32)>) {
+        match self.match_posted(peer, hdr.ctx, hdr.tag) {
+            Some(id) => {
+                if let Some(r) = self.recvs.get_mut(&id) {
+                    r.status = Some(Status {
+                        source: peer,
+                        tag: hdr.tag,
+                        bytes: len,
+                    });
+                }
+                self.rendezvous_matched(peer, id, hdr.id, len, cma);
+            }
+            None => self.unexpected.push_back(Unexpected {
+                peer,
+                ctx: hdr.ctx,
+                tag: hdr.tag,
+                body: UnexBody::Rts {
+                    send_id: hdr.id,
+                    len,
+                    cma,
+                },
+            }),
+        }
+    }
+
+    /// Receive `recv_id` matched the large message `send_id` of `peer`: copy it straight out of
+    /// the sender's memory when possible (one copy, no streaming), else ask for it (CTS).
+    fn rendezvous_matched(
+        &mut self,
+        peer: usize,
+        recv_id: u64,
+        send_id: u64,
+        len: usize,
+        cma: Option<(u64, i32)>,
+    ) {
+        let Some(r) = self.recvs.get_mut(&recv_id) else {
+            return;
+        };
+        if let Err(e) = r.bind(len) {
+            // Take the data into the void so the sender completes; the receive reports the error.
+            r.err = Some(e);
+            r.dest = Dest::Alloc(discard_alloc);
+            r.len = len;
+            r.state = RecvState::Receiving;
+            self.send_cts(peer, send_id, recv_id);
+            return;
+        }
+        r.state = RecvState::Receiving;
+        if let Some((addr, pid)) = cma {
+            if cma_copy(pid, addr, &mut r.slice_mut()[..len]) {
+                self.recv_done(recv_id);
+                let fin = Header {
+                    kind: Kind::Fin,
+                    tag: 0,
+                    ctx: 0,
+                    len: 0,
+                    id: send_id,
+                };
+                self.queue_frame(peer, fin, OutPayload::None);
+                self.flush(peer);
+                return;
+            }
+        }
+        self.send_cts(peer, send_id, recv_id);
     }
 
     fn send_cts(&mut self, peer: usize, send_id: u64, recv_id: u64) {
@@ -813,31 +906,23 @@ impl Engine {
             }
             Kind::Rts => {
                 let len = usize::try_from(hdr.len).map_err(|_| "message too large".to_string())?;
-                match self.match_posted(peer, hdr.ctx, hdr.tag) {
-                    Some(id) => {
-                        let r = self.recvs.get_mut(&id).expect("posted ids are live");
-                        r.status = Some(Status {
-                            source: peer,
-                            tag: hdr.tag,
-                            bytes: len,
-                        });
-                        if let Err(e) = r.bind(len) {
-                            r.err = Some(e);
-                            r.dest = Dest::Alloc(discard_alloc);
-                            r.len = len;
-                        }
-                        r.state = RecvState::Receiving;
-                        self.send_cts(peer, hdr.id, id);
+                self.on_rts(peer, hdr, len, None);
+            }
+            Kind::RtsCma => {
+                // The 16-byte payload (address, pid) follows; handled in `payload_complete`.
+                self.peers[peer].rx = Rx::Payload {
+                    remaining: 16,
+                    target: Target::Unexpected(vec![0u8; 16], 0),
+                    hdr,
+                };
+            }
+            Kind::Fin => {
+                let send_id = hdr.id;
+                match self.sends.get(&send_id) {
+                    Some(s) if s.peer == peer && s.state == SendState::WaitCts => {
+                        self.send_done(send_id)
                     }
-                    None => self.unexpected.push_back(Unexpected {
-                        peer,
-                        ctx: hdr.ctx,
-                        tag: hdr.tag,
-                        body: UnexBody::Rts {
-                            send_id: hdr.id,
-                            len,
-                        },
-                    }),
+                    _ => return Err(format!("unexpected FIN for send {send_id}")),
                 }
             }
             Kind::Cts => {
@@ -970,6 +1055,16 @@ impl Engine {
         };
         match target {
             Target::Recv(id, _) => self.recv_done(id),
+            Target::Unexpected(v, _) if hdr.kind == Kind::RtsCma => {
+                let word = |i: usize| {
+                    let mut a = [0u8; 8];
+                    a.copy_from_slice(&v[i..i + 8]);
+                    u64::from_le_bytes(a)
+                };
+                let (addr, pid) = (word(0), word(8) as i32);
+                let len = usize::try_from(hdr.len).unwrap_or(usize::MAX);
+                self.on_rts(peer, hdr, len, Some((addr, pid)));
+            }
             Target::Unexpected(v, _) => self.deliver_eager(peer, hdr.ctx, hdr.tag, v),
             Target::Discard => {
                 if hdr.kind == Kind::Data {
@@ -1161,16 +1256,24 @@ impl Engine {
         &mut self,
         mut done: impl FnMut(&Engine) -> bool,
     ) -> Result<(), Error> {
-        let start = Instant::now();
+        let mut start = Instant::now();
         let mut spins: u32 = 0;
-        let every = if self.n_shm > 0 { 16 } else { 1 };
+        // TCP peers need the kernel's word on every pass (interleaved with the rings); peers on
+        // shared memory only use their sockets for wake-ups and failure, so look rarely.
+        let every = match (self.n_sock > 0, self.n_shm > 0) {
+            (true, false) => 1,
+            (true, true) => 16,
+            (false, _) => 1024,
+        };
         loop {
             if done(self) {
                 return Ok(());
             }
             let sockets = self.n_sock + self.n_shm > 0 && spins % every == 0;
             if self.progress_once(sockets)? {
-                spins = 0;
+                spins = 1;
+                // Keep spinning while data flows: sleeping mid-transfer costs a wake-up each time.
+                start = Instant::now();
                 continue;
             }
             spins = spins.wrapping_add(1);
@@ -1364,6 +1467,31 @@ fn done_send(peer: usize, data: SendData) -> Send {
         err: None,
         detached: false,
     }
+}
+
+/// Copy `dst.len()` bytes from address `addr` of process `pid` (Linux cross-memory attach).
+/// False if the kernel refuses (no permission, old kernel): the caller falls back to streaming.
+fn cma_copy(pid: i32, addr: u64, dst: &mut [u8]) -> bool {
+    let mut done = 0usize;
+    while done < dst.len() {
+        let local = libc::iovec {
+            iov_base: dst[done..].as_mut_ptr().cast(),
+            iov_len: dst.len() - done,
+        };
+        let remote = libc::iovec {
+            iov_base: (addr as usize + done) as *mut libc::c_void,
+            iov_len: dst.len() - done,
+        };
+        // SAFETY: `local` describes the writable, live slice `dst[done..]`; the remote iovec is
+        // only read by the kernel from the other process's address space, with its own checks
+        // (a bad address is an EFAULT, not undefined behaviour here).
+        let n = unsafe { libc::process_vm_readv(pid, &local, 1, &remote, 1, 0) };
+        if n <= 0 {
+            return false;
+        }
+        done += n as usize;
+    }
+    true
 }
 
 fn discard_alloc(len: usize) -> Result<Box<dyn Buf>, Error> {

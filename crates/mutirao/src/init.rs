@@ -115,6 +115,7 @@ pub fn init() -> Result<Comm, Error> {
                 Tuning {
                     eager_limit: cfg.eager_limit,
                     spin: cfg.spin,
+                    cma: cfg.cma,
                 },
             )?;
             Ok(Comm::world(engine))
@@ -243,6 +244,7 @@ pub fn init_with(env: &JobEnv) -> Result<Comm, Error> {
         Tuning {
             eager_limit: cfg.eager_limit,
             spin: cfg.spin,
+            cma: cfg.cma,
         },
     )?;
     engine._pmi = Some(pmi);

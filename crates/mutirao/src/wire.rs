@@ -68,6 +68,11 @@ pub enum Kind {
     Bye = 5,
     /// Reserved for Chandy–Lamport markers (checkpoint waves); not produced yet.
     Marker = 6,
+    /// Ready-to-send between processes of one host: a 16-byte payload (sender's buffer address,
+    /// sender's pid) lets the receiver copy the message itself (cross-memory attach).
+    RtsCma = 7,
+    /// The receiver copied a [`Kind::RtsCma`] message: the send is complete. No payload.
+    Fin = 8,
 }
 
 impl Kind {
@@ -79,6 +84,8 @@ impl Kind {
             4 => Kind::Data,
             5 => Kind::Bye,
             6 => Kind::Marker,
+            7 => Kind::RtsCma,
+            8 => Kind::Fin,
             other => return Err(WireError::UnknownKind(other)),
         })
     }
@@ -99,6 +106,7 @@ impl Header {
     pub fn payload_len(&self) -> u64 {
         match self.kind {
             Kind::Eager | Kind::Data => self.len,
+            Kind::RtsCma => 16,
             _ => 0,
         }
     }
@@ -141,10 +149,10 @@ impl Header {
             id: u64_at(24),
         };
         match kind {
-            Kind::Eager | Kind::Data | Kind::Rts if h.len > MAX_MESSAGE => {
+            Kind::Eager | Kind::Data | Kind::Rts | Kind::RtsCma if h.len > MAX_MESSAGE => {
                 Err(WireError::TooLarge(h.len))
             }
-            Kind::Bye | Kind::Marker if h.len != 0 => {
+            Kind::Bye | Kind::Marker | Kind::Fin if h.len != 0 => {
                 Err(WireError::UnexpectedPayload { kind, len: h.len })
             }
             _ => Ok(h),
@@ -304,7 +312,8 @@ mod tests {
         }
 
         #[test]
-        fn valid_headers_round_trip(kind in 1u8..=4, tag: i32, ctx: u64, len in 0..MAX_MESSAGE, id: u64) {
+        fn valid_headers_round_trip(kind in 1u8..=8, tag: i32, ctx: u64, len in 0..MAX_MESSAGE, id: u64) {
+            let len = if matches!(kind, 5 | 6 | 8) { 0 } else { len };
             let h = Header { kind: Kind::from_u8(kind).unwrap(), tag, ctx, len, id };
             prop_assert_eq!(Header::decode(&h.encode()).unwrap(), h);
         }
