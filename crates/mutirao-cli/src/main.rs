@@ -8,6 +8,7 @@ mod cmd_agent;
 mod cmd_fit;
 mod cmd_model;
 mod cmd_run;
+mod cmd_testbed;
 mod hostfile;
 
 /// mutirão: run parallel message-passing programs on unequal, non-dedicated machines —
@@ -28,6 +29,9 @@ enum Command {
     Run(cmd_run::RunArgs),
     /// Run the per-host agent that starts ranks for authenticated launchers.
     Agent(cmd_agent::AgentArgs),
+    /// Emulate a grid on this machine: namespaces, shaped links, CPU quotas, agents (needs root).
+    #[command(subcommand)]
+    Testbed(cmd_testbed::TestbedCommand),
     /// Fit a mutirao-model/1 model to a calibration (segmented least squares per link class).
     Fit(cmd_fit::FitArgs),
     /// Calibration files: check, plan, and the thesis's legacy host-list and output formats.
@@ -42,6 +46,7 @@ fn main() -> std::process::ExitCode {
         Command::Model(c) => cmd_model::run(c),
         Command::Run(a) => cmd_run::run(a),
         Command::Agent(a) => cmd_agent::run(a),
+        Command::Testbed(c) => cmd_testbed::run(c),
         Command::Fit(a) => cmd_fit::run_fit(a),
         Command::Calib(c) => cmd_fit::run_calib(c),
         // NEW MATCH ARMS

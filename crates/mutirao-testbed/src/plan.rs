@@ -195,6 +195,10 @@ pub struct Plan {
     pub wans: Vec<WanPlan>,
     /// Inter-site routes.
     pub routes: Vec<RoutePlan>,
+    /// The /26 holding every control link's root-side address: each site namespace routes it
+    /// over its own control link, so hosts of every site reach a launcher in the root namespace
+    /// whichever control link it used.
+    pub control_net: Ipv4Addr,
 }
 
 fn addr(slot: u8, third: usize, fourth: usize) -> Ipv4Addr {
@@ -279,6 +283,7 @@ impl Plan {
             hosts,
             wans,
             routes,
+            control_net: addr(slot, xfer, 0),
         }
     }
 
@@ -361,6 +366,7 @@ mbit = 40
             ]
         );
         assert_eq!(p.hosts[2].netns, "mtb000001-h2");
+        assert_eq!(p.control_net, Ipv4Addr::new(10, 213, 63, 0));
         assert_eq!(p.wans[0].addr_a, Ipv4Addr::new(10, 213, 63, 64));
         assert_eq!(p.wans[0].addr_b, Ipv4Addr::new(10, 213, 63, 65));
         assert_eq!(

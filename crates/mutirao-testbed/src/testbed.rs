@@ -333,6 +333,21 @@ impl Testbed {
                 ],
             )?;
             r.run("ip", &["-n", ns, "link", "set", "ctl", "up"])?;
+            r.run(
+                "ip",
+                &[
+                    "-n",
+                    ns,
+                    "route",
+                    "add",
+                    &format!("{}/26", p.control_net),
+                    "via",
+                    &site.root_addr.to_string(),
+                    "dev",
+                    "ctl",
+                    "onlink",
+                ],
+            )?;
         }
 
         // Cgroup of the testbed.

@@ -158,6 +158,14 @@ fn two_site_testbed_has_the_spec_rates_and_cpu_shares() {
     let ab = throughput(&tb, "a1", "b1", 6 << 20, 5001);
     let ba = throughput(&tb, "b1", "a1", 6 << 20, 5002);
     println!("a1->b1 {ab:.1} Mbit/s, b1->a1 {ba:.1} Mbit/s (shaped 40)");
+    // Inside site a (800 Mbit): shaped too (an unshaped veth carries several Gbit/s). Looser
+    // bound: at this rate the two processes need a good part of a core each.
+    let aa = throughput(&tb, "a1", "a2", 32 << 20, 5003);
+    println!("a1->a2 {aa:.1} Mbit/s (shaped 800)");
+    assert!(
+        (680.0..=840.0).contains(&aa),
+        "site rate {aa:.1} Mbit/s not within 15% of 800"
+    );
     for r in [ab, ba] {
         assert!(
             (36.0..=44.0).contains(&r),

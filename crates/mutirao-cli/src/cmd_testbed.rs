@@ -1,0 +1,436 @@
+//! `mutirao testbed up|status|down`: an emulated grid on this machine (see docs/testbed.md).
+//!
+//! A thin shell over `mutirao-testbed`: it reads the spec, keeps one state file per testbed in the
+//! state directory (`NAME.json`, written atomically, first as `starting` so that a crashed `up`
+//! can still be found), the hostfile (`NAME.hosts`), the agents' token (`NAME.token`) and logs.
+
+use anyhow::{bail, Context};
+use clap::Subcommand;
+use mutirao_testbed::{self as tb, AgentLaunch, Spec, Testbed, TestbedState, UpOptions};
+use serde::{Deserialize, Serialize};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+const DEFAULT_STATE_DIR: &str = "/run/mutirao-testbed";
+const DEFAULT_AGENT_PORT: u16 = 7207;
+
+#[derive(Subcommand)]
+pub enum TestbedCommand {
+    /// Bring up an emulated grid from a TOML spec (needs root) and leave it running: one network
+    /// namespace per host with shaped links and a CPU quota, and a mutirao agent in each host.
+    /// Prints the hostfile for `mutirao run --hostfile`.
+    Up {
+        /// The testbed spec (TOML: [[site]] name, nic_mbit, hosts = [{name, cpu}]; [[wan]] sites, mbit).
+        spec: PathBuf,
+        /// Name of the testbed (default: its generated prefix, e.g. mtb3fa09c).
+        #[arg(long)]
+        name: Option<String>,
+        /// Where state files, hostfiles, tokens and agent logs are kept.
+        #[arg(long, default_value = DEFAULT_STATE_DIR)]
+        state_dir: PathBuf,
+        /// Start no agents (network and CPU quotas only).
+        #[arg(long)]
+        no_agents: bool,
+        /// TCP port every agent listens on (each host has its own address).
+        #[arg(long, default_value_t = DEFAULT_AGENT_PORT)]
+        agent_port: u16,
+    },
+    /// Show the testbeds that are up (or one), and leftovers of crashed ones.
+    Status {
+        /// Show only this testbed.
+        name: Option<String>,
+        /// Where state files are kept.
+        #[arg(long, default_value = DEFAULT_STATE_DIR)]
+        state_dir: PathBuf,
+    },
+    /// Tear a testbed down: kill its processes, remove its namespaces, links and cgroups.
+    /// Idempotent. NAME may also be a prefix (mtb + 6 hex digits) left by a crashed `up`.
+    Down {
+        /// The testbed's name or prefix.
+        #[arg(required_unless_present = "all", conflicts_with = "all")]
+        name: Option<String>,
+        /// Tear down every testbed on this machine, and every leftover of one.
+        #[arg(long)]
+        all: bool,
+        /// Where state files are kept.
+        #[arg(long, default_value = DEFAULT_STATE_DIR)]
+        state_dir: PathBuf,
+    },
+}
+
+/// What `up` keeps in `STATE_DIR/NAME.json`.
+#[derive(Serialize, Deserialize)]
+struct StateFile {
+    name: String,
+    prefix: String,
+    /// `starting` until `up` has finished, then `up`.
+    status: String,
+    /// Files `up` made besides this one (hostfile, token, agent logs).
+    files: Vec<PathBuf>,
+    testbed: Option<TestbedState>,
+}
+
+pub fn run(cmd: TestbedCommand) -> anyhow::Result<ExitCode> {
+    match cmd {
+        TestbedCommand::Up {
+            spec,
+            name,
+            state_dir,
+            no_agents,
+            agent_port,
+        } => up(&spec, name, &state_dir, no_agents, agent_port),
+        TestbedCommand::Status { name, state_dir } => status(name.as_deref(), &state_dir),
+        TestbedCommand::Down {
+            name,
+            all,
+            state_dir,
+        } => down(name.as_deref(), all, &state_dir),
+    }
+}
+
+fn check_name(name: &str) -> anyhow::Result<()> {
+    if name.is_empty()
+        || name.len() > 64
+        || !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        || name.starts_with('.')
+    {
+        bail!("testbed name `{name}`: use 1 to 64 letters, digits, `-`, `_` or `.` (not starting with `.`)");
+    }
+    Ok(())
+}
+
+/// Write `bytes` to `path` atomically: a temporary file in the same directory, fsync, rename.
+fn write_atomic(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let file_name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = dir.join(format!(".{file_name}.tmp{}", std::process::id()));
+    let result = (|| -> std::io::Result<()> {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)?;
+        std::fs::File::open(dir)?.sync_all()
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result.with_context(|| format!("cannot write {}", path.display()))
+}
+
+fn save(path: &Path, st: &StateFile) -> anyhow::Result<()> {
+    let text = serde_json::to_string_pretty(st).context("cannot encode testbed state")?;
+    write_atomic(path, text.as_bytes())
+}
+
+fn load(path: &Path) -> anyhow::Result<StateFile> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    serde_json::from_str(&text)
+        .with_context(|| format!("{} is not a testbed state file", path.display()))
+}
+
+fn state_files(dir: &Path) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.filter_map(|e| e.ok())
+                .map(|e| e.path())
+                .filter(|p| p.extension().is_some_and(|x| x == "json"))
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+fn need_root(what: &str) -> anyhow::Result<()> {
+    tb::require_root().with_context(|| format!("cannot {what}"))
+}
+
+fn up(
+    spec_path: &Path,
+    name: Option<String>,
+    dir: &Path,
+    no_agents: bool,
+    port: u16,
+) -> anyhow::Result<ExitCode> {
+    let text = std::fs::read_to_string(spec_path)
+        .with_context(|| format!("cannot read testbed spec {}", spec_path.display()))?;
+    let ncores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let spec = Spec::parse(&text, ncores).with_context(|| format!("in {}", spec_path.display()))?;
+    need_root("bring a testbed up")?;
+    let prefix = tb::sys::random_prefix()?;
+    let name = name.unwrap_or_else(|| prefix.clone());
+    check_name(&name)?;
+    std::fs::create_dir_all(dir)
+        .with_context(|| format!("cannot create state directory {}", dir.display()))?;
+    let state_path = dir.join(format!("{name}.json"));
+    if state_path.exists() {
+        bail!(
+            "testbed `{name}` already exists ({}); take it down first: mutirao testbed down {name}",
+            state_path.display()
+        );
+    }
+    // Every file `up` may make is listed before it is made, so `down` removes them even after a crash.
+    let token = dir.join(format!("{name}.token"));
+    let hostfile = dir.join(format!("{name}.hosts"));
+    let mut files = vec![hostfile.clone()];
+    if !no_agents {
+        files.push(token.clone());
+        files.extend(
+            spec.hosts()
+                .iter()
+                .map(|h| dir.join(format!("{prefix}-{}.log", h.spec.name))),
+        );
+    }
+    let mut st = StateFile {
+        name: name.clone(),
+        prefix: prefix.clone(),
+        status: "starting".into(),
+        files,
+        testbed: None,
+    };
+    save(&state_path, &st)?;
+
+    let result = (|| -> anyhow::Result<Testbed> {
+        let agent = if no_agents {
+            None
+        } else {
+            let exe = std::env::current_exe().context("cannot find the mutirao executable")?;
+            let out = std::process::Command::new(&exe)
+                .arg("agent")
+                .arg("--gen-token")
+                .arg(&token)
+                .output()
+                .with_context(|| format!("cannot run {} agent --gen-token", exe.display()))?;
+            if !out.status.success() {
+                bail!(
+                    "`{} agent --gen-token` failed: {}; use --no-agents to bring the testbed up without agents",
+                    exe.display(),
+                    String::from_utf8_lossy(&out.stderr).trim()
+                );
+            }
+            Some(AgentLaunch {
+                program: exe,
+                args: vec![
+                    "agent".into(),
+                    "--listen".into(),
+                    "{addr}".into(),
+                    "--token-file".into(),
+                    token.display().to_string(),
+                ],
+                port,
+                log_dir: Some(dir.to_path_buf()),
+                ready_timeout: Duration::from_secs(10),
+            })
+        };
+        let opts = UpOptions {
+            prefix: Some(prefix.clone()),
+            agent,
+            fail_after_steps: None,
+        };
+        Ok(Testbed::up(&spec, opts)?)
+    })();
+    let testbed = match result {
+        Ok(t) => t,
+        Err(e) => {
+            // `Testbed::up` has removed what it made; remove our files too.
+            for f in &st.files {
+                let _ = std::fs::remove_file(f);
+            }
+            let _ = std::fs::remove_file(&state_path);
+            return Err(e.context(format!("testbed `{name}` did not come up; nothing is left")));
+        }
+    };
+    let write_all = (|| -> anyhow::Result<()> {
+        write_atomic(&hostfile, testbed.hostfile().as_bytes())?;
+        st.status = "up".into();
+        st.testbed = Some(testbed.state().clone());
+        save(&state_path, &st)
+    })();
+    if let Err(e) = write_all {
+        drop(testbed);
+        for f in &st.files {
+            let _ = std::fs::remove_file(f);
+        }
+        let _ = std::fs::remove_file(&state_path);
+        return Err(e.context("testbed removed again"));
+    }
+    let state = testbed.detach();
+    println!(
+        "testbed {name} is up (prefix {}, addresses {})",
+        state.prefix, state.block
+    );
+    print_hosts(&state);
+    println!("hostfile: {}", hostfile.display());
+    print!("{}", state.hostfile);
+    if !no_agents {
+        println!("agent token: {}", token.display());
+    }
+    println!("take it down with: mutirao testbed down {name}");
+    Ok(ExitCode::SUCCESS)
+}
+
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| !s.contains(") Z") && !s.contains(") X"))
+        .unwrap_or(false)
+}
+
+fn print_hosts(state: &TestbedState) {
+    for h in &state.hosts {
+        let agent =
+            state
+                .agents
+                .iter()
+                .find(|a| a.host == h.name)
+                .map_or("no agent".to_string(), |a| {
+                    format!(
+                        "agent {} pid {} {}",
+                        a.listen,
+                        a.pid,
+                        if alive(a.pid) {
+                            "running"
+                        } else {
+                            "NOT RUNNING"
+                        }
+                    )
+                });
+        println!(
+            "  {:<12} site {:<8} {:<15} cpu {:<5} nic {:>6} Mbit/s  netns {}  {agent}",
+            h.name, h.site, h.addr, h.cpu, h.nic_mbit, h.netns
+        );
+    }
+    for w in &state.wans {
+        println!("  wan {} <-> {}: {} Mbit/s", w.sites[0], w.sites[1], w.mbit);
+    }
+}
+
+fn status(only: Option<&str>, dir: &Path) -> anyhow::Result<ExitCode> {
+    let mut known = Vec::new();
+    let mut shown = 0;
+    for path in state_files(dir) {
+        let st = match load(&path) {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("mutirao: warning: {e:#}");
+                continue;
+            }
+        };
+        known.push(st.prefix.clone());
+        if only.is_some_and(|n| n != st.name && n != st.prefix) {
+            continue;
+        }
+        shown += 1;
+        let namespaces = tb::sys::namespaces_of(&st.prefix).len();
+        match &st.testbed {
+            Some(t) => {
+                let health = if namespaces == t.namespaces.len() {
+                    "up".to_string()
+                } else {
+                    format!(
+                        "BROKEN: {namespaces} of {} namespaces present",
+                        t.namespaces.len()
+                    )
+                };
+                println!("{} (prefix {}, {}): {health}", st.name, st.prefix, t.block);
+                print_hosts(t);
+                if let Some(f) = st
+                    .files
+                    .iter()
+                    .find(|f| f.extension().is_some_and(|x| x == "hosts"))
+                {
+                    println!("  hostfile: {}", f.display());
+                }
+            }
+            None => println!(
+                "{} (prefix {}): {} — `up` did not finish; remove with: mutirao testbed down {}",
+                st.name, st.prefix, st.status, st.name
+            ),
+        }
+    }
+    for p in tb::live_prefixes() {
+        if !known.contains(&p) && only.is_none_or(|n| n == p) {
+            shown += 1;
+            println!("{p}: leftovers without a state file; remove with: mutirao testbed down {p}");
+        }
+    }
+    if shown == 0 {
+        match only {
+            Some(n) => println!("no testbed named {n} (state directory {})", dir.display()),
+            None => println!("no testbeds (state directory {})", dir.display()),
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Tear down `prefix` and remove the state file and the files it lists.
+fn down_one(prefix: &str, state: Option<(&Path, &StateFile)>) -> anyhow::Result<()> {
+    let report = tb::teardown(prefix)?;
+    if let Some((path, st)) = state {
+        for f in &st.files {
+            let _ = std::fs::remove_file(f);
+        }
+        std::fs::remove_file(path).with_context(|| format!("cannot remove {}", path.display()))?;
+    }
+    let label = state.map_or(prefix.to_string(), |(_, s)| {
+        format!("{} ({prefix})", s.name)
+    });
+    if report.is_empty() {
+        println!("{label}: nothing was running; state removed");
+    } else {
+        println!(
+            "{label}: removed {} namespaces, {} links, {} cgroups; killed {} processes",
+            report.namespaces.len(),
+            report.links.len(),
+            report.cgroups.len(),
+            report.killed
+        );
+    }
+    Ok(())
+}
+
+fn down(name: Option<&str>, all: bool, dir: &Path) -> anyhow::Result<ExitCode> {
+    let mut targets: Vec<(String, Option<(PathBuf, StateFile)>)> = Vec::new();
+    for path in state_files(dir) {
+        let Ok(st) = load(&path) else { continue };
+        if all || name.is_some_and(|n| n == st.name || n == st.prefix) {
+            targets.push((st.prefix.clone(), Some((path, st))));
+        }
+    }
+    for p in tb::live_prefixes() {
+        let wanted = all || name == Some(p.as_str());
+        if wanted && !targets.iter().any(|(q, _)| *q == p) {
+            targets.push((p, None));
+        }
+    }
+    if targets.is_empty() {
+        match name {
+            Some(n) => println!(
+                "no testbed named {n} (state directory {}); nothing to do",
+                dir.display()
+            ),
+            None => println!("no testbeds; nothing to do"),
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    need_root("take a testbed down")?;
+    let mut failed = 0;
+    for (prefix, state) in &targets {
+        if let Err(e) = down_one(prefix, state.as_ref().map(|(p, s)| (p.as_path(), s))) {
+            eprintln!("mutirao: error: {e:#}");
+            failed += 1;
+        }
+    }
+    Ok(if failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
