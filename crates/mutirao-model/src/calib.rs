@@ -178,6 +178,25 @@ pub struct LoadInfo {
     pub cpu_idle_pct: Option<f64>,
 }
 
+impl LoadInfo {
+    /// Parse the text of `/proc/loadavg` (`0.52 0.58 0.59 2/1234 5678`): the 1-minute load, and
+    /// the run queue and total processes from the fourth field. `None` if malformed.
+    pub fn from_proc_loadavg(text: &str) -> Option<LoadInfo> {
+        let mut f = text.split_whitespace();
+        let load: f64 = f.next()?.parse().ok()?;
+        let (run, total) = f.nth(2)?.split_once('/')?;
+        if !(load.is_finite() && load >= 0.0) {
+            return None;
+        }
+        Some(LoadInfo {
+            loadavg_1m: load,
+            run_queue: run.parse().ok()?,
+            total_procs: Some(total.parse().ok()?),
+            cpu_idle_pct: None,
+        })
+    }
+}
+
 /// A host of the calibration.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CalibHost {
@@ -965,6 +984,17 @@ mod tests {
         };
         assert_eq!(s.latency_us(), 180.0);
         assert_eq!(s.gap_us(), 620.0);
+    }
+
+    #[test]
+    fn proc_loadavg_parses() {
+        let l = LoadInfo::from_proc_loadavg("0.52 0.58 0.59 2/1234 5678\n").unwrap();
+        assert_eq!(
+            (l.loadavg_1m, l.run_queue, l.total_procs),
+            (0.52, 2, Some(1234))
+        );
+        assert!(LoadInfo::from_proc_loadavg("0.5 0.5").is_none());
+        assert!(LoadInfo::from_proc_loadavg("x 0.5 0.5 1/2 3").is_none());
     }
 
     #[test]

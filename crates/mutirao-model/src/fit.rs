@@ -26,6 +26,40 @@
 //! model format allows); the thesis's negative LAM latencies therefore become 0, and the report
 //! shows the residual.
 //!
+//! ## Example: what a measurement loop does, end to end
+//! ```
+//! use mutirao_model::calib::*;
+//! use mutirao_model::strategy::{plan, PlanHost, PlanOptions};
+//! use mutirao_model::fit::fit_default;
+//!
+//! let hosts = [PlanHost::new("a1", "a"), PlanHost::new("a2", "a")];
+//! let p = plan(StrategyKind::AllPairs, &hosts, &PlanOptions::default()).unwrap();
+//! let mut c = Calibration::new(p.strategy, "mutirao 0.1.0", 1_700_000_000_000);
+//! for (h, wall) in [("a1", 1000.0), ("a2", 2000.0)] {
+//!     let mut host = CalibHost::new(h, "a", "127.0.0.1:7207");
+//!     host.speed = Some(SpeedMeasurement {
+//!         kernel: "inc+matmul+gauss".into(),
+//!         reps: 10,
+//!         samples: vec![SpeedSample { wall_us: wall, cpu_us: 1000.0 }],
+//!     });
+//!     c.add_host(host).unwrap();
+//! }
+//! for pair in &p.measure {
+//!     for m in [64u64, 1024, 65536, 1 << 20] {
+//!         let l = 20.0 + 0.01 * m as f64; // what the ping-pong would observe
+//!         let s = PingPongSample { rtt_us: 2.0 * l + 20.0, os_src_us: 5.0, or_dst_us: 5.0,
+//!             os_dst_us: 5.0, or_src_us: 5.0, probe_us: None, wait_src_us: None };
+//!         c.record_pingpong(&pair.src, &pair.dst, SendMode::Isend, m, 3, &[s]).unwrap();
+//!     }
+//! }
+//! p.record_in(&mut c);
+//! c.finalize(1_700_000_060_000);
+//! let (model, _report) = fit_default(&c).unwrap();
+//! assert_eq!(model.host("a2").unwrap().speed, 0.5);
+//! let l = model.link_params("a1", "a2").unwrap().l;
+//! assert!((l.value(1 << 20) - (20.0 + 0.01 * (1u64 << 20) as f64)).abs() < 1e-6);
+//! ```
+//!
 //! ## Host speeds
 //! `speed = H_ref / H_host`, where H is the median kernel wall time per repetition and `H_ref` is
 //! the **fastest host's** H by default (that host gets speed 1.0), or a named host's

@@ -48,6 +48,20 @@ pub struct HCalibrated {
     pub load: f64,
 }
 
+impl HCalibrated {
+    /// The calibrated H of a calibration host (median kernel wall time per repetition) with its
+    /// run queue and load; `None` if the host has no speed measurement. A missing load record
+    /// counts as an idle host (queue 1, load 0).
+    pub fn from_calib_host(h: &crate::calib::CalibHost) -> Option<HCalibrated> {
+        let hv = h.speed.as_ref()?.h_us()?;
+        Some(HCalibrated {
+            h: hv,
+            queue_len: h.load.map(|l| l.run_queue.max(1) as f64).unwrap_or(1.0),
+            load: h.load.map(|l| l.loadavg_1m).unwrap_or(0.0),
+        })
+    }
+}
+
 /// What is known about the host now; each estimator needs some of it.
 #[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
 pub struct HNow {

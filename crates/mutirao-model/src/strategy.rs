@@ -104,6 +104,14 @@ pub struct Plan {
 }
 
 impl Plan {
+    /// Record the plan's inheritance map and clusters in a calibration's provenance (what
+    /// [`crate::fit::fit`] and the legacy writer use to fill in unmeasured pairs).
+    pub fn record_in(&self, calib: &mut crate::calib::Calibration) {
+        calib.provenance.strategy = self.strategy;
+        calib.provenance.inherited = self.inherit.clone();
+        calib.provenance.clusters = self.clusters.clone();
+    }
+
     /// The measured pair whose values `src -> dst` uses (itself when measured).
     pub fn source_for(&self, src: &str, dst: &str) -> Option<&PairRef> {
         self.measure
