@@ -452,3 +452,39 @@ fn plogp_sweeps_fit_to_the_one_way_time() {
         assert!(rel(one_way, truth) < 1e-6, "{m}: {one_way} vs {truth}");
     }
 }
+
+#[test]
+fn site_sampled_matches_all_pairs_on_homogeneous_sites() {
+    let t = Truth {
+        hosts: vec![
+            ("a1", "a", 1.0),
+            ("a2", "a", 1.0),
+            ("a3", "a", 1.0),
+            ("b1", "b", 2.0),
+            ("b2", "b", 2.0),
+        ],
+    };
+    let site = build(&t, StrategyKind::SiteSampled, 21);
+    let all = build(&t, StrategyKind::AllPairs, 22);
+    assert!(site.pairs.len() * 2 < all.pairs.len());
+    let (ms, _) = fit_default(&site).unwrap();
+    let (ma, _) = fit_default(&all).unwrap();
+    ms.check_complete().unwrap();
+    for a in &t.hosts {
+        for b in &t.hosts {
+            let (ps, pa) = (
+                ms.link_params(a.0, b.0).unwrap(),
+                ma.link_params(a.0, b.0).unwrap(),
+            );
+            for m in [65536u64, 1 << 20, 1 << 24] {
+                for (x, y, what) in [
+                    (ps.l.value(m), pa.l.value(m), "l"),
+                    (ps.os.value(m), pa.os.value(m), "os"),
+                    (ps.or.value(m), pa.or.value(m), "or"),
+                ] {
+                    assert!(rel(x, y) < 0.10, "{}->{} {what}({m}): {x} vs {y}", a.0, b.0);
+                }
+            }
+        }
+    }
+}
