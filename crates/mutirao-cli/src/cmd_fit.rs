@@ -438,6 +438,90 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
+    fn tiny_calibration() -> Calibration {
+        use mutirao_model::calib::{CalibHost, PingPongSample, SpeedMeasurement, SpeedSample};
+        let mut c = Calibration::new(StrategyKind::AllPairs, "test", 0);
+        for (n, w) in [("x", 100.0), ("y", 400.0)] {
+            let mut h = CalibHost::new(n, "s", "127.0.0.1:1");
+            h.speed = Some(SpeedMeasurement {
+                kernel: "k".into(),
+                reps: 1,
+                samples: vec![SpeedSample {
+                    wall_us: w,
+                    cpu_us: 100.0,
+                }],
+            });
+            c.add_host(h).unwrap();
+        }
+        for (a, b) in [("x", "y"), ("y", "x"), ("x", "x"), ("y", "y")] {
+            for m in [64u64, 1024, 65536, 1 << 20] {
+                let s = PingPongSample {
+                    rtt_us: 40.0 + 0.02 * m as f64,
+                    os_src_us: 5.0,
+                    or_dst_us: 5.0,
+                    os_dst_us: 5.0,
+                    or_src_us: 5.0,
+                    probe_us: None,
+                    wait_src_us: None,
+                };
+                c.record_pingpong(a, b, SendMode::Isend, m, 0, &[s])
+                    .unwrap();
+            }
+        }
+        c.finalize(1);
+        c
+    }
+
+    #[test]
+    fn fit_writes_a_valid_model_and_bad_input_writes_nothing() {
+        let dir = std::env::temp_dir().join(format!("mutirao-cmdfit-fit-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let calib = dir.join("calib.json");
+        let model = dir.join("model.json");
+        let report = dir.join("report.json");
+        std::fs::write(&calib, tiny_calibration().to_json()).unwrap();
+        let args = |c: &Path| FitArgs {
+            calib: c.to_path_buf(),
+            output: model.clone(),
+            report: false,
+            report_json: Some(report.clone()),
+            mode: None,
+            speed_reference: None,
+            max_segments: 4,
+            pair_threshold: 0.1,
+            no_pair_links: false,
+        };
+        run_fit(args(&calib)).unwrap();
+        let m = mutirao_model::Model::from_json(&std::fs::read_to_string(&model).unwrap()).unwrap();
+        m.check_complete().unwrap();
+        assert_eq!(m.host("y").unwrap().speed, 0.25);
+        assert!(std::fs::read_to_string(&report)
+            .unwrap()
+            .contains("\"residuals\""));
+        // Malformed input: a clear error naming the file, and the old model is untouched.
+        std::fs::remove_file(&model).unwrap();
+        let bad = dir.join("bad.json");
+        std::fs::write(&bad, "{\"format\": \"mutirao-calib/1\", \"hosts\": 3}").unwrap();
+        let e = run_fit(args(&bad)).unwrap_err();
+        let msg = format!("{e:#}");
+        assert!(msg.contains("bad.json") && msg.contains("line 1"), "{msg}");
+        assert!(!model.exists());
+        // Legacy output of the same calibration parses back.
+        let out = dir.join("out42.txt");
+        run_calib(CalibCommand::LegacyOut {
+            calib: calib.clone(),
+            size: 65536,
+            mode: None,
+            output: Some(out.clone()),
+            no_comment: false,
+        })
+        .unwrap();
+        let text = std::fs::read_to_string(&out).unwrap();
+        let (o, _) = parse_output(&text, CommaStyle::Thousands).unwrap();
+        assert_eq!(o.hosts.len(), 2);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
     #[test]
     fn site_map_parses_and_rejects() {
         assert_eq!(
