@@ -30,6 +30,7 @@ pub mod client;
 pub mod directory;
 pub mod error;
 pub mod gid;
+pub mod meu;
 pub mod net;
 pub mod server;
 pub mod wire;

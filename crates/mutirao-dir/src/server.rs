@@ -1082,6 +1082,49 @@ fn bind_unix(path: &Path) -> Result<UnixListener, DirError> {
     Ok(l)
 }
 
+/// Runs a server until the process ends: builds a multi-threaded tokio runtime, binds the
+/// Unix socket and the TCP address given, calls `on_ready` with the bound TCP address, then
+/// serves forever. For programs without their own runtime (e.g. `mutirao dir serve`).
+pub fn run_blocking(
+    cfg: ServerConfig,
+    unix: Option<PathBuf>,
+    tcp: Option<SocketAddr>,
+    on_ready: impl FnOnce(Option<SocketAddr>),
+) -> Result<(), DirError> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async move {
+        let server = DirServer::new(cfg)?;
+        let listener = match tcp {
+            Some(a) => Some(
+                TcpListener::bind(a)
+                    .await
+                    .map_err(|e| DirError::Io(format!("cannot listen on {a}: {e}")))?,
+            ),
+            None => None,
+        };
+        let bound = match &listener {
+            Some(l) => Some(l.local_addr()?),
+            None => None,
+        };
+        let h = server.spawn(unix, listener)?;
+        on_ready(bound);
+        let res = match (h.unix, h.tcp) {
+            (Some(u), Some(t)) => tokio::select! { r = u => r, r = t => r },
+            (Some(u), None) => u.await,
+            (None, Some(t)) => t.await,
+            (None, None) => {
+                return Err(DirError::BadConfig(
+                    "nothing to serve: give a Unix socket path or a TCP address".into(),
+                ))
+            }
+        };
+        h.maintenance.abort();
+        res.map_err(|e| DirError::Io(format!("server task failed: {e}")))?
+    })
+}
+
 /// Writes one packet to an async stream (helper for embedders speaking the protocol).
 pub async fn send_packet<W: tokio::io::AsyncWrite + Unpin>(
     w: &mut W,
