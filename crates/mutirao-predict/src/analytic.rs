@@ -902,7 +902,7 @@ fn simplify(e: AExpr) -> AExpr {
             let _ = c;
             AExpr::Zero
         }
-        AExpr::Scale(Count::Lit(k), x) if k == 1.0 => *x,
+        AExpr::Scale(Count::Lit(1.0), x) => *x,
         AExpr::SumP(x) | AExpr::MaxP(x) if *x == AExpr::Zero => AExpr::Zero,
         AExpr::Cond { ref branches, .. } if branches.iter().all(|b| *b == AExpr::Zero) => {
             AExpr::Zero
@@ -929,23 +929,22 @@ pub fn compile(model: &ModelFile) -> Result<Compiled, AnalyticError> {
     for it in &model.items {
         match it {
             Item::Const { name, value, pos } => {
-                if ctx.consts.insert(name.clone(), *value).is_some() {
+                let previous = ctx.consts.insert(name.clone(), *value);
+                if previous.is_some() {
                     return Err(dup(*pos, name));
                 }
             }
             Item::Process { name, body, pos } => {
-                if ctx.processes.insert(name.clone(), (body, *pos)).is_some() {
+                let previous = ctx.processes.insert(name.clone(), (body, *pos));
+                if previous.is_some() {
                     return Err(dup(*pos, name));
                 }
             }
             Item::TaskDef {
                 name, body, pos, ..
             } => {
-                if ctx
-                    .task_defs
-                    .insert(name.clone(), (body.as_slice(), *pos))
-                    .is_some()
-                {
+                let previous = ctx.task_defs.insert(name.clone(), (body.as_slice(), *pos));
+                if previous.is_some() {
                     return Err(dup(*pos, name));
                 }
             }
@@ -1536,20 +1535,21 @@ fn share_ns(e: &AExpr, out: &mut BTreeSet<u64>) {
     }
 }
 
+/// One evaluation: the interval, the per-term values, the shares per task count, and the
+/// fallbacks used (machine, wanted key, used key).
+type EvalOnce = (
+    Interval,
+    Vec<TermValue>,
+    BTreeMap<u64, Vec<u64>>,
+    BTreeSet<(usize, String, String)>,
+);
+
 fn eval_once(
     c: &Compiled,
     mm: &MachineModel,
     policy: Policy,
     workers: Vec<usize>,
-) -> Result<
-    (
-        Interval,
-        Vec<TermValue>,
-        BTreeMap<u64, Vec<u64>>,
-        BTreeSet<(usize, String, String)>,
-    ),
-    AnalyticError,
-> {
+) -> Result<EvalOnce, AnalyticError> {
     let mut ns = BTreeSet::new();
     for t in &c.terms {
         share_ns(&t.expr, &mut ns);

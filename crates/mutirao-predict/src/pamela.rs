@@ -456,7 +456,7 @@ impl Parser {
         let mut j = self.i;
         let mut n = 0;
         while j < self.toks.len() {
-            if !(matches!(self.toks[j].tok, Tok::Newline) && !self.nl) {
+            if self.nl || !matches!(self.toks[j].tok, Tok::Newline) {
                 if n == k {
                     return self.toks[j].tok.clone();
                 }
@@ -679,7 +679,7 @@ impl Parser {
                 if self.is_p('*') {
                     self.next();
                     let inner = self.atom()?;
-                    if !(v >= 0.0) {
+                    if v.is_nan() || v < 0.0 {
                         return Err(ParseError {
                             pos: t.pos,
                             msg: "a count must be >= 0".into(),
