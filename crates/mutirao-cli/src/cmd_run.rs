@@ -41,6 +41,11 @@ pub struct RunArgs {
     /// End the job (exit status 124) if it runs longer than S seconds.
     #[arg(long, value_name = "S")]
     pub timeout: Option<f64>,
+    /// Pass an environment variable to remote ranks (`NAME` takes this process's value,
+    /// `NAME=VALUE` sets it). Repeatable. Every `MUTIRAO_*` variable is passed anyway. Local ranks
+    /// inherit the whole environment.
+    #[arg(short = 'x', long = "env", value_name = "NAME[=VALUE]")]
+    pub env: Vec<String>,
     /// The agents' shared secret (default: $MUTIRAO_AGENT_TOKEN_FILE or ~/.mutirao/agent.token).
     #[arg(long, value_name = "FILE")]
     pub token_file: Option<PathBuf>,
@@ -311,6 +316,7 @@ fn start_remote(
         fence_timeout,
     )
     .with_context(|| format!("cannot start the bootstrap server on {local_ip}"))?;
+    let forwarded = forwarded_env(&args.env)?;
     let cwd = std::env::current_dir()
         .ok()
         .map(|p| p.display().to_string());
@@ -325,18 +331,17 @@ fn start_remote(
             .iter()
             .map(|&rank| {
                 hosts_of[rank] = hosts[i].host.clone();
-                RankSpec {
+                let mut env = forwarded.clone();
+                env.extend(rank_env(
                     rank,
-                    env: rank_env(
-                        rank,
-                        args.n,
-                        pmi.addr(),
-                        token,
-                        job,
-                        &addr.ip().to_string(),
-                        mine.len(),
-                    ),
-                }
+                    args.n,
+                    pmi.addr(),
+                    token,
+                    job,
+                    &addr.ip().to_string(),
+                    mine.len(),
+                ));
+                RankSpec { rank, env }
             })
             .collect();
         proto::write_msg(
@@ -383,6 +388,28 @@ fn start_remote(
         });
     }
     Ok((Group::Remote(writers), hosts_of, pmi))
+}
+
+/// The environment remote ranks get besides their rank variables.
+fn forwarded_env(extra: &[String]) -> anyhow::Result<BTreeMap<String, String>> {
+    let mut env: BTreeMap<String, String> = std::env::vars()
+        .filter(|(k, _)| k.starts_with("MUTIRAO_") && k != "MUTIRAO_AGENT_TOKEN_FILE")
+        .collect();
+    for x in extra {
+        match x.split_once('=') {
+            Some((k, v)) if !k.is_empty() => {
+                env.insert(k.to_string(), v.to_string());
+            }
+            Some(_) => bail!("-x {x:?}: the variable name is empty"),
+            None => match std::env::var(x) {
+                Ok(v) => {
+                    env.insert(x.clone(), v);
+                }
+                Err(_) => bail!("-x {x}: no such variable in this environment (use -x {x}=VALUE)"),
+            },
+        }
+    }
+    Ok(env)
 }
 
 /// Client side of the agent handshake.

@@ -542,6 +542,12 @@ fn expect_all_ok(scenario: &'static str, n: usize, transport: &'static str) -> T
 }
 
 fn main() {
+    // Started as a rank without a scenario: never run the suite recursively.
+    if std::env::var_os("MUTIRAO_RANK").is_some() && std::env::var_os("MUTIRAO_SCENARIO").is_none()
+    {
+        eprintln!("started as a rank without MUTIRAO_SCENARIO: refusing to run the test suite");
+        std::process::exit(1);
+    }
     if let Ok(s) = std::env::var("MUTIRAO_SCENARIO") {
         run_scenario(&s);
     }

@@ -1,0 +1,463 @@
+//! End-to-end tests of `mutirao run` and `mutirao agent`. This binary is also the rank program:
+//! started with `MUTIRAO_SCENARIO` set, it plays that scenario.
+
+use libtest_mimic::{Arguments, Failed, Trial};
+use mutirao::op;
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const MUTIRAO: &str = env!("CARGO_BIN_EXE_mutirao");
+
+fn scenario(name: &str) -> ! {
+    let w = match mutirao::init() {
+        Ok(w) => w,
+        Err(e) => {
+            eprintln!("init: {e}");
+            std::process::exit(1)
+        }
+    };
+    let r = w.rank();
+    if let Ok(dir) = std::env::var("MARK_DIR") {
+        let _ = std::fs::write(
+            Path::new(&dir).join(format!("rank{r}.pid")),
+            std::process::id().to_string(),
+        );
+    }
+    match name {
+        "hello" => {
+            println!("hi from {r} of {}", w.size());
+            eprintln!("note from {r}");
+        }
+        "fail2" => {
+            w.barrier().ok();
+            if r == 2 {
+                std::process::exit(7);
+            }
+            // The others wait for a message that never comes; the launcher must end them.
+            let mut b = [0u8];
+            let _ = w.recv(&mut b, 2, 0);
+            std::thread::sleep(Duration::from_secs(60));
+        }
+        "kill" => {
+            let mut out = vec![0u64; 512];
+            for i in 0..u64::MAX {
+                if r == 1 && i == 100 {
+                    // SAFETY: kill(2) on our own pid has no memory-safety preconditions.
+                    unsafe { libc::kill(std::process::id() as i32, libc::SIGKILL) };
+                }
+                if let Err(e) = w.allreduce(&vec![i; 512], &mut out, &op::Sum) {
+                    eprintln!("rank {r}: allreduce failed as expected: {e}");
+                    std::process::exit(3);
+                }
+            }
+        }
+        "sleep" => std::thread::sleep(Duration::from_secs(60)),
+        other => {
+            eprintln!("unknown scenario {other}");
+            std::process::exit(1)
+        }
+    }
+    match w.finalize() {
+        Ok(()) => std::process::exit(0),
+        Err(e) => {
+            eprintln!("finalize: {e}");
+            std::process::exit(1)
+        }
+    }
+}
+
+fn me() -> PathBuf {
+    std::env::current_exe().expect("test binary path")
+}
+
+fn tmpdir(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("mutirao-cli-test-{}-{tag}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).expect("temp dir");
+    d
+}
+
+/// Run a command with a time limit; kill it if it overruns.
+fn run_limited(mut cmd: Command, limit: Duration) -> Result<(Output, Duration), Failed> {
+    let start = Instant::now();
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("spawn: {e}"))?;
+    loop {
+        if child.try_wait().map_err(|e| e.to_string())?.is_some() {
+            break;
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let out = child.wait_with_output().map_err(|e| e.to_string())?;
+            return Err(format!(
+                "did not finish within {limit:?}\nstdout: {}\nstderr: {}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            )
+            .into());
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let el = start.elapsed();
+    Ok((child.wait_with_output().map_err(|e| e.to_string())?, el))
+}
+
+fn mutirao_run(args: &[&str], scen: &str, mark: Option<&Path>) -> Command {
+    let mut c = Command::new(MUTIRAO);
+    c.arg("run")
+        .args(args)
+        .arg(me())
+        .env("MUTIRAO_SCENARIO", scen);
+    if let Some(m) = mark {
+        c.env("MARK_DIR", m);
+    }
+    c
+}
+
+fn no_rank_left(mark: &Path) -> Result<(), Failed> {
+    for e in std::fs::read_dir(mark)
+        .map_err(|e| e.to_string())?
+        .flatten()
+    {
+        let pid = std::fs::read_to_string(e.path()).unwrap_or_default();
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", pid.trim()));
+        if let Ok(st) = stat {
+            // A zombie awaiting its reaper is already dead.
+            if !st.contains(") Z ") {
+                return Err(format!("rank process {} is still running", pid.trim()).into());
+            }
+        }
+    }
+    Ok(())
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+// ------------------------------------------------------------------ agent helpers
+
+struct Agent {
+    child: Child,
+    addr: String,
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start_agent(token_file: &Path) -> Result<Agent, Failed> {
+    let mut child = Command::new(MUTIRAO)
+        .args([
+            "agent",
+            "--listen",
+            "127.0.0.1:0",
+            "--print-addr",
+            "--token-file",
+        ])
+        .arg(token_file)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("agent: {e}"))?;
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().ok_or("no stdout")?)
+        .read_line(&mut line)
+        .map_err(|e| e.to_string())?;
+    let addr = line.trim().to_string();
+    if addr.is_empty() {
+        let _ = child.kill();
+        return Err("the agent printed no address".into());
+    }
+    Ok(Agent { child, addr })
+}
+
+fn gen_token(dir: &Path, name: &str) -> Result<PathBuf, Failed> {
+    let p = dir.join(name);
+    let st = Command::new(MUTIRAO)
+        .args(["agent", "--gen-token"])
+        .arg(&p)
+        .output()
+        .map_err(|e| e.to_string())?;
+    if !st.status.success() {
+        return Err(format!("gen-token failed: {}", text(&st.stderr)).into());
+    }
+    Ok(p)
+}
+
+// ------------------------------------------------------------------ tests
+
+fn tests() -> Vec<Trial> {
+    vec![
+        Trial::test("run_local_tags_output_and_sets_env", || {
+            let (out, _) = run_limited(
+                mutirao_run(&["-n", "3", "--tag-output"], "hello", None),
+                Duration::from_secs(30),
+            )?;
+            let so = text(&out.stdout);
+            let se = text(&out.stderr);
+            if !out.status.success() {
+                return Err(format!("exit {:?}: {se}", out.status).into());
+            }
+            for r in 0..3 {
+                if !so.contains(&format!("[{r}] hi from {r} of 3"))
+                    || !se.contains(&format!("[{r}] note from {r}"))
+                {
+                    return Err(format!("missing output of rank {r}:\n{so}\n{se}").into());
+                }
+            }
+            Ok(())
+        }),
+        Trial::test(
+            "run_exit_status_is_the_failing_ranks_and_others_are_ended",
+            || {
+                let mark = tmpdir("fail");
+                let (out, el) = run_limited(
+                    mutirao_run(&["-n", "3"], "fail2", Some(&mark)),
+                    Duration::from_secs(30),
+                )?;
+                let se = text(&out.stderr);
+                if out.status.code() != Some(7) {
+                    return Err(format!("exit {:?}, want 7: {se}", out.status).into());
+                }
+                if !se.contains("rank 2 on localhost exited with code 7") {
+                    return Err(format!("no message naming rank, host and cause: {se}").into());
+                }
+                if el > Duration::from_secs(8) {
+                    return Err(format!("took {el:?} to end the job").into());
+                }
+                no_rank_left(&mark)
+            },
+        ),
+        Trial::test(
+            "kill9_of_a_rank_mid_collective_ends_the_job_nonzero_within_5s",
+            || {
+                let mark = tmpdir("kill");
+                let (out, el) = run_limited(
+                    mutirao_run(&["-n", "4"], "kill", Some(&mark)),
+                    Duration::from_secs(30),
+                )?;
+                let se = text(&out.stderr);
+                if out.status.success() {
+                    return Err(format!("the launcher exited 0: {se}").into());
+                }
+                if !se.contains("rank 1 on localhost was killed by signal 9") {
+                    return Err(format!("no message naming the killed rank: {se}").into());
+                }
+                if el > Duration::from_secs(5) {
+                    return Err(format!("took {el:?}").into());
+                }
+                no_rank_left(&mark)
+            },
+        ),
+        Trial::test("run_timeout_ends_everything_with_124", || {
+            let mark = tmpdir("timeout");
+            let (out, el) = run_limited(
+                mutirao_run(&["-n", "2", "--timeout", "1"], "sleep", Some(&mark)),
+                Duration::from_secs(30),
+            )?;
+            if out.status.code() != Some(124) || el > Duration::from_secs(6) {
+                return Err(
+                    format!("exit {:?} after {el:?}: {}", out.status, text(&out.stderr)).into(),
+                );
+            }
+            no_rank_left(&mark)
+        }),
+        Trial::test("ctrl_c_ends_all_ranks", || {
+            let mark = tmpdir("sigint");
+            let mut cmd = mutirao_run(&["-n", "2"], "sleep", Some(&mark));
+            let mut child = cmd
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .map_err(|e| e.to_string())?;
+            // Wait until both ranks are up.
+            let t0 = Instant::now();
+            while std::fs::read_dir(&mark).map(|d| d.count()).unwrap_or(0) < 2 {
+                if t0.elapsed() > Duration::from_secs(20) {
+                    let _ = child.kill();
+                    return Err("ranks never started".into());
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            // SAFETY: kill(2) has no memory-safety preconditions.
+            unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+            let t1 = Instant::now();
+            loop {
+                if let Some(st) = child.try_wait().map_err(|e| e.to_string())? {
+                    if st.code() != Some(130) {
+                        return Err(format!("exit {st:?}, want 130").into());
+                    }
+                    break;
+                }
+                if t1.elapsed() > Duration::from_secs(8) {
+                    let _ = child.kill();
+                    return Err("the launcher ignored Ctrl-C".into());
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            no_rank_left(&mark)
+        }),
+        Trial::test("run_reports_a_missing_program_clearly", || {
+            let out = Command::new(MUTIRAO)
+                .args(["run", "-n", "2", "/nonexistent/prog"])
+                .output()
+                .map_err(|e| e.to_string())?;
+            let se = text(&out.stderr);
+            if out.status.success() || !se.contains("cannot start \"/nonexistent/prog\"") {
+                return Err(format!("exit {:?}: {se}", out.status).into());
+            }
+            Ok(())
+        }),
+        Trial::test("hostfile_errors_name_the_line", || {
+            let d = tmpdir("hostfile");
+            let hf = d.join("hosts");
+            std::fs::write(&hf, "127.0.0.1 slots=2\nbad slots=x\n").map_err(|e| e.to_string())?;
+            let out = Command::new(MUTIRAO)
+                .args(["run", "-n", "2", "--hostfile"])
+                .arg(&hf)
+                .arg("true")
+                .output()
+                .map_err(|e| e.to_string())?;
+            let se = text(&out.stderr);
+            if out.status.code() != Some(2) || !se.contains("line 2") {
+                return Err(format!("exit {:?}: {se}", out.status).into());
+            }
+            Ok(())
+        }),
+        Trial::test("agent_runs_ranks_for_an_authenticated_launcher", || {
+            let d = tmpdir("agent-ok");
+            let tok = gen_token(&d, "agent.token")?;
+            let agent = start_agent(&tok)?;
+            let (host, port) = agent.addr.rsplit_once(':').ok_or("bad agent address")?;
+            let hf = d.join("hosts");
+            std::fs::write(&hf, format!("{host} slots=3 port={port}\n"))
+                .map_err(|e| e.to_string())?;
+            let mut cmd = mutirao_run(
+                &[
+                    "-n",
+                    "3",
+                    "--tag-output",
+                    "--hostfile",
+                    hf.to_str().ok_or("path")?,
+                    "--token-file",
+                    tok.to_str().ok_or("path")?,
+                ],
+                "hello",
+                None,
+            );
+            cmd.env_remove("MUTIRAO_AGENT_TOKEN_FILE");
+            let (out, _) = run_limited(cmd, Duration::from_secs(30))?;
+            let so = text(&out.stdout);
+            if !out.status.success()
+                || (0..3).any(|r| !so.contains(&format!("[{r}] hi from {r} of 3")))
+            {
+                return Err(format!("exit {:?}\n{so}\n{}", out.status, text(&out.stderr)).into());
+            }
+            Ok(())
+        }),
+        Trial::test("agent_refuses_a_wrong_token_and_runs_nothing", || {
+            let d = tmpdir("agent-bad");
+            let tok = gen_token(&d, "agent.token")?;
+            let wrong = gen_token(&d, "wrong.token")?;
+            let agent = start_agent(&tok)?;
+            let (host, port) = agent.addr.rsplit_once(':').ok_or("bad agent address")?;
+            let hf = d.join("hosts");
+            std::fs::write(&hf, format!("{host} slots=2 port={port}\n"))
+                .map_err(|e| e.to_string())?;
+            let mark = d.join("marks");
+            std::fs::create_dir_all(&mark).map_err(|e| e.to_string())?;
+            let cmd = mutirao_run(
+                &[
+                    "-n",
+                    "2",
+                    "--hostfile",
+                    hf.to_str().ok_or("path")?,
+                    "--token-file",
+                    wrong.to_str().ok_or("path")?,
+                ],
+                "hello",
+                Some(&mark),
+            );
+            let (out, _) = run_limited(cmd, Duration::from_secs(30))?;
+            let se = text(&out.stderr);
+            if out.status.success() || !(se.contains("refused") || se.contains("authentication")) {
+                return Err(format!("exit {:?}: {se}", out.status).into());
+            }
+            if std::fs::read_dir(&mark).map(|d| d.count()).unwrap_or(0) != 0 {
+                return Err("a rank ran for an unauthenticated launcher".into());
+            }
+            Ok(())
+        }),
+        Trial::test(
+            "agent_answers_malformed_requests_with_an_error_and_keeps_serving",
+            || {
+                let d = tmpdir("agent-garbage");
+                let tok = gen_token(&d, "agent.token")?;
+                let agent = start_agent(&tok)?;
+                for garbage in ["GET / HTTP/1.1\r\n\r\n", "{\"op\":\"launch\",\"program\":\"/bin/true\",\"args\":[],\"cwd\":null,\"ranks\":[]}\n", "\u{0}\u{1}\u{2}\n"] {
+                let mut s = std::net::TcpStream::connect(&agent.addr).map_err(|e| e.to_string())?;
+                s.set_read_timeout(Some(Duration::from_secs(10))).map_err(|e| e.to_string())?;
+                let mut r = BufReader::new(s.try_clone().map_err(|e| e.to_string())?);
+                let mut challenge = String::new();
+                r.read_line(&mut challenge).map_err(|e| e.to_string())?;
+                if !challenge.contains("challenge") {
+                    return Err(format!("no challenge: {challenge}").into());
+                }
+                s.write_all(garbage.as_bytes()).map_err(|e| e.to_string())?;
+                let mut answer = String::new();
+                r.read_line(&mut answer).map_err(|e| e.to_string())?;
+                if !answer.contains("\"error\"") {
+                    return Err(format!("garbage {garbage:?} got {answer:?}").into());
+                }
+            }
+                // Still serving: a real launcher works.
+                let (host, port) = agent.addr.rsplit_once(':').ok_or("bad agent address")?;
+                let hf = d.join("hosts");
+                std::fs::write(&hf, format!("{host}:2 port={port}\n"))
+                    .map_err(|e| e.to_string())?;
+                let (out, _) = run_limited(
+                    mutirao_run(
+                        &[
+                            "-n",
+                            "2",
+                            "--hostfile",
+                            hf.to_str().ok_or("path")?,
+                            "--token-file",
+                            tok.to_str().ok_or("path")?,
+                        ],
+                        "hello",
+                        None,
+                    ),
+                    Duration::from_secs(30),
+                )?;
+                if !out.status.success() {
+                    return Err(format!("agent stopped serving: {}", text(&out.stderr)).into());
+                }
+                Ok(())
+            },
+        ),
+    ]
+}
+
+fn main() {
+    // Started as a rank without a scenario: never run the suite recursively.
+    if std::env::var_os("MUTIRAO_RANK").is_some() && std::env::var_os("MUTIRAO_SCENARIO").is_none()
+    {
+        eprintln!("started as a rank without MUTIRAO_SCENARIO: refusing to run the test suite");
+        std::process::exit(1);
+    }
+    if let Ok(s) = std::env::var("MUTIRAO_SCENARIO") {
+        scenario(&s);
+    }
+    let args = Arguments::from_args();
+    libtest_mimic::run(&args, tests()).exit();
+}
