@@ -31,6 +31,13 @@ use std::collections::{HashMap, HashSet};
 /// The format tag every calibration file carries.
 pub const CALIB_FORMAT: &str = "mutirao-calib/1";
 
+/// Largest magnitude a timing may have (µs, about 31 years): keeps every statistic finite.
+pub const MAX_TIMING_US: f64 = 1e15;
+
+fn timing_ok(v: f64) -> bool {
+    v.is_finite() && v.abs() <= MAX_TIMING_US
+}
+
 /// What is wrong with a calibration document, and where.
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum CalibError {
@@ -825,10 +832,12 @@ impl Calibration {
                 }
                 for (k, s) in sp.samples.iter().enumerate() {
                     for (n, v) in [("wall_us", s.wall_us), ("cpu_us", s.cpu_us)] {
-                        if !(v.is_finite() && v >= 0.0) {
+                        if !(timing_ok(v) && v >= 0.0) {
                             return Err(field(
                                 format!("{at}.speed.samples[{k}].{n}"),
-                                format!("is {v}; times must be finite and >= 0"),
+                                format!(
+                                    "is {v}; times must be finite, >= 0 and <= {MAX_TIMING_US} µs"
+                                ),
                             ));
                         }
                     }
@@ -889,10 +898,10 @@ impl Calibration {
                 for (k, smp) in s.samples.iter().enumerate() {
                     for (n, v) in smp.fields() {
                         if let Some(v) = v {
-                            if !v.is_finite() {
+                            if !timing_ok(v) {
                                 return Err(field(
                                     format!("{at}: samples[{k}].{n}"),
-                                    format!("is {v}; timings must be finite"),
+                                    format!("is {v}; timings must be finite and within ±{MAX_TIMING_US} µs"),
                                 ));
                             }
                         }
@@ -900,10 +909,12 @@ impl Calibration {
                 }
                 for (k, smp) in s.plogp.iter().enumerate() {
                     for (n, v) in smp.fields() {
-                        if !v.is_finite() {
+                        if !timing_ok(v) {
                             return Err(field(
                                 format!("{at}: plogp[{k}].{n}"),
-                                format!("is {v}; timings must be finite"),
+                                format!(
+                                    "is {v}; timings must be finite and within ±{MAX_TIMING_US} µs"
+                                ),
                             ));
                         }
                     }

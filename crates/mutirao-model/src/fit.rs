@@ -66,7 +66,7 @@
 //! ([`SpeedReference::Host`]). Hosts without an H measurement are left out of the model and named
 //! in the report.
 
-use crate::calib::{Calibration, DerivedStats, Method, SendMode};
+use crate::calib::{Calibration, DerivedStats, FailedHost, Method, SendMode};
 use crate::{Host, Link, LinkClass, Model, ModelError, Piecewise, Segment};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -505,7 +505,7 @@ pub struct FitReport {
     /// Hosts in the model.
     pub hosts: Vec<HostReport>,
     /// Hosts left out, with the reason.
-    pub excluded_hosts: Vec<(String, String)>,
+    pub excluded_hosts: Vec<FailedHost>,
     /// Links in the model, in the same order.
     pub links: Vec<LinkReport>,
     /// Host pairs no link covers (the model cannot predict them).
@@ -538,8 +538,8 @@ impl FitReport {
                 h.name, h.h_us, h.speed
             );
         }
-        for (h, why) in &self.excluded_hosts {
-            let _ = writeln!(s, "host {h} EXCLUDED: {why}");
+        for h in &self.excluded_hosts {
+            let _ = writeln!(s, "host {} EXCLUDED: {}", h.name, h.reason);
         }
         for l in &self.links {
             let _ = write!(s, "{} ({} pairs)", l.scope, l.pairs.len());
@@ -732,10 +732,10 @@ pub fn fit(calib: &Calibration, opts: &FitOptions) -> Result<(Model, FitReport),
             Some((hu, s)) if hu > 0.0 && hu.is_finite() => {
                 measured.push((&h.name, &h.site, hu, s.wall_cpu_ratio()))
             }
-            _ => excluded.push((
-                h.name.clone(),
-                "no usable speed (H) measurement".to_string(),
-            )),
+            _ => excluded.push(FailedHost {
+                name: h.name.clone(),
+                reason: "no usable speed (H) measurement".to_string(),
+            }),
         }
     }
     if measured.is_empty() {

@@ -12,6 +12,7 @@ fn value() -> impl Strategy<Value = f64> {
         1 => -1e6f64..0.0,
         1 => Just(0.0),
         1 => 1e-9f64..1e-3,
+        1 => -1e15f64..1e15,
     ]
 }
 
@@ -134,4 +135,23 @@ proptest! {
             prop_assert!(s.per_byte_us.is_finite() && s.per_byte_us >= 0.0);
         }
     }
+}
+
+#[test]
+fn timings_beyond_the_bound_are_rejected_with_their_place() {
+    let mut c = Calibration::new(StrategyKind::AllPairs, "t", 0);
+    c.add_host(CalibHost::new("a", "s", "x")).unwrap();
+    let s = PingPongSample {
+        rtt_us: 1e300,
+        os_src_us: 0.0,
+        or_dst_us: 0.0,
+        os_dst_us: 0.0,
+        or_src_us: 0.0,
+        probe_us: None,
+        wait_src_us: None,
+    };
+    c.record_pingpong("a", "a", SendMode::Send, 8, 0, &[s])
+        .unwrap();
+    let e = c.validate().unwrap_err().to_string();
+    assert!(e.contains("sizes[0] (8 B): samples[0].rtt_us"), "{e}");
 }

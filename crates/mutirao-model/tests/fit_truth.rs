@@ -373,7 +373,7 @@ fn partial_calibrations_fit_what_is_there_and_say_so() {
     c.mark_partial("b2", "agent unreachable at 10.0.0.5:7000");
     let (model, report) = fit_default(&c).unwrap();
     assert!(model.host("b2").is_err());
-    assert_eq!(report.excluded_hosts[0].0, "b2");
+    assert_eq!(report.excluded_hosts[0].name, "b2");
     assert!(report.partial.as_deref().unwrap().contains("unreachable"));
     model.check_complete().unwrap();
 }
