@@ -5,9 +5,11 @@ use clap::{Parser, Subcommand};
 
 mod agent_proto;
 mod cmd_agent;
+mod cmd_dir;
 mod cmd_fit;
 mod cmd_model;
 mod cmd_run;
+mod cmd_sched;
 mod cmd_testbed;
 mod hostfile;
 
@@ -37,6 +39,15 @@ enum Command {
     /// Calibration files: check, plan, and the thesis's legacy host-list and output formats.
     #[command(subcommand)]
     Calib(cmd_fit::CalibCommand),
+    /// Task graphs, the HLogP simulator and schedulers (simulate, schedule, dag).
+    #[command(flatten)]
+    Sched(cmd_sched::SchedCommand),
+    /// The directory service: serve, register, query, ls, rm.
+    #[command(subcommand)]
+    Dir(cmd_dir::DirCommand),
+    /// mεμ physical resource specifications: check, show, lookup.
+    #[command(subcommand)]
+    Resources(cmd_dir::ResourcesCommand),
     // NEW SUBCOMMANDS: add one variant here and one match arm below, nothing else.
 }
 
@@ -49,6 +60,9 @@ fn main() -> std::process::ExitCode {
         Command::Testbed(c) => cmd_testbed::run(c),
         Command::Fit(a) => cmd_fit::run_fit(a),
         Command::Calib(c) => cmd_fit::run_calib(c),
+        Command::Sched(c) => cmd_sched::run(c),
+        Command::Dir(c) => cmd_dir::run_dir(c),
+        Command::Resources(c) => cmd_dir::run_resources(c),
         // NEW MATCH ARMS
     };
     match result {

@@ -1,1 +1,90 @@
-fn main() {}
+//! Speed benchmarks of issue 4:
+//! * `simulate_1e6_tasks`: HLogP simulation of a 10⁶-task random layered graph on 64 hosts
+//!   (target < 5 s);
+//! * `hlogp_heft_1e4_tasks_64_hosts`: the thesis's scheduler on 10⁴ tasks (target < 10 s);
+//! * `predict_200_tasks_32_hosts`: resolve the model, check the schedule and simulate
+//!   (target < 50 ms).
+//!
+//! Run: `cargo bench -p mutirao-sched --bench sched`.
+
+use criterion::{criterion_group, criterion_main, Criterion};
+use mutirao_sched::gen::{self, RandomParams};
+use mutirao_sched::platform::Platform;
+use mutirao_sched::sched::{schedule, Algorithm};
+use mutirao_sched::sim::{simulate, Placement, SimOptions};
+use std::hint::black_box;
+
+fn round_robin_placement(dag: &mutirao_sched::Dag, hosts: usize) -> Placement {
+    let n = dag.len();
+    let mut pos = vec![0usize; n];
+    for (i, &t) in dag.topo_order().iter().enumerate() {
+        pos[t] = i;
+    }
+    Placement {
+        host: (0..n).map(|t| t % hosts).collect(),
+        start: pos.iter().map(|&p| p as f64).collect(),
+        seq: pos,
+    }
+}
+
+fn benches(c: &mut Criterion) {
+    let mut g = c.benchmark_group("sched");
+    g.sample_size(10);
+
+    let big = gen::random(&RandomParams {
+        n: 1_000_000,
+        ccr: 1.0,
+        alpha: 1.0,
+        out_degree: 3,
+        seed: 1,
+        ..Default::default()
+    })
+    .expect("generate 1e6 tasks");
+    let p64 = Platform::from_model(&gen::random_model(64, 0.5, 1e8, 1).expect("model"))
+        .expect("platform");
+    let pl = round_robin_placement(&big, 64);
+    g.bench_function("simulate_1e6_tasks", |b| {
+        b.iter(|| simulate(black_box(&big), &p64, &pl, SimOptions::default()).expect("simulate"))
+    });
+    drop(big);
+
+    let mid = gen::random(&RandomParams {
+        n: 10_000,
+        ccr: 1.0,
+        alpha: 1.0,
+        out_degree: 3,
+        seed: 2,
+        ..Default::default()
+    })
+    .expect("generate 1e4 tasks");
+    g.bench_function("hlogp_heft_1e4_tasks_64_hosts", |b| {
+        b.iter(|| schedule(black_box(&mid), &p64, Algorithm::HlogpHeft).expect("schedule"))
+    });
+    g.bench_function("heft_1e4_tasks_64_hosts", |b| {
+        b.iter(|| schedule(black_box(&mid), &p64, Algorithm::Heft).expect("schedule"))
+    });
+    g.finish();
+
+    let small = gen::random(&RandomParams {
+        n: 200,
+        seed: 3,
+        ..Default::default()
+    })
+    .expect("generate 200 tasks");
+    let model32 = gen::random_model(32, 0.5, 1e8, 3).expect("model");
+    let p32 = Platform::from_model(&model32).expect("platform");
+    let s = schedule(&small, &p32, Algorithm::HlogpHeft).expect("schedule");
+    c.bench_function("predict_200_tasks_32_hosts", |b| {
+        b.iter(|| {
+            let p = Platform::from_model(black_box(&model32)).expect("platform");
+            let pl = s.placement(&small, &p).expect("placement");
+            simulate(&small, &p, &pl, SimOptions::default()).expect("simulate")
+        })
+    });
+    c.bench_function("hlogp_heft_200_tasks_32_hosts", |b| {
+        b.iter(|| schedule(black_box(&small), &p32, Algorithm::HlogpHeft).expect("schedule"))
+    });
+}
+
+criterion_group!(sched_benches, benches);
+criterion_main!(sched_benches);

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 #[derive(Debug, PartialEq, thiserror::Error)]
 pub enum PlatformError {
     /// The model does not cover a host pair, or names an unknown host.
-    #[error("{0}")]
+    #[error(transparent)]
     Model(#[from] ModelError),
     /// The model has no host.
     #[error("the model has no host; add at least one host")]

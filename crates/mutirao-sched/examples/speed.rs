@@ -1,0 +1,84 @@
+//! One-shot timings of the issue's speed targets: wall clock and this process's CPU time (from
+//! `/proc/self/schedstat`, Linux), one run each. On a shared, overloaded machine the CPU time is
+//! the meaningful figure; the criterion bench `benches/sched.rs` measures wall time.
+//!
+//! ```text
+//! cargo run --release -p mutirao-sched --example speed
+//! ```
+
+use mutirao_sched::gen::{self, RandomParams};
+use mutirao_sched::platform::Platform;
+use mutirao_sched::sched::{schedule, Algorithm};
+use mutirao_sched::sim::{simulate, Placement, SimOptions};
+use std::time::Instant;
+
+/// Nanoseconds this process has run on a CPU, if the kernel reports it.
+fn cpu_ns() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/self/schedstat").ok()?;
+    s.split_whitespace().next()?.parse().ok()
+}
+
+struct Clock(Instant, Option<u64>);
+
+impl Clock {
+    fn start() -> Self {
+        Clock(Instant::now(), cpu_ns())
+    }
+    fn show(&self) -> String {
+        let wall = self.0.elapsed().as_secs_f64();
+        match (self.1, cpu_ns()) {
+            (Some(a), Some(b)) => format!("wall {wall:.3} s, cpu {:.3} s", (b - a) as f64 * 1e-9),
+            _ => format!("wall {wall:.3} s"),
+        }
+    }
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let p64 = Platform::from_model(&gen::random_model(64, 0.5, 1e8, 1)?)?;
+    let t = Clock::start();
+    let big = gen::random(&RandomParams {
+        n: 1_000_000,
+        out_degree: 3,
+        seed: 1,
+        ..Default::default()
+    })?;
+    println!(
+        "generate 1e6 tasks, {} edges: {}",
+        big.edges().len(),
+        t.show()
+    );
+    let n = big.len();
+    let mut pos = vec![0usize; n];
+    for (i, &v) in big.topo_order().iter().enumerate() {
+        pos[v] = i;
+    }
+    let pl = Placement {
+        host: (0..n).map(|v| v % 64).collect(),
+        start: pos.iter().map(|&p| p as f64).collect(),
+        seq: pos,
+    };
+    let t = Clock::start();
+    let r = simulate(&big, &p64, &pl, SimOptions::default())?;
+    println!(
+        "simulate 1e6 tasks on 64 hosts: {} (makespan {:.1} s)",
+        t.show(),
+        r.makespan_s
+    );
+    let mid = gen::random(&RandomParams {
+        n: 10_000,
+        out_degree: 3,
+        seed: 2,
+        ..Default::default()
+    })?;
+    for algo in Algorithm::ALL {
+        let t = Clock::start();
+        let s = schedule(&mid, &p64, algo)?;
+        println!(
+            "{} on 1e4 tasks, 64 hosts: {} (makespan {:.1} s)",
+            algo.as_str(),
+            t.show(),
+            s.makespan_s
+        );
+    }
+    Ok(())
+}
