@@ -75,6 +75,24 @@ impl From<std::io::Error> for DirError {
 }
 
 impl DirError {
+    /// The message without the variant's prefix (what a reply packet carries, so that the
+    /// receiving side can rebuild the same error).
+    pub fn body(&self) -> String {
+        match self {
+            DirError::BadConfig(m)
+            | DirError::TooLarge(m)
+            | DirError::BadAttrs(m)
+            | DirError::SystemNamespace(m)
+            | DirError::PermissionDenied(m)
+            | DirError::Io(m)
+            | DirError::Auth(m)
+            | DirError::Protocol(m)
+            | DirError::Timeout(m)
+            | DirError::Meu(m) => m.clone(),
+            other => other.to_string(),
+        }
+    }
+
     /// Stable numeric status for the wire (0 is success).
     pub fn status(&self) -> u16 {
         match self {

@@ -200,8 +200,7 @@ pub fn error_packet(h: &Header, e: &DirError) -> Packet {
     if let DirError::UnknownScope(s) = e {
         r.scope = *s;
     }
-    let msg = e.to_string();
-    let msg: String = msg.chars().take(4096).collect();
+    let msg: String = e.body().chars().take(4096).collect();
     let attrs = AttrList::from_attrs([Attr::full(ERROR_ATTR, msg)]).unwrap_or_default();
     Packet::new(r, attrs)
 }
@@ -222,7 +221,7 @@ pub fn error_from_packet(p: &Packet) -> DirError {
         5 => DirError::UnknownContext(h.target),
         6 => DirError::Exhausted,
         10 => DirError::BadConfig(msg),
-        11 => DirError::Protocol(msg),
+        11 => DirError::Protocol(format!("the server could not decode our packet: {msg}")),
         12 => DirError::TooLarge(msg),
         13 => DirError::BadAttrs(msg),
         14 => DirError::UnknownScope(h.scope),
