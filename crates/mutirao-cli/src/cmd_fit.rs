@@ -118,6 +118,20 @@ pub enum CalibCommand {
         #[arg(long, default_value_t = 0.10)]
         tolerance: f64,
     },
+    /// Keep a model's slopes and move its intercepts to a fresh probe calibration (e.g. a
+    /// site-sampled run at 64 B): the thesis's cheap analytic refresh.
+    Refresh {
+        /// The model to refresh (mutirao-model/1 JSON).
+        model: PathBuf,
+        /// The probe calibration (mutirao-calib/1 JSON).
+        probe: PathBuf,
+        /// Where to write the refreshed model; written atomically.
+        #[arg(short, long)]
+        output: PathBuf,
+        /// Send mode of the probe sweeps to use (default: isend if present, else send).
+        #[arg(long, value_enum)]
+        mode: Option<ModeArg>,
+    },
     /// Read a thesis Fig. 4.1 host list (`host [exec_path] [site=NAME]` per line).
     LegacyHosts {
         /// The host list.
@@ -330,6 +344,31 @@ pub fn run_calib(cmd: CalibCommand) -> anyhow::Result<ExitCode> {
                 p.measure.len(),
                 p.inherit.len()
             );
+            Ok(ExitCode::SUCCESS)
+        }
+        CalibCommand::Refresh {
+            model,
+            probe,
+            output,
+            mode,
+        } => {
+            let m = mutirao_model::Model::from_json(&read(&model, "model file")?)
+                .with_context(|| format!("in {}", model.display()))?;
+            let p = load_calib(&probe)?;
+            let (fresh, shifts) =
+                mutirao_model::fit::refresh_intercepts(&m, &p, mode.map(Into::into)).with_context(
+                    || format!("refreshing {} with {}", model.display(), probe.display()),
+                )?;
+            write_atomic(&output, &fresh.to_json())?;
+            for s in &shifts {
+                println!(
+                    "links[{}] {}: {:+.3} us ({} probe points)",
+                    s.link, s.param, s.delta_us, s.points
+                );
+            }
+            if shifts.is_empty() {
+                eprintln!("mutirao: warning: no probe sweep matched the model; written unchanged");
+            }
             Ok(ExitCode::SUCCESS)
         }
         CalibCommand::LegacyHosts {

@@ -1015,3 +1015,93 @@ fn pair_link(src: &str, dst: &str, os: Piecewise, or: Piecewise, l: Piecewise) -
         l,
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Intercept refresh
+// ---------------------------------------------------------------------------------------------
+
+/// How one function of one link was shifted by [`refresh_intercepts`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Shift {
+    /// Index of the link in the model's `links`.
+    pub link: usize,
+    /// `l`, `os` or `or`.
+    pub param: String,
+    /// Median of (probe − model) over the probe points, added to every segment's base (µs).
+    pub delta_us: f64,
+    /// Probe points (pair × size) that went into the median.
+    pub points: usize,
+}
+
+/// Keep a model's slopes and breakpoints, and move its intercepts to what a cheap probe measured
+/// now (the thesis's analytic refresh: "314 is the 64-byte latency measured by II(b)").
+///
+/// For every probe sweep in `mode` (default as in [`fit`]) between hosts of the model, the link
+/// that applies to the pair collects, per parameter, the residuals `probe median − model value`;
+/// the link's function is then shifted by their median (each base clamped at 0). Links no probe
+/// touched are unchanged. The probe is typically a site-sampled calibration at one small size.
+pub fn refresh_intercepts(
+    model: &Model,
+    probe: &Calibration,
+    mode: Option<SendMode>,
+) -> Result<(Model, Vec<Shift>), FitError> {
+    probe.validate()?;
+    model.validate()?;
+    let modes = probe.modes();
+    let mode = match mode {
+        Some(m) => m,
+        None if modes.contains(&SendMode::Isend) => SendMode::Isend,
+        None => SendMode::Send,
+    };
+    let mut resid: BTreeMap<(usize, usize), Vec<f64>> = BTreeMap::new();
+    for sw in probe.pairs.iter().filter(|p| p.mode == mode) {
+        let Ok(link) = model.link_for(&sw.src, &sw.dst) else {
+            continue;
+        };
+        let idx = model
+            .links
+            .iter()
+            .position(|l| std::ptr::eq(l, link))
+            .expect("link_for returns one of the model's links");
+        let fns = [&link.l, &link.os, &link.or];
+        for s in &sw.sizes {
+            let Some(st) = s.stats.or_else(|| s.derive(sw.method)) else {
+                continue;
+            };
+            for (i, y) in values(sw.method, &st).into_iter().enumerate() {
+                resid
+                    .entry((idx, i))
+                    .or_default()
+                    .push(y - fns[i].value(s.bytes));
+            }
+        }
+    }
+    let mut out = model.clone();
+    let mut shifts = Vec::new();
+    for ((idx, i), mut r) in resid {
+        r.sort_by(f64::total_cmp);
+        let n = r.len();
+        let delta = if n % 2 == 1 {
+            r[n / 2]
+        } else {
+            (r[n / 2 - 1] + r[n / 2]) / 2.0
+        };
+        let link = &mut out.links[idx];
+        let f = match i {
+            0 => &mut link.l,
+            1 => &mut link.os,
+            _ => &mut link.or,
+        };
+        for seg in &mut f.0 {
+            seg.base_us = (seg.base_us + delta).max(0.0);
+        }
+        shifts.push(Shift {
+            link: idx,
+            param: PARAMS[i].to_string(),
+            delta_us: delta,
+            points: n,
+        });
+    }
+    out.validate()?;
+    Ok((out, shifts))
+}

@@ -488,3 +488,47 @@ fn site_sampled_matches_all_pairs_on_homogeneous_sites() {
         }
     }
 }
+
+#[test]
+fn refresh_moves_intercepts_and_keeps_slopes() {
+    use mutirao_model::fit::refresh_intercepts;
+    let t = two_sites();
+    let c = build(&t, StrategyKind::SiteSampled, 31);
+    let (model, _) = fit_default(&c).unwrap();
+    // A probe at 64 B on one intra-site pair of site a, where latency grew by 100 µs.
+    let mut probe = Calibration::new(StrategyKind::SiteSampled, "probe", 0);
+    for h in &c.hosts {
+        probe.add_host(h.clone()).unwrap();
+    }
+    let (s, d) = ("a1", "a2");
+    let before = model.link_params(s, d).unwrap();
+    let l64 = before.l.value(64) + 100.0;
+    let smp = PingPongSample {
+        rtt_us: 2.0 * l64 + before.os.value(64) * 2.0 + before.or.value(64) * 2.0,
+        os_src_us: before.os.value(64),
+        or_dst_us: before.or.value(64),
+        os_dst_us: before.os.value(64),
+        or_src_us: before.or.value(64),
+        probe_us: None,
+        wait_src_us: None,
+    };
+    probe
+        .record_pingpong(s, d, SendMode::Isend, 64, 0, &[smp])
+        .unwrap();
+    probe.finalize(1);
+    let (fresh, shifts) = refresh_intercepts(&model, &probe, None).unwrap();
+    let after = fresh.link_params(s, d).unwrap();
+    assert!((after.l.value(64) - l64).abs() < 1e-6);
+    assert!((after.l.value(1 << 24) - before.l.value(1 << 24) - 100.0).abs() < 1e-6);
+    for (a, b) in before.l.0.iter().zip(&after.l.0) {
+        assert_eq!((a.from, a.per_byte_us), (b.from, b.per_byte_us));
+    }
+    assert!((after.os.value(64) - before.os.value(64)).abs() < 1e-9);
+    let l_shift = shifts.iter().find(|x| x.param == "l").unwrap();
+    assert!((l_shift.delta_us - 100.0).abs() < 1e-6 && l_shift.points == 1);
+    // Links the probe did not touch are unchanged.
+    assert_eq!(
+        fresh.link_params("a1", "b1").unwrap(),
+        model.link_params("a1", "b1").unwrap()
+    );
+}
