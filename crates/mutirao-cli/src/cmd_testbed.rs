@@ -434,3 +434,97 @@ fn down(name: Option<&str>, all: bool, dir: &Path) -> anyhow::Result<ExitCode> {
         ExitCode::FAILURE
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn temp_dir(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!(
+            "mutirao-testbed-cli-{tag}-{}-{}",
+            std::process::id(),
+            tb::sys::random_prefix().unwrap_or_default()
+        ));
+        std::fs::create_dir_all(&d).expect("temp dir");
+        d
+    }
+
+    #[test]
+    fn names_are_checked() {
+        assert!(check_name("grid-1_a.b").is_ok());
+        for bad in ["", ".hidden", "a/b", "a b", &"x".repeat(65)] {
+            assert!(check_name(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn atomic_write_replaces_and_leaves_no_temp_file() {
+        let d = temp_dir("atomic");
+        let p = d.join("s.json");
+        write_atomic(&p, b"one").expect("write");
+        write_atomic(&p, b"two").expect("rewrite");
+        assert_eq!(std::fs::read_to_string(&p).ok().as_deref(), Some("two"));
+        let names: Vec<_> = std::fs::read_dir(&d)
+            .expect("list")
+            .filter_map(|e| e.ok())
+            .map(|e| e.file_name())
+            .collect();
+        assert_eq!(names.len(), 1, "{names:?}");
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn bad_spec_writes_nothing() {
+        let d = temp_dir("badspec");
+        let spec = d.join("bad.toml");
+        std::fs::write(&spec, "[[site]]\nname = \"a\"\nnic_mbit = -1\nhosts = []\n").expect("spec");
+        let state = d.join("state");
+        let e = up(&spec, Some("t".into()), &state, true, 7207).expect_err("invalid spec");
+        assert!(format!("{e:#}").contains("site[0].nic_mbit"), "{e:#}");
+        assert!(!state.exists(), "no state directory for a bad spec");
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    /// Needs root; prints `SKIPPED: needs root` and returns otherwise.
+    #[test]
+    fn up_status_down_cycle_removes_everything() {
+        if !tb::is_root() {
+            println!("SKIPPED: needs root (the testbed creates network namespaces, veth links, tc qdiscs and cgroups)");
+            return;
+        }
+        let d = temp_dir("cycle");
+        let spec = d.join("grid.toml");
+        std::fs::write(
+            &spec,
+            "[[site]]\nname = \"a\"\nnic_mbit = 100\nhosts = [ { name = \"a1\", cpu = 0.5 } ]\n",
+        )
+        .expect("spec");
+        let state = d.join("state");
+        // Tear down whatever the test made, even if an assertion fails.
+        struct Guard(PathBuf);
+        impl Drop for Guard {
+            fn drop(&mut self) {
+                let _ = down(Some("cyc"), false, &self.0);
+            }
+        }
+        let _guard = Guard(state.clone());
+        up(&spec, Some("cyc".into()), &state, true, 7207).expect("up");
+        let st = load(&state.join("cyc.json")).expect("state file");
+        assert_eq!(st.status, "up");
+        let t = st.testbed.as_ref().expect("testbed recorded");
+        assert_eq!(t.hosts.len(), 1);
+        let hosts = std::fs::read_to_string(state.join("cyc.hosts")).expect("hostfile");
+        assert_eq!(hosts, format!("{} slots=1\n", t.hosts[0].addr));
+        assert_eq!(tb::sys::namespaces_of(&st.prefix).len(), 2);
+        assert!(
+            up(&spec, Some("cyc".into()), &state, true, 7207).is_err(),
+            "a second testbed with the same name is refused"
+        );
+        status(Some("cyc"), &state).expect("status");
+        down(Some("cyc"), false, &state).expect("down");
+        assert!(tb::sys::leftovers(&st.prefix).is_empty());
+        assert!(!state.join("cyc.json").exists() && !state.join("cyc.hosts").exists());
+        down(Some("cyc"), false, &state).expect("down again is harmless");
+        let _ = std::fs::remove_dir_all(&d);
+    }
+}
