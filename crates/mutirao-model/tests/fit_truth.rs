@@ -532,3 +532,24 @@ fn refresh_moves_intercepts_and_keeps_slopes() {
         model.link_params("a1", "b1").unwrap()
     );
 }
+
+#[test]
+fn dense_sweeps_use_log_spaced_candidate_breakpoints() {
+    // The thesis's dense sweep style: a fixed step (here 400 B) up to 2 MB, 5000 sizes.
+    let mut rng = Rng(9);
+    let pts: Vec<(u64, f64)> = (1..=5000u64)
+        .map(|k| {
+            let m = 400 * k;
+            (m, l_truth(m) * rng.noise(0.01))
+        })
+        .collect();
+    let f = segmented_fit(&pts, &SegOptions::default()).unwrap();
+    let rdv = segment_at(&f.function, 2_000_000);
+    // 200 log-spaced candidates over 400 B .. 2 MB: one step is about 4.4%.
+    assert!(
+        rdv.from > 65536 && (rdv.from as f64) < 65536.0 * 1.05,
+        "{:?}",
+        f.function
+    );
+    assert!(rel(rdv.per_byte_us, 0.0125) < 0.02, "{rdv:?}");
+}
