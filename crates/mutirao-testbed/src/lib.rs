@@ -43,6 +43,8 @@
 //! # Ok::<(), mutirao_testbed::Error>(())
 //! ```
 
+#![warn(missing_docs)]
+
 pub mod plan;
 pub mod spec;
 pub mod sys;

@@ -242,7 +242,9 @@ fn two_testbeds_coexist_and_go_down_independently() {
     assert_ne!(t1.state().block, t2.state().block);
     let (p1, p2) = (t1.prefix().to_string(), t2.prefix().to_string());
     // A process spawned in a host is killed when its testbed goes.
-    let mut spinner = t1.spawn("x1", probe(&["spin", "1000000000000"])).expect("spin");
+    let mut spinner = t1
+        .spawn("x1", probe(&["spin", "1000000000000"]))
+        .expect("spin");
     drop(t1);
     assert_gone(&p1);
     let exited = (0..100).find_map(|_| {
@@ -253,7 +255,10 @@ fn two_testbeds_coexist_and_go_down_independently() {
         s
     });
     let _ = spinner.kill();
-    assert!(exited.is_some_and(|s| !s.success()), "spawned process survived teardown");
+    assert!(
+        exited.is_some_and(|s| !s.success()),
+        "spawned process survived teardown"
+    );
     // The second still works: its host serves, the root namespace reaches it.
     let a = SocketAddr::from((t2.hosts()[0].addr, 6000));
     let server = t2
