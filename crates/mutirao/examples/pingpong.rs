@@ -5,7 +5,7 @@
 //!     MUTIRAO_TRANSPORT=tcp mutirao run -n 2 target/release/examples/pingpong
 //!     mutirao run -n 2 target/release/examples/pingpong -- --quick   # a fast smoke run
 //!
-//! Options: `--quick` (few iterations), `--sizes 0,64,1048576`, `--scale F` (iteration multiplier).
+//! Options: `--init-only` (start and finish only: launch-cost benchmarks), `--quick` (few iterations), `--sizes 0,64,1048576`, `--scale F` (iteration multiplier).
 //! Every received message is checked; a wrong byte exits non-zero.
 
 use std::time::Instant;
@@ -33,6 +33,7 @@ fn main() -> Result<(), mutirao::Error> {
     while i < args.len() {
         match args[i].as_str() {
             "--quick" => scale = 0.02,
+            "--init-only" => return world.finalize(),
             "--scale" => {
                 i += 1;
                 scale = args.get(i).and_then(|s| s.parse().ok()).unwrap_or(1.0);
