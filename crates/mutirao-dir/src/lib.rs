@@ -32,6 +32,7 @@ pub mod error;
 pub mod gid;
 pub mod meu;
 pub mod net;
+pub mod relations;
 pub mod server;
 pub mod wire;
 
