@@ -1501,3 +1501,111 @@ fn discard_alloc(len: usize) -> Result<Box<dyn Buf>, Error> {
 fn matches(r: &Recv, peer: usize, ctx: u64, tag: i32) -> bool {
     r.ctx == ctx && r.src.is_none_or(|s| s == peer) && r.tag.is_none_or(|t| t == tag)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::{TcpListener, TcpStream as StdStream};
+
+    /// An engine for rank 0 of 2 whose peer is a raw socket the test controls.
+    fn engine_with_raw_peer() -> (Engine, StdStream) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let raw = StdStream::connect(l.local_addr().unwrap()).unwrap();
+        let (ours, _) = l.accept().unwrap();
+        ours.set_nonblocking(true).unwrap();
+        let peers = vec![
+            Peer::new(None, None),
+            Peer::new(Some(TcpStream::from_std(ours)), None),
+        ];
+        let e = Engine::new(
+            0,
+            2,
+            peers,
+            Tuning {
+                eager_limit: 1024,
+                spin: Duration::from_micros(10),
+                cma: false,
+            },
+        )
+        .unwrap();
+        (e, raw)
+    }
+
+    fn recv_error(e: &mut Engine) -> Error {
+        let id = e
+            .post_recv(0, Some(1), None, Dest::Alloc(discard_alloc))
+            .unwrap();
+        e.wait_until(|e| e.recv_finished(id)).unwrap();
+        e.take_recv(id).err().expect("the receive must fail")
+    }
+
+    #[test]
+    fn corrupt_frame_fails_the_peer_with_a_protocol_error() {
+        let (mut e, mut raw) = engine_with_raw_peer();
+        raw.write_all(&[0xEE; HEADER_LEN]).unwrap();
+        match recv_error(&mut e) {
+            Error::PeerFailed { rank: 1, reason } => {
+                assert!(reason.contains("protocol error"), "{reason}")
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+        // Later operations fail at once, no hang.
+        assert!(e
+            .start_send(1, 0, 0, SendData::Owned(Box::new(vec![1u8])))
+            .is_err());
+    }
+
+    #[test]
+    fn truncated_frame_then_close_is_a_failure_not_a_hang() {
+        let (mut e, mut raw) = engine_with_raw_peer();
+        let h = Header {
+            kind: Kind::Eager,
+            tag: 0,
+            ctx: 0,
+            len: 100,
+            id: 0,
+        };
+        raw.write_all(&h.encode()).unwrap();
+        raw.write_all(&[1u8; 10]).unwrap();
+        drop(raw);
+        assert!(matches!(
+            recv_error(&mut e),
+            Error::PeerFailed { rank: 1, .. }
+        ));
+    }
+
+    #[test]
+    fn data_for_an_unknown_receive_is_a_protocol_error() {
+        let (mut e, mut raw) = engine_with_raw_peer();
+        let h = Header {
+            kind: Kind::Data,
+            tag: 0,
+            ctx: 0,
+            len: 4,
+            id: 999,
+        };
+        raw.write_all(&h.encode()).unwrap();
+        raw.write_all(&[0u8; 4]).unwrap();
+        match recv_error(&mut e) {
+            Error::PeerFailed { reason, .. } => {
+                assert!(reason.contains("unknown receive"), "{reason}")
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    #[test]
+    fn bye_then_close_is_a_clean_finalize() {
+        let (mut e, mut raw) = engine_with_raw_peer();
+        let bye = Header {
+            kind: Kind::Bye,
+            tag: 0,
+            ctx: 0,
+            len: 0,
+            id: 0,
+        };
+        raw.write_all(&bye.encode()).unwrap();
+        drop(raw);
+        assert_eq!(recv_error(&mut e), Error::PeerFinalized(1));
+    }
+}
