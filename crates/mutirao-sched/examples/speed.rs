@@ -80,5 +80,25 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             s.makespan_s
         );
     }
+    let small = gen::random(&RandomParams {
+        n: 200,
+        seed: 3,
+        ..Default::default()
+    })?;
+    let model32 = gen::random_model(32, 0.5, 1e8, 3)?;
+    let s = schedule(
+        &small,
+        &Platform::from_model(&model32)?,
+        Algorithm::HlogpHeft,
+    )?;
+    let t = Clock::start();
+    let p32 = Platform::from_model(&model32)?;
+    let pl = s.placement(&small, &p32)?;
+    let r = simulate(&small, &p32, &pl, SimOptions::default())?;
+    println!(
+        "predict 200 tasks on 32 hosts (resolve model, check schedule, simulate): {} (makespan {:.1} s)",
+        t.show(),
+        r.makespan_s
+    );
     Ok(())
 }
