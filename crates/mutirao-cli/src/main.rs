@@ -6,6 +6,7 @@ use clap::{Parser, Subcommand};
 mod agent_proto;
 mod cmd_agent;
 mod cmd_dir;
+mod cmd_exec;
 mod cmd_fit;
 mod cmd_model;
 mod cmd_run;
@@ -48,6 +49,8 @@ enum Command {
     /// mεμ physical resource specifications: check, show, lookup.
     #[command(subcommand)]
     Resources(cmd_dir::ResourcesCommand),
+    /// Run a task graph for real as a schedule places it, and measure its makespan.
+    ExecDag(cmd_exec::ExecArgs),
     // NEW SUBCOMMANDS: add one variant here and one match arm below, nothing else.
 }
 
@@ -63,6 +66,7 @@ fn main() -> std::process::ExitCode {
         Command::Sched(c) => cmd_sched::run(c),
         Command::Dir(c) => cmd_dir::run_dir(c),
         Command::Resources(c) => cmd_dir::run_resources(c),
+        Command::ExecDag(a) => cmd_exec::run(a),
         // NEW MATCH ARMS
     };
     match result {

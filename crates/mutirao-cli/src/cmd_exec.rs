@@ -1,0 +1,359 @@
+//! `mutirao exec-dag`: run a task graph for real, as a schedule places it, and measure it —
+//! the reality check for `simulate` and `schedule`.
+
+use crate::cmd_run::{self, RunArgs};
+use anyhow::{bail, Context};
+use mutirao_sched::{Dag, Schedule};
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Instant;
+
+/// Execute a task graph for real and print the measured makespan.
+///
+/// Every task computes for `work` seconds of a reference host (speed 1.0: this machine,
+/// unthrottled, measured at start), so slower hosts take longer by themselves; every edge
+/// between tasks on different hosts sends `bytes` bytes through the runtime. Each distinct host
+/// of the schedule becomes one rank, in order of first appearance; with --hostfile, rank i runs
+/// on the i-th slot, so give each host `slots=1` in the schedule's host order.
+///
+/// Examples:
+///   mutirao dag gen diamond --k 5 --work 0.01 --bytes 65536 -o d.json
+///   mutirao schedule --model m.json --dag d.json --algo hlogp-heft -o s.json
+///   mutirao simulate --model m.json --dag d.json --schedule s.json      # predicted
+///   mutirao exec-dag --dag d.json --schedule s.json                     # measured
+#[derive(clap::Args, Debug)]
+#[command(verbatim_doc_comment)]
+pub struct ExecArgs {
+    /// The task graph (mutirao-dag/1).
+    #[arg(long, value_name = "FILE")]
+    pub dag: PathBuf,
+    /// The schedule (mutirao-schedule/1): which host runs each task, in which order.
+    #[arg(long, value_name = "FILE")]
+    pub schedule: PathBuf,
+    /// Run on these hosts through their agents (default: all ranks on this machine).
+    #[arg(long, value_name = "FILE")]
+    pub hostfile: Option<PathBuf>,
+    /// The agents' token file (with --hostfile).
+    #[arg(long, value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
+    /// Print the whole trace as JSON (same shape as `simulate --json`).
+    #[arg(long)]
+    pub json: bool,
+    /// Kernel iterations per second of the reference host (default: measured now).
+    #[arg(long, value_name = "N")]
+    pub rate: Option<f64>,
+    /// End the run if it takes longer than S seconds.
+    #[arg(long, value_name = "S", default_value_t = 600.0)]
+    pub timeout: f64,
+    #[arg(long, hide = true)]
+    pub worker: bool,
+    #[arg(long, hide = true)]
+    pub out: Option<PathBuf>,
+}
+
+/// The fixed computation: dependent multiply-adds the compiler cannot remove.
+fn kernel(iters: u64) -> u64 {
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    for i in 0..iters {
+        x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(i));
+    }
+    x
+}
+
+/// Iterations per second of the kernel on this host, now (best of 3 short runs).
+pub fn measure_rate() -> f64 {
+    let n = 20_000_000u64;
+    (0..3)
+        .map(|_| {
+            let t = Instant::now();
+            std::hint::black_box(kernel(n));
+            n as f64 / t.elapsed().as_secs_f64().max(1e-9)
+        })
+        .fold(0.0, f64::max)
+}
+
+#[derive(Serialize, Deserialize)]
+struct TaskRun {
+    task: usize,
+    start_s: f64,
+    finish_s: f64,
+}
+
+#[derive(Serialize)]
+struct HostOut<'a> {
+    name: &'a str,
+    busy_s: f64,
+    idle_s: f64,
+}
+
+#[derive(Serialize)]
+struct TaskOut<'a> {
+    id: &'a str,
+    host: &'a str,
+    start_s: f64,
+    finish_s: f64,
+}
+
+#[derive(Serialize)]
+struct ExecOut<'a> {
+    format: &'static str,
+    makespan_s: f64,
+    rate: f64,
+    hosts: Vec<HostOut<'a>>,
+    tasks: Vec<TaskOut<'a>>,
+}
+
+struct Plan {
+    dag: Dag,
+    hosts: Vec<String>,
+    /// Rank of each task.
+    rank_of: Vec<usize>,
+    /// Per rank, its tasks in scheduled order.
+    order: Vec<Vec<usize>>,
+}
+
+fn load(dag: &Path, schedule: &Path) -> anyhow::Result<Plan> {
+    let dtext = std::fs::read_to_string(dag)
+        .with_context(|| format!("cannot read task graph {}", dag.display()))?;
+    let dag_v = Dag::from_json(&dtext).with_context(|| format!("in {}", dag.display()))?;
+    let stext = std::fs::read_to_string(schedule)
+        .with_context(|| format!("cannot read schedule {}", schedule.display()))?;
+    let s = Schedule::from_json(&stext).with_context(|| format!("in {}", schedule.display()))?;
+    let idx = dag_v.id_index();
+    let mut hosts: Vec<String> = Vec::new();
+    let mut rank_of = vec![usize::MAX; dag_v.len()];
+    let mut entries = Vec::new();
+    for (k, st) in s.tasks.iter().enumerate() {
+        let Some(&t) = idx.get(st.id.as_str()) else {
+            bail!(
+                "{}: task {:?} is not in the task graph {}",
+                schedule.display(),
+                st.id,
+                dag.display()
+            );
+        };
+        if rank_of[t] != usize::MAX {
+            bail!("{}: task {:?} is placed twice", schedule.display(), st.id);
+        }
+        let r = match hosts.iter().position(|h| *h == st.host) {
+            Some(r) => r,
+            None => {
+                hosts.push(st.host.clone());
+                hosts.len() - 1
+            }
+        };
+        rank_of[t] = r;
+        entries.push((r, st.start_s, k, t));
+    }
+    if let Some(t) = rank_of.iter().position(|r| *r == usize::MAX) {
+        bail!(
+            "{}: task {:?} of the graph is not placed",
+            schedule.display(),
+            dag_v.tasks()[t].id
+        );
+    }
+    if dag_v.edges().len() > i32::MAX as usize {
+        bail!("the task graph has more edges than message tags");
+    }
+    entries.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.total_cmp(&b.1)).then(a.2.cmp(&b.2)));
+    let mut order = vec![Vec::new(); hosts.len()];
+    for (r, _, _, t) in entries {
+        order[r].push(t);
+    }
+    // A rank runs its tasks in scheduled order; a predecessor on the same rank must come first.
+    for (r, ts) in order.iter().enumerate() {
+        let pos: HashMap<usize, usize> = ts.iter().enumerate().map(|(i, t)| (*t, i)).collect();
+        for e in dag_v.edges() {
+            if rank_of[e.from] == r && rank_of[e.to] == r && pos[&e.from] > pos[&e.to] {
+                bail!(
+                    "{}: on host {:?} task {:?} is scheduled before its predecessor {:?}",
+                    schedule.display(),
+                    hosts[r],
+                    dag_v.tasks()[e.to].id,
+                    dag_v.tasks()[e.from].id
+                );
+            }
+        }
+    }
+    Ok(Plan {
+        dag: dag_v,
+        hosts,
+        rank_of,
+        order,
+    })
+}
+
+pub fn run(a: ExecArgs) -> anyhow::Result<ExitCode> {
+    if a.worker {
+        return worker(&a);
+    }
+    let plan = load(&a.dag, &a.schedule)?;
+    let rate = match a.rate {
+        Some(r) if r.is_finite() && r > 0.0 => r,
+        Some(r) => bail!("--rate {r}: must be a positive number"),
+        None => measure_rate(),
+    };
+    let abs = |p: &Path| std::fs::canonicalize(p).with_context(|| format!("{}", p.display()));
+    let out = std::env::temp_dir().join(format!("mutirao-exec-{}.json", std::process::id()));
+    let exe = std::env::current_exe().context("cannot find the mutirao binary")?;
+    let command = vec![
+        exe.display().to_string(),
+        "exec-dag".into(),
+        "--worker".into(),
+        "--dag".into(),
+        abs(&a.dag)?.display().to_string(),
+        "--schedule".into(),
+        abs(&a.schedule)?.display().to_string(),
+        "--rate".into(),
+        format!("{rate}"),
+        "--out".into(),
+        out.display().to_string(),
+    ];
+    let code = cmd_run::run(RunArgs {
+        n: plan.hosts.len(),
+        hostfile: a.hostfile.clone(),
+        tag_output: false,
+        timeout: Some(a.timeout),
+        env: Vec::new(),
+        token_file: a.token_file.clone(),
+        command,
+    })?;
+    let result = std::fs::read_to_string(&out);
+    let _ = std::fs::remove_file(&out);
+    let runs: Vec<Vec<TaskRun>> = match result {
+        Ok(t) => serde_json::from_str(&t).context("the workers' trace is malformed")?,
+        Err(_) => {
+            eprintln!("mutirao exec-dag: the run did not complete; no measurement");
+            return Ok(if code == ExitCode::SUCCESS {
+                ExitCode::from(1)
+            } else {
+                code
+            });
+        }
+    };
+    report(&plan, rate, &runs, a.json)?;
+    Ok(code)
+}
+
+fn report(plan: &Plan, rate: f64, runs: &[Vec<TaskRun>], json: bool) -> anyhow::Result<()> {
+    let tasks = plan.dag.tasks();
+    let mut times = vec![(0.0f64, 0.0f64); tasks.len()];
+    let mut busy = vec![0.0f64; plan.hosts.len()];
+    for (r, rs) in runs.iter().enumerate() {
+        for tr in rs {
+            if tr.task < times.len() {
+                times[tr.task] = (tr.start_s, tr.finish_s);
+                if let Some(b) = busy.get_mut(r) {
+                    *b += tr.finish_s - tr.start_s;
+                }
+            }
+        }
+    }
+    let makespan = times.iter().map(|t| t.1).fold(0.0, f64::max);
+    if json {
+        let out = ExecOut {
+            format: "mutirao-execution/1",
+            makespan_s: makespan,
+            rate,
+            hosts: plan
+                .hosts
+                .iter()
+                .zip(&busy)
+                .map(|(h, b)| HostOut {
+                    name: h,
+                    busy_s: *b,
+                    idle_s: makespan - b,
+                })
+                .collect(),
+            tasks: tasks
+                .iter()
+                .enumerate()
+                .map(|(t, task)| TaskOut {
+                    id: &task.id,
+                    host: &plan.hosts[plan.rank_of[t]],
+                    start_s: times[t].0,
+                    finish_s: times[t].1,
+                })
+                .collect(),
+        };
+        println!("{}", serde_json::to_string_pretty(&out)?);
+    } else {
+        println!(
+            "makespan_s {makespan:.6} (measured; {} tasks on {} hosts)",
+            tasks.len(),
+            plan.hosts.len()
+        );
+        for (h, b) in plan.hosts.iter().zip(&busy) {
+            println!("{h:<28} busy {b:>10.6} s  idle {:>10.6} s", makespan - b);
+        }
+    }
+    Ok(())
+}
+
+fn worker(a: &ExecArgs) -> anyhow::Result<ExitCode> {
+    let plan = load(&a.dag, &a.schedule)?;
+    let rate = a.rate.context("--rate is required in worker mode")?;
+    let world = mutirao::init()?;
+    let me = world.rank();
+    if world.size() != plan.hosts.len() {
+        bail!(
+            "started with {} ranks for {} hosts",
+            world.size(),
+            plan.hosts.len()
+        );
+    }
+    let dag = &plan.dag;
+    world.barrier()?;
+    let t0 = Instant::now();
+    let mut pending = Vec::new();
+    let mut runs = Vec::new();
+    for &t in &plan.order[me] {
+        for &e in dag.in_edges(t) {
+            let edge = dag.edges()[e];
+            let src = plan.rank_of[edge.from];
+            if src != me {
+                let (v, _) = world.recv_vec::<u8>(src, e as i32)?;
+                if v.len() as u64 != edge.bytes {
+                    bail!(
+                        "edge {e}: received {} bytes, expected {}",
+                        v.len(),
+                        edge.bytes
+                    );
+                }
+            }
+        }
+        let start = t0.elapsed().as_secs_f64();
+        std::hint::black_box(kernel((dag.tasks()[t].work * rate) as u64));
+        let finish = t0.elapsed().as_secs_f64();
+        runs.push(TaskRun {
+            task: t,
+            start_s: start,
+            finish_s: finish,
+        });
+        for &e in dag.out_edges(t) {
+            let edge = dag.edges()[e];
+            let dst = plan.rank_of[edge.to];
+            if dst != me {
+                let len = usize::try_from(edge.bytes).context("edge too large")?;
+                pending.push(world.isend(vec![0u8; len], dst, e as i32)?);
+            }
+        }
+    }
+    mutirao::wait_all(pending)?;
+    if me == 0 {
+        let mut all = vec![runs];
+        for r in 1..world.size() {
+            let (v, _): (Vec<TaskRun>, _) = world.recv_obj(r, i32::MAX)?;
+            all.push(v);
+        }
+        if let Some(out) = &a.out {
+            crate::cmd_agent::write_atomic(out, serde_json::to_string(&all)?.as_bytes(), 0o600)?;
+        }
+    } else {
+        world.send_obj(&runs, 0, i32::MAX)?;
+    }
+    world.finalize()?;
+    Ok(ExitCode::SUCCESS)
+}
