@@ -90,6 +90,15 @@ pub enum DagCommand {
         #[arg(short = 'o', long = "output")]
         output: Option<PathBuf>,
     },
+    /// Convert a WfCommons workflow instance (WfFormat 1.5/1.6 JSON) into a task graph:
+    /// work = runtimeInSeconds, bytes = sizes of the files a parent writes and its child reads.
+    ImportWfcommons {
+        /// The WfCommons instance (JSON).
+        input: PathBuf,
+        /// Where to write the task graph (mutirao-dag/1).
+        #[arg(short = 'o', long = "output")]
+        output: PathBuf,
+    },
     /// Validate a task graph and print its size.
     Check {
         /// The task graph (mutirao-dag/1).
@@ -199,6 +208,18 @@ pub fn run(cmd: SchedCommand) -> anyhow::Result<ExitCode> {
                 Some(o) => write_atomic(&o, d.to_dot().as_bytes())?,
                 None => emit(&d.to_dot())?,
             }
+            Ok(ExitCode::SUCCESS)
+        }
+        SchedCommand::Dag(DagCommand::ImportWfcommons { input, output }) => {
+            let d = mutirao_sched::wfcommons::from_wfcommons(&read(&input, "WfCommons instance")?)
+                .with_context(|| format!("in {}", input.display()))?;
+            write_atomic(&output, format!("{}\n", d.to_json()).as_bytes())?;
+            println!(
+                "{}: {} tasks, {} edges",
+                output.display(),
+                d.len(),
+                d.edges().len()
+            );
             Ok(ExitCode::SUCCESS)
         }
         SchedCommand::Dag(DagCommand::Check { dag }) => {

@@ -8,7 +8,8 @@
 //!   latency-model baseline;
 //! * [`sched`]: HEFT, the thesis's HLogP-aware HEFT, PEFT and round-robin, the
 //!   `mutirao-schedule/1` format, hostfile/rankfile writers, and SLR / speedup / efficiency;
-//! * [`gantt`]: an SVG Gantt chart of a simulated schedule.
+//! * [`gantt`]: an SVG Gantt chart of a simulated schedule;
+//! * [`wfcommons`]: import of WfCommons (WfFormat 1.5/1.6) workflow instances.
 //!
 //! Everything here is pure: no file or network I/O. The `mutirao` CLI reads and writes files.
 //!
@@ -31,6 +32,7 @@ pub mod gen;
 pub mod platform;
 pub mod sched;
 pub mod sim;
+pub mod wfcommons;
 
 pub use dag::{Dag, DagError};
 pub use platform::Platform;
