@@ -563,9 +563,10 @@ impl DirServer {
     /// are reply packets). This is what the Unix socket calls; an embedding process may call
     /// it directly.
     pub async fn handle(&self, cred: Cred, p: Packet) -> Packet {
-        match self.handle_inner(cred, p.clone()).await {
+        let h = p.header.clone();
+        match self.handle_inner(cred, p).await {
             Ok(r) => r,
-            Err(e) => error_packet(&p.header, &e),
+            Err(e) => error_packet(&h, &e),
         }
     }
 
