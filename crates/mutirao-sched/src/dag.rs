@@ -106,18 +106,32 @@ pub struct Edge {
     pub bytes: u64,
 }
 
-#[derive(Serialize, Deserialize)]
+#[derive(Deserialize)]
 struct RawDag {
     format: String,
     tasks: Vec<Task>,
     edges: Vec<RawEdge>,
 }
 
-#[derive(Serialize, Deserialize)]
+#[derive(Deserialize)]
 struct RawEdge {
     from: String,
     to: String,
     bytes: f64,
+}
+
+#[derive(Serialize)]
+struct OutDag<'a> {
+    format: &'static str,
+    tasks: &'a [Task],
+    edges: Vec<OutEdge<'a>>,
+}
+
+#[derive(Serialize)]
+struct OutEdge<'a> {
+    from: &'a str,
+    to: &'a str,
+    bytes: u64,
 }
 
 /// A validated, acyclic task graph with adjacency lists.
@@ -252,16 +266,16 @@ impl Dag {
 
     /// Pretty `mutirao-dag/1` JSON text.
     pub fn to_json(&self) -> String {
-        let raw = RawDag {
-            format: DAG_FORMAT.to_string(),
-            tasks: self.tasks.clone(),
+        let raw = OutDag {
+            format: DAG_FORMAT,
+            tasks: &self.tasks,
             edges: self
                 .edges
                 .iter()
-                .map(|e| RawEdge {
-                    from: self.tasks[e.from].id.clone(),
-                    to: self.tasks[e.to].id.clone(),
-                    bytes: e.bytes as f64,
+                .map(|e| OutEdge {
+                    from: &self.tasks[e.from].id,
+                    to: &self.tasks[e.to].id,
+                    bytes: e.bytes,
                 })
                 .collect(),
         };
@@ -440,6 +454,7 @@ mod tests {
         assert_eq!(d.in_edges(1), &[0]);
         let back = Dag::from_json(&d.to_json()).unwrap();
         assert_eq!(back, d);
+        assert!(d.to_json().contains("\"bytes\": 1024\n"), "{}", d.to_json());
     }
 
     #[test]
