@@ -5,6 +5,7 @@
 //! * [`interval`]: the interval type and its construction from benchmark samples;
 //! * [`machine`]: the op × type machine model (CRES) and its Appendix-B text format;
 //! * [`pamela`]: the Extended-PAMELA model language (parse and print);
+//! * [`pasl`]: JoiN's flow-specification language, the batch DAG and its series-parallel form;
 //! * [`analytic`]: the analytic compiler (T_0, T_r, T = max) and the evaluator (TPT);
 //! * [`shares`]: JoiN's static shares `S_i = ⌈f·c·W_i/ΣW⌉`, rounded to sum to c;
 //! * [`harness`]: the interval error (Eq. 5.2/5.3) and a checker of printed results;
@@ -39,4 +40,5 @@ pub mod harness;
 pub mod interval;
 pub mod machine;
 pub mod pamela;
+pub mod pasl;
 pub mod shares;
