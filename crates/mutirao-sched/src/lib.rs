@@ -26,6 +26,8 @@
 //! println!("{} predicts {:.3} s, the HLogP simulator {:.3} s", s.algorithm, s.makespan_s, r.makespan_s);
 //! ```
 
+#![warn(missing_docs)]
+
 pub mod dag;
 pub mod gantt;
 pub mod gen;
