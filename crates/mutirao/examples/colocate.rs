@@ -26,7 +26,10 @@ fn work(iters: u64) -> u64 {
 fn main() -> Result<(), mutirao::Error> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if let Some(i) = args.iter().position(|a| a == "--calibrate") {
-        let ms: f64 = args.get(i + 1).and_then(|s| s.parse().ok()).unwrap_or(1000.0);
+        let ms: f64 = args
+            .get(i + 1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(1000.0);
         let probe = 50_000_000u64;
         let t = Instant::now();
         std::hint::black_box(work(probe));

@@ -15,14 +15,13 @@
 //! - a peer's failure (EOF without BYE, reset, protocol error) fails every pending operation that
 //!   needs it and every later one, instead of blocking.
 
-use crate::shm::Ring;
+use crate::transport::Transport;
 use crate::wire::{Header, Kind, HEADER_LEN};
 use crate::{Error, Status};
-use mio::net::TcpStream;
 use mio::{Events, Interest, Poll, Token};
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
-use std::io::{IoSlice, Read, Write};
+use std::io::IoSlice;
 use std::time::{Duration, Instant};
 
 /// Request ids are sequential integers: a multiplicative hash is enough (and far cheaper than SipHash).
@@ -203,23 +202,10 @@ pub(crate) enum PeerState {
     Failed(String),
 }
 
-pub(crate) struct ShmLink {
-    pub tx: Ring,
-    pub rx: Ring,
-}
-
-/// The byte-stream side of a peer: a TCP socket, or a shared-memory ring pair (with its socket
-/// as doorbell and liveness signal).
-struct Io {
-    sock: Option<TcpStream>,
-    shm: Option<ShmLink>,
-    readable: bool,
-    writable: bool,
-}
-
 pub(crate) struct Peer {
     pub(crate) state: PeerState,
-    io: Io,
+    /// The byte stream to this peer; `None` for this process itself.
+    io: Option<Box<dyn Transport>>,
     rx: Rx,
     stage: Vec<u8>,
     stage_start: usize,
@@ -231,15 +217,10 @@ pub(crate) struct Peer {
 const STAGE: usize = 64 * 1024;
 
 impl Peer {
-    pub(crate) fn new(sock: Option<TcpStream>, shm: Option<ShmLink>) -> Peer {
+    pub(crate) fn new(io: Option<Box<dyn Transport>>) -> Peer {
         Peer {
             state: PeerState::Alive,
-            io: Io {
-                sock,
-                shm,
-                readable: true,
-                writable: true,
-            },
+            io,
             rx: Rx::Header,
             stage: vec![0u8; STAGE],
             stage_start: 0,
@@ -249,70 +230,23 @@ impl Peer {
         }
     }
 
+    /// Same-host peer whose socket only carries wake-ups.
     fn is_shm(&self) -> bool {
-        self.io.shm.is_some()
+        self.io.as_ref().is_some_and(|t| !t.socket_is_stream())
     }
 }
 
-impl Io {
-    /// Read raw stream bytes. Ok(0) means "nothing now".
-    fn raw_read(&mut self, buf: &mut [u8]) -> Result<usize, String> {
-        if let Some(shm) = &mut self.shm {
-            let (n, wake) = shm.rx.read(buf);
-            if wake {
-                ring_doorbell(self.sock.as_mut());
-            }
-            return Ok(n);
-        }
-        let Some(sock) = self.sock.as_mut() else {
-            return Ok(0);
-        };
-        if !self.readable {
-            return Ok(0);
-        }
-        match sock.read(buf) {
-            Ok(0) if !buf.is_empty() => Err("connection closed".into()),
-            Ok(n) => Ok(n),
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                self.readable = false;
-                Ok(0)
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => Ok(0),
-            Err(e) => Err(format!("connection error: {e}")),
-        }
-    }
-
-    /// Write raw stream bytes; Ok(n) may be short.
-    fn raw_write(&mut self, bufs: &[IoSlice<'_>]) -> Result<usize, String> {
-        if let Some(shm) = &mut self.shm {
-            let (n, wake) = shm.tx.write_vectored(bufs);
-            if wake {
-                ring_doorbell(self.sock.as_mut());
-            }
-            return Ok(n);
-        }
-        let Some(sock) = self.sock.as_mut() else {
-            return Err("no connection".into());
-        };
-        if !self.writable {
-            return Ok(0);
-        }
-        match sock.write_vectored(bufs) {
-            Ok(n) => Ok(n),
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                self.writable = false;
-                Ok(0)
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => Ok(0),
-            Err(e) => Err(format!("connection error: {e}")),
-        }
+fn raw_read(io: &mut Option<Box<dyn Transport>>, buf: &mut [u8]) -> Result<usize, String> {
+    match io.as_mut() {
+        Some(t) => t.read(buf),
+        None => Ok(0),
     }
 }
 
-fn ring_doorbell(sock: Option<&mut TcpStream>) {
-    if let Some(s) = sock {
-        // WouldBlock means doorbell bytes are already pending: the peer will wake anyway.
-        let _ = s.write(&[1u8]);
+fn raw_write(io: &mut Option<Box<dyn Transport>>, bufs: &[IoSlice<'_>]) -> Result<usize, String> {
+    match io.as_mut() {
+        Some(t) => t.write(bufs),
+        None => Err("no connection".into()),
     }
 }
 
@@ -355,7 +289,7 @@ impl Engine {
         let poll = if size > 1 {
             let poll = Poll::new()?;
             for (i, p) in peers.iter_mut().enumerate() {
-                if let Some(s) = p.io.sock.as_mut() {
+                if let Some(s) = p.io.as_mut().and_then(|t| t.socket()) {
                     poll.registry().register(
                         s,
                         Token(i),
@@ -371,7 +305,7 @@ impl Engine {
         let cma = tuning.cma;
         let n_sock = peers
             .iter()
-            .filter(|p| p.io.sock.is_some() && !p.is_shm())
+            .filter(|p| p.io.as_ref().is_some_and(|t| t.socket_is_stream()))
             .count();
         Ok(Engine {
             rank,
@@ -480,7 +414,7 @@ impl Engine {
         let p = &mut self.peers[peer];
         let mut written = 0;
         if p.txq.is_empty() {
-            match p.io.raw_write(&[IoSlice::new(&h), IoSlice::new(payload)]) {
+            match raw_write(&mut p.io, &[IoSlice::new(&h), IoSlice::new(payload)]) {
                 Ok(n) => written = n,
                 Err(why) => {
                     self.fail_peer(peer, why);
@@ -540,9 +474,12 @@ impl Engine {
             };
             let total = HEADER_LEN + payload.len();
             let res = if out.pos < HEADER_LEN {
-                p.io.raw_write(&[IoSlice::new(&out.hdr[out.pos..]), IoSlice::new(payload)])
+                raw_write(
+                    &mut p.io,
+                    &[IoSlice::new(&out.hdr[out.pos..]), IoSlice::new(payload)],
+                )
             } else {
-                p.io.raw_write(&[IoSlice::new(&payload[out.pos - HEADER_LEN..])])
+                raw_write(&mut p.io, &[IoSlice::new(&payload[out.pos - HEADER_LEN..])])
             };
             match res {
                 Ok(0) => break,
@@ -828,7 +765,8 @@ impl Engine {
                 Ok(false) => break,
                 Err(why) => {
                     if self.peers[peer].state == PeerState::Alive {
-                        self.fail_peer(peer, why);
+                        let kind = self.peers[peer].io.as_ref().map_or("", |t| t.kind());
+                        self.fail_peer(peer, format!("{kind} link: {why}"));
                     }
                     break;
                 }
@@ -852,7 +790,7 @@ impl Engine {
                         p.stage_end = have;
                         p.stage_start = 0;
                     }
-                    let n = p.io.raw_read(&mut p.stage[p.stage_end..])?;
+                    let n = raw_read(&mut p.io, &mut p.stage[p.stage_end..])?;
                     if n == 0 {
                         return Ok(false);
                     }
@@ -1023,7 +961,7 @@ impl Engine {
             n
         } else if dst.len() < 1024 {
             // Small remainder: read through the stage to pick up following frames too.
-            let got = p.io.raw_read(&mut p.stage[..])?;
+            let got = raw_read(&mut p.io, &mut p.stage[..])?;
             p.stage_start = 0;
             p.stage_end = got;
             if got == 0 {
@@ -1031,7 +969,7 @@ impl Engine {
             }
             return Ok(true);
         } else {
-            let n = p.io.raw_read(dst)?;
+            let n = raw_read(&mut p.io, dst)?;
             if n == 0 {
                 return Ok(false);
             }
@@ -1085,10 +1023,12 @@ impl Engine {
             p.state = PeerState::Failed(why);
             p.txq.clear();
             p.rx = Rx::Header;
-            if let (Some(s), Some(poll)) = (p.io.sock.as_mut(), self.poll.as_ref()) {
-                let _ = poll.registry().deregister(s);
+            if let Some(t) = p.io.as_mut() {
+                if let (Some(s), Some(poll)) = (t.socket(), self.poll.as_ref()) {
+                    let _ = poll.registry().deregister(s);
+                }
+                t.close_socket();
             }
-            p.io.sock = None;
         }
         self.fail_ops_of(peer);
     }
@@ -1155,12 +1095,11 @@ impl Engine {
         if self.n_shm > 0 {
             for i in 0..self.peers.len() {
                 let p = &self.peers[i];
-                if let Some(shm) = &p.io.shm {
-                    if p.state == PeerState::Alive
-                        && (shm.rx.available() > 0 || p.stage_end > p.stage_start)
-                    {
-                        did |= self.read_peer(i);
-                    }
+                if p.state == PeerState::Alive
+                    && (p.io.as_ref().is_some_and(|t| t.ready_hint())
+                        || p.stage_end > p.stage_start)
+                {
+                    did |= self.read_peer(i);
                 }
             }
         }
@@ -1200,54 +1139,36 @@ impl Engine {
             let Some(p) = self.peers.get_mut(i) else {
                 continue;
             };
+            let Some(t) = p.io.as_mut() else {
+                continue;
+            };
             if w {
-                p.io.writable = true;
+                t.on_writable();
             }
             if r {
-                p.io.readable = true;
-                if p.is_shm() {
-                    did |= self.drain_doorbell(i);
-                } else {
-                    did |= self.read_peer(i);
+                let shm = !t.socket_is_stream();
+                let alive = t.on_readable();
+                // Whatever the stream still holds (maybe a BYE) counts before a close.
+                did |= self.read_peer(i);
+                did |= shm;
+                if let Err(why) = alive {
+                    self.close_socket(i);
+                    if self.peers[i].state == PeerState::Alive {
+                        self.fail_peer(i, why);
+                    }
                 }
             }
         }
         Ok(did)
     }
 
-    /// A shm peer's socket only carries wake-up bytes, and its EOF means the peer is gone.
-    fn drain_doorbell(&mut self, i: usize) -> bool {
-        let mut buf = [0u8; 256];
-        let mut closed = None;
-        if let Some(s) = self.peers[i].io.sock.as_mut() {
-            loop {
-                match s.read(&mut buf) {
-                    Ok(0) => {
-                        closed = Some("connection closed".to_string());
-                        break;
-                    }
-                    Ok(_) => continue,
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
-                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                    Err(e) => {
-                        closed = Some(format!("connection error: {e}"));
-                        break;
-                    }
-                }
-            }
-        }
-        // Whatever the ring still holds (maybe its BYE) counts before the close.
-        self.read_peer(i);
-        if let Some(why) = closed {
-            if let (Some(s), Some(poll)) = (self.peers[i].io.sock.as_mut(), self.poll.as_ref()) {
+    fn close_socket(&mut self, i: usize) {
+        if let Some(t) = self.peers[i].io.as_mut() {
+            if let (Some(s), Some(poll)) = (t.socket(), self.poll.as_ref()) {
                 let _ = poll.registry().deregister(s);
             }
-            self.peers[i].io.sock = None;
-            if self.peers[i].state == PeerState::Alive {
-                self.fail_peer(i, why);
-            }
+            t.close_socket();
         }
-        true
     }
 
     /// Drive progress until `done` holds: spin for `tuning.spin`, then block in the kernel so a
@@ -1290,19 +1211,16 @@ impl Engine {
             // Block: announce sleep on every ring, re-check, then wait for a socket event.
             let mut woke = false;
             for p in &self.peers {
-                if let Some(shm) = &p.io.shm {
-                    woke |= shm.rx.prepare_reader_sleep();
-                    if !p.txq.is_empty() {
-                        woke |= shm.tx.prepare_writer_sleep();
-                    }
+                if let Some(t) = &p.io {
+                    woke |= t.prepare_sleep(!p.txq.is_empty());
                 }
             }
             if !woke {
                 self.poll_sockets(Some(Duration::from_millis(200)))?;
             }
             for p in &self.peers {
-                if let Some(shm) = &p.io.shm {
-                    shm.rx.clear_reader_sleep();
+                if let Some(t) = &p.io {
+                    t.end_sleep();
                 }
             }
         }
@@ -1430,7 +1348,7 @@ impl Engine {
             let p = &self.peers[i];
             if !p.bye_sent
                 && matches!(p.state, PeerState::Alive | PeerState::Finalized)
-                && p.io.sock.is_some()
+                && p.io.as_ref().is_some()
             {
                 self.peers[i].bye_sent = true;
                 let hdr = Header {
@@ -1444,11 +1362,11 @@ impl Engine {
             }
         }
         let deadline = Instant::now() + Duration::from_secs(5);
-        while self
-            .peers
-            .iter()
-            .any(|p| !p.txq.is_empty() && p.io.sock.is_some())
-            && Instant::now() < deadline
+        while self.peers.iter().any(|p| {
+            !p.txq.is_empty()
+                && matches!(p.state, PeerState::Alive | PeerState::Finalized)
+                && p.io.is_some()
+        }) && Instant::now() < deadline
         {
             if !self.progress_once(true)? {
                 self.poll_sockets(Some(Duration::from_millis(10)))?;
@@ -1505,6 +1423,8 @@ fn matches(r: &Recv, peer: usize, ctx: u64, tag: i32) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use mio::net::TcpStream;
+    use std::io::Write;
     use std::net::{TcpListener, TcpStream as StdStream};
 
     /// An engine for rank 0 of 2 whose peer is a raw socket the test controls.
@@ -1514,8 +1434,10 @@ mod tests {
         let (ours, _) = l.accept().unwrap();
         ours.set_nonblocking(true).unwrap();
         let peers = vec![
-            Peer::new(None, None),
-            Peer::new(Some(TcpStream::from_std(ours)), None),
+            Peer::new(None),
+            Peer::new(Some(Box::new(crate::transport::TcpTransport::new(
+                TcpStream::from_std(ours),
+            )))),
         ];
         let e = Engine::new(
             0,

@@ -2,9 +2,10 @@
 //! mesh of connections (shared memory to ranks of this host, TCP to the others).
 
 use crate::config::Config;
-use crate::engine::{Engine, Peer, ShmLink, Tuning};
+use crate::engine::{Engine, Peer, Tuning};
 use crate::pmi::{unhex_token, Kvs, PmiClient};
 use crate::shm::Ring;
+use crate::transport::{ShmTransport, TcpTransport, Transport};
 use crate::wire::{Hello, HELLO_LEN, PROTOCOL_VERSION};
 use crate::{Comm, Error};
 use std::io::{Read, Write};
@@ -111,7 +112,7 @@ pub fn init() -> Result<Comm, Error> {
             let engine = Engine::new(
                 0,
                 1,
-                vec![Peer::new(None, None)],
+                vec![Peer::new(None)],
                 Tuning {
                     eager_limit: cfg.eager_limit,
                     spin: cfg.spin,
@@ -213,16 +214,6 @@ pub fn init_with(env: &JobEnv) -> Result<Comm, Error> {
     let mut peers = Vec::with_capacity(env.size);
     for i in 0..env.size {
         let sock = socks[i].take();
-        let shm = match inbound[i].take() {
-            Some(rx) => {
-                let tx = Ring::open(&ring_path(&env.job_id, env.rank, i)).map_err(|e| {
-                    cleanup(&created);
-                    Error::Init(format!("cannot open the ring to rank {i}: {e}"))
-                })?;
-                Some(ShmLink { tx, rx })
-            }
-            None => None,
-        };
         let sock = match sock {
             Some(s) => {
                 s.set_nonblocking(true)?;
@@ -230,7 +221,18 @@ pub fn init_with(env: &JobEnv) -> Result<Comm, Error> {
             }
             None => None,
         };
-        peers.push(Peer::new(sock, shm));
+        let io: Option<Box<dyn Transport>> = match (sock, inbound[i].take()) {
+            (Some(sock), Some(rx)) => {
+                let tx = Ring::open(&ring_path(&env.job_id, env.rank, i)).map_err(|e| {
+                    cleanup(&created);
+                    Error::Init(format!("cannot open the ring to rank {i}: {e}"))
+                })?;
+                Some(Box::new(ShmTransport::new(tx, rx, sock)))
+            }
+            (Some(sock), None) => Some(Box::new(TcpTransport::new(sock))),
+            (None, _) => None,
+        };
+        peers.push(Peer::new(io));
     }
     // When everyone has mapped, the files can go: nothing is left in /dev/shm if a rank dies.
     let fenced = pmi.fence(Kvs::new(), cfg.connect_timeout);

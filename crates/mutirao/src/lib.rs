@@ -51,6 +51,7 @@ mod init;
 pub mod op;
 pub mod pmi;
 pub mod shm;
+mod transport;
 pub mod wire;
 
 pub use comm::{wait_all, wait_any, Comm, Completion, Request};
