@@ -58,8 +58,8 @@ static void allreduce(int rank, int size) {
     for (int b = -1; b < 21; b++) {
         MPI_Barrier(MPI_COMM_WORLD);
         double t0 = MPI_Wtime();
-        for (int k = 0; k < 20000; k++) MPI_Allreduce(&in, &res, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
-        if (b >= 0) t[b] = (MPI_Wtime() - t0) / 20000;
+        for (int k = 0; k < 2000; k++) MPI_Allreduce(&in, &res, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
+        if (b >= 0) t[b] = (MPI_Wtime() - t0) / 2000;
     }
     if (res != (long)size * (size - 1) / 2) MPI_Abort(MPI_COMM_WORLD, 1);
     double m = median(t, 21), worst;
