@@ -4,7 +4,8 @@
 //! [`Directory`] is one server's in-memory database (no I/O; time is a parameter);
 //! [`server::DirServer`] serves it over a Unix socket (local clients, SO_PEERCRED) and TCP
 //! (peer servers, HMAC cluster key); [`client::Client`] talks to a server; [`meu`] is the
-//! resource hierarchy (spec parser, property algebra, lookup, allocation, message routing).
+//! resource hierarchy (spec parser, property algebra, lookup, allocation, message routing);
+//! [`relations`] plans multicast over filiation/pairing relations (pure, no I/O).
 //!
 //! ```
 //! use mutirao_dir::{Acl, AttrList, Attr, Cred, Directory, DirConfig};
