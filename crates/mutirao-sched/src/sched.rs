@@ -7,7 +7,10 @@
 //!   upward rank; for each candidate host the predecessors' send slots are placed in their
 //!   reserved send windows, receive overheads are placed on the candidate in arrival order right
 //!   before the task, and after the task a send window of `Σ_succ max_q Os(m, p, q)` is
-//!   reserved, shrunk to the actual `Os` as each successor is placed.
+//!   reserved, shrunk to the actual `Os` as each successor is placed. The schedule's times are
+//!   then the HLogP simulator's replay of that mapping and order (the list scheduler's own
+//!   times are conservative where a window shrank after a later block was placed behind it), so
+//!   `makespan_s` equals what `mutirao simulate` predicts for the schedule.
 //! * [`Algorithm::Peft`]: PEFT (Arabnejad & Barbosa 2014), optimistic cost table, latency model.
 //! * [`Algorithm::RoundRobin`]: `mpirun`'s default: task `i` (rank order = task order in the
 //!   graph) on host `i mod P`; times from the HLogP simulator.
@@ -359,7 +362,7 @@ pub fn schedule(dag: &Dag, platform: &Platform, algo: Algorithm) -> Result<Sched
         }
         Algorithm::HlogpHeft => {
             let rank = upward_rank(dag, platform);
-            hlogp_heft(dag, platform, &rank)
+            replay(dag, platform, hlogp_heft(dag, platform, &rank))?
         }
         Algorithm::RoundRobin => round_robin(dag, platform)?,
     };
@@ -588,6 +591,27 @@ fn hlogp_heft(dag: &Dag, platform: &Platform, rank: &[f64]) -> Plan {
         finish,
         order,
     }
+}
+
+/// Replace a plan's times by the HLogP simulator's replay of its mapping and per-host order
+/// (HLogP-HEFT's reserved send windows make its internal times conservative).
+fn replay(dag: &Dag, platform: &Platform, plan: Plan) -> Result<Plan, SchedError> {
+    let mut seq = vec![0usize; dag.len()];
+    for (i, &t) in plan.order.iter().enumerate() {
+        seq[t] = i;
+    }
+    let placement = Placement {
+        host: plan.host,
+        start: plan.start,
+        seq,
+    };
+    let r = sim::simulate(dag, platform, &placement, SimOptions::default())?;
+    Ok(Plan {
+        host: placement.host,
+        start: r.tasks.iter().map(|t| t.start_s).collect(),
+        finish: r.tasks.iter().map(|t| t.finish_s).collect(),
+        order: plan.order,
+    })
 }
 
 fn round_robin(dag: &Dag, platform: &Platform) -> Result<Plan, SchedError> {

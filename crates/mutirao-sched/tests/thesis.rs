@@ -336,7 +336,7 @@ fn item6_hlogp_heft_wins_on_the_overhead_dominated_diamond() {
     }
 }
 
-// HLogP-HEFT's own estimate agrees with the simulator's replay of its schedule.
+// HLogP-HEFT's schedule carries the simulator's replay: simulating it again changes nothing.
 #[test]
 fn hlogp_heft_estimate_matches_the_simulator_on_the_diamond() {
     let (dag, platform) = diamond_case(2.0);
