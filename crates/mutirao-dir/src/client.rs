@@ -131,6 +131,9 @@ impl Client {
         if unique {
             h.flags |= FLAG_UNIQUE;
         }
+        if let Some(x) = attrs.iter().find(|x| x.is_system()) {
+            return Err(DirError::SystemNamespace(x.name.clone()));
+        }
         let mut a = attrs.clone();
         if *acl != Acl::Public {
             a.insert(Attr::full(ACL_ATTR, acl.encode()))?;
