@@ -9,6 +9,7 @@ mod cmd_dir;
 mod cmd_exec;
 mod cmd_fit;
 mod cmd_model;
+mod cmd_predict;
 mod cmd_run;
 mod cmd_sched;
 mod cmd_testbed;
@@ -51,6 +52,8 @@ enum Command {
     Resources(cmd_dir::ResourcesCommand),
     /// Run a task graph for real as a schedule places it, and measure its makespan.
     ExecDag(cmd_exec::ExecArgs),
+    /// PeMPSys interval prediction: [t_min; t_max] of an application on chosen machines; op counting of Rust tasks; JoiN shares.
+    Predict(cmd_predict::PredictArgs),
     // NEW SUBCOMMANDS: add one variant here and one match arm below, nothing else.
 }
 
@@ -67,6 +70,7 @@ fn main() -> std::process::ExitCode {
         Command::Dir(c) => cmd_dir::run_dir(c),
         Command::Resources(c) => cmd_dir::run_resources(c),
         Command::ExecDag(a) => cmd_exec::run(a),
+        Command::Predict(a) => cmd_predict::run(a),
         // NEW MATCH ARMS
     };
     match result {
