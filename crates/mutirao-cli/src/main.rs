@@ -4,6 +4,7 @@
 use clap::{Parser, Subcommand};
 
 mod agent_proto;
+mod cmd_calibrate;
 mod cmd_agent;
 mod cmd_dir;
 mod cmd_exec;
@@ -52,6 +53,8 @@ enum Command {
     Resources(cmd_dir::ResourcesCommand),
     /// Run a task graph for real as a schedule places it, and measure its makespan.
     ExecDag(cmd_exec::ExecArgs),
+    /// Measure hosts for the HLogP model: H per host, version II ping-pong per pair and size.
+    Calibrate(cmd_calibrate::CalibrateArgs),
     /// PeMPSys interval prediction: [t_min; t_max] of an application on chosen machines; op counting of Rust tasks; JoiN shares.
     Predict(cmd_predict::PredictArgs),
     // NEW SUBCOMMANDS: add one variant here and one match arm below, nothing else.
@@ -70,6 +73,7 @@ fn main() -> std::process::ExitCode {
         Command::Dir(c) => cmd_dir::run_dir(c),
         Command::Resources(c) => cmd_dir::run_resources(c),
         Command::ExecDag(a) => cmd_exec::run(a),
+        Command::Calibrate(a) => cmd_calibrate::run(a),
         Command::Predict(a) => cmd_predict::run(a),
         // NEW MATCH ARMS
     };

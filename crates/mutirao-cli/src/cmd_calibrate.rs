@@ -1,0 +1,1419 @@
+//! `mutirao calibrate`: the measuring loop of the HLogP modeller (thesis 000 §11.4, version II).
+//!
+//! How it runs:
+//! 1. This process (the *coordinator*) reads the hostfile (or makes `-n N` local hosts), works
+//!    out names and sites, and starts `mutirao run` with one rank per host — two when same-host
+//!    pairs are measured (rank `2i` is host `i`'s primary, `2i+1` its mirror) — running this same
+//!    binary as `mutirao calibrate --worker CONFIG`.
+//! 2. Rank 0 leads: it measures H on every host, one host at a time, makes the plan with
+//!    `strategy::plan`, then measures one pair at a time (every other rank waits in a receive for
+//!    its next order). Each result is printed by rank 0 as a `@@mutirao-calibrate ` JSON record on
+//!    its standard output, which the launcher forwards to the coordinator.
+//! 3. The coordinator drives the progress bar from those records, builds the
+//!    `mutirao-calib/1` document, and writes it atomically. Because every result leaves rank 0 as
+//!    soon as it exists, a host (even rank 0's) dying keeps everything measured before: the file
+//!    is marked partial, naming the host, and the command exits 1.
+
+use anyhow::{bail, Context};
+use indicatif::{ProgressBar, ProgressStyle};
+use mutirao::{Comm, ANY_TAG};
+use mutirao_model::calib::{
+    CalibHost, Calibration, LoadInfo, PingPongSample, SendMode, SpeedMeasurement, SpeedSample,
+    StrategyKind,
+};
+use mutirao_model::strategy::{plan, Plan, PlanHost, PlanOptions};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::cmd_fit::{ModeArg, StrategyArg};
+use crate::hostfile;
+
+/// Prefix of rank 0's record lines on its standard output.
+const RECORD: &str = "@@mutirao-calibrate ";
+/// Rank 0 → worker: an order.
+const TAG_CTRL: i32 = 1;
+/// Worker → rank 0: a result.
+const TAG_REPORT: i32 = 2;
+/// Ping-pong payload (both directions).
+const TAG_DATA: i32 = 10;
+/// Measure → mirror: the current size is over.
+const TAG_END_SIZE: i32 = 11;
+/// Measure → mirror: the sweep is over.
+const TAG_END_SWEEP: i32 = 12;
+/// Largest message size accepted by `--sizes` (1 GiB).
+const MAX_SIZE: u64 = 1 << 30;
+/// The H kernel's name in the calibration file.
+const KERNEL: &str = "int+matmul";
+
+/// Measure a set of hosts for the HLogP model: H of every host and a version II ping-pong per
+/// ordered host pair and message size, through the mutirão runtime's own transports.
+///
+/// Examples:
+///   mutirao calibrate -n 2 --sizes 0,1K,64K -o calib.json
+///   mutirao calibrate --hostfile g1.hosts --strategy site-sampled -o calib.json
+///   mutirao calibrate --hostfile g1.hosts --sites 10.0.0.2=a,10.0.1.2=b --mode send,isend -o c.json
+///
+/// Each host of the hostfile needs a running `mutirao agent` and this same binary at the same
+/// path. Sites: `--sites`/`--sites-file`, else the /24 of an IPv4 address (`10.213.1`), else
+/// `default`. Exit status: 0 complete, 1 partial (a host failed; the file is still written and
+/// names it), 2 bad input (nothing written).
+#[derive(clap::Args)]
+#[command(verbatim_doc_comment)]
+pub struct CalibrateArgs {
+    /// Hosts to measure (`HOST [slots=N] [port=P]` lines; slots are ignored).
+    #[arg(long, value_name = "FILE")]
+    hostfile: Option<PathBuf>,
+    /// Without --hostfile: number of hosts emulated on this machine (`local0`, `local1`, …).
+    #[arg(short = 'n', long = "hosts", default_value_t = 2, value_name = "N")]
+    n: usize,
+    /// Which pairs to measure.
+    #[arg(long, value_enum, default_value = "all-pairs")]
+    strategy: StrategyArg,
+    /// Send modes to measure (comma list): `isend` (nonblocking, Os = posting only), `send`.
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "isend")]
+    mode: Vec<ModeArg>,
+    /// Message sizes in bytes (comma list; K and M suffixes are KiB and MiB).
+    #[arg(
+        long,
+        default_value = "0,64,256,1K,4K,16K,32K,64K,128K,256K,512K,1M",
+        value_name = "LIST"
+    )]
+    sizes: String,
+    /// Most timed repetitions per size.
+    #[arg(long, default_value_t = 40, value_name = "R")]
+    reps: u32,
+    /// Fewest timed repetitions per size.
+    #[arg(long, default_value_t = 5, value_name = "R")]
+    min_reps: u32,
+    /// Untimed warm-up repetitions before each size.
+    #[arg(long, default_value_t = 2)]
+    warmup: u32,
+    /// Stop repeating a size after this many seconds once --min-reps are done.
+    #[arg(long, default_value_t = 0.5, value_name = "S")]
+    time_per_size: f64,
+    /// Sites of hosts, `HOST=SITE` (comma list, repeatable); HOST as in the hostfile.
+    #[arg(long, value_delimiter = ',', value_name = "HOST=SITE")]
+    sites: Vec<String>,
+    /// File of `HOST SITE [NAME]` lines (`#` comments): sites and, optionally, names.
+    #[arg(long, value_name = "FILE")]
+    sites_file: Option<PathBuf>,
+    /// Do not measure same-host pairs (then one rank per host is started).
+    #[arg(long)]
+    no_same_host: bool,
+    /// Type-sampled: relative tolerance for putting two hosts in one cluster.
+    #[arg(long, default_value_t = 0.10)]
+    tolerance: f64,
+    /// H kernel repetitions per run (default: chosen by rank 0 so that a run takes about
+    /// 0.1 s on its host; every host runs the same number).
+    #[arg(long)]
+    speed_reps: Option<u64>,
+    /// H kernel runs per host (H is the median).
+    #[arg(long, default_value_t = 5)]
+    speed_runs: u32,
+    /// The agents' shared secret (as for `mutirao run`).
+    #[arg(long, value_name = "FILE")]
+    token_file: Option<PathBuf>,
+    /// End the calibration after S seconds (the file is written, marked partial).
+    #[arg(long, default_value_t = 3600.0, value_name = "S")]
+    timeout: f64,
+    /// Where to write the calibration (mutirao-calib/1 JSON); written atomically.
+    #[arg(short, long, required_unless_present = "worker")]
+    output: Option<PathBuf>,
+    /// Internal: run as a rank of the calibration job (started by the coordinator).
+    #[arg(long, hide = true, value_name = "CONFIG")]
+    worker: Option<String>,
+    /// Testing: the primary rank of HOST kills itself after taking part in K sweeps.
+    #[arg(long, hide = true, value_name = "HOST:K")]
+    fault_kill: Option<String>,
+}
+
+/// A host as the job sees it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct HostSpec {
+    name: String,
+    site: String,
+    address: String,
+}
+
+/// Everything rank 0 needs; passed as JSON on the workers' command line.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct WorkerConfig {
+    hosts: Vec<HostSpec>,
+    same_host: bool,
+    strategy: StrategyKind,
+    tolerance: f64,
+    modes: Vec<SendMode>,
+    sizes: Vec<u64>,
+    reps: u32,
+    min_reps: u32,
+    warmup: u32,
+    time_per_size: f64,
+    speed_reps: Option<u64>,
+    speed_runs: u32,
+    fault_kill: Option<(usize, u32)>,
+}
+
+impl WorkerConfig {
+    fn ranks_per_host(&self) -> usize {
+        if self.same_host {
+            2
+        } else {
+            1
+        }
+    }
+    fn host_of_rank(&self, r: usize) -> usize {
+        r / self.ranks_per_host()
+    }
+    fn primary(&self, host: usize) -> usize {
+        host * self.ranks_per_host()
+    }
+}
+
+/// Rank 0 → coordinator.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "kebab-case")]
+enum Record {
+    Host {
+        host: CalibHost,
+    },
+    Plan {
+        plan: Plan,
+    },
+    Sweep {
+        src: String,
+        dst: String,
+        mode: SendMode,
+        warmup: u32,
+        sizes: Vec<(u64, Vec<PingPongSample>)>,
+    },
+    Progress {
+        done: u64,
+        total: u64,
+        what: String,
+    },
+    Failed {
+        host: String,
+        reason: String,
+    },
+    Done,
+}
+
+/// Rank 0 → worker.
+#[derive(Debug, Serialize, Deserialize)]
+enum Ctrl {
+    Speed {
+        reps: u64,
+        runs: u32,
+    },
+    Measure {
+        peer: usize,
+        mode: SendMode,
+        sizes: Vec<u64>,
+        p: RepParams,
+    },
+    Mirror {
+        peer: usize,
+        mode: SendMode,
+    },
+    Done,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+struct RepParams {
+    reps: u32,
+    min_reps: u32,
+    warmup: u32,
+    time_per_size: f64,
+}
+
+/// One measure-side repetition (µs).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+struct MeasureRep {
+    rtt: f64,
+    os: f64,
+    probe: f64,
+    or: f64,
+    wait: Option<f64>,
+}
+
+type Failure = (Option<usize>, String);
+
+/// Worker → rank 0.
+#[derive(Debug, Serialize, Deserialize)]
+enum Report {
+    Speed {
+        os: String,
+        loadavg: String,
+        samples: Vec<(f64, f64)>,
+    },
+    Measure(Result<Vec<(u64, Vec<MeasureRep>)>, Failure>),
+    /// Per size: (Or, Os) of every repetition.
+    Mirror(Result<Vec<Vec<(f64, f64)>>, Failure>),
+}
+
+fn failure(e: &mutirao::Error) -> Failure {
+    match e {
+        mutirao::Error::PeerFailed { rank, .. } => (Some(*rank), e.to_string()),
+        mutirao::Error::PeerFinalized(rank) => (Some(*rank), e.to_string()),
+        _ => (None, e.to_string()),
+    }
+}
+
+fn us(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+// ------------------------------------------------------------------ parsing (pure)
+
+/// Parse `--sizes`: a comma list of byte counts with optional K/M (KiB/MiB) suffixes; sorted,
+/// duplicates removed.
+pub fn parse_sizes(text: &str) -> anyhow::Result<Vec<u64>> {
+    let mut out = Vec::new();
+    for (i, item) in text.split(',').enumerate() {
+        let t = item.trim();
+        let (num, mul) = match t.chars().last() {
+            Some('K') | Some('k') => (&t[..t.len() - 1], 1024u64),
+            Some('M') | Some('m') => (&t[..t.len() - 1], 1024 * 1024),
+            _ => (t, 1),
+        };
+        let v = num
+            .parse::<u64>()
+            .ok()
+            .and_then(|v| v.checked_mul(mul))
+            .with_context(|| {
+                format!(
+                    "--sizes item {} ({t:?}) is not a byte count; use e.g. 0,1024,64K,1M",
+                    i + 1
+                )
+            })?;
+        if v > MAX_SIZE {
+            bail!("--sizes item {} ({t}) is larger than 1 GiB", i + 1);
+        }
+        out.push(v);
+    }
+    out.sort_unstable();
+    out.dedup();
+    Ok(out)
+}
+
+/// Default site of a hostfile host: the first three octets of an IPv4 address, else `default`.
+fn default_site(host: &str) -> String {
+    match host.parse::<std::net::Ipv4Addr>() {
+        Ok(a) => {
+            let o = a.octets();
+            format!("{}.{}.{}", o[0], o[1], o[2])
+        }
+        Err(_) => "default".into(),
+    }
+}
+
+/// Apply `--sites` items and a sites file to `hosts` (keyed by their original name).
+fn apply_sites(
+    hosts: &mut [HostSpec],
+    items: &[String],
+    file: Option<(&str, &str)>,
+) -> anyhow::Result<()> {
+    let known = |hosts: &[HostSpec]| {
+        hosts
+            .iter()
+            .map(|h| h.name.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let mut renames: Vec<(usize, String)> = Vec::new();
+    if let Some((path, text)) = file {
+        for (ln, raw) in text.lines().enumerate() {
+            let line = raw.split('#').next().unwrap_or("").trim();
+            if line.is_empty() {
+                continue;
+            }
+            let w: Vec<&str> = line.split_whitespace().collect();
+            if !(2..=3).contains(&w.len()) {
+                bail!(
+                    "{path} line {}: expected `HOST SITE [NAME]`, found {raw:?}",
+                    ln + 1
+                );
+            }
+            let Some(i) = hosts.iter().position(|h| h.name == w[0]) else {
+                bail!(
+                    "{path} line {}: unknown host {:?} (hosts: {})",
+                    ln + 1,
+                    w[0],
+                    known(hosts)
+                );
+            };
+            hosts[i].site = w[1].to_string();
+            if let Some(n) = w.get(2) {
+                renames.push((i, n.to_string()));
+            }
+        }
+    }
+    for item in items {
+        let Some((h, s)) = item.split_once('=') else {
+            bail!("--sites {item:?}: expected HOST=SITE");
+        };
+        if s.trim().is_empty() {
+            bail!("--sites {item:?}: the site is empty");
+        }
+        let Some(i) = hosts.iter().position(|x| x.name == h.trim()) else {
+            bail!(
+                "--sites {item:?}: unknown host {:?} (hosts: {})",
+                h.trim(),
+                known(hosts)
+            );
+        };
+        hosts[i].site = s.trim().to_string();
+    }
+    for (i, n) in renames {
+        hosts[i].name = n;
+    }
+    for (i, h) in hosts.iter().enumerate() {
+        if hosts[..i].iter().any(|o| o.name == h.name) {
+            bail!("host name {:?} is used twice; host names must be unique (a host listed twice in the hostfile, or a NAME in the sites file)", h.name);
+        }
+    }
+    Ok(())
+}
+
+// ------------------------------------------------------------------ coordinator
+
+/// `mutirao calibrate`.
+pub fn run(a: CalibrateArgs) -> anyhow::Result<ExitCode> {
+    if let Some(cfg) = &a.worker {
+        return worker(cfg);
+    }
+    let output = a.output.clone().context("-o/--output is required")?;
+    let sizes = parse_sizes(&a.sizes)?;
+    if a.reps == 0 || a.min_reps == 0 || a.min_reps > a.reps {
+        bail!(
+            "--reps ({}) and --min-reps ({}) must be at least 1, with --min-reps <= --reps",
+            a.reps,
+            a.min_reps
+        );
+    }
+    if !(a.time_per_size.is_finite() && a.time_per_size >= 0.0) {
+        bail!("--time-per-size must be a number of seconds >= 0");
+    }
+    if !(a.timeout.is_finite() && a.timeout > 0.0) {
+        bail!("--timeout must be a positive number of seconds");
+    }
+    if a.speed_reps == Some(0) || a.speed_runs == 0 {
+        bail!("--speed-reps and --speed-runs must be at least 1");
+    }
+    if !(a.tolerance.is_finite() && a.tolerance >= 0.0) {
+        bail!("--tolerance must be a finite number >= 0");
+    }
+    let mut modes: Vec<SendMode> = Vec::new();
+    for m in &a.mode {
+        let m = SendMode::from(*m);
+        if !modes.contains(&m) {
+            modes.push(m);
+        }
+    }
+    // Hosts: names, sites, addresses, agent ports.
+    let (mut hosts, ports): (Vec<HostSpec>, Vec<u16>) = match &a.hostfile {
+        Some(p) => {
+            let text = std::fs::read_to_string(p)
+                .with_context(|| format!("cannot read hostfile {}", p.display()))?;
+            let entries =
+                hostfile::parse(&text).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?;
+            entries
+                .iter()
+                .map(|e| {
+                    (
+                        HostSpec {
+                            name: e.host.clone(),
+                            site: default_site(&e.host),
+                            address: format!("{}:{}", e.host, e.port),
+                        },
+                        e.port,
+                    )
+                })
+                .unzip()
+        }
+        None => {
+            if a.n == 0 {
+                bail!("-n must be at least 1");
+            }
+            (0..a.n)
+                .map(|i| {
+                    (
+                        HostSpec {
+                            name: format!("local{i}"),
+                            site: "local".into(),
+                            address: "127.0.0.1".into(),
+                        },
+                        0,
+                    )
+                })
+                .unzip()
+        }
+    };
+    let hostfile_names: Vec<String> = hosts.iter().map(|h| h.name.clone()).collect();
+    let sites_text = match &a.sites_file {
+        Some(p) => Some(
+            std::fs::read_to_string(p)
+                .with_context(|| format!("cannot read sites file {}", p.display()))?,
+        ),
+        None => None,
+    };
+    let sites_path = a.sites_file.as_ref().map(|p| p.display().to_string());
+    apply_sites(
+        &mut hosts,
+        &a.sites,
+        sites_path.as_deref().zip(sites_text.as_deref()),
+    )?;
+    let fault_kill = match &a.fault_kill {
+        None => None,
+        Some(s) => {
+            let (h, k) = s
+                .rsplit_once(':')
+                .context("--fault-kill expects HOST:SWEEPS")?;
+            let i = hosts
+                .iter()
+                .position(|x| x.name == h)
+                .with_context(|| format!("--fault-kill: unknown host {h:?}"))?;
+            Some((
+                i,
+                k.parse().context("--fault-kill: SWEEPS is not a number")?,
+            ))
+        }
+    };
+    let cfg = WorkerConfig {
+        hosts: hosts.clone(),
+        same_host: !a.no_same_host,
+        strategy: strategy_kind(a.strategy),
+        tolerance: a.tolerance,
+        modes,
+        sizes,
+        reps: a.reps,
+        min_reps: a.min_reps,
+        warmup: a.warmup,
+        time_per_size: a.time_per_size,
+        speed_reps: a.speed_reps,
+        speed_runs: a.speed_runs,
+        fault_kill,
+    };
+    // A plan with placeholder speeds checks the strategy's input before anything starts.
+    let probe_hosts: Vec<PlanHost> = hosts
+        .iter()
+        .map(|h| PlanHost::with_h(&h.name, &h.site, 1.0))
+        .collect();
+    plan(
+        cfg.strategy,
+        &probe_hosts,
+        &PlanOptions {
+            same_host: cfg.same_host,
+            tolerance: cfg.tolerance,
+            ..PlanOptions::default()
+        },
+    )?;
+    let exe = std::env::current_exe().context("cannot find this program's path")?;
+    let nranks = hosts.len() * cfg.ranks_per_host();
+    let mut cmd = Command::new(&exe);
+    cmd.arg("run").arg("-n").arg(nranks.to_string());
+    cmd.arg("--timeout").arg(a.timeout.to_string());
+    let tmp_hostfile = match &a.hostfile {
+        Some(_) => {
+            let mut text = String::new();
+            for (h, port) in hostfile_names.iter().zip(&ports) {
+                text.push_str(&format!("{h} slots={} port={port}\n", cfg.ranks_per_host()));
+            }
+            let p = std::env::temp_dir()
+                .join(format!("mutirao-calibrate-{}.hosts", std::process::id()));
+            std::fs::write(&p, text).with_context(|| format!("cannot write {}", p.display()))?;
+            cmd.arg("--hostfile").arg(&p);
+            Some(p)
+        }
+        None => None,
+    };
+    if let Some(t) = &a.token_file {
+        cmd.arg("--token-file").arg(t);
+    }
+    cmd.arg("--")
+        .arg(&exe)
+        .arg("calibrate")
+        .arg("--worker")
+        .arg(serde_json::to_string(&cfg)?);
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let interrupted = Arc::new(AtomicBool::new(false));
+    {
+        let f = interrupted.clone();
+        // Fails only if a handler exists already; Ctrl-C then keeps its default action.
+        let _ = ctrlc::set_handler(move || f.store(true, Ordering::SeqCst));
+    }
+    let started = now_ms();
+    let outcome = coordinate(cmd, &cfg, &hostfile_names);
+    if let Some(p) = tmp_hostfile {
+        let _ = std::fs::remove_file(p);
+    }
+    let mut outcome = outcome?;
+    if interrupted.load(Ordering::SeqCst) && !outcome.done {
+        outcome.launcher_errors.push("interrupted (Ctrl-C)".into());
+    }
+    let mut c = Calibration::new(
+        cfg.strategy,
+        concat!("mutirao ", env!("CARGO_PKG_VERSION")),
+        started,
+    );
+    c.provenance.transport = match std::env::var("MUTIRAO_TRANSPORT").as_deref() {
+        Ok("tcp") => "tcp".into(),
+        _ => "auto (tcp between hosts, shared memory within a host)".into(),
+    };
+    for (i, h) in hosts.iter().enumerate() {
+        let host = outcome.hosts.remove(&i).unwrap_or_else(|| {
+            let mut x = CalibHost::new(&h.name, &h.site, &h.address);
+            x.os = None;
+            x
+        });
+        c.add_host(host)?;
+    }
+    for s in &outcome.sweeps {
+        for (bytes, samples) in &s.sizes {
+            if !samples.is_empty() {
+                c.record_pingpong(&s.src, &s.dst, s.mode, *bytes, s.warmup, samples)?;
+            }
+        }
+    }
+    if let Some(p) = &outcome.plan {
+        p.record_in(&mut c);
+    }
+    let mut failed = outcome.failed.clone();
+    if !outcome.done && failed.is_empty() {
+        // Rank 0 could not say why: take the launcher's words, and the host they name.
+        let reason = if outcome.launcher_errors.is_empty() {
+            format!(
+                "the calibration job ended before finishing (launcher exit status {})",
+                outcome.status
+            )
+        } else {
+            outcome.launcher_errors.join("; ")
+        };
+        let by_rank = outcome
+            .launcher_errors
+            .iter()
+            .find_map(|e| launcher_rank(e))
+            .map(|r| cfg.host_of_rank(r))
+            .filter(|i| *i < hosts.len());
+        let host = by_rank
+            .or_else(|| {
+                hostfile_names
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, n)| reason.contains(n.as_str()))
+                    .max_by_key(|(_, n)| n.len())
+                    .map(|(i, _)| i)
+            })
+            .map(|i| hosts[i].name.clone())
+            .unwrap_or_else(|| "(job)".into());
+        failed.push((host, reason));
+    }
+    for (h, r) in &failed {
+        c.mark_partial(h, r);
+    }
+    c.finalize(now_ms());
+    c.validate()
+        .context("internal error: the calibration built from the measurements is invalid")?;
+    write_atomic(&output, &c.to_json())?;
+    let measured = c.pairs.len();
+    if failed.is_empty() {
+        eprintln!(
+            "mutirao calibrate: {} hosts, {measured} sweeps in {:.1} s; wrote {}",
+            hosts.len(),
+            (now_ms() - started) as f64 / 1000.0,
+            output.display()
+        );
+        Ok(ExitCode::SUCCESS)
+    } else {
+        for (h, r) in &failed {
+            eprintln!("mutirao calibrate: host {h} failed: {r}");
+        }
+        eprintln!(
+            "mutirao calibrate: wrote a PARTIAL calibration ({measured} sweeps kept) to {}",
+            output.display()
+        );
+        Ok(ExitCode::from(1))
+    }
+}
+
+/// The rank a launcher message (`rank 3 on HOST exited …`) is about.
+fn launcher_rank(msg: &str) -> Option<usize> {
+    let rest = msg.strip_prefix("rank ")?;
+    let (num, tail) = rest.split_once(' ')?;
+    if !tail.starts_with("on ") {
+        return None;
+    }
+    num.parse().ok()
+}
+
+fn strategy_kind(s: StrategyArg) -> StrategyKind {
+    match s {
+        StrategyArg::AllPairs => StrategyKind::AllPairs,
+        StrategyArg::SiteSampled => StrategyKind::SiteSampled,
+        StrategyArg::TypeSampled => StrategyKind::TypeSampled,
+    }
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+struct SweepRec {
+    src: String,
+    dst: String,
+    mode: SendMode,
+    warmup: u32,
+    sizes: Vec<(u64, Vec<PingPongSample>)>,
+}
+
+struct Outcome {
+    hosts: BTreeMap<usize, CalibHost>,
+    plan: Option<Plan>,
+    sweeps: Vec<SweepRec>,
+    failed: Vec<(String, String)>,
+    done: bool,
+    status: String,
+    launcher_errors: Vec<String>,
+}
+
+/// Run the job, follow rank 0's records, show progress.
+fn coordinate(
+    mut cmd: Command,
+    cfg: &WorkerConfig,
+    hostfile_names: &[String],
+) -> anyhow::Result<Outcome> {
+    let mut child = cmd
+        .spawn()
+        .context("cannot start `mutirao run` for the calibration job")?;
+    let bar = ProgressBar::new(cfg.hosts.len() as u64);
+    bar.set_style(
+        ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} {msg}")
+            .map(|s| s.progress_chars("=> "))
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    let stderr = child.stderr.take().context("no stderr pipe")?;
+    let errs = {
+        let bar = bar.clone();
+        std::thread::spawn(move || {
+            let mut launcher = Vec::new();
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Some(rest) = line.strip_prefix("mutirao run: ") {
+                    launcher.push(rest.to_string());
+                }
+                bar.suspend(|| eprintln!("{line}"));
+            }
+            launcher
+        })
+    };
+    let mut out = Outcome {
+        hosts: BTreeMap::new(),
+        plan: None,
+        sweeps: Vec::new(),
+        failed: Vec::new(),
+        done: false,
+        status: String::new(),
+        launcher_errors: Vec::new(),
+    };
+    let stdout = child.stdout.take().context("no stdout pipe")?;
+    for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+        let Some(json) = line.strip_prefix(RECORD) else {
+            bar.suspend(|| eprintln!("{line}"));
+            continue;
+        };
+        let rec: Record = match serde_json::from_str(json) {
+            Ok(r) => r,
+            Err(e) => {
+                bar.suspend(|| eprintln!("mutirao calibrate: unreadable record ({e}): {json}"));
+                continue;
+            }
+        };
+        match rec {
+            Record::Host { host } => {
+                if let Some(i) = cfg.hosts.iter().position(|h| h.name == host.name) {
+                    out.hosts.insert(i, host);
+                }
+            }
+            Record::Plan { plan } => out.plan = Some(plan),
+            Record::Sweep {
+                src,
+                dst,
+                mode,
+                warmup,
+                sizes,
+            } => out.sweeps.push(SweepRec {
+                src,
+                dst,
+                mode,
+                warmup,
+                sizes,
+            }),
+            Record::Progress { done, total, what } => {
+                bar.set_length(total);
+                bar.set_position(done);
+                bar.set_message(what);
+            }
+            Record::Failed { host, reason } => out.failed.push((host, reason)),
+            Record::Done => out.done = true,
+        }
+    }
+    let status = child.wait().context("waiting for the calibration job")?;
+    bar.finish_and_clear();
+    out.launcher_errors = errs.join().unwrap_or_default();
+    out.status = status
+        .code()
+        .map(|c| c.to_string())
+        .unwrap_or_else(|| "killed".into());
+    let _ = hostfile_names;
+    Ok(out)
+}
+
+/// Write `text` to `path` atomically: a temporary file in the same directory, fsync, rename.
+fn write_atomic(path: &Path, text: &str) -> anyhow::Result<()> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let name = path
+        .file_name()
+        .with_context(|| format!("{} is not a file path", path.display()))?;
+    let tmp = dir.join(format!(
+        ".{}.tmp.{}",
+        name.to_string_lossy(),
+        std::process::id()
+    ));
+    let res = (|| -> std::io::Result<()> {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(text.as_bytes())?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)?;
+        if let Ok(d) = std::fs::File::open(&dir) {
+            let _ = d.sync_all();
+        }
+        Ok(())
+    })();
+    if res.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    res.with_context(|| format!("cannot write {}", path.display()))
+}
+
+// ------------------------------------------------------------------ ranks
+
+fn emit(rec: &Record) {
+    let line = format!(
+        "{RECORD}{}\n",
+        serde_json::to_string(rec).expect("records always serialize")
+    );
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(line.as_bytes());
+    let _ = out.flush();
+}
+
+fn worker(cfg_text: &str) -> anyhow::Result<ExitCode> {
+    let cfg: WorkerConfig =
+        serde_json::from_str(cfg_text).context("--worker: the configuration is not valid")?;
+    let comm = mutirao::init()?;
+    let expected = cfg.hosts.len() * cfg.ranks_per_host();
+    if comm.size() != expected {
+        bail!(
+            "the job has {} ranks, the configuration expects {expected}",
+            comm.size()
+        );
+    }
+    if comm.rank() == 0 {
+        return leader(&comm, &cfg);
+    }
+    let mut sweeps = 0u32;
+    let me = cfg.host_of_rank(comm.rank());
+    // When the leader (rank 0) is gone there is nothing left to do: leave quietly with status 0,
+    // so that the launcher reports the rank that really failed, not us.
+    let leader_gone = |e: &mutirao::Error| {
+        matches!(
+            e,
+            mutirao::Error::PeerFailed { rank: 0, .. } | mutirao::Error::PeerFinalized(0)
+        )
+    };
+    loop {
+        let ctrl = match comm.recv_obj::<Ctrl>(0, TAG_CTRL) {
+            Ok((c, _)) => c,
+            Err(e) if leader_gone(&e) => return Ok(ExitCode::SUCCESS),
+            Err(e) => return Err(e.into()),
+        };
+        let report = match ctrl {
+            Ctrl::Speed { reps, runs } => speed_report(reps, runs),
+            Ctrl::Measure {
+                peer,
+                mode,
+                sizes,
+                p,
+            } => {
+                fault_check(&cfg, me, comm.rank(), &mut sweeps);
+                Report::Measure(measure(&comm, peer, mode, &sizes, p).map_err(|e| failure(&e)))
+            }
+            Ctrl::Mirror { peer, mode } => {
+                fault_check(&cfg, me, comm.rank(), &mut sweeps);
+                Report::Mirror(mirror(&comm, peer, mode).map_err(|e| failure(&e)))
+            }
+            Ctrl::Done => break,
+        };
+        match comm.send_obj(&report, 0, TAG_REPORT) {
+            Ok(()) => {}
+            Err(e) if leader_gone(&e) => return Ok(ExitCode::SUCCESS),
+            Err(e) => return Err(e.into()),
+        }
+    }
+    comm.finalize()?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Test hook (`--fault-kill HOST:K`): the host's primary rank dies abruptly in its K+1-th sweep.
+fn fault_check(cfg: &WorkerConfig, host: usize, rank: usize, sweeps: &mut u32) {
+    if let Some((h, k)) = cfg.fault_kill {
+        if h == host && rank == cfg.primary(host) {
+            if *sweeps >= k {
+                // SAFETY: kill(2) on our own pid has no memory-safety preconditions.
+                unsafe {
+                    libc::kill(std::process::id() as i32, libc::SIGKILL);
+                }
+            }
+            *sweeps += 1;
+        }
+    }
+}
+
+/// Rank 0: H of every host, the plan, then every sweep, one at a time.
+fn leader(comm: &Comm, cfg: &WorkerConfig) -> anyhow::Result<ExitCode> {
+    let n = cfg.hosts.len();
+    let mut done = 0u64;
+    let mut total = n as u64;
+    let fail = |host: usize, reason: String| -> anyhow::Result<ExitCode> {
+        emit(&Record::Failed {
+            host: cfg.hosts[host].name.clone(),
+            reason,
+        });
+        Ok(ExitCode::from(3))
+    };
+    let mut h_us = Vec::with_capacity(n);
+    let mut leader_sweeps = 0u32;
+    let speed_reps = cfg
+        .speed_reps
+        .unwrap_or_else(|| auto_speed_reps(Duration::from_millis(100)));
+    for (i, spec) in cfg.hosts.iter().enumerate() {
+        emit(&Record::Progress {
+            done,
+            total,
+            what: format!("H of {}", spec.name),
+        });
+        let r = cfg.primary(i);
+        let rep = if r == 0 {
+            speed_report(speed_reps, cfg.speed_runs)
+        } else {
+            let sent = comm.send_obj(
+                &Ctrl::Speed {
+                    reps: speed_reps,
+                    runs: cfg.speed_runs,
+                },
+                r,
+                TAG_CTRL,
+            );
+            match sent.and_then(|_| comm.recv_obj::<Report>(r, TAG_REPORT)) {
+                Ok((rep, _)) => rep,
+                Err(e) => return fail(i, format!("while measuring its speed: {e}")),
+            }
+        };
+        let Report::Speed {
+            os,
+            loadavg,
+            samples,
+        } = rep
+        else {
+            return fail(i, "answered the speed order with something else".into());
+        };
+        let speed = SpeedMeasurement {
+            kernel: KERNEL.into(),
+            reps: speed_reps,
+            samples: samples
+                .iter()
+                .map(|&(wall_us, cpu_us)| SpeedSample { wall_us, cpu_us })
+                .collect(),
+        };
+        h_us.push(speed.h_us());
+        let host = CalibHost {
+            os: Some(os),
+            speed: Some(speed),
+            load: LoadInfo::from_proc_loadavg(&loadavg),
+            ..CalibHost::new(&spec.name, &spec.site, &spec.address)
+        };
+        emit(&Record::Host { host });
+        done += 1;
+    }
+    let plan_hosts: Vec<PlanHost> = cfg
+        .hosts
+        .iter()
+        .zip(&h_us)
+        .map(|(h, s)| match s {
+            Some(v) if *v > 0.0 => PlanHost::with_h(&h.name, &h.site, *v),
+            _ => PlanHost::new(&h.name, &h.site),
+        })
+        .collect();
+    let p = plan(
+        cfg.strategy,
+        &plan_hosts,
+        &PlanOptions {
+            same_host: cfg.same_host,
+            tolerance: cfg.tolerance,
+            ..PlanOptions::default()
+        },
+    )?;
+    emit(&Record::Plan { plan: p.clone() });
+    total += (p.measure.len() * cfg.modes.len()) as u64;
+    let index = |name: &str| cfg.hosts.iter().position(|h| h.name == name);
+    let params = RepParams {
+        reps: cfg.reps,
+        min_reps: cfg.min_reps,
+        warmup: cfg.warmup,
+        time_per_size: cfg.time_per_size,
+    };
+    for &mode in &cfg.modes {
+        for pair in &p.measure {
+            let (Some(a), Some(b)) = (index(&pair.src), index(&pair.dst)) else {
+                bail!("the plan names a host that is not in the job: {pair:?}");
+            };
+            emit(&Record::Progress {
+                done,
+                total,
+                what: format!("{} -> {} ({})", pair.src, pair.dst, mode.as_str()),
+            });
+            let ra = cfg.primary(a);
+            let rb = if a == b { ra + 1 } else { cfg.primary(b) };
+            // Orders first, then our own part, then the others' reports.
+            for (r, ctrl) in [
+                (
+                    ra,
+                    Ctrl::Measure {
+                        peer: rb,
+                        mode,
+                        sizes: cfg.sizes.clone(),
+                        p: params,
+                    },
+                ),
+                (rb, Ctrl::Mirror { peer: ra, mode }),
+            ] {
+                if r != 0 {
+                    if let Err(e) = comm.send_obj(&ctrl, r, TAG_CTRL) {
+                        return fail(cfg.host_of_rank(r), e.to_string());
+                    }
+                }
+            }
+            let mut mres = None;
+            let mut rres = None;
+            if ra == 0 {
+                fault_check(cfg, 0, 0, &mut leader_sweeps);
+                mres = Some(measure(comm, rb, mode, &cfg.sizes, params).map_err(|e| failure(&e)));
+            }
+            if rb == 0 {
+                fault_check(cfg, 0, 0, &mut leader_sweeps);
+                rres = Some(mirror(comm, ra, mode).map_err(|e| failure(&e)));
+            }
+            if ra != 0 {
+                mres = Some(match comm.recv_obj::<Report>(ra, TAG_REPORT) {
+                    Ok((Report::Measure(r), _)) => r,
+                    Ok(_) => Err((Some(ra), "answered with the wrong report".into())),
+                    Err(e) => Err(failure(&e)),
+                });
+            }
+            if rb != 0 {
+                rres = Some(match comm.recv_obj::<Report>(rb, TAG_REPORT) {
+                    Ok((Report::Mirror(r), _)) => r,
+                    Ok(_) => Err((Some(rb), "answered with the wrong report".into())),
+                    Err(e) => Err(failure(&e)),
+                });
+            }
+            match (mres, rres) {
+                (Some(Ok(m)), Some(Ok(r))) => {
+                    let sizes = combine(&m, &r, cfg.warmup);
+                    emit(&Record::Sweep {
+                        src: pair.src.clone(),
+                        dst: pair.dst.clone(),
+                        mode,
+                        warmup: cfg.warmup,
+                        sizes,
+                    });
+                }
+                (m, r) => {
+                    let errs: Vec<Failure> = [m.and_then(|x| x.err()), r.and_then(|x| x.err())]
+                        .into_iter()
+                        .flatten()
+                        .collect();
+                    // The first error that names a failed rank names the host.
+                    let (rank, reason) = errs
+                        .iter()
+                        .find(|(r, _)| r.is_some())
+                        .or(errs.first())
+                        .cloned()
+                        .unwrap_or((None, "unknown failure".into()));
+                    let host = rank.map(|r| cfg.host_of_rank(r)).unwrap_or(a);
+                    return fail(
+                        host,
+                        format!(
+                            "during {} -> {} ({}): {reason}",
+                            pair.src,
+                            pair.dst,
+                            mode.as_str()
+                        ),
+                    );
+                }
+            }
+            done += 1;
+        }
+    }
+    emit(&Record::Progress {
+        done,
+        total,
+        what: "done".into(),
+    });
+    for r in 1..comm.size() {
+        comm.send_obj(&Ctrl::Done, r, TAG_CTRL)?;
+    }
+    emit(&Record::Done);
+    comm.clone().finalize()?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Join the two sides' timings into samples, dropping the warm-up repetitions.
+fn combine(
+    m: &[(u64, Vec<MeasureRep>)],
+    r: &[Vec<(f64, f64)>],
+    warmup: u32,
+) -> Vec<(u64, Vec<PingPongSample>)> {
+    m.iter()
+        .zip(r)
+        .map(|((bytes, ms), rs)| {
+            let samples = ms
+                .iter()
+                .zip(rs)
+                .skip(warmup as usize)
+                .map(|(x, &(or_dst, os_dst))| PingPongSample {
+                    rtt_us: x.rtt,
+                    os_src_us: x.os,
+                    or_dst_us: or_dst,
+                    os_dst_us: os_dst,
+                    or_src_us: x.or,
+                    probe_us: Some(x.probe),
+                    wait_src_us: x.wait,
+                })
+                .collect();
+            (*bytes, samples)
+        })
+        .collect()
+}
+
+/// The measure side of one sweep (version II): per repetition, time the send call (Os; in
+/// `isend` mode the posting only, the wait apart), wait for the echo with a probe, time the
+/// receive call (Or), and the round trip from before the send to after the receive.
+fn measure(
+    comm: &Comm,
+    peer: usize,
+    mode: SendMode,
+    sizes: &[u64],
+    p: RepParams,
+) -> Result<Vec<(u64, Vec<MeasureRep>)>, mutirao::Error> {
+    let mut out = Vec::with_capacity(sizes.len());
+    let budget = Duration::from_secs_f64(p.time_per_size);
+    for &m in sizes {
+        let len = usize::try_from(m).map_err(|_| mutirao::Error::Invalid("size".into()))?;
+        let mut sbuf = vec![0xA5u8; len];
+        let mut rbuf = vec![0u8; len];
+        let mut reps = Vec::new();
+        let mut timed_since = Instant::now();
+        loop {
+            let t0 = Instant::now();
+            let (os, wait) = match mode {
+                SendMode::Send => {
+                    comm.send(&sbuf, peer, TAG_DATA)?;
+                    (t0.elapsed(), None)
+                }
+                SendMode::Isend => {
+                    let req = comm.isend(std::mem::take(&mut sbuf), peer, TAG_DATA)?;
+                    let t1 = Instant::now();
+                    let (b, _) = req.wait()?;
+                    sbuf = b;
+                    (t1 - t0, Some(us(t1.elapsed())))
+                }
+            };
+            let t2 = Instant::now();
+            comm.probe(peer, TAG_DATA)?;
+            let t3 = Instant::now();
+            comm.recv(&mut rbuf, peer, TAG_DATA)?;
+            let t4 = Instant::now();
+            reps.push(MeasureRep {
+                rtt: us(t4 - t0),
+                os: us(os),
+                probe: us(t3 - t2),
+                or: us(t4 - t3),
+                wait,
+            });
+            let timed = reps.len().saturating_sub(p.warmup as usize) as u32;
+            if timed == 0 {
+                timed_since = Instant::now();
+            }
+            if timed >= p.reps || (timed >= p.min_reps && timed_since.elapsed() >= budget) {
+                break;
+            }
+        }
+        comm.send::<u8>(&[], peer, TAG_END_SIZE)?;
+        out.push((m, reps));
+    }
+    comm.send::<u8>(&[], peer, TAG_END_SWEEP)?;
+    Ok(out)
+}
+
+/// The mirror side: probe until the message is here, time the receive (Or), time the echo's
+/// send (Os; posting only in `isend` mode). Sizes come from the probes.
+fn mirror(
+    comm: &Comm,
+    peer: usize,
+    mode: SendMode,
+) -> Result<Vec<Vec<(f64, f64)>>, mutirao::Error> {
+    let mut buf: Vec<u8> = Vec::new();
+    let mut sizes = Vec::new();
+    let mut cur = Vec::new();
+    loop {
+        let st = comm.probe(peer, ANY_TAG)?;
+        match st.tag {
+            TAG_DATA => {
+                if buf.len() != st.bytes {
+                    buf.resize(st.bytes, 0);
+                }
+                let t0 = Instant::now();
+                comm.recv(&mut buf, peer, TAG_DATA)?;
+                let or = us(t0.elapsed());
+                let t1 = Instant::now();
+                let os = match mode {
+                    SendMode::Send => {
+                        comm.send(&buf, peer, TAG_DATA)?;
+                        us(t1.elapsed())
+                    }
+                    SendMode::Isend => {
+                        let req = comm.isend(std::mem::take(&mut buf), peer, TAG_DATA)?;
+                        let os = us(t1.elapsed());
+                        buf = req.wait()?.0;
+                        os
+                    }
+                };
+                cur.push((or, os));
+            }
+            TAG_END_SIZE => {
+                comm.recv::<u8>(&mut [], peer, TAG_END_SIZE)?;
+                sizes.push(std::mem::take(&mut cur));
+            }
+            TAG_END_SWEEP => {
+                comm.recv::<u8>(&mut [], peer, TAG_END_SWEEP)?;
+                return Ok(sizes);
+            }
+            t => {
+                return Err(mutirao::Error::Invalid(format!(
+                    "unexpected tag {t} from rank {peer} during a ping-pong"
+                )))
+            }
+        }
+    }
+}
+
+// ------------------------------------------------------------------ H
+
+/// CPU time of the calling thread.
+fn thread_cpu() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec for the duration of the call; clock_gettime
+    // writes only into it.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    if rc != 0 {
+        return Duration::ZERO;
+    }
+    Duration::new(
+        ts.tv_sec.max(0) as u64,
+        ts.tv_nsec.clamp(0, 999_999_999) as u32,
+    )
+}
+
+/// One repetition of the H kernel: an integer loop (xorshift and adds) and a 48×48
+/// floating-point matrix product, behind `black_box` so the compiler cannot remove them.
+fn kernel_rep(mats: &mut [Vec<f64>; 3]) -> u64 {
+    use std::hint::black_box;
+    let mut x = black_box(0x9E37_79B9_7F4A_7C15u64);
+    let mut acc = 0u64;
+    for _ in 0..100_000 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        acc = acc.wrapping_add(x >> 3);
+    }
+    const N: usize = 48;
+    let [a, b, c] = mats;
+    for i in 0..N {
+        for j in 0..N {
+            let mut s = 0.0;
+            for k in 0..N {
+                s += a[i * N + k] * b[k * N + j];
+            }
+            c[i * N + j] = s;
+        }
+    }
+    black_box(&mut *c);
+    black_box(acc) ^ (c[N + 1].to_bits())
+}
+
+/// Run the kernel `runs` times of `reps` repetitions: (wall µs, CPU µs) per run.
+fn speed_samples(reps: u64, runs: u32) -> Vec<(f64, f64)> {
+    const N: usize = 48;
+    let mut mats = [
+        (0..N * N).map(|i| (i % 7) as f64 * 0.5).collect::<Vec<_>>(),
+        (0..N * N)
+            .map(|i| (i % 5) as f64 * 0.25)
+            .collect::<Vec<_>>(),
+        vec![0.0; N * N],
+    ];
+    let mut sink = 0u64;
+    kernel_rep(&mut mats); // warm caches and frequency once
+    (0..runs)
+        .map(|_| {
+            let (w0, c0) = (Instant::now(), thread_cpu());
+            for _ in 0..reps {
+                sink = sink.wrapping_add(kernel_rep(&mut mats));
+            }
+            std::hint::black_box(sink);
+            (us(w0.elapsed()), us(thread_cpu().saturating_sub(c0)))
+        })
+        .collect()
+}
+
+/// Kernel repetitions that take about `target` on this host (at least 1).
+fn auto_speed_reps(target: Duration) -> u64 {
+    let mut reps = 1u64;
+    loop {
+        let wall = speed_samples(reps, 1).first().map(|s| s.0).unwrap_or(0.0);
+        if wall >= us(target) / 5.0 || reps >= 1 << 20 {
+            let per = (wall / reps as f64).max(1e-3);
+            return ((us(target) / per).ceil() as u64).max(1);
+        }
+        reps *= 2;
+    }
+}
+
+fn speed_report(reps: u64, runs: u32) -> Report {
+    let loadavg = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    Report::Speed {
+        os: std::env::consts::OS.to_string(),
+        loadavg,
+        samples: speed_samples(reps, runs),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_with_suffixes_sorted_and_deduplicated() {
+        assert_eq!(
+            parse_sizes("1K, 0,64k,1M,1024").unwrap(),
+            vec![0, 1024, 65536, 1 << 20]
+        );
+        let e = parse_sizes("0,abc").unwrap_err().to_string();
+        assert!(e.contains("item 2") && e.contains("abc"), "{e}");
+        assert!(parse_sizes("").is_err());
+        assert!(parse_sizes("-5").is_err());
+        assert!(parse_sizes("2048M").is_err());
+    }
+
+    #[test]
+    fn sites_apply_and_unknown_hosts_are_named() {
+        let mk = |n: &str| HostSpec {
+            name: n.into(),
+            site: default_site(n),
+            address: String::new(),
+        };
+        let mut hs = vec![mk("10.1.0.2"), mk("10.1.1.2"), mk("node")];
+        assert_eq!(hs[0].site, "10.1.0");
+        assert_eq!(hs[2].site, "default");
+        apply_sites(
+            &mut hs,
+            &["node=b".into()],
+            Some(("s.txt", "# c\n10.1.0.2 a a1\n10.1.1.2 b\n")),
+        )
+        .unwrap();
+        assert_eq!(
+            hs.iter()
+                .map(|h| (h.name.as_str(), h.site.as_str()))
+                .collect::<Vec<_>>(),
+            vec![("a1", "a"), ("10.1.1.2", "b"), ("node", "b")]
+        );
+        let e = apply_sites(&mut hs, &["zz=a".into()], None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("unknown host \"zz\""), "{e}");
+        let mut hs = vec![mk("x"), mk("y")];
+        let e = apply_sites(&mut hs, &[], Some(("f", "y s x\n")))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("used twice"), "{e}");
+    }
+
+    #[test]
+    fn launcher_messages_name_the_rank() {
+        assert_eq!(
+            launcher_rank(
+                "rank 3 on 10.0.0.2 was killed by signal 9 (SIGKILL); ending the other ranks"
+            ),
+            Some(3)
+        );
+        assert_eq!(launcher_rank("agent of h closed the connection"), None);
+        assert_eq!(launcher_rank("rank x on h"), None);
+    }
+
+    #[test]
+    fn combine_drops_warmup_and_pairs_both_sides() {
+        let m = vec![(
+            8u64,
+            (0..4)
+                .map(|i| MeasureRep {
+                    rtt: 100.0 + i as f64,
+                    os: 1.0,
+                    probe: 50.0,
+                    or: 2.0,
+                    wait: None,
+                })
+                .collect::<Vec<_>>(),
+        )];
+        let r = vec![(0..4).map(|i| (3.0 + i as f64, 4.0)).collect::<Vec<_>>()];
+        let s = combine(&m, &r, 1);
+        assert_eq!(s.len(), 1);
+        assert_eq!(s[0].1.len(), 3);
+        assert_eq!(s[0].1[0].rtt_us, 101.0);
+        assert_eq!(s[0].1[0].or_dst_us, 4.0);
+        // L = (101 - 1 - 4 - 4 - 2) / 2
+        assert_eq!(s[0].1[0].latency_us(), 45.0);
+    }
+
+    #[test]
+    fn the_kernel_takes_cpu_time() {
+        let s = speed_samples(2, 2);
+        assert_eq!(s.len(), 2);
+        assert!(s.iter().all(|&(w, c)| w > 0.0 && c > 0.0), "{s:?}");
+    }
+}

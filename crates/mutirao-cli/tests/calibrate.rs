@@ -1,0 +1,250 @@
+//! End-to-end tests of `mutirao calibrate` on loopback (no root): a small local calibration is a
+//! valid `mutirao-calib/1` file that `mutirao fit` turns into a valid model; bad input is refused
+//! with a clear message and writes nothing; a host dying mid-calibration leaves a partial file
+//! that names it.
+
+use mutirao_model::calib::{Calibration, SendMode};
+use mutirao_model::Model;
+use std::path::PathBuf;
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+const MUTIRAO: &str = env!("CARGO_BIN_EXE_mutirao");
+
+fn tmpdir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("mutirao-calib-test-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// Run `mutirao ARGS`, failing the test if it takes longer than `limit`.
+fn mutirao(args: &[&str], limit: Duration) -> Output {
+    let t = Instant::now();
+    let out = Command::new(MUTIRAO).args(args).output().unwrap();
+    assert!(
+        t.elapsed() < limit,
+        "mutirao {args:?} took {:?} (limit {limit:?})",
+        t.elapsed()
+    );
+    out
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "status {:?}\nstdout:\n{}\nstderr:\n{}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+const FAST: &[&str] = &[
+    "--reps",
+    "6",
+    "--min-reps",
+    "3",
+    "--warmup",
+    "1",
+    "--time-per-size",
+    "0.05",
+    "--speed-reps",
+    "2",
+    "--speed-runs",
+    "3",
+];
+
+#[test]
+fn local_calibration_is_valid_and_fits() {
+    let d = tmpdir("ok");
+    let calib = d.join("calib.json");
+    let model = d.join("model.json");
+    let mut args = vec![
+        "calibrate",
+        "-n",
+        "2",
+        "--sizes",
+        "0,1K,64K",
+        "--mode",
+        "send,isend",
+        "-o",
+        calib.to_str().unwrap(),
+    ];
+    args.extend_from_slice(FAST);
+    let out = mutirao(&args, Duration::from_secs(60));
+    assert!(out.status.success(), "{}", text(&out));
+    let c = Calibration::from_json(&std::fs::read_to_string(&calib).unwrap()).unwrap();
+    assert!(c.partial.is_none(), "{:?}", c.partial);
+    assert_eq!(
+        c.hosts.iter().map(|h| h.name.as_str()).collect::<Vec<_>>(),
+        ["local0", "local1"]
+    );
+    for h in &c.hosts {
+        let s = h.speed.as_ref().expect("every host has H");
+        assert_eq!(s.samples.len(), 3);
+        assert!(s.h_us().unwrap() > 0.0);
+        assert!(h.load.is_some(), "load from /proc/loadavg");
+    }
+    // all-pairs with same-host pairs: 4 ordered pairs, in both modes, three sizes each.
+    assert_eq!(c.pairs.len(), 8);
+    for mode in [SendMode::Send, SendMode::Isend] {
+        for (a, b) in [
+            ("local0", "local0"),
+            ("local0", "local1"),
+            ("local1", "local0"),
+            ("local1", "local1"),
+        ] {
+            let s = c.sweep(a, b, mode).expect("sweep measured");
+            assert_eq!(
+                s.sizes.iter().map(|z| z.bytes).collect::<Vec<_>>(),
+                [0, 1024, 65536]
+            );
+            for z in &s.sizes {
+                assert!((3..=6).contains(&z.samples.len()), "{}", z.samples.len());
+                assert_eq!(z.warmup, 1);
+                let st = z.stats.as_ref().expect("finalized");
+                assert!(st.rtt.median > 0.0);
+                for smp in &z.samples {
+                    // The round trip contains both sides' calls.
+                    assert!(smp.rtt_us >= smp.os_src_us + smp.or_src_us);
+                    assert!(smp.probe_us.is_some());
+                    assert_eq!(smp.wait_src_us.is_some(), mode == SendMode::Isend);
+                }
+            }
+        }
+    }
+    assert!(c.provenance.finished_unix_ms >= c.provenance.started_unix_ms);
+    // The modeller accepts it.
+    let out = mutirao(
+        &[
+            "fit",
+            calib.to_str().unwrap(),
+            "-o",
+            model.to_str().unwrap(),
+        ],
+        Duration::from_secs(30),
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let m = Model::from_json(&std::fs::read_to_string(&model).unwrap()).unwrap();
+    assert_eq!(m.hosts.len(), 2);
+    assert!(m.link_params("local0", "local1").is_ok());
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+#[test]
+fn site_sampled_with_sites_inherits() {
+    let d = tmpdir("sites");
+    let calib = d.join("c.json");
+    let mut args = vec![
+        "calibrate",
+        "-n",
+        "3",
+        "--sites",
+        "local0=a,local1=a,local2=b",
+        "--strategy",
+        "site-sampled",
+        "--no-same-host",
+        "--sizes",
+        "0,4K",
+        "-o",
+        calib.to_str().unwrap(),
+    ];
+    args.extend_from_slice(FAST);
+    let out = mutirao(&args, Duration::from_secs(60));
+    assert!(out.status.success(), "{}", text(&out));
+    let c = Calibration::from_json(&std::fs::read_to_string(&calib).unwrap()).unwrap();
+    assert_eq!(c.host("local2").unwrap().site, "b");
+    // measured: a1<->a2 both ways, a1->b1, b1->a1
+    assert_eq!(c.pairs.len(), 4);
+    assert!(c.sweep("local1", "local2", SendMode::Isend).is_none());
+    assert!(c.source_of("local1", "local2", SendMode::Isend).is_some());
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+#[test]
+fn a_host_dying_leaves_a_partial_file_naming_it() {
+    let d = tmpdir("die");
+    let calib = d.join("c.json");
+    let mut args = vec![
+        "calibrate",
+        "-n",
+        "2",
+        "--no-same-host",
+        "--sizes",
+        "0,1K",
+        "--fault-kill",
+        "local1:1",
+        "-o",
+        calib.to_str().unwrap(),
+    ];
+    args.extend_from_slice(FAST);
+    let out = mutirao(&args, Duration::from_secs(60));
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("host local1 failed"), "{err}");
+    let c = Calibration::from_json(&std::fs::read_to_string(&calib).unwrap()).unwrap();
+    let p = c.partial.as_ref().expect("marked partial");
+    assert_eq!(p.failed_hosts[0].name, "local1");
+    // The first sweep (local0 -> local1) was finished before the host died and is kept.
+    assert!(c.sweep("local0", "local1", SendMode::Isend).is_some());
+    assert!(c.sweep("local1", "local0", SendMode::Isend).is_none());
+    assert!(c.hosts.iter().all(|h| h.speed.is_some()));
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+#[test]
+fn the_leader_host_dying_is_named_too() {
+    let d = tmpdir("die0");
+    let calib = d.join("c.json");
+    let mut args = vec![
+        "calibrate",
+        "-n",
+        "3",
+        "--sizes",
+        "0",
+        "--fault-kill",
+        "local0:2",
+        "-o",
+        calib.to_str().unwrap(),
+    ];
+    args.extend_from_slice(FAST);
+    let out = mutirao(&args, Duration::from_secs(60));
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let c = Calibration::from_json(&std::fs::read_to_string(&calib).unwrap()).unwrap();
+    let p = c.partial.as_ref().expect("marked partial");
+    assert_eq!(p.failed_hosts.len(), 1);
+    assert_eq!(p.failed_hosts[0].name, "local0", "{p:?}");
+    // Rank 0's host took part in two finished sweeps (local0 -> local0, local0 -> local1).
+    assert_eq!(c.pairs.len(), 2, "{:?}", c.pairs);
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+#[test]
+fn bad_input_is_refused_and_writes_nothing() {
+    let d = tmpdir("bad");
+    let o = d.join("c.json");
+    let os = o.to_str().unwrap();
+    let cases: &[(&[&str], &str)] = &[
+        (&["--strategy", "random"], "random"),
+        (&["--sizes", "0,abc"], "abc"),
+        (&["--sizes", "0,4G"], "not a byte count"),
+        (&["--mode", "rdma"], "rdma"),
+        (&["--sites", "nohost=a"], "unknown host \"nohost\""),
+        (&["--reps", "2", "--min-reps", "5"], "--min-reps"),
+        (
+            &["--hostfile", "/nonexistent/hosts"],
+            "cannot read hostfile",
+        ),
+        (&["-n", "0"], "-n must be at least 1"),
+    ];
+    for (extra, want) in cases {
+        let mut args = vec!["calibrate", "-o", os];
+        args.extend_from_slice(extra);
+        let out = mutirao(&args, Duration::from_secs(10));
+        assert_eq!(out.status.code(), Some(2), "{extra:?}: {}", text(&out));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(want), "{extra:?}: want {want:?} in {err}");
+        assert!(!o.exists(), "{extra:?} wrote a file");
+    }
+    let _ = std::fs::remove_dir_all(&d);
+}
