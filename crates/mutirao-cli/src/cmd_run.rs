@@ -63,7 +63,8 @@ enum Ev {
     Out(usize, Stream, String),
     Started,
     Exit(usize, Option<i32>, Option<i32>),
-    HostLost(String),
+    /// An agent's connection ended: (hostfile line index, why).
+    HostLost(usize, String),
 }
 
 /// How to end ranks, local or remote.
@@ -146,7 +147,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     }
     let (tx, rx) = channel::<Ev>();
     let fence_timeout = Duration::from_secs(120);
-    let (group, hosts_of, pmi) = match &args.hostfile {
+    let (group, hosts_of, placement, pmi) = match &args.hostfile {
         None => {
             let pmi = PmiServer::start(
                 "127.0.0.1:0".parse().expect("literal"),
@@ -159,13 +160,14 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             (
                 Group::Local(pids),
                 vec!["localhost".to_string(); args.n],
+                vec![0; args.n],
                 pmi,
             )
         }
         Some(path) => start_remote(&args, path, token_bytes, &token, &job, &tx, fence_timeout)?,
     };
     drop(tx);
-    let code = supervise(&args, &group, &hosts_of, &pmi, rx, &interrupted);
+    let code = supervise(&args, &group, &hosts_of, &placement, &pmi, rx, &interrupted);
     if args.hostfile.is_none() {
         cleanup_shm(&job);
     }
@@ -262,7 +264,7 @@ fn start_remote(
     job: &str,
     tx: &Sender<Ev>,
     fence_timeout: Duration,
-) -> anyhow::Result<(Group, Vec<String>, PmiServer)> {
+) -> anyhow::Result<(Group, Vec<String>, Vec<usize>, PmiServer)> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("cannot read hostfile {}", path.display()))?;
     let hosts = hostfile::parse(&text).map_err(anyhow::Error::msg)?;
@@ -370,24 +372,25 @@ fn start_remote(
                     let _ = txc.send(Ev::Exit(rank, code, signal));
                 }
                 Ok(Some(Msg::Error { msg })) => {
-                    let _ = txc.send(Ev::HostLost(format!("agent of {host}: {msg}")));
+                    let _ = txc.send(Ev::HostLost(i, format!("agent of {host}: {msg}")));
                     break;
                 }
                 Ok(Some(_)) => {}
                 Ok(None) => {
-                    let _ = txc.send(Ev::HostLost(format!(
-                        "agent of {host} closed the connection"
-                    )));
+                    let _ = txc.send(Ev::HostLost(
+                        i,
+                        format!("agent of {host} closed the connection"),
+                    ));
                     break;
                 }
                 Err(e) => {
-                    let _ = txc.send(Ev::HostLost(format!("agent of {host}: {e}")));
+                    let _ = txc.send(Ev::HostLost(i, format!("agent of {host}: {e}")));
                     break;
                 }
             }
         });
     }
-    Ok((Group::Remote(writers), hosts_of, pmi))
+    Ok((Group::Remote(writers), hosts_of, placement, pmi))
 }
 
 /// The environment remote ranks get besides their rank variables.
@@ -480,6 +483,7 @@ fn supervise(
     args: &RunArgs,
     group: &Group,
     hosts_of: &[String],
+    placement: &[usize],
     pmi: &PmiServer,
     rx: Receiver<Ev>,
     interrupted: &AtomicBool,
@@ -537,18 +541,25 @@ fn supervise(
                     }
                 }
             }
-            Ok(Ev::HostLost(why)) => {
-                if ending_since.is_none() {
-                    end_all(
-                        format!("{why}; ending the other ranks"),
-                        1,
-                        &mut first_failure,
-                        &mut ending_since,
-                    );
-                }
-                // Ranks of a lost host will report no exit: count them as ended.
-                for (r, h) in hosts_of.iter().enumerate() {
-                    if !exited[r] && why.contains(h.as_str()) {
+            Ok(Ev::HostLost(host, why)) => {
+                let host = Some(host);
+                // An agent closes its session once all its ranks have ended: that is no failure.
+                let lost: Vec<usize> = (0..n)
+                    .filter(|r| placement.get(*r).copied() == host && !exited[*r])
+                    .collect();
+                if !lost.is_empty() {
+                    if ending_since.is_none() {
+                        end_all(
+                            format!(
+                                "{why} while ranks {lost:?} were running; ending the other ranks"
+                            ),
+                            1,
+                            &mut first_failure,
+                            &mut ending_since,
+                        );
+                    }
+                    // Those ranks will report no exit: count them as ended.
+                    for r in lost {
                         exited[r] = true;
                         remaining -= 1;
                     }

@@ -364,6 +364,42 @@ fn tests() -> Vec<Trial> {
             }
             Ok(())
         }),
+        Trial::test("two_agents_ending_their_sessions_is_a_clean_exit", || {
+            // Each agent closes its session once its ranks end; that must not count as a failure
+            // while the other host's ranks are still finishing.
+            let d = tmpdir("agent-two");
+            let tok = gen_token(&d, "agent.token")?;
+            let a1 = start_agent(&tok)?;
+            let a2 = start_agent(&tok)?;
+            let mut hosts = String::new();
+            for a in [&a1, &a2] {
+                let (host, port) = a.addr.rsplit_once(':').ok_or("bad agent address")?;
+                hosts.push_str(&format!("{host} slots=2 port={port}\n"));
+            }
+            let hf = d.join("hosts");
+            std::fs::write(&hf, hosts).map_err(|e| e.to_string())?;
+            for _ in 0..3 {
+                let (out, _) = run_limited(
+                    mutirao_run(
+                        &[
+                            "-n",
+                            "4",
+                            "--hostfile",
+                            hf.to_str().ok_or("path")?,
+                            "--token-file",
+                            tok.to_str().ok_or("path")?,
+                        ],
+                        "hello",
+                        None,
+                    ),
+                    Duration::from_secs(30),
+                )?;
+                if !out.status.success() {
+                    return Err(format!("exit {:?}: {}", out.status, text(&out.stderr)).into());
+                }
+            }
+            Ok(())
+        }),
         Trial::test("agent_refuses_a_wrong_token_and_runs_nothing", || {
             let d = tmpdir("agent-bad");
             let tok = gen_token(&d, "agent.token")?;
