@@ -36,6 +36,67 @@ pub struct AgentArgs {
     /// Print the bound address on stdout once listening (useful with port 0).
     #[arg(long)]
     pub print_addr: bool,
+    /// Unix socket of the directory this agent hosts (default /tmp/mutirao-dir-PORT.sock; see
+    /// `mutirao dir --help`). Local clients are identified by their uid.
+    #[arg(long, value_name = "PATH")]
+    pub dir_socket: Option<PathBuf>,
+    /// Do not host a directory.
+    #[arg(long)]
+    pub no_dir: bool,
+    /// Address where other agents' directories reach this one (grid-scope queries); none by
+    /// default. Servers authenticate each other with the agent token.
+    #[arg(long, value_name = "ADDR")]
+    pub dir_listen: Option<SocketAddr>,
+    /// Another agent's directory address (repeatable).
+    #[arg(long, value_name = "ADDR")]
+    pub dir_peer: Vec<SocketAddr>,
+    /// Node number in the directory's resource ids (default: derived from the listen port).
+    #[arg(long, value_name = "N")]
+    pub dir_node: Option<u16>,
+}
+
+/// Host the directory service in a thread of the agent.
+fn start_directory(args: &AgentArgs, bound: SocketAddr, secret: &[u8]) -> anyhow::Result<()> {
+    use mutirao_dir::server::{run_blocking, ServerConfig};
+    let sock = args
+        .dir_socket
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(format!("/tmp/mutirao-dir-{}.sock", bound.port())));
+    if sock.exists() {
+        // A stale socket of a previous agent on this port: replace it.
+        let _ = std::fs::remove_file(&sock);
+    }
+    let mut dir = mutirao_dir::DirConfig::default();
+    dir.node = u64::from(args.dir_node.unwrap_or(bound.port()));
+    let cfg = ServerConfig {
+        dir,
+        peers: args.dir_peer.clone(),
+        cluster_key: secret.to_vec(),
+        ..ServerConfig::default()
+    };
+    let listen = args.dir_listen;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::Builder::new()
+        .name("agent-directory".into())
+        .spawn(move || {
+            let shown = sock.display().to_string();
+            let tx2 = tx.clone();
+            let res = run_blocking(cfg, Some(sock), listen, move |peer| {
+                log(&format!(
+                    "directory on {shown} (peers on {})",
+                    peer.map_or("-".into(), |p| p.to_string())
+                ));
+                let _ = tx2.send(Ok(()));
+            });
+            if let Err(e) = res {
+                let _ = tx.send(Err(e.to_string()));
+            }
+        })?;
+    match rx.recv_timeout(Duration::from_secs(10)) {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => bail!("cannot start the directory: {e} (use --no-dir to run without it)"),
+        Err(_) => bail!("the directory did not start within 10 s"),
+    }
 }
 
 fn log(msg: &str) {
@@ -95,6 +156,9 @@ pub fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
     if args.print_addr {
         println!("{bound}");
         let _ = std::io::stdout().flush();
+    }
+    if !args.no_dir {
+        start_directory(&args, bound, &secret)?;
     }
     log(&format!("listening on {bound}"));
     for conn in listener.incoming() {

@@ -155,6 +155,17 @@ impl Drop for Agent {
 }
 
 fn start_agent(token_file: &Path) -> Result<Agent, Failed> {
+    // Every test agent gets its own directory socket.
+    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let k = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir_sock = token_file.with_extension(format!("dir{k}.sock"));
+    start_agent_with(
+        token_file,
+        &["--dir-socket", dir_sock.to_str().ok_or("path")?],
+    )
+}
+
+fn start_agent_with(token_file: &Path, extra: &[&str]) -> Result<Agent, Failed> {
     let mut child = Command::new(MUTIRAO)
         .args([
             "agent",
@@ -164,6 +175,7 @@ fn start_agent(token_file: &Path) -> Result<Agent, Failed> {
             "--token-file",
         ])
         .arg(token_file)
+        .args(extra)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -401,6 +413,30 @@ fn tests() -> Vec<Trial> {
                 if !out.status.success() {
                     return Err(format!("exit {:?}: {}", out.status, text(&out.stderr)).into());
                 }
+            }
+            Ok(())
+        }),
+        Trial::test("agent_hosts_the_directory", || {
+            let d = tmpdir("agent-dir");
+            let tok = gen_token(&d, "agent.token")?;
+            let sock = d.join("dir.sock");
+            let _agent = start_agent_with(&tok, &["--dir-socket", sock.to_str().ok_or("path")?])?;
+            let dir = |args: &[&str]| -> Result<String, Failed> {
+                let out = Command::new(MUTIRAO)
+                    .args(["dir"])
+                    .args(args)
+                    .args(["--socket", sock.to_str().ok_or("path")?])
+                    .output()
+                    .map_err(|e| e.to_string())?;
+                if !out.status.success() {
+                    return Err(format!("dir {args:?}: {}", text(&out.stderr)).into());
+                }
+                Ok(text(&out.stdout))
+            };
+            dir(&["register", "type=mailbox", "name=worker-1"])?;
+            let found = dir(&["query", "type=mailbox", "name?"])?;
+            if !found.contains("name=worker-1") {
+                return Err(format!("query found {found:?}").into());
             }
             Ok(())
         }),
