@@ -66,10 +66,11 @@ fn start_directory(args: &AgentArgs, bound: SocketAddr, secret: &[u8]) -> anyhow
         // A stale socket of a previous agent on this port: replace it.
         let _ = std::fs::remove_file(&sock);
     }
-    let mut dir = mutirao_dir::DirConfig::default();
-    dir.node = u64::from(args.dir_node.unwrap_or(bound.port()));
     let cfg = ServerConfig {
-        dir,
+        dir: mutirao_dir::DirConfig {
+            node: u64::from(args.dir_node.unwrap_or(bound.port())),
+            ..Default::default()
+        },
         peers: args.dir_peer.clone(),
         cluster_key: secret.to_vec(),
         ..ServerConfig::default()
