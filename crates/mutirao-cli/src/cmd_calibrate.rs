@@ -116,6 +116,12 @@ pub struct CalibrateArgs {
     /// H kernel runs per host (H is the median).
     #[arg(long, default_value_t = 5)]
     speed_runs: u32,
+    /// Eager limit of the calibration job (bytes, K/M suffixes), or `runtime` to keep the
+    /// runtime's (`MUTIRAO_EAGER_LIMIT`, default 64K). Default: the largest size, so that every
+    /// message is eager and its wire time shows in L as in the thesis's version II; with
+    /// rendezvous the receiver's probe returns before the data moves, so the transfer lands in Or.
+    #[arg(long, value_name = "BYTES|runtime")]
+    eager_limit: Option<String>,
     /// The agents' shared secret (as for `mutirao run`).
     #[arg(long, value_name = "FILE")]
     token_file: Option<PathBuf>,
@@ -514,6 +520,19 @@ pub fn run(a: CalibrateArgs) -> anyhow::Result<ExitCode> {
             ..PlanOptions::default()
         },
     )?;
+    let eager: Option<u64> = match a.eager_limit.as_deref() {
+        Some("runtime") => None,
+        Some(t) => Some(
+            parse_sizes(t)
+                .ok()
+                .filter(|v| v.len() == 1)
+                .and_then(|v| v.first().copied())
+                .with_context(|| {
+                    format!("--eager-limit {t:?}: expected a byte count (e.g. 4M) or `runtime`")
+                })?,
+        ),
+        None => Some(cfg.sizes.last().copied().unwrap_or(0).max(64 * 1024)),
+    };
     let exe = std::env::current_exe().context("cannot find this program's path")?;
     let nranks = hosts.len() * cfg.ranks_per_host();
     let mut cmd = Command::new(&exe);
@@ -541,6 +560,10 @@ pub fn run(a: CalibrateArgs) -> anyhow::Result<ExitCode> {
         .arg("calibrate")
         .arg("--worker")
         .arg(serde_json::to_string(&cfg)?);
+    if let Some(e) = eager {
+        // The launcher passes every MUTIRAO_* variable on to local and remote ranks.
+        cmd.env("MUTIRAO_EAGER_LIMIT", e.to_string());
+    }
     cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
@@ -564,9 +587,14 @@ pub fn run(a: CalibrateArgs) -> anyhow::Result<ExitCode> {
         concat!("mutirao ", env!("CARGO_PKG_VERSION")),
         started,
     );
+    let eager_text = match (eager, std::env::var("MUTIRAO_EAGER_LIMIT")) {
+        (Some(e), _) => format!("eager limit {e} B"),
+        (None, Ok(v)) => format!("eager limit {v} B (MUTIRAO_EAGER_LIMIT)"),
+        (None, Err(_)) => "runtime's default eager limit".into(),
+    };
     c.provenance.transport = match std::env::var("MUTIRAO_TRANSPORT").as_deref() {
-        Ok("tcp") => "tcp".into(),
-        _ => "auto (tcp between hosts, shared memory within a host)".into(),
+        Ok("tcp") => format!("tcp; {eager_text}"),
+        _ => format!("auto (tcp between hosts, shared memory within a host); {eager_text}"),
     };
     for (i, h) in hosts.iter().enumerate() {
         let host = outcome.hosts.remove(&i).unwrap_or_else(|| {
