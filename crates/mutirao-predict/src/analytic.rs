@@ -25,7 +25,7 @@
 //! * Conditionals keep both branches; the [`Policy`] chooses at evaluation time.
 
 use crate::interval::Interval;
-use crate::machine::{CostKey, Fallback, MachineError, MachineModel};
+use crate::machine::{CostKey, Fallback, MachineError, MachineModel, SendIndex};
 use crate::pamela::{IntExpr, Item, ModelFile, Pos, RedKind, SizeExpr, SizeFn, Stmt};
 use crate::shares::{static_shares, ShareError};
 use serde::Serialize;
@@ -1287,6 +1287,7 @@ struct Env<'a> {
     /// task cost per (machine index, task fn)
     task_cost: HashMap<(usize, usize), Interval>,
     sends: HashMap<(usize, usize, u64), Interval>,
+    send_index: SendIndex<'a>,
     fallbacks: BTreeSet<(usize, String, String)>,
 }
 
@@ -1421,7 +1422,7 @@ impl<'a> Env<'a> {
         if let Some(iv) = self.sends.get(&key) {
             return Ok(*iv);
         }
-        let (iv, fb) = self.mm.send_cost(a, b, bytes)?;
+        let (iv, fb) = self.mm.send_cost_indexed(&self.send_index, a, b, bytes)?;
         if let Some(f) = fb {
             self.fallbacks.insert((f.machine, f.wanted, f.used));
         }
@@ -1583,6 +1584,7 @@ fn eval_once(
         shares,
         task_cost: HashMap::new(),
         sends: HashMap::new(),
+        send_index: mm.send_index(),
         fallbacks: BTreeSet::new(),
     };
     let mut terms = Vec::with_capacity(c.terms.len());

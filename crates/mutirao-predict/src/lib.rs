@@ -6,6 +6,7 @@
 //! * [`machine`]: the op × type machine model (CRES) and its Appendix-B text format;
 //! * [`pamela`]: the Extended-PAMELA model language (parse and print);
 //! * [`pasl`]: JoiN's flow-specification language, the batch DAG and its series-parallel form;
+//! * [`amgen`]: the application model of a batch DAG (Extended PAMELA, thesis Figs 4.10–4.16);
 //! * [`analytic`]: the analytic compiler (T_0, T_r, T = max) and the evaluator (TPT);
 //! * [`shares`]: JoiN's static shares `S_i = ⌈f·c·W_i/ΣW⌉`, rounded to sum to c;
 //! * [`harness`]: the interval error (Eq. 5.2/5.3) and a checker of printed results;
@@ -34,6 +35,7 @@
 //! ```
 #![warn(missing_docs)]
 
+pub mod amgen;
 pub mod analyse;
 pub mod analytic;
 pub mod harness;

@@ -6,7 +6,7 @@
 
 use crate::interval::Interval;
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::str::FromStr;
 
@@ -359,6 +359,10 @@ pub struct Fallback {
     pub used: String,
 }
 
+/// Send points grouped by `(from, to)` ([`MachineModel::send_index`]).
+#[derive(Debug, Clone, Default)]
+pub struct SendIndex<'a>(HashMap<(usize, usize), Vec<&'a SendPoint>>);
+
 /// The machine model of one JoiN group: machine 0 is the coordinator.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct MachineModel {
@@ -490,20 +494,50 @@ impl MachineModel {
         to: usize,
         size: f64,
     ) -> Result<(Interval, Option<Fallback>), MachineError> {
-        let mut pts: Vec<&SendPoint> = self
-            .sends
-            .iter()
-            .filter(|s| s.from == from && s.to == to)
-            .collect();
-        let mut reversed = false;
-        if pts.is_empty() {
-            pts = self
-                .sends
+        let pts = |a: usize, b: usize| -> Vec<&SendPoint> {
+            self.sends
                 .iter()
-                .filter(|s| s.from == to && s.to == from)
-                .collect();
-            reversed = true;
+                .filter(|s| s.from == a && s.to == b)
+                .collect()
+        };
+        self.send_cost_of(from, to, size, pts(from, to), pts(to, from))
+    }
+
+    /// The send points grouped by `(from, to)`, for [`MachineModel::send_cost_indexed`]:
+    /// build it once when many sends are costed (one evaluation over many workers).
+    pub fn send_index(&self) -> SendIndex<'_> {
+        let mut m: HashMap<(usize, usize), Vec<&SendPoint>> = HashMap::new();
+        for s in &self.sends {
+            m.entry((s.from, s.to)).or_default().push(s);
         }
+        SendIndex(m)
+    }
+
+    /// [`MachineModel::send_cost`] through an index made by [`MachineModel::send_index`].
+    pub fn send_cost_indexed(
+        &self,
+        index: &SendIndex<'_>,
+        from: usize,
+        to: usize,
+        size: f64,
+    ) -> Result<(Interval, Option<Fallback>), MachineError> {
+        let get = |a: usize, b: usize| index.0.get(&(a, b)).cloned().unwrap_or_default();
+        self.send_cost_of(from, to, size, get(from, to), get(to, from))
+    }
+
+    fn send_cost_of(
+        &self,
+        from: usize,
+        to: usize,
+        size: f64,
+        direct: Vec<&SendPoint>,
+        reverse: Vec<&SendPoint>,
+    ) -> Result<(Interval, Option<Fallback>), MachineError> {
+        let (mut pts, reversed) = if direct.is_empty() {
+            (reverse, true)
+        } else {
+            (direct, false)
+        };
         if pts.is_empty() {
             return Err(MachineError::MissingSend { from, to });
         }
