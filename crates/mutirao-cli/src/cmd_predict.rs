@@ -4,12 +4,13 @@
 //! * `mutirao predict analyse FILE.rs --fn NAME [--arg n=100] …`
 //! * `mutirao predict shares --weights 1,0.4,0.2 --tasks 128 [--fraction F]`
 //! * `mutirao predict flow FILE.pas [--card c2=4 …]`
+//! * `mutirao predict generate FILE.pas --source TASKS.rs --task T2=work … [-o MODEL]`
 
 use anyhow::{bail, Context};
 use clap::{Args, Subcommand, ValueEnum};
 use mutirao_predict::analytic::{self, Policy, Prediction, Selection};
 use mutirao_predict::machine::{AppendixB, MachineModel};
-use mutirao_predict::{analyse, pamela, pasl, shares};
+use mutirao_predict::{amgen, analyse, pamela, pasl, shares};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -29,7 +30,9 @@ Examples:
   mutirao predict --app primes.pamela --machines lab.txt -p 4 --policy probability --q 0.08
   mutirao predict analyse task.rs --fn task --arg n=1000000 --task-def ProcessData
   mutirao predict shares --weights 1.0,0.4,0.2 --tasks 128
-  mutirao predict flow app.pas --card c2=4 --card c3=4";
+  mutirao predict flow app.pas --card c2=4 --card c3=4
+  mutirao predict generate app.pas --source tasks.rs --task T1=split --task T2=work \
+      --task T3=gather -o app.pamela";
 
 /// Arguments of `mutirao predict`.
 #[derive(Args)]
@@ -160,6 +163,105 @@ Example:
         #[arg(long = "card", value_name = "NAME=C")]
         cards: Vec<String>,
     },
+    /// Generate the application model (Extended PAMELA) of a PASL flow whose task functions
+    /// are in a Rust file (AMGen: analyse each task, compose the batches).
+    #[command(after_help = "\
+Example:
+  mutirao predict generate pi.pas --source pi.rs --task T1=distribute \\
+      --task T2=work:in=64:out=64:code=879 --task T3=gather -o pi.pamela
+  mutirao predict --app pi.pamela --machines lab.txt -p 8
+
+Each --task names a flow task (T1, T2, …) and the Rust function of its batch, optionally
+followed by its sizes in bytes (in = one task's input, out = its output, code = the code
+shipped to each worker); missing sizes take --data-in/--data-out/--code-size.")]
+    Generate {
+        /// The PASL flow specification.
+        file: PathBuf,
+        /// The Rust file with the task functions.
+        #[arg(long, value_name = "FILE.rs")]
+        source: PathBuf,
+        /// TASK=FUNCTION[:in=B][:out=B][:code=B] (one per flow task).
+        #[arg(long = "task", value_name = "SPEC", required = true)]
+        tasks: Vec<String>,
+        /// A value for a named cardinality, NAME=C (repeatable).
+        #[arg(long = "card", value_name = "NAME=C")]
+        cards: Vec<String>,
+        /// Default input size of a task (bytes).
+        #[arg(long, default_value_t = 64.0, value_name = "B")]
+        data_in: f64,
+        /// Default output size of a task (bytes).
+        #[arg(long, default_value_t = 64.0, value_name = "B")]
+        data_out: f64,
+        /// Default code size shipped per worker (bytes).
+        #[arg(long, default_value_t = 1024.0, value_name = "B")]
+        code_size: f64,
+        /// Write the model here (atomically) instead of to standard output.
+        #[arg(short = 'o', long, value_name = "MODEL")]
+        output: Option<PathBuf>,
+    },
+}
+
+/// Write `text` to `path` atomically: a temporary file in the same directory, fsync, rename.
+fn write_atomic(path: &Path, text: &str) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let name = path
+        .file_name()
+        .with_context(|| format!("{} is not a file name", path.display()))?;
+    let tmp = dir.join(format!(
+        ".{}.tmp{}",
+        name.to_string_lossy(),
+        std::process::id()
+    ));
+    let result = (|| -> anyhow::Result<()> {
+        let mut f = std::fs::File::create(&tmp)
+            .with_context(|| format!("cannot create {}", tmp.display()))?;
+        f.write_all(text.as_bytes())?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+            .with_context(|| format!("cannot rename {} to {}", tmp.display(), path.display()))?;
+        Ok(())
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
+
+/// `TASK=FUNCTION[:in=B][:out=B][:code=B]`.
+fn task_spec(
+    s: &str,
+    defaults: (f64, f64, f64),
+) -> anyhow::Result<(String, String, f64, f64, f64)> {
+    let (task, rest) = s
+        .split_once('=')
+        .with_context(|| format!("--task `{s}` must be TASK=FUNCTION[:in=B][:out=B][:code=B]"))?;
+    let mut parts = rest.split(':');
+    let func = parts.next().unwrap_or_default().trim().to_string();
+    if func.is_empty() {
+        bail!("--task `{s}`: the function name is missing");
+    }
+    let (mut din, mut dout, mut code) = defaults;
+    for p in parts {
+        let (k, v) = p
+            .split_once('=')
+            .with_context(|| format!("--task `{s}`: `{p}` must be in=B, out=B or code=B"))?;
+        let v: f64 = v
+            .parse()
+            .ok()
+            .filter(|v: &f64| v.is_finite() && *v >= 0.0)
+            .with_context(|| format!("--task `{s}`: `{v}` is not a size in bytes (>= 0)"))?;
+        match k {
+            "in" => din = v,
+            "out" => dout = v,
+            "code" => code = v,
+            _ => bail!("--task `{s}`: unknown size `{k}` (use in, out or code)"),
+        }
+    }
+    Ok((task.trim().to_string(), func, din, dout, code))
 }
 
 fn read(path: &Path, what: &str) -> anyhow::Result<String> {
@@ -290,6 +392,75 @@ pub fn run(a: PredictArgs) -> anyhow::Result<ExitCode> {
                 .series_parallel()
                 .with_context(|| format!("in {}", file.display()))?;
             println!("L = {l}");
+            Ok(ExitCode::SUCCESS)
+        }
+        Some(PredictCommand::Generate {
+            file,
+            source,
+            tasks,
+            cards,
+            data_in,
+            data_out,
+            code_size,
+            output,
+        }) => {
+            let text = read(&file, "PASL file")?;
+            let spec = pasl::parse(&text).with_context(|| format!("in {}", file.display()))?;
+            let binds: HashMap<String, u64> = name_values(&cards, "--card")?.into_iter().collect();
+            let dag = spec
+                .dag(&binds)
+                .with_context(|| format!("in {}", file.display()))?;
+            let src = read(&source, "Rust source")?;
+            let mut by_task = HashMap::new();
+            for t in &tasks {
+                let (task, func, din, dout, code) = task_spec(t, (data_in, data_out, code_size))?;
+                if !dag.nodes.iter().any(|n| n.task == task) {
+                    bail!("--task `{t}`: the flow has no task `{task}`");
+                }
+                if by_task
+                    .insert(task.clone(), (func, din, dout, code))
+                    .is_some()
+                {
+                    bail!("--task `{task}` is given twice");
+                }
+            }
+            let mut costs = Vec::new();
+            for n in &dag.nodes {
+                let Some((func, din, dout, code)) = by_task.get(&n.task) else {
+                    bail!(
+                        "no --task for flow task `{}` (batch {}, {}); add --task {}=FUNCTION",
+                        n.task,
+                        n.batch,
+                        n.class,
+                        n.task
+                    );
+                };
+                let an = analyse::analyse(&src, func, &[]).with_context(|| {
+                    format!(
+                        "in {} (function `{func}` of task {})",
+                        source.display(),
+                        n.task
+                    )
+                })?;
+                costs.push(amgen::BatchCost {
+                    taskrun: an.to_pamela(),
+                    code_size: *code,
+                    data_in: *din,
+                    data_out: *dout,
+                });
+            }
+            let model = amgen::generate(&dag, &costs)?;
+            // Check that what we write compiles.
+            let parsed =
+                pamela::parse(&model).context("internal: the generated model does not parse")?;
+            analytic::compile(&parsed).context("the generated model does not compile")?;
+            match output {
+                Some(path) => {
+                    write_atomic(&path, &model)?;
+                    eprintln!("wrote {}", path.display());
+                }
+                None => print!("{model}"),
+            }
             Ok(ExitCode::SUCCESS)
         }
         None => predict(a),

@@ -43,7 +43,7 @@ pub enum AmgenError {
 
 fn indent(body: &str, pad: &str, out: &mut String) {
     for l in body.lines().filter(|l| !l.trim().is_empty()) {
-        let _ = writeln!(out, "{pad}{}", l.trim());
+        let _ = writeln!(out, "{pad}{}", l.trim_end());
     }
 }
 
