@@ -55,3 +55,55 @@ proptest! {
         prop_assert_eq!(r.hi, ((x.hi + y.hi) * k).max(y.hi));
     }
 }
+
+proptest! {
+    /// Nested constant loops multiply: the innermost statement runs Π bounds times, and every
+    /// loop level charges its init once per entry and its control ops once per iteration.
+    #[test]
+    fn analyser_nested_loops_multiply(bounds in prop::collection::vec(0u64..40, 1..4), step in 1u64..4) {
+        use mutirao_predict::analyse::analyse;
+        use mutirao_predict::analytic::Policy;
+        let mut src = String::from("fn f() { let mut s: f64 = 0.0;\n");
+        for (k, b) in bounds.iter().enumerate() {
+            src.push_str(&format!("for i{k} in (0..{b}).step_by({step}) {{\n"));
+        }
+        src.push_str("s *= 2.0;\n");
+        src.push_str(&"}\n".repeat(bounds.len()));
+        src.push('}');
+        let a = analyse(&src, "f", &[]).unwrap();
+        let c = a.counts(Policy::Worst).unwrap();
+        let trips: Vec<u64> = bounds.iter().map(|b| b.div_ceil(step)).collect();
+        let inner: u64 = trips.iter().product();
+        prop_assert_eq!(c.get("mpy_double").copied().unwrap_or(0.0), inner as f64);
+        // Entries of loop level k = Π trips of the levels outside it.
+        let mut entries = 1u64;
+        let mut iterations = 0u64;
+        for t in &trips {
+            iterations += entries * t;
+            entries *= t;
+        }
+        let entered: u64 = (0..trips.len()).map(|k| trips[..k].iter().product::<u64>()).sum();
+        // compare: once per entry + once per iteration of every loop.
+        prop_assert_eq!(c.get("compare").copied().unwrap_or(0.0), (entered + iterations) as f64);
+        // sum_int: the increment, once per iteration.
+        prop_assert_eq!(c.get("sum_int").copied().unwrap_or(0.0), iterations as f64);
+    }
+
+    /// A chain flow T1 → T2 → … → Tn reduces to 𝔹1; 𝔹2; …; 𝔹n.
+    #[test]
+    fn pasl_chain_is_sequential(n in 2usize..12, c in 1u64..500) {
+        use mutirao_predict::pasl;
+        let mut src = String::new();
+        for i in 1..=n {
+            src.push_str(&format!("B{i}=\"C{i}.class\";\n"));
+        }
+        src.push_str("%%\nT1=B1(1)<<NULL;\n");
+        for i in 2..=n {
+            let card = if i == n { 1 } else { c };
+            src.push_str(&format!("T{i}=B{i}({card})<<T{};\n", i - 1));
+        }
+        let dag = pasl::parse(&src).unwrap().dag(&Default::default()).unwrap();
+        let want: Vec<String> = (1..=n).map(|i| format!("B{i}")).collect();
+        prop_assert_eq!(dag.series_parallel().unwrap().ascii(), want.join("; "));
+    }
+}
