@@ -1,0 +1,240 @@
+//! Transports: how bytes reach one peer. The engine sees every peer as a byte stream behind the
+//! [`Transport`] trait and chooses the implementation per peer at start-up (timely-dataflow's
+//! allocator pattern): [`TcpTransport`] between hosts, [`ShmTransport`] between processes of one
+//! host. A third one (a real MPI library, RDMA) is another implementation of the same trait.
+
+use crate::shm::Ring;
+use mio::net::TcpStream;
+use std::io::{IoSlice, Read, Write};
+
+/// One peer's byte stream.
+pub(crate) trait Transport {
+    /// Short name for messages: "tcp", "shm".
+    fn kind(&self) -> &'static str;
+    /// Read stream bytes into `buf`. `Ok(0)`: nothing now. `Err`: the link is broken (why).
+    fn read(&mut self, buf: &mut [u8]) -> Result<usize, String>;
+    /// Write as much of `bufs` as fits now; `Ok(0)`: nothing fits now.
+    fn write(&mut self, bufs: &[IoSlice<'_>]) -> Result<usize, String>;
+    /// Bytes are known to be waiting, found without a system call (shared memory).
+    fn ready_hint(&self) -> bool {
+        false
+    }
+    /// The socket the poller watches: the data stream itself for TCP, wake-ups and liveness for
+    /// shared memory. `None` once closed.
+    fn socket(&mut self) -> Option<&mut TcpStream>;
+    /// Forget the socket (after the poller deregistered it).
+    fn close_socket(&mut self);
+    /// Does the socket carry the data stream (TCP) or only wake-ups (shared memory)?
+    fn socket_is_stream(&self) -> bool;
+    /// The poller saw the socket readable. `Err`: the peer is gone (EOF or error on the socket).
+    fn on_readable(&mut self) -> Result<(), String>;
+    /// The poller saw the socket writable.
+    fn on_writable(&mut self);
+    /// About to block in the poller: arrange to be woken; true if data arrived meanwhile.
+    fn prepare_sleep(&self, _want_write: bool) -> bool {
+        false
+    }
+    /// Awake again.
+    fn end_sleep(&self) {}
+}
+
+/// What an I/O error means for a non-blocking stream.
+enum Outcome {
+    /// Nothing now (the kernel said would-block).
+    Drained,
+    /// A signal interrupted the call: try again later, readiness unchanged.
+    Retry,
+    /// The connection is broken.
+    Broken(String),
+}
+
+fn io_err(e: std::io::Error) -> Outcome {
+    match e.kind() {
+        std::io::ErrorKind::WouldBlock => Outcome::Drained,
+        std::io::ErrorKind::Interrupted => Outcome::Retry,
+        _ => Outcome::Broken(format!("connection error: {e}")),
+    }
+}
+
+/// TCP (`TCP_NODELAY`, non-blocking, edge-triggered readiness).
+pub(crate) struct TcpTransport {
+    sock: Option<TcpStream>,
+    readable: bool,
+    writable: bool,
+}
+
+impl TcpTransport {
+    pub(crate) fn new(sock: TcpStream) -> Self {
+        TcpTransport {
+            sock: Some(sock),
+            readable: true,
+            writable: true,
+        }
+    }
+}
+
+impl Transport for TcpTransport {
+    fn kind(&self) -> &'static str {
+        "tcp"
+    }
+
+    fn read(&mut self, buf: &mut [u8]) -> Result<usize, String> {
+        let Some(sock) = self.sock.as_mut() else {
+            return Err("connection closed".into());
+        };
+        if !self.readable || buf.is_empty() {
+            return Ok(0);
+        }
+        match sock.read(buf) {
+            Ok(0) => Err("connection closed".into()),
+            Ok(n) => Ok(n),
+            Err(e) => match io_err(e) {
+                Outcome::Drained => {
+                    self.readable = false;
+                    Ok(0)
+                }
+                Outcome::Retry => Ok(0),
+                Outcome::Broken(why) => Err(why),
+            },
+        }
+    }
+
+    fn write(&mut self, bufs: &[IoSlice<'_>]) -> Result<usize, String> {
+        let Some(sock) = self.sock.as_mut() else {
+            return Err("connection closed".into());
+        };
+        if !self.writable {
+            return Ok(0);
+        }
+        match sock.write_vectored(bufs) {
+            Ok(n) => Ok(n),
+            Err(e) => match io_err(e) {
+                Outcome::Drained => {
+                    self.writable = false;
+                    Ok(0)
+                }
+                Outcome::Retry => Ok(0),
+                Outcome::Broken(why) => Err(why),
+            },
+        }
+    }
+
+    fn socket(&mut self) -> Option<&mut TcpStream> {
+        self.sock.as_mut()
+    }
+
+    fn close_socket(&mut self) {
+        self.sock = None;
+    }
+
+    fn socket_is_stream(&self) -> bool {
+        true
+    }
+
+    fn on_readable(&mut self) -> Result<(), String> {
+        self.readable = true;
+        Ok(())
+    }
+
+    fn on_writable(&mut self) {
+        self.writable = true;
+    }
+}
+
+/// Shared-memory rings (one per direction) plus the TCP connection as doorbell and liveness
+/// signal: its EOF means the peer is gone.
+pub(crate) struct ShmTransport {
+    tx: Ring,
+    rx: Ring,
+    bell: Option<TcpStream>,
+}
+
+impl ShmTransport {
+    pub(crate) fn new(tx: Ring, rx: Ring, bell: TcpStream) -> Self {
+        ShmTransport {
+            tx,
+            rx,
+            bell: Some(bell),
+        }
+    }
+
+    fn ring_bell(&mut self) {
+        if let Some(s) = self.bell.as_mut() {
+            // WouldBlock: wake-up bytes are already pending, the peer will wake anyway.
+            let _ = s.write(&[1u8]);
+        }
+    }
+}
+
+impl Transport for ShmTransport {
+    fn kind(&self) -> &'static str {
+        "shm"
+    }
+
+    fn read(&mut self, buf: &mut [u8]) -> Result<usize, String> {
+        let (n, wake) = self.rx.read(buf);
+        if wake {
+            self.ring_bell();
+        }
+        Ok(n)
+    }
+
+    fn write(&mut self, bufs: &[IoSlice<'_>]) -> Result<usize, String> {
+        if self.bell.is_none() {
+            return Err("connection closed".into());
+        }
+        let (n, wake) = self.tx.write_vectored(bufs);
+        if wake {
+            self.ring_bell();
+        }
+        Ok(n)
+    }
+
+    fn ready_hint(&self) -> bool {
+        self.rx.available() > 0
+    }
+
+    fn socket(&mut self) -> Option<&mut TcpStream> {
+        self.bell.as_mut()
+    }
+
+    fn close_socket(&mut self) {
+        self.bell = None;
+    }
+
+    fn socket_is_stream(&self) -> bool {
+        false
+    }
+
+    fn on_readable(&mut self) -> Result<(), String> {
+        let Some(s) = self.bell.as_mut() else {
+            return Err("connection closed".into());
+        };
+        let mut buf = [0u8; 256];
+        loop {
+            match s.read(&mut buf) {
+                Ok(0) => return Err("connection closed".into()),
+                Ok(_) => continue,
+                Err(e) => match io_err(e) {
+                    Outcome::Drained => return Ok(()),
+                    Outcome::Retry => continue,
+                    Outcome::Broken(why) => return Err(why),
+                },
+            }
+        }
+    }
+
+    fn on_writable(&mut self) {}
+
+    fn prepare_sleep(&self, want_write: bool) -> bool {
+        let mut woke = self.rx.prepare_reader_sleep();
+        if want_write {
+            woke |= self.tx.prepare_writer_sleep();
+        }
+        woke
+    }
+
+    fn end_sleep(&self) {
+        self.rx.clear_reader_sleep();
+    }
+}
