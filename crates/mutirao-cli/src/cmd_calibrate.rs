@@ -734,13 +734,17 @@ fn coordinate(
     let errs = {
         let bar = bar.clone();
         std::thread::spawn(move || {
-            let mut launcher = Vec::new();
+            // The launcher's own verdicts first, then errors it (or a rank) gave up with.
+            let (mut launcher, mut errors) = (Vec::new(), Vec::new());
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
                 if let Some(rest) = line.strip_prefix("mutirao run: ") {
                     launcher.push(rest.to_string());
+                } else if let Some(rest) = line.strip_prefix("mutirao: error: ") {
+                    errors.push(rest.to_string());
                 }
                 bar.suspend(|| eprintln!("{line}"));
             }
+            launcher.extend(errors);
             launcher
         })
     };

@@ -5,8 +5,9 @@
 
 use mutirao_model::calib::{Calibration, SendMode};
 use mutirao_model::Model;
-use std::path::PathBuf;
-use std::process::{Command, Output};
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 const MUTIRAO: &str = env!("CARGO_BIN_EXE_mutirao");
@@ -216,6 +217,171 @@ fn the_leader_host_dying_is_named_too() {
     assert_eq!(p.failed_hosts[0].name, "local0", "{p:?}");
     // Rank 0's host took part in two finished sweeps (local0 -> local0, local0 -> local1).
     assert_eq!(c.pairs.len(), 2, "{:?}", c.pairs);
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+struct Agent(Child);
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A `mutirao agent` on loopback address `ip` with a free port; returns it and its port.
+fn agent(token: &Path, ip: &str) -> (Agent, String) {
+    let sock = token.with_extension(format!("{ip}.sock"));
+    let mut child = Command::new(MUTIRAO)
+        .args([
+            "agent",
+            "--listen",
+            &format!("{ip}:0"),
+            "--print-addr",
+            "--token-file",
+        ])
+        .arg(token)
+        .arg("--dir-socket")
+        .arg(sock)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let port = line
+        .trim()
+        .rsplit_once(':')
+        .expect("agent address")
+        .1
+        .to_string();
+    (Agent(child), port)
+}
+
+fn gen_token(d: &Path) -> PathBuf {
+    let t = d.join("agent.token");
+    let st = Command::new(MUTIRAO)
+        .args(["agent", "--gen-token"])
+        .arg(&t)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    t
+}
+
+#[test]
+fn hostfile_calibration_goes_through_the_agents() {
+    let d = tmpdir("agents");
+    let tok = gen_token(&d);
+    let (_a1, p1) = agent(&tok, "127.0.0.1");
+    let (_a2, p2) = agent(&tok, "127.0.0.2");
+    // Two loopback addresses of this machine, so the two agents are two hosts.
+    let hf = d.join("hosts");
+    std::fs::write(
+        &hf,
+        format!("127.0.0.1 slots=1 port={p1}\n127.0.0.2:1 port={p2}\n"),
+    )
+    .unwrap();
+    let calib = d.join("c.json");
+    let mut args = vec![
+        "calibrate",
+        "--hostfile",
+        hf.to_str().unwrap(),
+        "--token-file",
+        tok.to_str().unwrap(),
+        "--sites",
+        "127.0.0.2=b",
+        "--sizes",
+        "0,2K",
+        "-o",
+        calib.to_str().unwrap(),
+    ];
+    args.extend_from_slice(FAST);
+    let out = mutirao(&args, Duration::from_secs(60));
+    assert!(out.status.success(), "{}", text(&out));
+    let c = Calibration::from_json(&std::fs::read_to_string(&calib).unwrap()).unwrap();
+    assert_eq!(
+        c.hosts
+            .iter()
+            .map(|h| (h.name.as_str(), h.site.as_str(), h.address.clone()))
+            .collect::<Vec<_>>(),
+        [
+            ("127.0.0.1", "127.0.0", format!("127.0.0.1:{p1}")),
+            ("127.0.0.2", "b", format!("127.0.0.2:{p2}"))
+        ]
+    );
+    assert_eq!(c.pairs.len(), 4);
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+#[test]
+fn an_unreachable_agent_is_named() {
+    let d = tmpdir("unreach");
+    let tok = gen_token(&d);
+    // A port nobody listens on: bind one, note it, close it.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let hf = d.join("hosts");
+    std::fs::write(&hf, format!("127.0.0.1 port={port}\n")).unwrap();
+    let calib = d.join("c.json");
+    let out = mutirao(
+        &[
+            "calibrate",
+            "--hostfile",
+            hf.to_str().unwrap(),
+            "--token-file",
+            tok.to_str().unwrap(),
+            "-o",
+            calib.to_str().unwrap(),
+        ],
+        Duration::from_secs(30),
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("host 127.0.0.1 failed") && err.contains("cannot reach the agent"),
+        "{err}"
+    );
+    let c = Calibration::from_json(&std::fs::read_to_string(&calib).unwrap()).unwrap();
+    assert_eq!(
+        c.partial.as_ref().unwrap().failed_hosts[0].name,
+        "127.0.0.1"
+    );
+    assert!(c.pairs.is_empty());
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+#[test]
+fn type_sampled_records_clusters() {
+    let d = tmpdir("type");
+    let calib = d.join("c.json");
+    let mut args = vec![
+        "calibrate",
+        "-n",
+        "2",
+        "--strategy",
+        "type-sampled",
+        "--tolerance",
+        "10",
+        "--no-same-host",
+        "--sizes",
+        "0",
+        "-o",
+        calib.to_str().unwrap(),
+    ];
+    args.extend_from_slice(FAST);
+    let out = mutirao(&args, Duration::from_secs(60));
+    assert!(out.status.success(), "{}", text(&out));
+    let c = Calibration::from_json(&std::fs::read_to_string(&calib).unwrap()).unwrap();
+    // A tolerance of 1000% puts both hosts in one cluster led by local0.
+    assert_eq!(c.provenance.clusters.len(), 1);
+    assert_eq!(c.provenance.clusters[0].members, ["local0", "local1"]);
+    assert_eq!(c.pairs.len(), 2);
     let _ = std::fs::remove_dir_all(&d);
 }
 
