@@ -3,7 +3,7 @@
 //! | variable | default | meaning |
 //! |---|---|---|
 //! | `MUTIRAO_EAGER_LIMIT` | 65536 | messages up to this many bytes are sent at once; larger ones by rendezvous |
-//! | `MUTIRAO_SPIN_US` | 50 (5 when ranks outnumber cores) | how long a waiting rank polls before sleeping |
+//! | `MUTIRAO_SPIN_US` | 50 with TCP peers, 500 when every peer shares memory, 5 when ranks outnumber cores | how long a waiting rank polls before sleeping |
 //! | `MUTIRAO_TRANSPORT` | `auto` | `auto`: shared memory to ranks of the same host, TCP otherwise; `tcp`: TCP only |
 //! | `MUTIRAO_CMA` | 1 | same-host large messages are copied once, straight from the sender's memory (`process_vm_readv`); 0 streams them through the ring |
 //! | `MUTIRAO_SHM_RING` | 2097152 | bytes of each shared-memory ring (one per direction per local peer) |
@@ -27,6 +27,8 @@ fn env_usize(name: &str) -> Result<Option<usize>, String> {
 pub struct Config {
     pub eager_limit: usize,
     pub spin: Duration,
+    /// Spin when every peer is on shared memory (a large copy by the peer is worth waiting for).
+    pub spin_shm: Duration,
     pub shm: bool,
     pub cma: bool,
     pub shm_ring: usize,
@@ -39,7 +41,10 @@ impl Config {
         let cores = std::thread::available_parallelism()
             .map(|n| n.get())
             .unwrap_or(1);
-        let default_spin = if local_ranks > cores { 5 } else { 50 };
+        let oversubscribed = local_ranks > cores;
+        let default_spin = if oversubscribed { 5 } else { 50 };
+        let default_spin_shm = if oversubscribed { 5 } else { 500 };
+        let spin_env = env_usize("MUTIRAO_SPIN_US")?;
         let transport = std::env::var("MUTIRAO_TRANSPORT").unwrap_or_else(|_| "auto".into());
         let shm = match transport.as_str() {
             "auto" | "shm" => true,
@@ -52,9 +57,8 @@ impl Config {
         };
         Ok(Config {
             eager_limit: env_usize("MUTIRAO_EAGER_LIMIT")?.unwrap_or(64 * 1024),
-            spin: Duration::from_micros(
-                env_usize("MUTIRAO_SPIN_US")?.unwrap_or(default_spin) as u64
-            ),
+            spin: Duration::from_micros(spin_env.unwrap_or(default_spin) as u64),
+            spin_shm: Duration::from_micros(spin_env.unwrap_or(default_spin_shm) as u64),
             shm,
             cma: env_usize("MUTIRAO_CMA")?.unwrap_or(1) != 0,
             shm_ring: env_usize("MUTIRAO_SHM_RING")?

@@ -116,6 +116,7 @@ pub fn init() -> Result<Comm, Error> {
                 Tuning {
                     eager_limit: cfg.eager_limit,
                     spin: cfg.spin,
+                    spin_shm: cfg.spin_shm,
                     cma: cfg.cma,
                 },
             )?;
@@ -246,6 +247,7 @@ pub fn init_with(env: &JobEnv) -> Result<Comm, Error> {
         Tuning {
             eager_limit: cfg.eager_limit,
             spin: cfg.spin,
+            spin_shm: cfg.spin_shm,
             cma: cfg.cma,
         },
     )?;

@@ -29,6 +29,9 @@ pub struct Ring {
     cap: usize,
     /// Local copy of the position this end owns (head for a reader, tail for a writer).
     pos: u64,
+    /// Writer only: the reader's head as last seen. Re-read only when it shows too little free
+    /// space, so a writer does not pull the reader's cache line on every message.
+    seen_head: u64,
     path: PathBuf,
 }
 
@@ -51,6 +54,7 @@ impl Ring {
             map,
             cap,
             pos: 0,
+            seen_head: 0,
             path: path.to_path_buf(),
         };
         r.word(8).store(cap as u64, Ordering::Relaxed);
@@ -75,6 +79,7 @@ impl Ring {
             map,
             cap: 0,
             pos: 0,
+            seen_head: 0,
             path: path.to_path_buf(),
         };
         if r.word(16).load(Ordering::Acquire) != MAGIC {
@@ -136,8 +141,12 @@ impl Ring {
     /// Copy as much of `bufs` as fits; returns the number of bytes written (0 = ring full).
     /// Returns `needs_wake = true` if the reader was asleep and must be woken by the doorbell.
     pub fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> (usize, bool) {
-        let head = self.head().load(Ordering::Acquire);
-        let free = self.cap - (self.pos - head) as usize;
+        let want: usize = bufs.iter().map(|b| b.len()).sum();
+        let mut free = self.cap - (self.pos - self.seen_head) as usize;
+        if free < want {
+            self.seen_head = self.head().load(Ordering::Acquire);
+            free = self.cap - (self.pos - self.seen_head) as usize;
+        }
         let mut written = 0usize;
         for b in bufs {
             if written == free {
