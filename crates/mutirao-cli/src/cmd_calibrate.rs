@@ -18,8 +18,8 @@ use anyhow::{bail, Context};
 use indicatif::{ProgressBar, ProgressStyle};
 use mutirao::{Comm, ANY_TAG};
 use mutirao_model::calib::{
-    CalibHost, Calibration, LoadInfo, PingPongSample, SendMode, SpeedMeasurement, SpeedSample,
-    StrategyKind,
+    CalibHost, Calibration, LoadInfo, PLogPSample, PingPongSample, SendMode, SpeedMeasurement,
+    SpeedSample, StrategyKind,
 };
 use mutirao_model::strategy::{plan, Plan, PlanHost, PlanOptions};
 use serde::{Deserialize, Serialize};
@@ -46,6 +46,10 @@ const TAG_DATA: i32 = 10;
 const TAG_END_SIZE: i32 = 11;
 /// Measure → mirror: the sweep is over.
 const TAG_END_SWEEP: i32 = 12;
+/// PLogP's g(0) stream (measure → mirror) and its acknowledgement.
+const TAG_STREAM: i32 = 13;
+/// Messages in PLogP's g(0) stream.
+const STREAM_K: u32 = 32;
 /// Largest message size accepted by `--sizes` (1 GiB).
 const MAX_SIZE: u64 = 1 << 30;
 /// The H kernel's name in the calibration file.
@@ -97,6 +101,11 @@ pub struct CalibrateArgs {
     /// Stop repeating a size after this many seconds once --min-reps are done.
     #[arg(long, default_value_t = 0.5, value_name = "S")]
     time_per_size: f64,
+    /// Also measure PLogP (Kielmann et al., the thesis's version I) for every planned pair:
+    /// RTT(0), g(0) from a stream of empty messages, RTT(m) of m bytes answered by an empty
+    /// message, Os(m) and Or(m), blocking sends.
+    #[arg(long)]
+    plogp: bool,
     /// Sites of hosts, `HOST=SITE` (comma list, repeatable); HOST as in the hostfile.
     #[arg(long, value_delimiter = ',', value_name = "HOST=SITE")]
     sites: Vec<String>,
@@ -163,9 +172,33 @@ struct WorkerConfig {
     speed_reps: Option<u64>,
     speed_runs: u32,
     fault_kill: Option<(usize, u32)>,
+    plogp: bool,
+}
+
+/// One pass over the planned pairs.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+enum Pass {
+    PingPong(SendMode),
+    Plogp,
+}
+
+impl Pass {
+    fn label(self) -> &'static str {
+        match self {
+            Pass::PingPong(m) => m.as_str(),
+            Pass::Plogp => "plogp",
+        }
+    }
 }
 
 impl WorkerConfig {
+    fn passes(&self) -> Vec<Pass> {
+        let mut v: Vec<Pass> = self.modes.iter().map(|m| Pass::PingPong(*m)).collect();
+        if self.plogp {
+            v.push(Pass::Plogp);
+        }
+        v
+    }
     fn ranks_per_host(&self) -> usize {
         if self.same_host {
             2
@@ -198,6 +231,11 @@ enum Record {
         warmup: u32,
         sizes: Vec<(u64, Vec<PingPongSample>)>,
     },
+    Plogp {
+        src: String,
+        dst: String,
+        sizes: Vec<(u64, Vec<PLogPSample>)>,
+    },
     Progress {
         done: u64,
         total: u64,
@@ -219,13 +257,13 @@ enum Ctrl {
     },
     Measure {
         peer: usize,
-        mode: SendMode,
+        pass: Pass,
         sizes: Vec<u64>,
         p: RepParams,
     },
     Mirror {
         peer: usize,
-        mode: SendMode,
+        pass: Pass,
     },
     Done,
 }
@@ -250,6 +288,14 @@ struct MeasureRep {
 
 type Failure = (Option<usize>, String);
 
+/// The measure side's result of a sweep. For PLogP the first size is the RTT(0) phase.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct MeasureOut {
+    sizes: Vec<(u64, Vec<MeasureRep>)>,
+    /// PLogP's g(0) (µs).
+    g0: Option<f64>,
+}
+
 /// Worker → rank 0.
 #[derive(Debug, Serialize, Deserialize)]
 enum Report {
@@ -258,7 +304,7 @@ enum Report {
         loadavg: String,
         samples: Vec<(f64, f64)>,
     },
-    Measure(Result<Vec<(u64, Vec<MeasureRep>)>, Failure>),
+    Measure(Result<MeasureOut, Failure>),
     /// Per size: (Or, Os) of every repetition.
     Mirror(Result<Vec<Vec<(f64, f64)>>, Failure>),
 }
@@ -505,6 +551,7 @@ pub fn run(a: CalibrateArgs) -> anyhow::Result<ExitCode> {
         speed_reps: a.speed_reps,
         speed_runs: a.speed_runs,
         fault_kill,
+        plogp: a.plogp,
     };
     // A plan with placeholder speeds checks the strategy's input before anything starts.
     let probe_hosts: Vec<PlanHost> = hosts
@@ -611,6 +658,13 @@ pub fn run(a: CalibrateArgs) -> anyhow::Result<ExitCode> {
             }
         }
     }
+    for (src, dst, sizes) in &outcome.plogp {
+        for (bytes, samples) in sizes {
+            if !samples.is_empty() {
+                c.record_plogp(src, dst, *bytes, samples)?;
+            }
+        }
+    }
     if let Some(p) = &outcome.plan {
         p.record_in(&mut c);
     }
@@ -705,10 +759,14 @@ struct SweepRec {
     sizes: Vec<(u64, Vec<PingPongSample>)>,
 }
 
+/// A PLogP sweep: source, destination, samples per size.
+type PlogpRec = (String, String, Vec<(u64, Vec<PLogPSample>)>);
+
 struct Outcome {
     hosts: BTreeMap<usize, CalibHost>,
     plan: Option<Plan>,
     sweeps: Vec<SweepRec>,
+    plogp: Vec<PlogpRec>,
     failed: Vec<(String, String)>,
     done: bool,
     status: String,
@@ -752,6 +810,7 @@ fn coordinate(
         hosts: BTreeMap::new(),
         plan: None,
         sweeps: Vec::new(),
+        plogp: Vec::new(),
         failed: Vec::new(),
         done: false,
         status: String::new(),
@@ -795,6 +854,7 @@ fn coordinate(
                 bar.set_position(done);
                 bar.set_message(what);
             }
+            Record::Plogp { src, dst, sizes } => out.plogp.push((src, dst, sizes)),
             Record::Failed { host, reason } => out.failed.push((host, reason)),
             Record::Done => out.done = true,
         }
@@ -886,16 +946,16 @@ fn worker(cfg_text: &str) -> anyhow::Result<ExitCode> {
             Ctrl::Speed { reps, runs } => speed_report(reps, runs),
             Ctrl::Measure {
                 peer,
-                mode,
+                pass,
                 sizes,
                 p,
             } => {
                 fault_check(&cfg, me, comm.rank(), &mut sweeps);
-                Report::Measure(measure(&comm, peer, mode, &sizes, p).map_err(|e| failure(&e)))
+                Report::Measure(measure(&comm, peer, pass, &sizes, p).map_err(|e| failure(&e)))
             }
-            Ctrl::Mirror { peer, mode } => {
+            Ctrl::Mirror { peer, pass } => {
                 fault_check(&cfg, me, comm.rank(), &mut sweeps);
-                Report::Mirror(mirror(&comm, peer, mode).map_err(|e| failure(&e)))
+                Report::Mirror(mirror(&comm, peer, pass).map_err(|e| failure(&e)))
             }
             Ctrl::Done => break,
         };
@@ -1009,7 +1069,7 @@ fn leader(comm: &Comm, cfg: &WorkerConfig) -> anyhow::Result<ExitCode> {
         },
     )?;
     emit(&Record::Plan { plan: p.clone() });
-    total += (p.measure.len() * cfg.modes.len()) as u64;
+    total += (p.measure.len() * cfg.passes().len()) as u64;
     let index = |name: &str| cfg.hosts.iter().position(|h| h.name == name);
     let params = RepParams {
         reps: cfg.reps,
@@ -1017,7 +1077,7 @@ fn leader(comm: &Comm, cfg: &WorkerConfig) -> anyhow::Result<ExitCode> {
         warmup: cfg.warmup,
         time_per_size: cfg.time_per_size,
     };
-    for &mode in &cfg.modes {
+    for pass in cfg.passes() {
         for pair in &p.measure {
             let (Some(a), Some(b)) = (index(&pair.src), index(&pair.dst)) else {
                 bail!("the plan names a host that is not in the job: {pair:?}");
@@ -1025,7 +1085,7 @@ fn leader(comm: &Comm, cfg: &WorkerConfig) -> anyhow::Result<ExitCode> {
             emit(&Record::Progress {
                 done,
                 total,
-                what: format!("{} -> {} ({})", pair.src, pair.dst, mode.as_str()),
+                what: format!("{} -> {} ({})", pair.src, pair.dst, pass.label()),
             });
             let ra = cfg.primary(a);
             let rb = if a == b { ra + 1 } else { cfg.primary(b) };
@@ -1035,12 +1095,12 @@ fn leader(comm: &Comm, cfg: &WorkerConfig) -> anyhow::Result<ExitCode> {
                     ra,
                     Ctrl::Measure {
                         peer: rb,
-                        mode,
+                        pass,
                         sizes: cfg.sizes.clone(),
                         p: params,
                     },
                 ),
-                (rb, Ctrl::Mirror { peer: ra, mode }),
+                (rb, Ctrl::Mirror { peer: ra, pass }),
             ] {
                 if r != 0 {
                     if let Err(e) = comm.send_obj(&ctrl, r, TAG_CTRL) {
@@ -1052,11 +1112,11 @@ fn leader(comm: &Comm, cfg: &WorkerConfig) -> anyhow::Result<ExitCode> {
             let mut rres = None;
             if ra == 0 {
                 fault_check(cfg, 0, 0, &mut leader_sweeps);
-                mres = Some(measure(comm, rb, mode, &cfg.sizes, params).map_err(|e| failure(&e)));
+                mres = Some(measure(comm, rb, pass, &cfg.sizes, params).map_err(|e| failure(&e)));
             }
             if rb == 0 {
                 fault_check(cfg, 0, 0, &mut leader_sweeps);
-                rres = Some(mirror(comm, ra, mode).map_err(|e| failure(&e)));
+                rres = Some(mirror(comm, ra, pass).map_err(|e| failure(&e)));
             }
             if ra != 0 {
                 mres = Some(match comm.recv_obj::<Report>(ra, TAG_REPORT) {
@@ -1073,16 +1133,20 @@ fn leader(comm: &Comm, cfg: &WorkerConfig) -> anyhow::Result<ExitCode> {
                 });
             }
             match (mres, rres) {
-                (Some(Ok(m)), Some(Ok(r))) => {
-                    let sizes = combine(&m, &r, cfg.warmup);
-                    emit(&Record::Sweep {
+                (Some(Ok(m)), Some(Ok(r))) => match pass {
+                    Pass::PingPong(mode) => emit(&Record::Sweep {
                         src: pair.src.clone(),
                         dst: pair.dst.clone(),
                         mode,
                         warmup: cfg.warmup,
-                        sizes,
-                    });
-                }
+                        sizes: combine(&m.sizes, &r, cfg.warmup),
+                    }),
+                    Pass::Plogp => emit(&Record::Plogp {
+                        src: pair.src.clone(),
+                        dst: pair.dst.clone(),
+                        sizes: combine_plogp(&m, &r, cfg.warmup),
+                    }),
+                },
                 (m, r) => {
                     let errs: Vec<Failure> = [m.and_then(|x| x.err()), r.and_then(|x| x.err())]
                         .into_iter()
@@ -1102,7 +1166,7 @@ fn leader(comm: &Comm, cfg: &WorkerConfig) -> anyhow::Result<ExitCode> {
                             "during {} -> {} ({}): {reason}",
                             pair.src,
                             pair.dst,
-                            mode.as_str()
+                            pass.label()
                         ),
                     );
                 }
@@ -1151,73 +1215,146 @@ fn combine(
         .collect()
 }
 
+fn median(xs: impl Iterator<Item = f64>) -> Option<f64> {
+    let mut v: Vec<f64> = xs.collect();
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => None,
+        n if n % 2 == 1 => Some(v[n / 2]),
+        n => Some((v[n / 2 - 1] + v[n / 2]) / 2.0),
+    }
+}
+
+/// PLogP samples: one per timed repetition of RTT(m), with the sweep's RTT(0) (median of its
+/// phase) and g(0); Os(m) is measure's blocking send call, Or(m) the mirror's receive call after
+/// its probe saw the whole (eager) message.
+fn combine_plogp(
+    m: &MeasureOut,
+    r: &[Vec<(f64, f64)>],
+    warmup: u32,
+) -> Vec<(u64, Vec<PLogPSample>)> {
+    let (Some((_, phase0)), Some(g0)) = (m.sizes.first(), m.g0) else {
+        return Vec::new();
+    };
+    let Some(rtt0) = median(phase0.iter().skip(warmup as usize).map(|x| x.rtt)) else {
+        return Vec::new();
+    };
+    m.sizes
+        .iter()
+        .skip(1)
+        .zip(r.iter().skip(1))
+        .map(|((bytes, ms), rs)| {
+            let samples = ms
+                .iter()
+                .zip(rs)
+                .skip(warmup as usize)
+                .map(|(x, &(or, _))| PLogPSample {
+                    rtt0_us: rtt0,
+                    g0_us: g0,
+                    rtt_us: x.rtt,
+                    os_us: x.os,
+                    or_us: or,
+                })
+                .collect();
+            (*bytes, samples)
+        })
+        .collect()
+}
+
 /// The measure side of one sweep (version II): per repetition, time the send call (Os; in
 /// `isend` mode the posting only, the wait apart), wait for the echo with a probe, time the
 /// receive call (Or), and the round trip from before the send to after the receive.
 fn measure(
     comm: &Comm,
     peer: usize,
-    mode: SendMode,
+    pass: Pass,
     sizes: &[u64],
     p: RepParams,
-) -> Result<Vec<(u64, Vec<MeasureRep>)>, mutirao::Error> {
-    let mut out = Vec::with_capacity(sizes.len());
-    let budget = Duration::from_secs_f64(p.time_per_size);
-    for &m in sizes {
-        let len = usize::try_from(m).map_err(|_| mutirao::Error::Invalid("size".into()))?;
-        let mut sbuf = vec![0xA5u8; len];
-        let mut rbuf = vec![0u8; len];
-        let mut reps = Vec::new();
-        let mut timed_since = Instant::now();
-        loop {
-            let t0 = Instant::now();
-            let (os, wait) = match mode {
-                SendMode::Send => {
-                    comm.send(&sbuf, peer, TAG_DATA)?;
-                    (t0.elapsed(), None)
-                }
-                SendMode::Isend => {
-                    let req = comm.isend(std::mem::take(&mut sbuf), peer, TAG_DATA)?;
-                    let t1 = Instant::now();
-                    let (b, _) = req.wait()?;
-                    sbuf = b;
-                    (t1 - t0, Some(us(t1.elapsed())))
-                }
-            };
-            let t2 = Instant::now();
-            comm.probe(peer, TAG_DATA)?;
-            let t3 = Instant::now();
-            comm.recv(&mut rbuf, peer, TAG_DATA)?;
-            let t4 = Instant::now();
-            reps.push(MeasureRep {
-                rtt: us(t4 - t0),
-                os: us(os),
-                probe: us(t3 - t2),
-                or: us(t4 - t3),
-                wait,
-            });
-            let timed = reps.len().saturating_sub(p.warmup as usize) as u32;
-            if timed == 0 {
-                timed_since = Instant::now();
-            }
-            if timed >= p.reps || (timed >= p.min_reps && timed_since.elapsed() >= budget) {
-                break;
-            }
+) -> Result<MeasureOut, mutirao::Error> {
+    let mode = match pass {
+        Pass::PingPong(m) => m,
+        Pass::Plogp => SendMode::Send,
+    };
+    let mut out = Vec::with_capacity(sizes.len() + 1);
+    let mut g0 = None;
+    if pass == Pass::Plogp {
+        // RTT(0), then g(0): a stream of empty messages, acknowledged once; the time per
+        // message beyond one round trip.
+        let reps = measure_size(comm, peer, mode, 0, p)?;
+        let rtt0 = median(reps.iter().skip(p.warmup as usize).map(|x| x.rtt)).unwrap_or(0.0);
+        out.push((0, reps));
+        let t0 = Instant::now();
+        for _ in 0..STREAM_K {
+            comm.send::<u8>(&[], peer, TAG_STREAM)?;
         }
-        comm.send::<u8>(&[], peer, TAG_END_SIZE)?;
-        out.push((m, reps));
+        comm.recv::<u8>(&mut [], peer, TAG_STREAM)?;
+        g0 = Some(((us(t0.elapsed()) - rtt0) / f64::from(STREAM_K)).max(0.0));
+    }
+    for &m in sizes {
+        out.push((m, measure_size(comm, peer, mode, m, p)?));
     }
     comm.send::<u8>(&[], peer, TAG_END_SWEEP)?;
-    Ok(out)
+    Ok(MeasureOut { sizes: out, g0 })
+}
+
+/// The repetitions of one size, then the end-of-size message.
+fn measure_size(
+    comm: &Comm,
+    peer: usize,
+    mode: SendMode,
+    m: u64,
+    p: RepParams,
+) -> Result<Vec<MeasureRep>, mutirao::Error> {
+    let budget = Duration::from_secs_f64(p.time_per_size);
+    let len = usize::try_from(m).map_err(|_| mutirao::Error::Invalid("size".into()))?;
+    let mut sbuf = vec![0xA5u8; len];
+    let mut rbuf = vec![0u8; len];
+    let mut reps = Vec::new();
+    let mut timed_since = Instant::now();
+    loop {
+        let t0 = Instant::now();
+        let (os, wait) = match mode {
+            SendMode::Send => {
+                comm.send(&sbuf, peer, TAG_DATA)?;
+                (t0.elapsed(), None)
+            }
+            SendMode::Isend => {
+                let req = comm.isend(std::mem::take(&mut sbuf), peer, TAG_DATA)?;
+                let t1 = Instant::now();
+                let (b, _) = req.wait()?;
+                sbuf = b;
+                (t1 - t0, Some(us(t1.elapsed())))
+            }
+        };
+        let t2 = Instant::now();
+        comm.probe(peer, TAG_DATA)?;
+        let t3 = Instant::now();
+        comm.recv(&mut rbuf, peer, TAG_DATA)?;
+        let t4 = Instant::now();
+        reps.push(MeasureRep {
+            rtt: us(t4 - t0),
+            os: us(os),
+            probe: us(t3 - t2),
+            or: us(t4 - t3),
+            wait,
+        });
+        let timed = reps.len().saturating_sub(p.warmup as usize) as u32;
+        if timed == 0 {
+            timed_since = Instant::now();
+        }
+        if timed >= p.reps || (timed >= p.min_reps && timed_since.elapsed() >= budget) {
+            break;
+        }
+    }
+    comm.send::<u8>(&[], peer, TAG_END_SIZE)?;
+    Ok(reps)
 }
 
 /// The mirror side: probe until the message is here, time the receive (Or), time the echo's
 /// send (Os; posting only in `isend` mode). Sizes come from the probes.
-fn mirror(
-    comm: &Comm,
-    peer: usize,
-    mode: SendMode,
-) -> Result<Vec<Vec<(f64, f64)>>, mutirao::Error> {
+/// For PLogP the answer is an empty message sent with a blocking send, and a stream of
+/// `STREAM_K` empty messages is acknowledged once.
+fn mirror(comm: &Comm, peer: usize, pass: Pass) -> Result<Vec<Vec<(f64, f64)>>, mutirao::Error> {
     let mut buf: Vec<u8> = Vec::new();
     let mut sizes = Vec::new();
     let mut cur = Vec::new();
@@ -1232,12 +1369,16 @@ fn mirror(
                 comm.recv(&mut buf, peer, TAG_DATA)?;
                 let or = us(t0.elapsed());
                 let t1 = Instant::now();
-                let os = match mode {
-                    SendMode::Send => {
+                let os = match pass {
+                    Pass::Plogp => {
+                        comm.send::<u8>(&[], peer, TAG_DATA)?;
+                        us(t1.elapsed())
+                    }
+                    Pass::PingPong(SendMode::Send) => {
                         comm.send(&buf, peer, TAG_DATA)?;
                         us(t1.elapsed())
                     }
-                    SendMode::Isend => {
+                    Pass::PingPong(SendMode::Isend) => {
                         let req = comm.isend(std::mem::take(&mut buf), peer, TAG_DATA)?;
                         let os = us(t1.elapsed());
                         buf = req.wait()?.0;
@@ -1245,6 +1386,12 @@ fn mirror(
                     }
                 };
                 cur.push((or, os));
+            }
+            TAG_STREAM => {
+                for _ in 0..STREAM_K {
+                    comm.recv::<u8>(&mut [], peer, TAG_STREAM)?;
+                }
+                comm.send::<u8>(&[], peer, TAG_STREAM)?;
             }
             TAG_END_SIZE => {
                 comm.recv::<u8>(&mut [], peer, TAG_END_SIZE)?;

@@ -3,7 +3,7 @@
 //! with a clear message and writes nothing; a host dying mid-calibration leaves a partial file
 //! that names it.
 
-use mutirao_model::calib::{Calibration, SendMode};
+use mutirao_model::calib::{Calibration, Method, SendMode};
 use mutirao_model::Model;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -369,8 +369,9 @@ fn type_sampled_records_clusters() {
         "--tolerance",
         "10",
         "--no-same-host",
+        "--plogp",
         "--sizes",
-        "0",
+        "0,16K",
         "-o",
         calib.to_str().unwrap(),
     ];
@@ -381,7 +382,30 @@ fn type_sampled_records_clusters() {
     // A tolerance of 1000% puts both hosts in one cluster led by local0.
     assert_eq!(c.provenance.clusters.len(), 1);
     assert_eq!(c.provenance.clusters[0].members, ["local0", "local1"]);
-    assert_eq!(c.pairs.len(), 2);
+    // Both measured pairs, by ping-pong (isend) and by PLogP (blocking sends).
+    assert_eq!(c.pairs.len(), 4);
+    let plogp: Vec<_> = c
+        .pairs
+        .iter()
+        .filter(|p| p.method == Method::Plogp)
+        .collect();
+    assert_eq!(plogp.len(), 2);
+    for sw in plogp {
+        assert_eq!(sw.mode, SendMode::Send);
+        assert_eq!(
+            sw.sizes.iter().map(|z| z.bytes).collect::<Vec<_>>(),
+            [0, 16384]
+        );
+        for z in &sw.sizes {
+            assert!(z.samples.is_empty() && (3..=6).contains(&z.plogp.len()));
+            for x in &z.plogp {
+                assert!(x.rtt0_us > 0.0 && x.g0_us >= 0.0 && x.rtt_us > 0.0);
+                // One RTT(0) and one g(0) per sweep.
+                assert_eq!((x.rtt0_us, x.g0_us), (z.plogp[0].rtt0_us, z.plogp[0].g0_us));
+            }
+            assert!(z.stats.as_ref().unwrap().g.is_some());
+        }
+    }
     let _ = std::fs::remove_dir_all(&d);
 }
 
