@@ -52,6 +52,8 @@ const TAG_STREAM: i32 = 13;
 const STREAM_K: u32 = 32;
 /// Largest message size accepted by `--sizes` (1 GiB).
 const MAX_SIZE: u64 = 1 << 30;
+/// The failed "host" recorded when no host is to blame (a timeout, an interruption).
+const NO_HOST: &str = "(job)";
 /// The H kernel's name in the calibration file.
 const KERNEL: &str = "int+matmul";
 
@@ -671,7 +673,7 @@ pub fn run(a: CalibrateArgs) -> anyhow::Result<ExitCode> {
     let mut failed = outcome.failed.clone();
     if !outcome.done && failed.is_empty() {
         // Rank 0 could not say why: take the launcher's words, and the host they name.
-        let reason = if outcome.launcher_errors.is_empty() {
+        let mut reason = if outcome.launcher_errors.is_empty() {
             format!(
                 "the calibration job ended before finishing (launcher exit status {})",
                 outcome.status
@@ -679,6 +681,7 @@ pub fn run(a: CalibrateArgs) -> anyhow::Result<ExitCode> {
         } else {
             outcome.launcher_errors.join("; ")
         };
+
         let by_rank = outcome
             .launcher_errors
             .iter()
@@ -695,7 +698,10 @@ pub fn run(a: CalibrateArgs) -> anyhow::Result<ExitCode> {
                     .map(|(i, _)| i)
             })
             .map(|i| hosts[i].name.clone())
-            .unwrap_or_else(|| "(job)".into());
+            .unwrap_or_else(|| NO_HOST.into());
+        if !outcome.doing.is_empty() {
+            reason.push_str(&format!(" (while measuring {})", outcome.doing));
+        }
         failed.push((host, reason));
     }
     for (h, r) in &failed {
@@ -716,7 +722,11 @@ pub fn run(a: CalibrateArgs) -> anyhow::Result<ExitCode> {
         Ok(ExitCode::SUCCESS)
     } else {
         for (h, r) in &failed {
-            eprintln!("mutirao calibrate: host {h} failed: {r}");
+            if h == NO_HOST {
+                eprintln!("mutirao calibrate: the calibration ended early: {r}");
+            } else {
+                eprintln!("mutirao calibrate: host {h} failed: {r}");
+            }
         }
         eprintln!(
             "mutirao calibrate: wrote a PARTIAL calibration ({measured} sweeps kept) to {}",
@@ -769,6 +779,8 @@ struct Outcome {
     plogp: Vec<PlogpRec>,
     failed: Vec<(String, String)>,
     done: bool,
+    /// What rank 0 last said it was doing.
+    doing: String,
     status: String,
     launcher_errors: Vec<String>,
 }
@@ -813,6 +825,7 @@ fn coordinate(
         plogp: Vec::new(),
         failed: Vec::new(),
         done: false,
+        doing: String::new(),
         status: String::new(),
         launcher_errors: Vec::new(),
     };
@@ -852,7 +865,8 @@ fn coordinate(
             Record::Progress { done, total, what } => {
                 bar.set_length(total);
                 bar.set_position(done);
-                bar.set_message(what);
+                bar.set_message(what.clone());
+                out.doing = what;
             }
             Record::Plogp { src, dst, sizes } => out.plogp.push((src, dst, sizes)),
             Record::Failed { host, reason } => out.failed.push((host, reason)),

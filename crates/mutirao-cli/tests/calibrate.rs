@@ -410,6 +410,34 @@ fn type_sampled_records_clusters() {
 }
 
 #[test]
+fn the_timeout_ends_it_with_a_partial_file() {
+    let d = tmpdir("timeout");
+    let calib = d.join("c.json");
+    // The default sizes and repetitions take several seconds; the timeout is under one.
+    let out = mutirao(
+        &[
+            "calibrate",
+            "-n",
+            "2",
+            "--timeout",
+            "0.8",
+            "-o",
+            calib.to_str().unwrap(),
+        ],
+        Duration::from_secs(20),
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("ended early") && err.contains("--timeout"),
+        "{err}"
+    );
+    let c = Calibration::from_json(&std::fs::read_to_string(&calib).unwrap()).unwrap();
+    assert!(c.partial.unwrap().reason.contains("while measuring"));
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+#[test]
 fn bad_input_is_refused_and_writes_nothing() {
     let d = tmpdir("bad");
     let o = d.join("c.json");
