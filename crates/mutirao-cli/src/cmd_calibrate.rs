@@ -70,7 +70,18 @@ const KERNEL: &str = "int+matmul";
 /// `default`. Exit status: 0 complete, 1 partial (a host failed; the file is still written and
 /// names it), 2 bad input (nothing written).
 #[derive(clap::Args)]
-#[command(verbatim_doc_comment)]
+#[command(
+    verbatim_doc_comment,
+    after_help = "Examples:
+  mutirao calibrate -n 2 --sizes 0,1K,64K -o calib.json
+  mutirao calibrate --hostfile g1.hosts --strategy site-sampled -o calib.json
+  mutirao calibrate --hostfile g1.hosts --sites 10.0.0.2=a,10.0.1.2=b --mode send,isend -o c.json
+
+Each host of the hostfile needs a running `mutirao agent` and this binary at the same path.
+Sites: --sites / --sites-file, else the /24 of an IPv4 address (10.213.1), else `default`.
+Exit status: 0 complete; 1 partial (a host failed or the time ran out: the file is still
+written, marked partial, naming the host); 2 bad input (nothing written)."
+)]
 pub struct CalibrateArgs {
     /// Hosts to measure (`HOST [slots=N] [port=P]` lines; slots are ignored).
     #[arg(long, value_name = "FILE")]
