@@ -433,7 +433,7 @@ fn the_timeout_ends_it_with_a_partial_file() {
         "{err}"
     );
     let c = Calibration::from_json(&std::fs::read_to_string(&calib).unwrap()).unwrap();
-    assert!(c.partial.unwrap().reason.contains("while measuring"));
+    assert!(c.partial.unwrap().reason.contains("--timeout"));
     let _ = std::fs::remove_dir_all(&d);
 }
 
