@@ -3,7 +3,8 @@
 //! | variable | default | meaning |
 //! |---|---|---|
 //! | `MUTIRAO_EAGER_LIMIT` | 65536 | messages up to this many bytes are sent at once; larger ones by rendezvous |
-//! | `MUTIRAO_SPIN_US` | 50 with TCP peers, 500 when every peer shares memory, 5 when ranks outnumber cores | how long a waiting rank polls before sleeping |
+//! | `MUTIRAO_SPIN_US` | 50 with TCP peers, 500 when every peer shares memory, 0 when ranks outnumber cores | how long a waiting rank polls before sleeping |
+//! | `MUTIRAO_YIELD_US` | 1000 when ranks outnumber cores, else 0 | after spinning, how long a waiting rank keeps yielding its core (cheap hand-over to a co-located rank) before sleeping |
 //! | `MUTIRAO_TRANSPORT` | `auto` | `auto`: shared memory to ranks of the same host, TCP otherwise; `tcp`: TCP only |
 //! | `MUTIRAO_CMA` | 1 | same-host large messages are copied once, straight from the sender's memory (`process_vm_readv`); 0 streams them through the ring |
 //! | `MUTIRAO_SHM_RING` | 2097152 | bytes of each shared-memory ring (one per direction per local peer) |
@@ -29,6 +30,8 @@ pub struct Config {
     pub spin: Duration,
     /// Spin when every peer is on shared memory (a large copy by the peer is worth waiting for).
     pub spin_shm: Duration,
+    /// After spinning, yield the core this long before sleeping (oversubscribed hosts).
+    pub yield_for: Duration,
     pub shm: bool,
     pub cma: bool,
     pub shm_ring: usize,
@@ -42,8 +45,9 @@ impl Config {
             .map(|n| n.get())
             .unwrap_or(1);
         let oversubscribed = local_ranks > cores;
-        let default_spin = if oversubscribed { 5 } else { 50 };
-        let default_spin_shm = if oversubscribed { 5 } else { 500 };
+        // Oversubscribed: no spinning at all — yield the core at once (see MUTIRAO_YIELD_US).
+        let default_spin = if oversubscribed { 0 } else { 50 };
+        let default_spin_shm = if oversubscribed { 0 } else { 500 };
         let spin_env = env_usize("MUTIRAO_SPIN_US")?;
         let transport = std::env::var("MUTIRAO_TRANSPORT").unwrap_or_else(|_| "auto".into());
         let shm = match transport.as_str() {
@@ -59,6 +63,10 @@ impl Config {
             eager_limit: env_usize("MUTIRAO_EAGER_LIMIT")?.unwrap_or(64 * 1024),
             spin: Duration::from_micros(spin_env.unwrap_or(default_spin) as u64),
             spin_shm: Duration::from_micros(spin_env.unwrap_or(default_spin_shm) as u64),
+            yield_for: Duration::from_micros(
+                env_usize("MUTIRAO_YIELD_US")?.unwrap_or(if oversubscribed { 1000 } else { 0 })
+                    as u64,
+            ),
             shm,
             cma: env_usize("MUTIRAO_CMA")?.unwrap_or(1) != 0,
             shm_ring: env_usize("MUTIRAO_SHM_RING")?

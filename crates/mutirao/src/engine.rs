@@ -256,6 +256,8 @@ pub(crate) struct Tuning {
     pub eager_limit: usize,
     /// Spin when every peer is on shared memory.
     pub spin_shm: Duration,
+    /// After spinning, yield the core this long before sleeping.
+    pub yield_for: Duration,
     pub cma: bool,
     pub spin: Duration,
 }
@@ -1019,8 +1021,14 @@ impl Engine {
     /// Mark `peer` failed and fail everything that needs it.
     pub(crate) fn fail_peer(&mut self, peer: usize, why: String) {
         if let Some(p) = self.peers.get_mut(peer) {
-            if p.state != PeerState::Alive {
-                return;
+            match p.state {
+                PeerState::Failed(_) => return,
+                PeerState::Finalized => {
+                    // It said goodbye and has now closed: nothing more can reach it.
+                    p.txq.clear();
+                    return;
+                }
+                PeerState::Alive => {}
             }
             p.state = PeerState::Failed(why);
             p.txq.clear();
@@ -1212,8 +1220,16 @@ impl Engine {
             } else {
                 self.tuning.spin
             };
-            if t0.elapsed() < spin {
+            let waited = t0.elapsed();
+            if waited < spin {
                 std::hint::spin_loop();
+                continue;
+            }
+            if waited < spin + self.tuning.yield_for {
+                // Ranks outnumber cores: hand the core to a co-located rank (likely the one we
+                // wait for) instead of paying a sleep and a wake-up.
+                std::thread::yield_now();
+                spins = spins.wrapping_add(31);
                 continue;
             }
             if self.poll.is_none() {
@@ -1461,6 +1477,7 @@ mod tests {
                 eager_limit: 1024,
                 spin: Duration::from_micros(10),
                 spin_shm: Duration::from_micros(10),
+                yield_for: Duration::ZERO,
                 cma: false,
             },
         )

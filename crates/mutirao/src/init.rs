@@ -117,6 +117,7 @@ pub fn init() -> Result<Comm, Error> {
                     eager_limit: cfg.eager_limit,
                     spin: cfg.spin,
                     spin_shm: cfg.spin_shm,
+                    yield_for: cfg.yield_for,
                     cma: cfg.cma,
                 },
             )?;
@@ -248,6 +249,7 @@ pub fn init_with(env: &JobEnv) -> Result<Comm, Error> {
             eager_limit: cfg.eager_limit,
             spin: cfg.spin,
             spin_shm: cfg.spin_shm,
+            yield_for: cfg.yield_for,
             cma: cfg.cma,
         },
     )?;
