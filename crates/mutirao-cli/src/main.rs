@@ -4,8 +4,8 @@
 use clap::{Parser, Subcommand};
 
 mod agent_proto;
-mod cmd_calibrate;
 mod cmd_agent;
+mod cmd_calibrate;
 mod cmd_dir;
 mod cmd_exec;
 mod cmd_fit;
