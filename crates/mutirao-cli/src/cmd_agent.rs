@@ -36,7 +36,7 @@ pub struct AgentArgs {
     /// Print the bound address on stdout once listening (useful with port 0).
     #[arg(long)]
     pub print_addr: bool,
-    /// Unix socket of the directory this agent hosts (default /tmp/mutirao-dir-PORT.sock; see
+    /// Unix socket of the directory this agent hosts (default /tmp/mutirao-dir-IP-PORT.sock; see
     /// `mutirao dir --help`). Local clients are identified by their uid.
     #[arg(long, value_name = "PATH")]
     pub dir_socket: Option<PathBuf>,
@@ -61,7 +61,14 @@ fn start_directory(args: &AgentArgs, bound: SocketAddr, secret: &[u8]) -> anyhow
     let sock = args
         .dir_socket
         .clone()
-        .unwrap_or_else(|| PathBuf::from(format!("/tmp/mutirao-dir-{}.sock", bound.port())));
+        // Named after the whole listen address: agents of several testbed hosts share /tmp.
+        .unwrap_or_else(|| {
+            PathBuf::from(format!(
+                "/tmp/mutirao-dir-{}-{}.sock",
+                bound.ip(),
+                bound.port()
+            ))
+        });
     if sock.exists() {
         // A stale socket of a previous agent on this port: replace it.
         let _ = std::fs::remove_file(&sock);
