@@ -161,12 +161,13 @@ pub fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
         .with_context(|| format!("--listen {:?} is not IP:PORT", args.listen))?;
     let listener = TcpListener::bind(addr).with_context(|| format!("cannot listen on {addr}"))?;
     let bound = listener.local_addr()?;
+    if !args.no_dir {
+        start_directory(&args, bound, &secret)?;
+    }
+    // Printed once everything this agent serves is ready.
     if args.print_addr {
         println!("{bound}");
         let _ = std::io::stdout().flush();
-    }
-    if !args.no_dir {
-        start_directory(&args, bound, &secret)?;
     }
     log(&format!("listening on {bound}"));
     for conn in listener.incoming() {
