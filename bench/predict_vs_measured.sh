@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# Prediction against reality on this machine (issue 4, part 4 acceptance).
+#
+# Calibrates the HLogP model over the runtime with two emulated hosts (local0, local1: two ranks
+# on this machine, one per core), fits it, then for each task graph: schedules it with
+# hlogp-heft (round-robin for the ring, as mpirun places the thesis's ring), predicts the
+# makespan with the HLogP simulator, runs it for real with `exec-dag` RUNS times and prints a
+# markdown table: predicted vs measured median, ratio, and whether it is within 10%.
+#
+# Usage: bench/predict_vs_measured.sh [RUNS]      (default 5; about 10 s in all on an idle 2-core machine)
+# Env:   MUTIRAO=path/to/mutirao (default: target/release/mutirao, built if missing)
+#        KEEP=dir  keep the generated calibration, model, graphs and schedules in dir
+#
+# What the graphs model (work = seconds of this machine's kernel, bytes per edge):
+#   diamond-64K  5x5 diamond (mesh), 20 ms tasks, 64 KiB edges
+#   diamond-4M   5x5 diamond, 20 ms tasks, 4 MiB edges (overhead-heavy)
+#   ring         the thesis's ring r0 -> r1 -> r0_end over 2 ranks (round-robin), 20 ms per stop,
+#                1 MiB token
+#   pi           fork/join: a root (1 ms) sends 8 bytes to 8 independent 20 ms partial sums,
+#                each sends its 8-byte result to a sink (1 ms)
+#   matmul       512x512 doubles, 4 row blocks: a root (1 ms) sends each block its 128 rows of
+#                A plus all of B (512 KiB + 2 MiB), each block computes 50 ms and sends its
+#                128 result rows (512 KiB) to a sink (1 ms)
+set -euo pipefail
+
+RUNS=${1:-5}
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+B=${MUTIRAO:-$ROOT/target/release/mutirao}
+if [[ ! -x $B ]]; then
+    (cd "$ROOT" && cargo build --release -q -p mutirao-cli --bins)
+fi
+if [[ -n ${KEEP:-} ]]; then
+    W=$KEEP
+    mkdir -p "$W"
+else
+    W=$(mktemp -d)
+    trap 'rm -rf "$W"' EXIT
+fi
+command -v jq >/dev/null || { echo "needs jq" >&2; exit 2; }
+
+# Calibrate with the runtime's own eager limit, so that the model sees the same protocol
+# (eager up to 64 KiB, rendezvous above) as exec-dag's messages.
+"$B" calibrate -n 2 --sizes 0,1K,16K,64K,256K,1M,2560K,4M --eager-limit runtime \
+    -o "$W/calib.json" >&2
+"$B" fit "$W/calib.json" -o "$W/model.json" >&2
+
+# fork/join graph: name root_work n child_work in_bytes out_bytes sink_work
+forkjoin() {
+    jq -n --argjson rw "$2" --argjson n "$3" --argjson cw "$4" --argjson ib "$5" \
+        --argjson ob "$6" --argjson sw "$7" '
+      {format: "mutirao-dag/1",
+       tasks: ([{id: "root", work: $rw}]
+               + [range($n) | {id: "c\(.)", work: $cw}]
+               + [{id: "sink", work: $sw}]),
+       edges: ([range($n) | {from: "root", to: "c\(.)", bytes: $ib}]
+               + [range($n) | {from: "c\(.)", to: "sink", bytes: $ob}])}' >"$W/$1.json"
+}
+
+"$B" dag gen diamond --k 5 --work 0.02 --bytes 65536 -o "$W/diamond-64K.json" >&2
+"$B" dag gen diamond --k 5 --work 0.02 --bytes 4194304 -o "$W/diamond-4M.json" >&2
+"$B" dag gen ring --n 2 --work 0.02 --bytes 1048576 -o "$W/ring.json" >&2
+forkjoin pi 0.001 8 0.02 8 8 0.001
+forkjoin matmul 0.001 4 0.05 2621440 524288 0.001
+
+median() { sort -g | awk '{a[NR]=$1} END {if (NR%2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2}'; }
+
+echo "| graph | scheduler | predicted makespan_s | measured median of $RUNS (min–max) | ratio measured/predicted | within 10%? |"
+echo "|---|---|---|---|---|---|"
+for g in diamond-64K diamond-4M ring pi matmul; do
+    algo=hlogp-heft
+    [[ $g == ring ]] && algo=round-robin
+    "$B" schedule --model "$W/model.json" --dag "$W/$g.json" --algo $algo -o "$W/$g.sched.json" >&2
+    pred=$("$B" simulate --model "$W/model.json" --dag "$W/$g.json" --schedule "$W/$g.sched.json" \
+        --json | jq .makespan_s)
+    : >"$W/$g.measured"
+    for _ in $(seq "$RUNS"); do
+        "$B" exec-dag --dag "$W/$g.json" --schedule "$W/$g.sched.json" --json |
+            jq .makespan_s >>"$W/$g.measured"
+    done
+    med=$(median <"$W/$g.measured")
+    lo=$(sort -g "$W/$g.measured" | head -1)
+    hi=$(sort -g "$W/$g.measured" | tail -1)
+    awk -v g="$g" -v a="$algo" -v p="$pred" -v m="$med" -v lo="$lo" -v hi="$hi" 'BEGIN {
+        r = m / p; ok = (r >= 0.9 && r <= 1.1) ? "yes" : "no";
+        printf "| %s | %s | %.4f | %.4f (%.4f–%.4f) | %.3f | %s |\n", g, a, p, m, lo, hi, r, ok }'
+done
