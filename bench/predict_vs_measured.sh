@@ -36,7 +36,11 @@ else
     W=$(mktemp -d)
     trap 'rm -rf "$W"' EXIT
 fi
-command -v jq >/dev/null || { echo "needs jq" >&2; exit 2; }
+if ! command -v jq >/dev/null; then
+    [ "$(id -u)" = 0 ] || { echo "needs jq: apt-get install jq" >&2; exit 2; }
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq jq >/dev/null 2>&1 ||
+        { apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq jq >/dev/null; }
+fi
 
 # Calibrate with the runtime's own eager limit, so that the model sees the same protocol
 # (eager up to 64 KiB, rendezvous above) as exec-dag's messages.
