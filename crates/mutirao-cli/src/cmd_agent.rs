@@ -2,6 +2,7 @@
 //! asks for, streams their output back and reports how they ended.
 
 use crate::agent_proto::{self as proto, Msg, Stream};
+use crate::fsutil::write_atomic_mode;
 use anyhow::{bail, Context};
 use std::io::{BufRead, BufReader, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
@@ -111,42 +112,10 @@ fn log(msg: &str) {
     eprintln!("mutirao agent: {msg}");
 }
 
-/// Write `data` to `path` atomically (temp file, fsync, rename) with the given mode.
-pub fn write_atomic(path: &Path, data: &[u8], mode: u32) -> std::io::Result<()> {
-    use std::os::unix::fs::OpenOptionsExt;
-    if let Some(dir) = path.parent() {
-        if !dir.as_os_str().is_empty() {
-            std::fs::create_dir_all(dir)?;
-        }
-    }
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(mode)
-        .open(&tmp)?;
-    f.write_all(data)?;
-    f.sync_all()?;
-    drop(f);
-    std::fs::rename(&tmp, path)?;
-    if let Some(dir) = path.parent() {
-        if let Ok(d) = std::fs::File::open(if dir.as_os_str().is_empty() {
-            Path::new(".")
-        } else {
-            dir
-        }) {
-            let _ = d.sync_all();
-        }
-    }
-    Ok(())
-}
-
 pub fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
     if let Some(path) = &args.gen_token {
         let t = mutirao::pmi::hex(&mutirao::pmi::new_token()?);
-        write_atomic(path, format!("{t}\n").as_bytes(), 0o600)
-            .with_context(|| format!("cannot write {}", path.display()))?;
+        write_atomic_mode(path, format!("{t}\n"), 0o600)?;
         println!("wrote a new agent token to {}", path.display());
         return Ok(ExitCode::SUCCESS);
     }

@@ -14,6 +14,7 @@
 //!    soon as it exists, a host (even rank 0's) dying keeps everything measured before: the file
 //!    is marked partial, naming the host, and the command exits 1.
 
+use crate::fsutil::write_atomic;
 use anyhow::{bail, Context};
 use indicatif::{ProgressBar, ProgressStyle};
 use mutirao::{Comm, ANY_TAG};
@@ -25,7 +26,7 @@ use mutirao_model::strategy::{plan, Plan, PlanHost, PlanOptions};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, ExitCode, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -721,7 +722,7 @@ pub fn run(a: CalibrateArgs) -> anyhow::Result<ExitCode> {
     c.finalize(now_ms());
     c.validate()
         .context("internal error: the calibration built from the measurements is invalid")?;
-    write_atomic(&output, &c.to_json())?;
+    write_atomic(&output, c.to_json())?;
     let measured = c.pairs.len();
     if failed.is_empty() {
         eprintln!(
@@ -893,36 +894,6 @@ fn coordinate(
         .unwrap_or_else(|| "killed".into());
     let _ = hostfile_names;
     Ok(out)
-}
-
-/// Write `text` to `path` atomically: a temporary file in the same directory, fsync, rename.
-fn write_atomic(path: &Path, text: &str) -> anyhow::Result<()> {
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    let name = path
-        .file_name()
-        .with_context(|| format!("{} is not a file path", path.display()))?;
-    let tmp = dir.join(format!(
-        ".{}.tmp.{}",
-        name.to_string_lossy(),
-        std::process::id()
-    ));
-    let res = (|| -> std::io::Result<()> {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(text.as_bytes())?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)?;
-        if let Ok(d) = std::fs::File::open(&dir) {
-            let _ = d.sync_all();
-        }
-        Ok(())
-    })();
-    if res.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    res.with_context(|| format!("cannot write {}", path.display()))
 }
 
 // ------------------------------------------------------------------ ranks

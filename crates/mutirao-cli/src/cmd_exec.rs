@@ -364,7 +364,7 @@ fn worker(a: &ExecArgs) -> anyhow::Result<ExitCode> {
             all.push(v);
         }
         if let Some(out) = &a.out {
-            crate::cmd_agent::write_atomic(out, serde_json::to_string(&all)?.as_bytes(), 0o600)?;
+            crate::fsutil::write_atomic_mode(out, serde_json::to_string(&all)?, 0o600)?;
         }
     } else {
         world.send_obj(&runs, 0, i32::MAX)?;

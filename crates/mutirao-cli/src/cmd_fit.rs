@@ -1,6 +1,7 @@
 //! `mutirao fit` (the analytic modeller) and `mutirao calib …` (calibration files, plans and the
 //! thesis's legacy formats). Thin shells over `mutirao_model::{fit, calib, strategy, legacy}`.
 
+use crate::fsutil::write_atomic;
 use anyhow::{bail, Context};
 use clap::{Args, Subcommand, ValueEnum};
 use mutirao_model::calib::{Calibration, SendMode, StrategyKind};
@@ -9,7 +10,6 @@ use mutirao_model::legacy::{
     infer_site, output_from_calibration, parse_host_list, parse_output, write_output, CommaStyle,
 };
 use mutirao_model::strategy::{plan, PlanHost, PlanOptions};
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -179,36 +179,6 @@ fn load_calib(path: &Path) -> anyhow::Result<Calibration> {
     Calibration::from_json(&text).with_context(|| format!("in {}", path.display()))
 }
 
-/// Write `text` to `path` atomically: a temporary file in the same directory, fsync, rename.
-fn write_atomic(path: &Path, text: &str) -> anyhow::Result<()> {
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    let name = path
-        .file_name()
-        .with_context(|| format!("{} is not a file path", path.display()))?;
-    let tmp = dir.join(format!(
-        ".{}.tmp.{}",
-        name.to_string_lossy(),
-        std::process::id()
-    ));
-    let res = (|| -> std::io::Result<()> {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(text.as_bytes())?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)?;
-        if let Ok(d) = std::fs::File::open(&dir) {
-            let _ = d.sync_all();
-        }
-        Ok(())
-    })();
-    if res.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    res.with_context(|| format!("cannot write {}", path.display()))
-}
-
 fn site_map(items: &[String]) -> anyhow::Result<Vec<(String, String)>> {
     items
         .iter()
@@ -247,7 +217,7 @@ pub fn run_fit(a: FitArgs) -> anyhow::Result<ExitCode> {
         let text = serde_json::to_string_pretty(&report).context("serialising the report")?;
         write_atomic(p, &text)?;
     }
-    write_atomic(&a.output, &model.to_json())?;
+    write_atomic(&a.output, model.to_json())?;
     if a.report {
         print!("{}", report.to_text());
     }
@@ -359,7 +329,7 @@ pub fn run_calib(cmd: CalibCommand) -> anyhow::Result<ExitCode> {
                 mutirao_model::fit::refresh_intercepts(&m, &p, mode.map(Into::into)).with_context(
                     || format!("refreshing {} with {}", model.display(), probe.display()),
                 )?;
-            write_atomic(&output, &fresh.to_json())?;
+            write_atomic(&output, fresh.to_json())?;
             for s in &shifts {
                 println!(
                     "links[{}] {}: {:+.3} us ({} probe points)",

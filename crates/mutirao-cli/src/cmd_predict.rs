@@ -6,6 +6,7 @@
 //! * `mutirao predict flow FILE.pas [--card c2=4 …]`
 //! * `mutirao predict generate FILE.pas --source TASKS.rs --task T2=work … [-o MODEL]`
 
+use crate::fsutil::write_atomic;
 use anyhow::{bail, Context};
 use clap::{Args, Subcommand, ValueEnum};
 use mutirao_predict::analytic::{self, Policy, Prediction, Selection};
@@ -199,36 +200,6 @@ shipped to each worker); missing sizes take --data-in/--data-out/--code-size.")]
         #[arg(short = 'o', long, value_name = "MODEL")]
         output: Option<PathBuf>,
     },
-}
-
-/// Write `text` to `path` atomically: a temporary file in the same directory, fsync, rename.
-fn write_atomic(path: &Path, text: &str) -> anyhow::Result<()> {
-    use std::io::Write as _;
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    let name = path
-        .file_name()
-        .with_context(|| format!("{} is not a file name", path.display()))?;
-    let tmp = dir.join(format!(
-        ".{}.tmp{}",
-        name.to_string_lossy(),
-        std::process::id()
-    ));
-    let result = (|| -> anyhow::Result<()> {
-        let mut f = std::fs::File::create(&tmp)
-            .with_context(|| format!("cannot create {}", tmp.display()))?;
-        f.write_all(text.as_bytes())?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)
-            .with_context(|| format!("cannot rename {} to {}", tmp.display(), path.display()))?;
-        Ok(())
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result
 }
 
 /// `TASK=FUNCTION[:in=B][:out=B][:code=B]`.

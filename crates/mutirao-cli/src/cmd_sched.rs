@@ -3,6 +3,7 @@
 //! the file I/O: it reads inputs, names the file in every error, and writes outputs atomically
 //! (temporary file, fsync, rename); on bad input nothing is written.
 
+use crate::fsutil::write_atomic;
 use anyhow::{bail, Context};
 use clap::{Args, Subcommand};
 use mutirao_model::Model;
@@ -12,7 +13,6 @@ use mutirao_sched::sched::{self, Algorithm, Schedule};
 use mutirao_sched::sim::{self, CommMode, SimOptions, WaitMode};
 use mutirao_sched::{gantt, Dag};
 use serde::Serialize;
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -268,6 +268,7 @@ fn emit(text: &str) -> anyhow::Result<()> {
 /// Print to standard output; a closed pipe (e.g. `| head`) is not an error.
 #[cfg(not(test))]
 fn emit(text: &str) -> anyhow::Result<()> {
+    use std::io::Write as _;
     let mut out = std::io::stdout().lock();
     match out.write_all(text.as_bytes()).and_then(|_| out.flush()) {
         Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
@@ -275,36 +276,6 @@ fn emit(text: &str) -> anyhow::Result<()> {
         }
         _ => Ok(()),
     }
-}
-
-/// Write `bytes` to `path` atomically: a temporary file in the same directory, fsync, rename.
-fn write_atomic(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    let name = path
-        .file_name()
-        .with_context(|| format!("output path {} has no file name", path.display()))?;
-    let tmp = dir.join(format!(
-        ".{}.tmp-{}",
-        name.to_string_lossy(),
-        std::process::id()
-    ));
-    let result = (|| -> std::io::Result<()> {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)?;
-        if let Ok(d) = std::fs::File::open(&dir) {
-            let _ = d.sync_all();
-        }
-        Ok(())
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result.with_context(|| format!("cannot write {}", path.display()))
 }
 
 #[derive(Serialize)]

@@ -4,11 +4,11 @@
 //! state directory (`NAME.json`, written atomically, first as `starting` so that a crashed `up`
 //! can still be found), the hostfile (`NAME.hosts`), the agents' token (`NAME.token`) and logs.
 
+use crate::fsutil::write_atomic;
 use anyhow::{bail, Context};
 use clap::Subcommand;
 use mutirao_testbed::{self as tb, AgentLaunch, Spec, Testbed, TestbedState, UpOptions};
 use serde::{Deserialize, Serialize};
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
@@ -101,27 +101,6 @@ fn check_name(name: &str) -> anyhow::Result<()> {
         bail!("testbed name `{name}`: use 1 to 64 letters, digits, `-`, `_` or `.` (not starting with `.`)");
     }
     Ok(())
-}
-
-/// Write `bytes` to `path` atomically: a temporary file in the same directory, fsync, rename.
-fn write_atomic(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let file_name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let tmp = dir.join(format!(".{file_name}.tmp{}", std::process::id()));
-    let result = (|| -> std::io::Result<()> {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)?;
-        std::fs::File::open(dir)?.sync_all()
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result.with_context(|| format!("cannot write {}", path.display()))
 }
 
 fn save(path: &Path, st: &StateFile) -> anyhow::Result<()> {

@@ -14,6 +14,7 @@ mod cmd_predict;
 mod cmd_run;
 mod cmd_sched;
 mod cmd_testbed;
+mod fsutil;
 mod hostfile;
 
 /// mutirão: run parallel message-passing programs on unequal, non-dedicated machines —
