@@ -12,7 +12,7 @@
 # Env:   MUTIRAO=path/to/mutirao (default: target/release/mutirao, built if missing)
 #        KEEP=dir  keep the generated calibration, model, graphs and schedules in dir
 #        TESTBED   run on an emulated grid instead (docs/testbed.md): `default` is the spec below
-#                  (site a: a1 cpu 1.0, a2 cpu 0.5 at 800 Mbit; site b: b1 cpu 0.5 at 200 Mbit;
+#                  (site a: a1 cpu 1.0, a2 cpu 0.25 at 800 Mbit; site b: b1 cpu 0.5 at 200 Mbit;
 #                  WAN 40 Mbit), else a spec file whose FIRST host has cpu = 1.0 (the speed
 #                  reference, see below). The script brings it up as `pvm<pid>`, calibrates over the
 #                  agents (one rank per host, --no-same-host, sites from the /24s), fits, and runs
@@ -79,7 +79,7 @@ else
 [[site]]
 name = "a"
 nic_mbit = 800
-hosts = [ { name = "a1", cpu = 1.0 }, { name = "a2", cpu = 0.5 } ]
+hosts = [ { name = "a1", cpu = 1.0 }, { name = "a2", cpu = 0.25 } ]
 
 [[site]]
 name = "b"
