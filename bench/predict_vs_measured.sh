@@ -26,11 +26,10 @@
 # rate it measures in the launcher (root namespace, unthrottled) = speed 1.0; the fit takes the
 # first host (cpu 1.0: a whole core, so as fast as the launcher) as --speed-reference, not the
 # fastest host, so that the two references agree even if another host measures a little faster.
-# Known miss on the testbed (diamond-1M, matmul: measured 1.4-1.8x the prediction): the runtime is
-# single-threaded (every API call drives progress), and exec-dag's worker posts a task's isends and
-# goes on computing, so a rendezvous message (> 64 KiB) between hosts only moves when the sender
-# next blocks in the runtime; the HLogP simulator moves it right after Os. Messages <= 64 KiB
-# (eager) and the ring (the sender waits right after sending) agree within 10%.
+# Progress: the runtime is single-threaded (every API call drives progress), so exec-dag's worker
+# computes in 1 ms slices and calls into the runtime between them; without that, a rendezvous
+# message (> 64 KiB) between hosts only moved when the sender next blocked, while the HLogP
+# simulator moves it right after Os (diamond-1M and matmul measured 1.4-1.8x the prediction).
 #
 # What the graphs model (work = seconds of this machine's kernel, bytes per edge):
 #   diamond-64K  5x5 diamond (mesh), 20 ms tasks, 64 KiB edges
