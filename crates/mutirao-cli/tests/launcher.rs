@@ -440,6 +440,126 @@ fn tests() -> Vec<Trial> {
             }
             Ok(())
         }),
+        Trial::test("exec_dag_runs_a_schedule_and_respects_precedence", || {
+            let d = tmpdir("exec");
+            let path = |n: &str| d.join(n).to_str().map(str::to_string).ok_or("path");
+            let run = |args: &[&str]| -> Result<Output, Failed> {
+                Command::new(MUTIRAO)
+                    .args(args)
+                    .output()
+                    .map_err(|e| e.to_string().into())
+            };
+            let model = r#"{"format":"mutirao-model/1",
+              "hosts":[{"name":"h1","site":"s","speed":1.0},{"name":"h2","site":"s","speed":1.0}],
+              "links":[{"class":"same-host","os":[{"from":0,"base_us":0,"per_byte_us":0}],"or":[{"from":0,"base_us":0,"per_byte_us":0}],"l":[{"from":0,"base_us":0,"per_byte_us":0}]},
+                       {"class":"intra-site","os":[{"from":0,"base_us":2,"per_byte_us":0.0001}],"or":[{"from":0,"base_us":2,"per_byte_us":0.0001}],"l":[{"from":0,"base_us":5,"per_byte_us":0.0002}]}]}"#;
+            std::fs::write(d.join("m.json"), model).map_err(|e| e.to_string())?;
+            for args in [
+                vec![
+                    "dag",
+                    "gen",
+                    "diamond",
+                    "--k",
+                    "3",
+                    "--work",
+                    "0.002",
+                    "--bytes",
+                    "100000",
+                    "-o",
+                    &path("d.json")?,
+                ],
+                vec![
+                    "schedule",
+                    "--model",
+                    &path("m.json")?,
+                    "--dag",
+                    &path("d.json")?,
+                    "--algo",
+                    "heft",
+                    "-o",
+                    &path("s.json")?,
+                ],
+            ] {
+                let out = run(&args)?;
+                if !out.status.success() {
+                    return Err(format!("{args:?}: {}", text(&out.stderr)).into());
+                }
+            }
+            let out = run(&[
+                "exec-dag",
+                "--dag",
+                &path("d.json")?,
+                "--schedule",
+                &path("s.json")?,
+                "--json",
+            ])?;
+            if !out.status.success() {
+                return Err(format!("exec-dag: {}", text(&out.stderr)).into());
+            }
+            let j = text(&out.stdout);
+            let v: serde_json::Value = serde_json::from_str(&j).map_err(|e| format!("{e}: {j}"))?;
+            let tasks = v["tasks"].as_array().ok_or("no tasks")?;
+            let times: std::collections::HashMap<String, (f64, f64)> = tasks
+                .iter()
+                .map(|t| {
+                    (
+                        t["id"].as_str().unwrap_or("").to_string(),
+                        (
+                            t["start_s"].as_f64().unwrap_or(-1.0),
+                            t["finish_s"].as_f64().unwrap_or(-1.0),
+                        ),
+                    )
+                })
+                .collect();
+            if times.len() != 9 || times.values().any(|(a, b)| *a < 0.0 || b < a) {
+                return Err(format!("bad trace: {j}").into());
+            }
+            let dag: serde_json::Value = serde_json::from_str(
+                &std::fs::read_to_string(d.join("d.json")).map_err(|e| e.to_string())?,
+            )
+            .map_err(|e| e.to_string())?;
+            for e in dag["edges"].as_array().ok_or("no edges")? {
+                let (from, to) = (
+                    e["from"].as_str().unwrap_or(""),
+                    e["to"].as_str().unwrap_or(""),
+                );
+                if times[to].0 < times[from].1 {
+                    return Err(format!(
+                        "{to} started before its predecessor {from} finished: {j}"
+                    )
+                    .into());
+                }
+            }
+            let makespan = v["makespan_s"].as_f64().ok_or("no makespan")?;
+            if makespan < 0.002 * 5.0 {
+                return Err(format!(
+                    "makespan {makespan} is shorter than the critical path's work"
+                )
+                .into());
+            }
+            // A schedule that misses a task is refused before anything runs.
+            let sched = std::fs::read_to_string(d.join("s.json")).map_err(|e| e.to_string())?;
+            let mut sv: serde_json::Value =
+                serde_json::from_str(&sched).map_err(|e| e.to_string())?;
+            sv["tasks"].as_array_mut().ok_or("tasks")?.pop();
+            std::fs::write(d.join("bad.json"), sv.to_string()).map_err(|e| e.to_string())?;
+            let out = run(&[
+                "exec-dag",
+                "--dag",
+                &path("d.json")?,
+                "--schedule",
+                &path("bad.json")?,
+            ])?;
+            if out.status.success() || !text(&out.stderr).contains("is not placed") {
+                return Err(format!(
+                    "incomplete schedule: {:?} {}",
+                    out.status,
+                    text(&out.stderr)
+                )
+                .into());
+            }
+            Ok(())
+        }),
         Trial::test("agent_refuses_a_wrong_token_and_runs_nothing", || {
             let d = tmpdir("agent-bad");
             let tok = gen_token(&d, "agent.token")?;
