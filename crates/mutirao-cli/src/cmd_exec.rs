@@ -64,6 +64,13 @@ fn kernel(iters: u64) -> u64 {
     x
 }
 
+/// Seconds since the Unix epoch, as a float (the shared time origin of the ranks).
+fn epoch_s() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
 /// Iterations per second of the kernel on this host, now (best of 3 short runs).
 pub fn measure_rate() -> f64 {
     let n = 20_000_000u64;
@@ -320,7 +327,13 @@ fn worker(a: &ExecArgs) -> anyhow::Result<ExitCode> {
         }
     }
     world.barrier()?;
-    let t0 = Instant::now();
+    // One time origin for every rank: rank 0's wall clock just after the barrier. Ranks of one
+    // machine (local or testbed) share that clock exactly; real hosts agree as well as NTP does.
+    // (Per-rank barrier exits can differ by milliseconds on a loaded machine.)
+    let mut origin = [epoch_s()];
+    world.bcast(&mut origin, 0)?;
+    let since = |o: f64| epoch_s() - o;
+    let t0 = origin[0];
     let mut pending: Vec<mutirao::Request<u8>> = Vec::new();
     let mut runs = Vec::new();
     for &t in &plan.order[me] {
@@ -338,7 +351,7 @@ fn worker(a: &ExecArgs) -> anyhow::Result<ExitCode> {
                 }
             }
         }
-        let start = t0.elapsed().as_secs_f64();
+        let start = since(t0);
         // Compute in 1 ms slices and let the runtime make progress in between (as an application
         // overlapping computation with communication calls MPI_Test): a large message already
         // sent then flows while this rank computes, which is what the HLogP model assumes.
@@ -352,7 +365,7 @@ fn worker(a: &ExecArgs) -> anyhow::Result<ExitCode> {
                 r.test()?;
             }
         }
-        let finish = t0.elapsed().as_secs_f64();
+        let finish = since(t0);
         runs.push(TaskRun {
             task: t,
             start_s: start,
