@@ -67,10 +67,13 @@ printf '%s a a1\n%s a a2\n%s b b1\n' "${ADDR[0]}" "${ADDR[1]}" "${ADDR[2]}" >"$W
 # 64 KiB) the probe fires on the envelope and the transfer lands in the mirror's `or` instead
 # (measured: `l` slopes of ~0, `or` slopes of 38 Mbit/s inter-site), see docs/calibration.md.
 SIZES=0,1K,16K,64K,256K,512K,1M,2M,4M
+# H: a fixed, larger repetition count than the default (~0.1 s on a1) so that each run spans
+# many CFS quota periods (100 ms) on the throttled hosts: ~0.45 s on a1, ~1.8 s on a2 (cpu 0.25).
+SPEED_REPS=${SPEED_REPS:-2000}
 calib() { # strategy out
     "$B" calibrate --hostfile "$HOSTS" --token-file "$TOKEN" --sites-file "$W/sites.txt" \
         --strategy "$1" --no-same-host --sizes "$SIZES" --warmup 1 --min-reps 3 \
-        --time-per-size 0.3 -o "$2" >&2
+        --time-per-size 0.3 --speed-reps "$SPEED_REPS" --speed-runs 3 -o "$2" >&2
 }
 now() { date +%s.%N; }
 
