@@ -20,11 +20,22 @@
 //! Each function is piecewise linear in the message size m. Breakpoints may fall only at measured
 //! sizes (a segment starts at its first size; the first segment starts at 0). For k = 1 …
 //! `max_segments` segments, dynamic programming finds the breakpoints with the least weighted
-//! squared error; the k with the lowest BIC, `N·ln(SSE/N) + (3k−1)·ln N`, wins. Weights are
-//! `1/max(|y|, weight_floor_us)²`, i.e. **relative** errors are minimised, so a 64-byte latency
-//! counts as much as a 64-MiB one. Each segment is fitted under `base ≥ 0`, `slope ≥ 0` (what the
-//! model format allows); the thesis's negative LAM latencies therefore become 0, and the report
-//! shows the residual.
+//! squared error; the k with the lowest BIC, `χ²/s² + (3k−1)·ln N`, wins (s² ≥ 1 is the excess
+//! scatter the richest segmentation leaves, Mallows-style, so noisier data get fewer segments). Each point (the median of
+//! one size of one measured pair) weighs `1/σ²` with `σ² = se² + (r·max(|y|, floor))²`: `se` is
+//! the standard error of that median (from the spread of its samples), `r` the relative tolerance
+//! of the model (`rel_tolerance`, default 1%) and `floor` `weight_floor_us` (0.5 µs). So relative
+//! errors are what counts (a 64-byte latency as much as a 64-MiB one), a deviation of about `r`
+//! or within the measurement noise is noise, and a small, noisy value (an `L` of −0.8 µs derived
+//! from overheads of a throttled host) cannot drown a systematic 20% miss at large sizes: it adds
+//! the same χ² to every segmentation. Each segment is fitted under `base ≥ 0`, `slope ≥ 0` (what
+//! the model format allows); the thesis's negative LAM latencies therefore become 0, and the
+//! report shows the residual.
+//!
+//! Why this matters on shaped links: a token bucket (tbf) lets its burst through at line rate, so
+//! the one-way time of messages up to a few bursts grows more slowly than the shaped rate. A fit
+//! that pooled 64 KiB … 4 MiB into one segment reported 38% more bandwidth than the shaper gives;
+//! the χ² criterion splits the range and the last segment carries the sustained rate.
 //!
 //! ## Example: what a measurement loop does, end to end
 //! ```
@@ -89,10 +100,48 @@ pub struct SegOptions {
     pub max_segments: usize,
     /// Fewest distinct message sizes in a segment. Default 3.
     pub min_sizes_per_segment: usize,
-    /// Floor of |y| in the relative weights, µs. Default 0.5.
+    /// Floor of |y| in the relative part of a point's σ, µs. Default 0.5.
     pub weight_floor_us: f64,
     /// Most candidate breakpoints (log-spaced subset of the sizes beyond that). Default 200.
     pub max_candidates: usize,
+    /// Relative tolerance r of the model: a point's σ includes `r·|y|`, so misses of about r are
+    /// treated as noise when choosing the number of segments. Default 0.01.
+    #[serde(default = "default_rel_tolerance")]
+    pub rel_tolerance: f64,
+}
+
+fn default_rel_tolerance() -> f64 {
+    0.01
+}
+
+/// One point of a segmented fit: the median of the samples of one size (of one pair), with the
+/// standard error of that median (0 when unknown).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct FitPoint {
+    /// Message size in bytes.
+    pub bytes: u64,
+    /// Value in µs.
+    pub value_us: f64,
+    /// Standard error of `value_us` in µs (≥ 0).
+    pub se_us: f64,
+}
+
+impl FitPoint {
+    /// The point of `stats` (median, with the standard error of the median estimated from the
+    /// 10–90% spread of the samples: σ ≈ (p90 − p10)/2.563, se ≈ 1.2533·σ/√count).
+    pub fn of_stats(bytes: u64, st: &crate::calib::Stats) -> FitPoint {
+        let sigma = ((st.p90 - st.p10) / 2.563).max(0.0);
+        let se = if st.count > 0 && sigma.is_finite() {
+            1.2533 * sigma / (st.count as f64).sqrt()
+        } else {
+            0.0
+        };
+        FitPoint {
+            bytes,
+            value_us: st.median,
+            se_us: se,
+        }
+    }
 }
 
 impl Default for SegOptions {
@@ -102,6 +151,7 @@ impl Default for SegOptions {
             min_sizes_per_segment: 3,
             weight_floor_us: 0.5,
             max_candidates: 200,
+            rel_tolerance: default_rel_tolerance(),
         }
     }
 }
@@ -279,7 +329,25 @@ impl Sums {
 /// least squares with BIC model selection (see the module docs). `None` if `points` is empty or
 /// holds a non-finite value.
 pub fn segmented_fit(points: &[(u64, f64)], opts: &SegOptions) -> Option<SegFit> {
-    if points.is_empty() || points.iter().any(|p| !p.1.is_finite()) {
+    let pts: Vec<FitPoint> = points
+        .iter()
+        .map(|&(bytes, value_us)| FitPoint {
+            bytes,
+            value_us,
+            se_us: 0.0,
+        })
+        .collect();
+    segmented_fit_points(&pts, opts)
+}
+
+/// [`segmented_fit`] of points that carry their own standard error (see the module docs).
+/// `None` if `points` is empty or holds a non-finite value.
+pub fn segmented_fit_points(points: &[FitPoint], opts: &SegOptions) -> Option<SegFit> {
+    if points.is_empty()
+        || points
+            .iter()
+            .any(|p| !p.value_us.is_finite() || !p.se_us.is_finite())
+    {
         return None;
     }
     let floor = if opts.weight_floor_us.is_finite() && opts.weight_floor_us > 0.0 {
@@ -287,9 +355,23 @@ pub fn segmented_fit(points: &[(u64, f64)], opts: &SegOptions) -> Option<SegFit>
     } else {
         0.5
     };
-    let mut pts = points.to_vec();
-    pts.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.total_cmp(&b.1)));
-    let weight = |y: f64| 1.0 / y.abs().max(floor).powi(2);
+    let r = if opts.rel_tolerance.is_finite() && opts.rel_tolerance > 0.0 {
+        opts.rel_tolerance
+    } else {
+        default_rel_tolerance()
+    };
+    let mut sorted = points.to_vec();
+    sorted.sort_by(|a, b| {
+        a.bytes
+            .cmp(&b.bytes)
+            .then(a.value_us.total_cmp(&b.value_us))
+    });
+    let pts: Vec<(u64, f64)> = sorted.iter().map(|p| (p.bytes, p.value_us)).collect();
+    let ses: Vec<f64> = sorted.iter().map(|p| p.se_us.abs()).collect();
+    let weight = |i: usize| {
+        let y = r * pts[i].1.abs().max(floor);
+        1.0 / (ses[i] * ses[i] + y * y)
+    };
     // Distinct sizes: group g covers pts[gstart[g]..gstart[g+1]].
     let mut gstart = Vec::new();
     for (i, p) in pts.iter().enumerate() {
@@ -331,8 +413,8 @@ pub fn segmented_fit(points: &[(u64, f64)], opts: &SegOptions) -> Option<SegFit>
         let mut g = g0;
         for j in (i + 1)..=k_c {
             while g < bounds[j] {
-                for p in &pts[gstart[g]..gstart[g + 1]] {
-                    sums.add(weight(p.1), (p.0 - from) as f64, p.1);
+                for (i, p) in pts.iter().enumerate().take(gstart[g + 1]).skip(gstart[g]) {
+                    sums.add(weight(i), (p.0 - from) as f64, p.1);
                 }
                 g += 1;
             }
@@ -362,12 +444,57 @@ pub fn segmented_fit(points: &[(u64, f64)], opts: &SegOptions) -> Option<SegFit>
         }
     }
     let npts = pts.len() as f64;
+    // The weighted SSE is a χ² (weights are 1/σ²). When even the richest feasible segmentation
+    // leaves more scatter than the σ explain (noisier data than `rel_tolerance`), the χ² are
+    // scaled by that excess so that noise is not chased with segments. The excess is estimated
+    // robustly, from the median squared normalised residual (a χ²₁ has median 0.455), so a few
+    // wild points (pairs that disagree at one size) do not hide real structure elsewhere.
+    let backtrack = |k: usize| -> Option<Vec<usize>> {
+        let mut cuts = vec![k_c];
+        let mut j = k_c;
+        for kk in (1..=k).rev() {
+            let i = back[kk][j];
+            if i == usize::MAX {
+                return None;
+            }
+            cuts.push(i);
+            j = i;
+        }
+        cuts.reverse(); // [0, ..., k_c]
+        Some(cuts)
+    };
+    let scale = (1..=kmax)
+        .rev()
+        .find(|&k| best[k][k_c].is_finite())
+        .and_then(backtrack)
+        .map(|cuts| {
+            let mut z2 = Vec::with_capacity(pts.len());
+            for w in cuts.windows(2) {
+                let (i, j) = (w[0], w[1]);
+                let (a, b, _) = cost[i][j];
+                let g0 = bounds[i];
+                let from = if g0 == 0 { 0 } else { pts[gstart[g0]].0 };
+                for (q, p) in pts
+                    .iter()
+                    .enumerate()
+                    .take(gstart[bounds[j]])
+                    .skip(gstart[g0])
+                {
+                    let e = a + b * (p.0 - from) as f64 - p.1;
+                    z2.push(weight(q) * e * e);
+                }
+            }
+            z2.sort_by(f64::total_cmp);
+            let med = z2.get(z2.len() / 2).copied().unwrap_or(0.0);
+            (med / 0.455).max(1.0)
+        })
+        .unwrap_or(1.0);
     let mut bic_by_k = Vec::new();
     let mut chosen = (f64::INFINITY, 1usize);
     for (k, row) in best.iter().enumerate().skip(1) {
         let sse = row[k_c];
         let bic = if sse.is_finite() {
-            npts * (sse / npts).max(1e-12).ln() + (3 * k - 1) as f64 * npts.ln()
+            sse / scale + (3 * k - 1) as f64 * npts.ln()
         } else {
             f64::INFINITY
         };
@@ -379,17 +506,7 @@ pub fn segmented_fit(points: &[(u64, f64)], opts: &SegOptions) -> Option<SegFit>
     // The 1-segment fit is always feasible (whole range), so chosen.0 is finite unless the data
     // are numerically extreme.
     let k = chosen.1;
-    let mut cuts = vec![k_c];
-    let mut j = k_c;
-    for kk in (1..=k).rev() {
-        let i = back[kk][j];
-        if i == usize::MAX {
-            return None;
-        }
-        cuts.push(i);
-        j = i;
-    }
-    cuts.reverse(); // [0, ..., k_c]
+    let cuts = backtrack(k)?;
     let mut segs = Vec::new();
     let mut reports = Vec::new();
     for w in cuts.windows(2) {
@@ -637,16 +754,18 @@ impl ClassKey {
     }
 }
 
-/// Per-size values of (l, os, or) a sweep contributes.
-fn values(method: Method, st: &DerivedStats) -> [f64; 3] {
-    let l = match method {
-        Method::PingPong => st.l.median,
-        Method::Plogp => {
-            let g = st.g.map(|g| g.median).unwrap_or(0.0);
-            st.l.median + g - st.os.median - st.or.median
-        }
-    };
-    [l, st.os.median, st.or.median]
+/// Per-size points of (l, os, or) a sweep contributes.
+fn values(method: Method, bytes: u64, st: &DerivedStats) -> [FitPoint; 3] {
+    let mut l = FitPoint::of_stats(bytes, &st.l);
+    if method == Method::Plogp {
+        let g = st.g.map(|g| g.median).unwrap_or(0.0);
+        l.value_us = st.l.median + g - st.os.median - st.or.median;
+    }
+    [
+        l,
+        FitPoint::of_stats(bytes, &st.os),
+        FitPoint::of_stats(bytes, &st.or),
+    ]
 }
 
 const PARAMS: [&str; 3] = ["l", "os", "or"];
@@ -654,7 +773,7 @@ const PARAMS: [&str; 3] = ["l", "os", "or"];
 #[derive(Default, Clone)]
 struct Data {
     pairs: Vec<String>,
-    pts: [Vec<(u64, f64)>; 3],
+    pts: [Vec<FitPoint>; 3],
 }
 
 fn fit3(
@@ -664,7 +783,7 @@ fn fit3(
 ) -> Result<([Piecewise; 3], [SegFit; 3]), FitError> {
     let mut out: Vec<SegFit> = Vec::with_capacity(3);
     for (p, pts) in PARAMS.iter().zip(&data.pts) {
-        let f = segmented_fit(pts, seg).ok_or_else(|| FitError::Numeric {
+        let f = segmented_fit_points(pts, seg).ok_or_else(|| FitError::Numeric {
             what: format!("{scope} {p}"),
         })?;
         if f.function
@@ -685,12 +804,12 @@ fn fit3(
     ))
 }
 
-fn mean_rel_miss(f: &Piecewise, pts: &[(u64, f64)], floor: f64) -> f64 {
+fn mean_rel_miss(f: &Piecewise, pts: &[FitPoint], floor: f64) -> f64 {
     if pts.is_empty() {
         return 0.0;
     }
     pts.iter()
-        .map(|&(m, y)| ((f.value(m) - y) / y.abs().max(floor)).abs())
+        .map(|p| ((f.value(p.bytes) - p.value_us) / p.value_us.abs().max(floor)).abs())
         .sum::<f64>()
         / pts.len() as f64
 }
@@ -805,8 +924,8 @@ pub fn fit(calib: &Calibration, opts: &FitOptions) -> Result<(Model, FitReport),
             let Some(st) = s.stats.or_else(|| s.derive(sw.method)) else {
                 continue;
             };
-            for (i, v) in values(sw.method, &st).into_iter().enumerate() {
-                pd.pts[i].push((s.bytes, v));
+            for (i, v) in values(sw.method, s.bytes, &st).into_iter().enumerate() {
+                pd.pts[i].push(v);
             }
         }
         if pd.pts[0].is_empty() {
@@ -1068,11 +1187,11 @@ pub fn refresh_intercepts(
             let Some(st) = s.stats.or_else(|| s.derive(sw.method)) else {
                 continue;
             };
-            for (i, y) in values(sw.method, &st).into_iter().enumerate() {
+            for (i, y) in values(sw.method, s.bytes, &st).into_iter().enumerate() {
                 resid
                     .entry((idx, i))
                     .or_default()
-                    .push(y - fns[i].value(s.bytes));
+                    .push(y.value_us - fns[i].value(s.bytes));
             }
         }
     }

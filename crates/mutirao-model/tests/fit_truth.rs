@@ -553,3 +553,62 @@ fn dense_sweeps_use_log_spaced_candidate_breakpoints() {
     );
     assert!(rel(rdv.per_byte_us, 0.0125) < 0.02, "{rdv:?}");
 }
+
+/// Medians of L measured on the testbed (two pairs of one 800 Mbit site, a token-bucket shaper
+/// whose burst lets mid-size messages through faster than the rate, a throttled host whose
+/// derived L is slightly negative at 0 and 1 KiB). The old criterion (N·ln(SSE/N), weights
+/// 1/y²) let the near-zero values dominate and fitted 64 KiB … 4 MiB with one segment, 38% too
+/// fast; the sustained rate (the 1–4 MiB slope) must be what the last segment carries.
+#[test]
+fn shaped_link_last_segment_carries_the_sustained_rate() {
+    use mutirao_model::fit::{segmented_fit_points, FitPoint};
+    let a1_a2 = [
+        (0u64, 1.4),
+        (1024, 1.6),
+        (16384, 28.4),
+        (65536, 302.9),
+        (262144, 1254.1),
+        (524288, 3358.8),
+        (1048576, 8768.6),
+        (2097152, 19484.0),
+        (4194304, 41149.7),
+    ];
+    let a2_a1 = [
+        (0u64, -0.8),
+        (1024, -0.8),
+        (16384, 60.3),
+        (65536, 301.5),
+        (262144, 1240.1),
+        (524288, 3359.7),
+        (1048576, 8754.5),
+        (2097152, 19330.8),
+        (4194304, 41012.0),
+    ];
+    let pts: Vec<FitPoint> = a1_a2
+        .iter()
+        .chain(a2_a1.iter())
+        .map(|&(bytes, value_us)| FitPoint {
+            bytes,
+            value_us,
+            // about 1% of the value, at least 0.3 µs: what 40 samples' spread gave
+            se_us: (0.01 * f64::abs(value_us)).max(0.3),
+        })
+        .collect();
+    let f = segmented_fit_points(&pts, &SegOptions::default()).unwrap();
+    let sustained = (41149.7 + 41012.0 - 8768.6 - 8754.5) / 2.0 / (4194304.0 - 1048576.0);
+    let last = segment_at(&f.function, 4 << 20);
+    assert!(
+        rel(last.per_byte_us, sustained) < 0.03,
+        "last segment {last:?} vs sustained slope {sustained}"
+    );
+    // And the whole 1–4 MiB range is predicted within 3%.
+    for (m, y) in &a1_a2[6..] {
+        assert!(
+            rel(f.function.value(*m), *y) < 0.03,
+            "{m}: {:?}",
+            f.function
+        );
+    }
+    // The old all-in-one fit is gone: no segment spans 64 KiB to 4 MiB.
+    assert!(segment_at(&f.function, 65536).from != segment_at(&f.function, 4 << 20).from);
+}
