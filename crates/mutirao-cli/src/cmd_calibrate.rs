@@ -19,12 +19,12 @@ use anyhow::{bail, Context};
 use indicatif::{ProgressBar, ProgressStyle};
 use mutirao::{Comm, ANY_TAG};
 use mutirao_model::calib::{
-    CalibHost, Calibration, LoadInfo, PLogPSample, PingPongSample, SendMode, SpeedMeasurement,
-    SpeedSample, StrategyKind,
+    CalibHost, Calibration, LoadInfo, PLogPSample, PairRef, PingPongSample, SendMode,
+    SpeedMeasurement, SpeedSample, StrategyKind,
 };
 use mutirao_model::strategy::{plan, Plan, PlanHost, PlanOptions};
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
 use std::process::{Command, ExitCode, Stdio};
@@ -110,11 +110,22 @@ pub struct CalibrateArgs {
     #[arg(long, default_value_t = 5, value_name = "R")]
     min_reps: u32,
     /// Untimed warm-up repetitions before each size.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 1)]
     warmup: u32,
     /// Stop repeating a size after this many seconds once --min-reps are done.
-    #[arg(long, default_value_t = 0.5, value_name = "S")]
+    #[arg(long, default_value_t = 0.3, value_name = "S")]
     time_per_size: f64,
+    /// Slow sizes: once --time-per-size is spent, stop after 2 timed repetitions if their round
+    /// trips agree within this fraction (a 1 MiB round trip over a 40 Mbit/s link takes 0.45 s;
+    /// five of them per pair would dominate the calibration). 0 turns this off.
+    #[arg(long, default_value_t = 0.02, value_name = "FRACTION")]
+    precision: f64,
+    /// Measure every ordered pair with its own ping-pong, as the thesis's version II(a) did.
+    /// By default an unordered pair is measured once and both directions are recorded: the
+    /// echo of a → b's ping-pong is b → a's message (Os of b, Or of a, the same L), and the
+    /// calibration lists such pairs under provenance.echoed.
+    #[arg(long)]
+    both_directions: bool,
     /// Also measure PLogP (Kielmann et al., the thesis's version I) for every planned pair:
     /// RTT(0), g(0) from a stream of empty messages, RTT(m) of m bytes answered by an empty
     /// message, Os(m) and Or(m), blocking sends.
@@ -183,6 +194,8 @@ struct WorkerConfig {
     min_reps: u32,
     warmup: u32,
     time_per_size: f64,
+    precision: f64,
+    both_directions: bool,
     speed_reps: Option<u64>,
     speed_runs: u32,
     fault_kill: Option<(usize, u32)>,
@@ -244,6 +257,9 @@ enum Record {
         mode: SendMode,
         warmup: u32,
         sizes: Vec<(u64, Vec<PingPongSample>)>,
+        /// The samples are the echo direction of the dst → src ping-pong.
+        #[serde(default)]
+        echo: bool,
     },
     Plogp {
         src: String,
@@ -288,6 +304,7 @@ struct RepParams {
     min_reps: u32,
     warmup: u32,
     time_per_size: f64,
+    precision: f64,
 }
 
 /// One measure-side repetition (µs).
@@ -466,6 +483,9 @@ pub fn run(a: CalibrateArgs) -> anyhow::Result<ExitCode> {
     if !(a.time_per_size.is_finite() && a.time_per_size >= 0.0) {
         bail!("--time-per-size must be a number of seconds >= 0");
     }
+    if !(a.precision.is_finite() && (0.0..1.0).contains(&a.precision)) {
+        bail!("--precision must be a fraction in [0, 1), e.g. 0.02 for 2%");
+    }
     if !(a.timeout.is_finite() && a.timeout > 0.0) {
         bail!("--timeout must be a positive number of seconds");
     }
@@ -562,6 +582,8 @@ pub fn run(a: CalibrateArgs) -> anyhow::Result<ExitCode> {
         min_reps: a.min_reps,
         warmup: a.warmup,
         time_per_size: a.time_per_size,
+        precision: a.precision,
+        both_directions: a.both_directions,
         speed_reps: a.speed_reps,
         speed_runs: a.speed_runs,
         fault_kill,
@@ -671,6 +693,13 @@ pub fn run(a: CalibrateArgs) -> anyhow::Result<ExitCode> {
                 c.record_pingpong(&s.src, &s.dst, s.mode, *bytes, s.warmup, samples)?;
             }
         }
+        let pr = PairRef {
+            src: s.src.clone(),
+            dst: s.dst.clone(),
+        };
+        if s.echo && !c.provenance.echoed.contains(&pr) {
+            c.provenance.echoed.push(pr);
+        }
     }
     for (src, dst, sizes) in &outcome.plogp {
         for (bytes, samples) in sizes {
@@ -779,6 +808,7 @@ struct SweepRec {
     mode: SendMode,
     warmup: u32,
     sizes: Vec<(u64, Vec<PingPongSample>)>,
+    echo: bool,
 }
 
 /// A PLogP sweep: source, destination, samples per size.
@@ -867,12 +897,14 @@ fn coordinate(
                 mode,
                 warmup,
                 sizes,
+                echo,
             } => out.sweeps.push(SweepRec {
                 src,
                 dst,
                 mode,
                 warmup,
                 sizes,
+                echo,
             }),
             Record::Progress { done, total, what } => {
                 bar.set_length(total);
@@ -1072,12 +1104,23 @@ fn leader(comm: &Comm, cfg: &WorkerConfig) -> anyhow::Result<ExitCode> {
         min_reps: cfg.min_reps,
         warmup: cfg.warmup,
         time_per_size: cfg.time_per_size,
+        precision: cfg.precision,
     };
+    let planned: HashSet<(&str, &str)> = p
+        .measure
+        .iter()
+        .map(|x| (x.src.as_str(), x.dst.as_str()))
+        .collect();
     for pass in cfg.passes() {
+        // Pairs already recorded in this pass as the echo of their reverse.
+        let mut echoed: HashSet<(&str, &str)> = HashSet::new();
         for pair in &p.measure {
             let (Some(a), Some(b)) = (index(&pair.src), index(&pair.dst)) else {
                 bail!("the plan names a host that is not in the job: {pair:?}");
             };
+            if echoed.contains(&(pair.src.as_str(), pair.dst.as_str())) {
+                continue; // `done` was counted when its reverse was measured
+            }
             emit(&Record::Progress {
                 done,
                 total,
@@ -1130,13 +1173,33 @@ fn leader(comm: &Comm, cfg: &WorkerConfig) -> anyhow::Result<ExitCode> {
             }
             match (mres, rres) {
                 (Some(Ok(m)), Some(Ok(r))) => match pass {
-                    Pass::PingPong(mode) => emit(&Record::Sweep {
-                        src: pair.src.clone(),
-                        dst: pair.dst.clone(),
-                        mode,
-                        warmup: cfg.warmup,
-                        sizes: combine(&m.sizes, &r, cfg.warmup),
-                    }),
+                    Pass::PingPong(mode) => {
+                        let sizes = combine(&m.sizes, &r, cfg.warmup);
+                        let reverse = (pair.dst.as_str(), pair.src.as_str());
+                        if !cfg.both_directions && a != b && planned.contains(&reverse) {
+                            emit(&Record::Sweep {
+                                src: pair.dst.clone(),
+                                dst: pair.src.clone(),
+                                mode,
+                                warmup: cfg.warmup,
+                                sizes: sizes
+                                    .iter()
+                                    .map(|(m, v)| (*m, v.iter().map(echo_sample).collect()))
+                                    .collect(),
+                                echo: true,
+                            });
+                            echoed.insert(reverse);
+                            done += 1;
+                        }
+                        emit(&Record::Sweep {
+                            src: pair.src.clone(),
+                            dst: pair.dst.clone(),
+                            mode,
+                            warmup: cfg.warmup,
+                            sizes,
+                            echo: false,
+                        })
+                    }
                     Pass::Plogp => emit(&Record::Plogp {
                         src: pair.src.clone(),
                         dst: pair.dst.clone(),
@@ -1181,6 +1244,20 @@ fn leader(comm: &Comm, cfg: &WorkerConfig) -> anyhow::Result<ExitCode> {
     emit(&Record::Done);
     comm.clone().finalize()?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// The b → a sample that the echo of an a → b ping-pong gives: same round trip and L, the
+/// overheads of the other ends.
+fn echo_sample(x: &PingPongSample) -> PingPongSample {
+    PingPongSample {
+        rtt_us: x.rtt_us,
+        os_src_us: x.os_dst_us,
+        or_dst_us: x.or_src_us,
+        os_dst_us: x.os_src_us,
+        or_src_us: x.or_dst_us,
+        probe_us: None,
+        wait_src_us: None,
+    }
 }
 
 /// Join the two sides' timings into samples, dropping the warm-up repetitions.
@@ -1338,12 +1415,24 @@ fn measure_size(
         if timed == 0 {
             timed_since = Instant::now();
         }
-        if timed >= p.reps || (timed >= p.min_reps && timed_since.elapsed() >= budget) {
+        let spent = timed_since.elapsed() >= budget;
+        if timed >= p.reps
+            || (timed >= p.min_reps && spent)
+            || (timed >= 2 && spent && consistent(&reps[p.warmup as usize..], p.precision))
+        {
             break;
         }
     }
     comm.send::<u8>(&[], peer, TAG_END_SIZE)?;
     Ok(reps)
+}
+
+/// Whether the round trips of `reps` agree within `precision` (max − min ≤ precision · min).
+fn consistent(reps: &[MeasureRep], precision: f64) -> bool {
+    let (lo, hi) = reps.iter().fold((f64::INFINITY, 0.0f64), |(lo, hi), r| {
+        (lo.min(r.rtt), hi.max(r.rtt))
+    });
+    precision > 0.0 && lo.is_finite() && hi - lo <= precision * lo
 }
 
 /// The mirror side: probe until the message is here, time the receive (Or), time the echo's

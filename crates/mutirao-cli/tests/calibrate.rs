@@ -3,7 +3,7 @@
 //! with a clear message and writes nothing; a host dying mid-calibration leaves a partial file
 //! that names it.
 
-use mutirao_model::calib::{Calibration, Method, SendMode};
+use mutirao_model::calib::{Calibration, Method, PairRef, SendMode};
 use mutirao_model::Model;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -105,12 +105,33 @@ fn local_calibration_is_valid_and_fits() {
                 assert_eq!(z.warmup, 1);
                 let st = z.stats.as_ref().expect("finalized");
                 assert!(st.rtt.median > 0.0);
+                let echo = c.provenance.echoed.contains(&PairRef {
+                    src: a.into(),
+                    dst: b.into(),
+                });
                 for smp in &z.samples {
                     // The round trip contains both sides' calls.
                     assert!(smp.rtt_us >= smp.os_src_us + smp.or_src_us);
-                    assert!(smp.probe_us.is_some());
-                    assert_eq!(smp.wait_src_us.is_some(), mode == SendMode::Isend);
+                    // Probe and wait are timed by the measuring side only.
+                    assert_eq!(smp.probe_us.is_some(), !echo);
+                    assert_eq!(smp.wait_src_us.is_some(), !echo && mode == SendMode::Isend);
                 }
+            }
+        }
+    }
+    // Each unordered pair was measured once; its reverse is the echo, overheads swapped.
+    assert_eq!(c.provenance.echoed.len(), 1, "{:?}", c.provenance.echoed);
+    let e = &c.provenance.echoed[0];
+    for mode in [SendMode::Send, SendMode::Isend] {
+        let echo = c.sweep(&e.src, &e.dst, mode).unwrap();
+        let measured = c.sweep(&e.dst, &e.src, mode).unwrap();
+        for (ze, zm) in echo.sizes.iter().zip(&measured.sizes) {
+            assert_eq!(ze.bytes, zm.bytes);
+            for (x, y) in ze.samples.iter().zip(&zm.samples) {
+                assert_eq!(x.rtt_us, y.rtt_us);
+                assert_eq!((x.os_src_us, x.or_dst_us), (y.os_dst_us, y.or_src_us));
+                assert_eq!((x.os_dst_us, x.or_src_us), (y.os_src_us, y.or_dst_us));
+                assert!((x.latency_us() - y.latency_us()).abs() < 1e-9);
             }
         }
     }
@@ -129,6 +150,46 @@ fn local_calibration_is_valid_and_fits() {
     let m = Model::from_json(&std::fs::read_to_string(&model).unwrap()).unwrap();
     assert_eq!(m.hosts.len(), 2);
     assert!(m.link_params("local0", "local1").is_ok());
+    // A model compared with itself differs nowhere; a slower copy fails a tolerance.
+    let same = mutirao(
+        &[
+            "model",
+            "compare",
+            model.to_str().unwrap(),
+            model.to_str().unwrap(),
+            "--tolerance",
+            "0",
+        ],
+        Duration::from_secs(30),
+    );
+    assert!(same.status.success(), "{}", text(&same));
+    assert!(
+        text(&same).contains("median |diff| 0.0%"),
+        "{}",
+        text(&same)
+    );
+    let mut slow = m.clone();
+    for l in &mut slow.links {
+        for s in &mut l.l.0 {
+            s.base_us = s.base_us * 1.5 + 1.0;
+        }
+    }
+    let slow_file = d.join("slow.json");
+    std::fs::write(&slow_file, serde_json::to_string(&slow).unwrap()).unwrap();
+    let diff = mutirao(
+        &[
+            "model",
+            "compare",
+            model.to_str().unwrap(),
+            slow_file.to_str().unwrap(),
+            "--min-size",
+            "0",
+            "--tolerance",
+            "0.01",
+        ],
+        Duration::from_secs(30),
+    );
+    assert_eq!(diff.status.code(), Some(1), "{}", text(&diff));
     let _ = std::fs::remove_dir_all(&d);
 }
 
@@ -173,6 +234,7 @@ fn a_host_dying_leaves_a_partial_file_naming_it() {
         "--no-same-host",
         "--sizes",
         "0,1K",
+        "--both-directions",
         "--fault-kill",
         "local1:1",
         "-o",
@@ -203,6 +265,7 @@ fn the_leader_host_dying_is_named_too() {
         "3",
         "--sizes",
         "0",
+        "--both-directions",
         "--fault-kill",
         "local0:2",
         "-o",

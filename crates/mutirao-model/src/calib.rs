@@ -539,6 +539,11 @@ pub struct Provenance {
     /// Type-sampled clusters (empty for other strategies).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub clusters: Vec<Cluster>,
+    /// Ordered pairs whose sweep is the echo direction of the reverse pair's ping-pong (one
+    /// ping-pong between a and b times a → b and b → a; `mutirao calibrate` measures each
+    /// unordered pair once unless told `--both-directions`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub echoed: Vec<PairRef>,
     /// Start of the calibration, milliseconds since the Unix epoch.
     pub started_unix_ms: u64,
     /// End of the calibration, milliseconds since the Unix epoch (0 while running).
@@ -604,6 +609,7 @@ impl Calibration {
                 strategy,
                 inherited: Vec::new(),
                 clusters: Vec::new(),
+                echoed: Vec::new(),
                 started_unix_ms,
                 finished_unix_ms: 0,
                 tool_version: tool_version.to_string(),
