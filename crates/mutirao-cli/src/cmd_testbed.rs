@@ -2,7 +2,9 @@
 //!
 //! A thin shell over `mutirao-testbed`: it reads the spec, keeps one state file per testbed in the
 //! state directory (`NAME.json`, written atomically, first as `starting` so that a crashed `up`
-//! can still be found), the hostfile (`NAME.hosts`), the agents' token (`NAME.token`) and logs.
+//! can still be found), the hostfile (`NAME.hosts`), a sites file naming each host's site and
+//! name for `mutirao calibrate --sites-file` (`NAME.sites`), the agents' token (`NAME.token`)
+//! and logs.
 
 use crate::fsutil::write_atomic;
 use anyhow::{bail, Context};
@@ -159,7 +161,8 @@ fn up(
     // Every file `up` may make is listed before it is made, so `down` removes them even after a crash.
     let token = dir.join(format!("{name}.token"));
     let hostfile = dir.join(format!("{name}.hosts"));
-    let mut files = vec![hostfile.clone()];
+    let sitesfile = dir.join(format!("{name}.sites"));
+    let mut files = vec![hostfile.clone(), sitesfile.clone()];
     if !no_agents {
         files.push(token.clone());
         files.extend(
@@ -229,6 +232,15 @@ fn up(
     };
     let write_all = (|| -> anyhow::Result<()> {
         write_atomic(&hostfile, testbed.hostfile().as_bytes())?;
+        // `ADDR SITE NAME` per host: `mutirao calibrate --sites-file` names hosts and sites
+        // as the spec does.
+        let sites: String = testbed
+            .state()
+            .hosts
+            .iter()
+            .map(|h| format!("{} {} {}\n", h.addr, h.site, h.name))
+            .collect();
+        write_atomic(&sitesfile, sites.as_bytes())?;
         st.status = "up".into();
         st.testbed = Some(testbed.state().clone());
         save(&state_path, &st)
@@ -249,6 +261,10 @@ fn up(
     print_hosts(&state);
     println!("hostfile: {}", hostfile.display());
     print!("{}", state.hostfile);
+    println!(
+        "sites file (for mutirao calibrate --sites-file): {}",
+        sitesfile.display()
+    );
     if !no_agents {
         println!("agent token: {}", token.display());
     }
@@ -494,6 +510,9 @@ mod tests {
         assert_eq!(t.hosts.len(), 1);
         let hosts = std::fs::read_to_string(state.join("cyc.hosts")).expect("hostfile");
         assert_eq!(hosts, format!("{} slots=1\n", t.hosts[0].addr));
+        let sites = std::fs::read_to_string(state.join("cyc.sites")).expect("sites file");
+        let h = &t.hosts[0];
+        assert_eq!(sites, format!("{} {} {}\n", h.addr, h.site, h.name));
         assert_eq!(tb::sys::namespaces_of(&st.prefix).len(), 2);
         assert!(
             up(&spec, Some("cyc".into()), &state, true, 7207).is_err(),
@@ -503,6 +522,7 @@ mod tests {
         down(Some("cyc"), false, &state).expect("down");
         assert!(tb::sys::leftovers(&st.prefix).is_empty());
         assert!(!state.join("cyc.json").exists() && !state.join("cyc.hosts").exists());
+        assert!(!state.join("cyc.sites").exists());
         down(Some("cyc"), false, &state).expect("down again is harmless");
         let _ = std::fs::remove_dir_all(&d);
     }
