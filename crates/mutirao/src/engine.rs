@@ -24,6 +24,9 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::io::IoSlice;
 use std::time::{Duration, Instant};
 
+/// While spinning, a waiting rank offers its core (`sched_yield`) this often.
+pub(crate) const POLITE_YIELD: Duration = Duration::from_micros(20);
+
 /// Request ids are sequential integers: a multiplicative hash is enough (and far cheaper than SipHash).
 #[derive(Default)]
 pub(crate) struct IdHasher(u64);
@@ -1181,7 +1184,8 @@ impl Engine {
         }
     }
 
-    /// Drive progress until `done` holds: spin for `tuning.spin`, then block in the kernel so a
+    /// Drive progress until `done` holds: spin for `tuning.spin` (offering the core every
+    /// [`POLITE_YIELD`]), then block in the kernel so a
     /// waiting rank costs no CPU.
     pub(crate) fn wait_until(
         &mut self,
@@ -1191,6 +1195,11 @@ impl Engine {
         // fast path (the message is already there) a wait costs no clock read and no syscall.
         let mut start: Option<Instant> = None;
         let mut spins: u32 = 1;
+        let mut next_yield = POLITE_YIELD;
+        // The pass after a yield always looks at the sockets: the yield phase advances `spins`
+        // in steps that would otherwise skip every socket poll when TCP and shared-memory peers
+        // mix (TCP messages then waited out the whole yield phase, 1 ms).
+        let mut after_yield = false;
         // TCP peers need the kernel's word on every pass (interleaved with the rings); peers on
         // shared memory only use their sockets for wake-ups and failure, so look rarely.
         let every = match (self.n_sock > 0, self.n_shm > 0) {
@@ -1202,11 +1211,13 @@ impl Engine {
             if done(self) {
                 return Ok(());
             }
-            let sockets = self.n_sock + self.n_shm > 0 && spins % every == 0;
+            let sockets = self.n_sock + self.n_shm > 0 && (after_yield || spins % every == 0);
+            after_yield = false;
             if self.progress_once(sockets)? {
                 spins = 1;
                 // Keep spinning while data flows: sleeping mid-transfer costs a wake-up each time.
                 start = None;
+                next_yield = POLITE_YIELD;
                 continue;
             }
             spins = spins.wrapping_add(1);
@@ -1222,6 +1233,14 @@ impl Engine {
             };
             let waited = t0.elapsed();
             if waited < spin {
+                // A polite spin: every POLITE_YIELD of spinning, offer the core once. Free when
+                // nobody else wants this core (sched_yield returns at once); when the machine
+                // is busier than it looks (other jobs, a compiler), the rank we wait for may be
+                // queued behind us, and without this it would wait out our whole spin.
+                if waited >= next_yield {
+                    std::thread::yield_now();
+                    next_yield = waited + POLITE_YIELD;
+                }
                 std::hint::spin_loop();
                 continue;
             }
@@ -1230,6 +1249,7 @@ impl Engine {
                 // wait for) instead of paying a sleep and a wake-up.
                 std::thread::yield_now();
                 spins = spins.wrapping_add(31);
+                after_yield = true;
                 continue;
             }
             if self.poll.is_none() {

@@ -128,13 +128,16 @@ pub fn init() -> Result<Comm, Error> {
 
 /// An identity that is equal exactly for processes that can share memory *and* are meant to be
 /// on the same host: same kernel boot, same network namespace (testbed hosts differ), same name.
+/// `MUTIRAO_HOST_ID`, when set, is appended: it can split one machine into several "hosts" (ranks
+/// with different values talk TCP), never join processes that cannot share memory.
 fn host_identity() -> String {
     let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
     let netns = std::fs::read_link("/proc/self/ns/net")
         .map(|p| p.display().to_string())
         .unwrap_or_default();
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
-    format!("{}|{}|{}", boot.trim(), netns, host.trim())
+    let extra = std::env::var("MUTIRAO_HOST_ID").unwrap_or_default();
+    format!("{}|{}|{}|{}", boot.trim(), netns, host.trim(), extra)
 }
 
 fn ring_path(job: &str, src: usize, dst: usize) -> PathBuf {

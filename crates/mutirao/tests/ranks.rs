@@ -426,6 +426,29 @@ unsafe fn libc_kill_self() {
     kill(std::process::id() as i32, 9);
 }
 
+/// Ranks 0 and 2 ping-pong over TCP while each also has a shared-memory peer (1 and 3).
+fn mixed_pingpong(w: &Comm) -> Result<(), String> {
+    let peer = match w.rank() {
+        0 => 2,
+        2 => 0,
+        _ => return Ok(()),
+    };
+    let mut buf = [0u8; 8];
+    for i in 0..20u8 {
+        if w.rank() == 0 {
+            w.send(&[i; 8], peer, 1).map_err(e)?;
+            w.recv(&mut buf, peer, 1).map_err(e)?;
+        } else {
+            w.recv(&mut buf, peer, 1).map_err(e)?;
+            w.send(&buf, peer, 1).map_err(e)?;
+        }
+        if buf != [i; 8] {
+            return Err(format!("round {i}: got {buf:?}"));
+        }
+    }
+    Ok(())
+}
+
 fn run_scenario(name: &str) -> ! {
     let w = match mutirao::init() {
         Ok(w) => w,
@@ -439,6 +462,7 @@ fn run_scenario(name: &str) -> ! {
         "nonblocking" => nonblocking(&w),
         "collectives" => collectives(&w),
         "kill" => kill_mid_collective(&w),
+        "mixed_pingpong" => mixed_pingpong(&w),
         other => Err(format!("unknown scenario {other}")),
     };
     let fin = w.finalize().map_err(e);
@@ -460,6 +484,17 @@ struct Outcome {
 }
 
 fn launch(scenario: &str, n: usize, transport: &str, limit: Duration) -> Result<Outcome, Failed> {
+    launch_env(scenario, n, transport, limit, &|_| Vec::new())
+}
+
+/// [`launch`] with extra environment variables per rank.
+fn launch_env(
+    scenario: &str,
+    n: usize,
+    transport: &str,
+    limit: Duration,
+    extra: &dyn Fn(usize) -> Vec<(&'static str, String)>,
+) -> Result<Outcome, Failed> {
     let token = new_token().map_err(|e| e.to_string())?;
     let pmi = PmiServer::start(
         "127.0.0.1:0".parse().unwrap(),
@@ -482,6 +517,7 @@ fn launch(scenario: &str, n: usize, transport: &str, limit: Duration) -> Result<
             .env("MUTIRAO_JOB_ID", &job)
             .env("MUTIRAO_LOCAL_RANKS", n.to_string())
             .env("MUTIRAO_TRANSPORT", transport)
+            .envs(extra(r))
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
@@ -585,5 +621,25 @@ fn main() {
             },
         ));
     }
+    // Regression: with TCP and shared-memory peers mixed, the yield phase of an oversubscribed
+    // host never polled the sockets, so every TCP message waited out the whole phase (1 ms by
+    // default; 10 s here, so a regression cannot pass by luck).
+    trials.push(Trial::test(
+        "tcp_messages_are_seen_while_yielding_with_shm_peers",
+        || {
+            let o = launch_env("mixed_pingpong", 4, "auto", Duration::from_secs(8), &|r| {
+                vec![
+                    ("MUTIRAO_HOST_ID", if r < 2 { "a" } else { "b" }.to_string()),
+                    ("MUTIRAO_SPIN_US", "0".to_string()),
+                    ("MUTIRAO_YIELD_US", "10000000".to_string()),
+                ]
+            })?;
+            if o.codes.iter().all(|c| *c == Some(0)) {
+                Ok(())
+            } else {
+                Err(format!("exit codes {:?}\n{}", o.codes, o.stderr.join("\n")).into())
+            }
+        },
+    ));
     libtest_mimic::run(&args, trials).exit();
 }
