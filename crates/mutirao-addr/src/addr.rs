@@ -695,25 +695,34 @@ impl Addr {
         Ok(ticket)
     }
 
-    /// Component replacement in one call: finds a mailbox matching `q`, sends, waits up to
-    /// `max` for the acknowledgement; on a delivery error queries the directory again
-    /// (skipping the resource that failed) and resends once. Returns the mailbox that took it.
+    /// Component replacement (digest 002 §6.2.1) in one call. Sends to `cached` if it holds a
+    /// target, otherwise to the first mailbox matching `q` in `scope`; waits at most `max` for
+    /// the acknowledgement. On a delivery error it queries the directory again (skipping the
+    /// resource that failed), resends once, and leaves the mailbox that took the message in
+    /// `cached` for the next call.
     pub fn send_by_properties(
         &self,
+        cached: &mut Option<Target>,
         q: &AttrList,
         scope: Scope,
         tag: i32,
         data: &[u8],
         max: Duration,
     ) -> Result<Target, AddrError> {
-        let first = self
-            .find_max(q, scope, 1)?
-            .into_iter()
-            .next()
-            .ok_or(AddrError::NoMatch)?;
+        let first = match cached.take() {
+            Some(t) => t,
+            None => self
+                .find_max(q, scope, 1)?
+                .into_iter()
+                .next()
+                .ok_or(AddrError::NoMatch)?,
+        };
         let t = self.send(&first, tag, data.to_vec())?;
         match self.wait(&t, max) {
-            Ok(()) => return Ok(first),
+            Ok(()) => {
+                *cached = Some(first.clone());
+                return Ok(first);
+            }
             Err(AddrError::Delivery { .. }) => {}
             Err(e) => return Err(e),
         }
@@ -724,6 +733,7 @@ impl Addr {
             .ok_or(AddrError::NoMatch)?;
         let t = self.send(&again, tag, data.to_vec())?;
         self.wait(&t, max)?;
+        *cached = Some(again.clone());
         Ok(again)
     }
 

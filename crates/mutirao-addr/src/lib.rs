@@ -21,7 +21,9 @@
 //!     } else {
 //!         addr.barrier(Duration::from_secs(10))?;
 //!         if addr.rank() == 0 {
-//!             let to = addr.send_by_properties(&props, Scope::Local, 0, b"work", Duration::from_secs(5))?;
+//!             let mut cache = None; // keep it: later sends go straight to the cached mailbox
+//!             let to = addr.send_by_properties(&mut cache, &props, Scope::Local, 0, b"work",
+//!                                              Duration::from_secs(5))?;
 //!             println!("delivered to {} on rank {}", to.gid, to.rank);
 //!         }
 //!     }
