@@ -17,20 +17,26 @@ use crate::attr::{Attr, AttrList};
 use crate::directory::{Acl, Registered, ACL_ATTR};
 use crate::error::DirError;
 use crate::gid::Gid;
+use crate::net::{FrameReader, SpinGate, DEFAULT_SPIN};
 use crate::server::error_from_packet;
-use crate::wire::{Header, Kind, Packet, Scope, FLAG_CREATED, FLAG_MORE, FLAG_UNIQUE, MAX_PACKET};
-use std::io::{BufReader, BufWriter, Read, Write};
+use crate::wire::{Header, Kind, Packet, Scope, FLAG_CREATED, FLAG_MORE, FLAG_UNIQUE};
+use std::io::Write;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
+use std::time::Duration;
 
 /// One query's outcome: the gid found and the answer attributes.
 pub type QueryResult = Result<(Gid, AttrList), DirError>;
 
 /// A connection to a local directory server.
+///
+/// Each request is written with one syscall and each reply read with one; while waiting for
+/// a reply the client polls the socket for up to [`DEFAULT_SPIN`] (yielding the CPU between
+/// polls) before sleeping, unless recent replies took longer than that (see
+/// [`crate::net::SpinPolicy`]). [`Client::set_spin`] changes the budget.
 pub struct Client {
-    r: BufReader<UnixStream>,
-    w: BufWriter<UnixStream>,
-    buf: Vec<u8>,
+    s: UnixStream,
+    r: FrameReader,
     out: Vec<u8>,
     next_id: u64,
 }
@@ -45,15 +51,18 @@ impl Client {
                 path.display()
             ))
         })?;
-        let r = BufReader::with_capacity(64 * 1024, s.try_clone()?);
-        let w = BufWriter::with_capacity(64 * 1024, s);
         Ok(Client {
-            r,
-            w,
-            buf: Vec::new(),
-            out: Vec::new(),
+            s,
+            r: FrameReader::new(DEFAULT_SPIN).with_gate(SpinGate::process_clients()),
+            out: Vec::with_capacity(4096),
             next_id: 1,
         })
+    }
+
+    /// Sets how long a wait for a reply polls before sleeping (zero: sleep at once, which
+    /// uses the least CPU but adds the kernel's wake-up latency to every request).
+    pub fn set_spin(&mut self, spin: Duration) {
+        self.r.set_spin(spin);
     }
 
     fn send(&mut self, mut p: Packet) -> Result<(), DirError> {
@@ -63,30 +72,30 @@ impl Client {
         } else {
             p.header.query_id
         };
-        self.out.clear();
         crate::net::frame_into(&p, &mut self.out);
-        self.w.write_all(&self.out)?;
         Ok(())
     }
 
+    /// Writes every queued request with one syscall.
+    fn flush(&mut self) -> Result<(), DirError> {
+        let res = (&self.s).write_all(&self.out);
+        self.out.clear();
+        res.map_err(|e| DirError::Io(format!("cannot send to the directory server: {e}")))
+    }
+
     fn recv(&mut self) -> Result<Packet, DirError> {
-        let mut len = [0u8; 4];
-        self.r.read_exact(&mut len)?;
-        let n = u32::from_le_bytes(len) as usize;
-        if n > MAX_PACKET {
-            return Err(DirError::Protocol(format!(
-                "reply of {n} bytes is too large"
-            )));
+        match self.r.next_frame(&self.s)? {
+            Some(frame) => Packet::decode(frame),
+            None => Err(DirError::Io(
+                "the directory server closed the connection (did it stop?)".into(),
+            )),
         }
-        self.buf.resize(n, 0);
-        self.r.read_exact(&mut self.buf)?;
-        Packet::decode(&self.buf)
     }
 
     /// Sends one request and waits for its reply; a non-zero status becomes the error.
     pub fn call(&mut self, p: Packet) -> Result<Packet, DirError> {
         self.send(p)?;
-        self.w.flush()?;
+        self.flush()?;
         let r = self.recv()?;
         if r.header.status != 0 {
             return Err(error_from_packet(&r));
@@ -165,7 +174,7 @@ impl Client {
         for (g, q) in qs {
             self.send(query_packet(*g, q, scope))?;
         }
-        self.w.flush()?;
+        self.flush()?;
         let mut out = Vec::with_capacity(qs.len());
         for _ in qs {
             let r = self.recv()?;
@@ -184,7 +193,7 @@ impl Client {
         let mut h = Header::new(Kind::QueryStart);
         h.scope = scope.to_u8();
         self.send(Packet::new(h, q.clone()))?;
-        self.w.flush()?;
+        self.flush()?;
         let r = self.recv()?;
         let id = r.header.query_id;
         let first = match r.header.status {

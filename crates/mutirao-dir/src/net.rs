@@ -7,12 +7,19 @@
 //!
 //! Each side proves knowledge of the cluster key over the other's fresh nonce, so a replayed
 //! transcript fails. The key never crosses the wire.
+//!
+//! [`FrameReader`] is the blocking counterpart of [`read_frame`] used on the local fast path
+//! (the client and the server's per-connection threads): it reads as many bytes as the socket
+//! has in one syscall, and polls briefly before sleeping in the kernel ([`SpinPolicy`]).
 
 use crate::error::DirError;
 use crate::wire::{Packet, MAX_PACKET};
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
-use std::time::Duration;
+use std::os::fd::AsFd;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 type HmacSha256 = Hmac<Sha256>;
@@ -61,6 +68,267 @@ pub async fn write_frame<W: AsyncWrite + Unpin>(w: &mut W, p: &Packet) -> Result
     frame_into(p, &mut out);
     w.write_all(&out).await?;
     Ok(())
+}
+
+/// Default time a blocking reader polls the socket before sleeping in the kernel.
+///
+/// On a virtual machine a thread woken from sleep costs tens of microseconds (the idle vCPU
+/// must be woken), several times a local lookup's whole round trip; polling for a short while
+/// (yielding the CPU between polls) avoids the sleep whenever the answer comes quickly.
+pub const DEFAULT_SPIN: Duration = Duration::from_micros(50);
+
+/// Adaptive spin-then-block policy: poll first (for up to `budget`, yielding the CPU between
+/// polls) while polling has recently paid off, that is while at least half of the recent
+/// polling waits ended with data before the budget ran out; otherwise sleep at once, and
+/// try polling again every 64th wait so that the policy notices when waits become short.
+///
+/// Polling pays off on an idle machine, where a sleeping thread takes tens of microseconds
+/// to wake while a local lookup's round trip takes a few; it stops paying off when the cores
+/// are busy (many clients, other programs): replies then take longer than the budget and
+/// pollers only take CPU time from the threads they wait for.
+#[derive(Clone, Debug)]
+pub struct SpinPolicy {
+    budget: Duration,
+    /// Moving share (weight 1/8, in 1/1024ths) of polling waits that got data in time.
+    hits: u32,
+    waits: u32,
+}
+
+impl SpinPolicy {
+    /// A policy polling for at most `budget` (zero: never poll).
+    pub fn new(budget: Duration) -> Self {
+        SpinPolicy {
+            budget,
+            hits: 1024,
+            waits: 0,
+        }
+    }
+
+    /// The polling budget.
+    pub fn budget(&self) -> Duration {
+        self.budget
+    }
+
+    /// Whether the next wait should poll first.
+    pub fn should_spin(&mut self) -> bool {
+        if self.budget.is_zero() {
+            return false;
+        }
+        self.waits = self.waits.wrapping_add(1);
+        self.hits >= 512 || self.waits % 64 == 0
+    }
+
+    /// Records whether a polling wait got its data within the budget.
+    pub fn record(&mut self, hit: bool) {
+        self.hits = self.hits - self.hits / 8 + if hit { 128 } else { 0 };
+    }
+}
+
+/// Caps how many threads poll at once. Pollers yield the CPU between polls, but on a machine
+/// with fewer cores than waiting threads, many pollers still take turns on the cores that the
+/// threads they wait for need; past the cap a waiter sleeps at once.
+#[derive(Debug)]
+pub struct SpinGate {
+    active: AtomicUsize,
+    max: usize,
+}
+
+impl SpinGate {
+    /// A gate letting at most `max` threads poll at once.
+    pub fn new(max: usize) -> Self {
+        SpinGate {
+            active: AtomicUsize::new(0),
+            max,
+        }
+    }
+
+    /// A gate sized to this machine: one poller per available core, at least one.
+    pub fn per_core() -> Self {
+        let n = std::thread::available_parallelism().map_or(1, |n| n.get());
+        SpinGate::new(n)
+    }
+
+    /// The gate shared by every [`crate::client::Client`] of this process.
+    pub fn process_clients() -> Arc<SpinGate> {
+        static GATE: OnceLock<Arc<SpinGate>> = OnceLock::new();
+        GATE.get_or_init(|| Arc::new(SpinGate::per_core())).clone()
+    }
+
+    fn enter(&self) -> bool {
+        let mut cur = self.active.load(Ordering::Relaxed);
+        loop {
+            if cur >= self.max {
+                return false;
+            }
+            match self.active.compare_exchange_weak(
+                cur,
+                cur + 1,
+                Ordering::Acquire,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return true,
+                Err(now) => cur = now,
+            }
+        }
+    }
+
+    fn leave(&self) {
+        self.active.fetch_sub(1, Ordering::Release);
+    }
+}
+
+/// Reads length-prefixed frames from a blocking socket (Unix or TCP) with one `recv` per
+/// batch of frames, polling briefly before blocking (see [`SpinPolicy`]).
+#[derive(Debug)]
+pub struct FrameReader {
+    buf: Vec<u8>,
+    start: usize,
+    end: usize,
+    spin: SpinPolicy,
+    gate: Option<Arc<SpinGate>>,
+}
+
+impl FrameReader {
+    /// A reader with a 64 KiB buffer that polls for at most `spin` before blocking.
+    pub fn new(spin: Duration) -> Self {
+        FrameReader {
+            buf: vec![0; 64 * 1024],
+            start: 0,
+            end: 0,
+            spin: SpinPolicy::new(spin),
+            gate: None,
+        }
+    }
+
+    /// Polls only while `gate` admits this thread (see [`SpinGate`]).
+    pub fn with_gate(mut self, gate: Arc<SpinGate>) -> Self {
+        self.gate = Some(gate);
+        self
+    }
+
+    /// Changes the polling budget (zero: always block at once).
+    pub fn set_spin(&mut self, spin: Duration) {
+        self.spin = SpinPolicy::new(spin);
+    }
+
+    /// Whether bytes of a further frame are already buffered (more requests are in flight).
+    pub fn has_buffered(&self) -> bool {
+        self.end > self.start
+    }
+
+    /// Reads the next frame from `s`; `Ok(None)` on a clean end of stream between frames.
+    /// A frame longer than [`MAX_PACKET`] is an error (the stream cannot be resynchronised).
+    pub fn next_frame<S: AsFd>(&mut self, s: &S) -> Result<Option<&[u8]>, DirError> {
+        loop {
+            let have = self.end - self.start;
+            // Bytes the next frame needs in the buffer (the length prefix until it is known).
+            let mut need = 4;
+            if have >= 4 {
+                let mut len = [0u8; 4];
+                len.copy_from_slice(&self.buf[self.start..self.start + 4]);
+                let n = u32::from_le_bytes(len) as usize;
+                if n > MAX_PACKET {
+                    return Err(DirError::TooLarge(format!(
+                        "frame of {n} bytes exceeds the {MAX_PACKET}-byte limit"
+                    )));
+                }
+                if have >= 4 + n {
+                    let from = self.start + 4;
+                    self.start = from + n;
+                    if self.start == self.end {
+                        // Nothing else buffered: the next read starts at the front.
+                        self.start = 0;
+                        self.end = 0;
+                    }
+                    return Ok(Some(&self.buf[from..from + n]));
+                }
+                need = 4 + n;
+                if self.buf.len() < need {
+                    self.buf.resize(need, 0);
+                }
+            }
+            if self.start > 0 && (self.end == self.buf.len() || self.start + need > self.buf.len())
+            {
+                self.buf.copy_within(self.start..self.end, 0);
+                self.end -= self.start;
+                self.start = 0;
+            }
+            if self.fill(s)? == 0 {
+                if self.end > self.start {
+                    return Err(DirError::Protocol(
+                        "the connection closed in the middle of a frame".into(),
+                    ));
+                }
+                return Ok(None);
+            }
+        }
+    }
+
+    fn fill<S: AsFd>(&mut self, s: &S) -> Result<usize, DirError> {
+        use rustix::io::Errno;
+        let t0 = Instant::now();
+        let budget = self.spin.budget();
+        let gate = self.gate.take();
+        let spun = self.spin.should_spin() && gate.as_ref().is_none_or(|g| g.enter());
+        if spun {
+            let got = self.poll(s, t0, budget);
+            if let Some(g) = &gate {
+                g.leave();
+            }
+            self.gate = gate;
+            if let Some(n) = got? {
+                return Ok(n);
+            }
+        } else {
+            self.gate = gate;
+        }
+        loop {
+            match rustix::io::read(s, &mut self.buf[self.end..]) {
+                Ok(n) => {
+                    if spun {
+                        self.spin.record(false);
+                    }
+                    self.end += n;
+                    return Ok(n);
+                }
+                Err(Errno::INTR) => {}
+                Err(e) => return Err(std::io::Error::from(e).into()),
+            }
+        }
+    }
+
+    /// Polls until data arrives (`Some(bytes read)`) or `budget` has passed since `t0`.
+    fn poll<S: AsFd>(
+        &mut self,
+        s: &S,
+        t0: Instant,
+        budget: Duration,
+    ) -> Result<Option<usize>, DirError> {
+        use rustix::io::Errno;
+        {
+            loop {
+                match rustix::net::recv(
+                    s,
+                    &mut self.buf[self.end..],
+                    rustix::net::RecvFlags::DONTWAIT,
+                ) {
+                    Ok((n, _)) => {
+                        self.spin.record(true);
+                        self.end += n;
+                        return Ok(Some(n));
+                    }
+                    Err(Errno::AGAIN) | Err(Errno::INTR) => {
+                        if t0.elapsed() >= budget {
+                            break;
+                        }
+                        std::thread::yield_now();
+                    }
+                    Err(e) => return Err(std::io::Error::from(e).into()),
+                }
+            }
+        }
+        Ok(None)
+    }
 }
 
 fn nonce() -> Result<[u8; NONCE], DirError> {
@@ -192,6 +460,103 @@ pub async fn handshake_accept<S: AsyncRead + AsyncWrite + Unpin>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::attr::AttrList;
+    use crate::wire::{Header, Kind};
+    use std::io::Write;
+    use std::os::unix::net::UnixStream;
+
+    fn framed(target: u64, payload: usize) -> (Packet, Vec<u8>) {
+        let mut h = Header::new(Kind::Query);
+        h.target = crate::gid::Gid(target);
+        // Values of at most 40 000 bytes each (the attribute limit is 64 KiB).
+        let attrs = AttrList::from_pairs(
+            (0..payload.div_ceil(40_000).max(1))
+                .map(|i| (format!("p{i}"), vec![b'x'; payload.min(40_000)])),
+        )
+        .unwrap();
+        let p = Packet::new(h, attrs);
+        let mut f = Vec::new();
+        frame_into(&p, &mut f);
+        (p, f)
+    }
+
+    #[test]
+    fn frame_reader_splits_batches_and_joins_fragments() {
+        for spin in [Duration::ZERO, DEFAULT_SPIN] {
+            let (mut a, b) = UnixStream::pair().unwrap();
+            // Three frames in one write, then a frame larger than the buffer in two writes.
+            let ps: Vec<(Packet, Vec<u8>)> = vec![
+                framed(1, 10),
+                framed(2, 0),
+                framed(3, 300),
+                framed(4, 100_000),
+            ];
+            let w = std::thread::spawn(move || {
+                let mut batch = Vec::new();
+                for (_, f) in &ps[..3] {
+                    batch.extend_from_slice(f);
+                }
+                a.write_all(&batch).unwrap();
+                let big = &ps[3].1;
+                a.write_all(&big[..3]).unwrap();
+                std::thread::sleep(Duration::from_millis(5));
+                a.write_all(&big[3..]).unwrap();
+                ps
+            });
+            let mut r = FrameReader::new(spin).with_gate(Arc::new(SpinGate::new(1)));
+            let mut got = vec![];
+            for _ in 0..4 {
+                let f = r.next_frame(&b).unwrap().expect("a frame");
+                got.push(Packet::decode(f).unwrap());
+            }
+            let ps = w.join().unwrap();
+            assert_eq!(got, ps.into_iter().map(|(p, _)| p).collect::<Vec<_>>());
+            assert!(!r.has_buffered());
+            assert_eq!(r.next_frame(&b).unwrap(), None, "clean end of stream");
+        }
+    }
+
+    #[test]
+    fn frame_reader_rejects_oversize_and_truncated_frames() {
+        let (mut a, b) = UnixStream::pair().unwrap();
+        a.write_all(&((MAX_PACKET as u32) + 1).to_le_bytes())
+            .unwrap();
+        let mut r = FrameReader::new(Duration::ZERO);
+        assert!(matches!(r.next_frame(&b), Err(DirError::TooLarge(_))));
+
+        let (mut a, b) = UnixStream::pair().unwrap();
+        let (_, f) = framed(1, 50);
+        a.write_all(&f[..f.len() - 1]).unwrap();
+        drop(a);
+        let mut r = FrameReader::new(DEFAULT_SPIN);
+        assert!(matches!(r.next_frame(&b), Err(DirError::Protocol(_))));
+    }
+
+    #[test]
+    fn spin_policy_stops_polling_when_polls_miss_and_probes_again() {
+        let mut p = SpinPolicy::new(Duration::from_micros(50));
+        assert!(p.should_spin(), "polls at first");
+        for _ in 0..8 {
+            p.record(false);
+        }
+        let polls = (0..128).filter(|_| p.should_spin()).count();
+        assert_eq!(polls, 2, "only the probe every 64th wait polls");
+        for _ in 0..8 {
+            p.record(true);
+        }
+        assert!(p.should_spin(), "polls again once polls hit");
+        let mut never = SpinPolicy::new(Duration::ZERO);
+        assert!(!(0..100).any(|_| never.should_spin()));
+    }
+
+    #[test]
+    fn spin_gate_admits_at_most_max() {
+        let g = SpinGate::new(2);
+        assert!(g.enter() && g.enter());
+        assert!(!g.enter());
+        g.leave();
+        assert!(g.enter());
+    }
 
     #[tokio::test]
     async fn handshake_succeeds_with_same_key_fails_with_other() {

@@ -27,7 +27,8 @@ use crate::directory::{full_key, Acl, Cred, DirConfig, Directory, Registered, AC
 use crate::error::DirError;
 use crate::gid::Gid;
 use crate::net::{
-    frame_into, handshake_accept, handshake_connect, read_frame, write_frame, PeerId,
+    frame_into, handshake_accept, handshake_connect, read_frame, write_frame, FrameReader, PeerId,
+    SpinGate, DEFAULT_SPIN,
 };
 use crate::wire::{Header, Kind, Packet, Scope, FLAG_CREATED, FLAG_MORE, FLAG_UNIQUE};
 use std::collections::hash_map::DefaultHasher;
@@ -110,6 +111,32 @@ impl Conn {
     }
 }
 
+/// Local connections served by threads, shut down when their accept task ends.
+#[derive(Default)]
+struct LocalConns {
+    closed: AtomicBool,
+    next: AtomicU64,
+    socks: Mutex<HashMap<u64, std::os::unix::net::UnixStream>>,
+}
+
+impl LocalConns {
+    fn shutdown_all(&self) {
+        for (_, s) in lock(&self.socks).drain() {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+    }
+}
+
+/// Owned by the accept task: dropping it (abort, runtime shutdown) ends every connection.
+struct LocalGuard(Arc<LocalConns>);
+
+impl Drop for LocalGuard {
+    fn drop(&mut self) {
+        self.0.closed.store(true, Ordering::Release);
+        self.0.shutdown_all();
+    }
+}
+
 /// A unique resource a peer holds for one of our contexts: (holder, gid, registrant).
 type RemoteHeld = (Arc<Conn>, Gid, Cred);
 
@@ -144,6 +171,9 @@ struct Inner {
     cursors: Mutex<HashMap<u64, Arc<tokio::sync::Mutex<GridCursor>>>>,
     cursor_used: Mutex<HashMap<u64, Instant>>,
     remote_held: Mutex<HashMap<Gid, Vec<RemoteHeld>>>,
+    local_threads: AtomicBool,
+    local_spin_ns: AtomicU64,
+    spin_gate: Arc<SpinGate>,
 }
 
 /// The directory server. Cheap to clone (an `Arc`).
@@ -273,6 +303,9 @@ impl DirServer {
                 cursors: Mutex::new(HashMap::new()),
                 cursor_used: Mutex::new(HashMap::new()),
                 remote_held: Mutex::new(HashMap::new()),
+                local_threads: AtomicBool::new(true),
+                local_spin_ns: AtomicU64::new(DEFAULT_SPIN.as_nanos() as u64),
+                spin_gate: Arc::new(SpinGate::per_core()),
             }),
         })
     }
@@ -280,6 +313,23 @@ impl DirServer {
     /// The configuration.
     pub fn config(&self) -> &ServerConfig {
         &self.inner.cfg
+    }
+
+    /// Whether each local Unix-socket client is served on its own OS thread (the default,
+    /// `true`): requests that need no peer are answered on that thread without a tokio
+    /// wake-up, which is what lets one client reach 100 k lookups/s; requests that do need
+    /// peers are handed to the runtime. `false` serves local clients as tokio tasks (fewer
+    /// threads with many idle clients, more latency). Applies to connections accepted later.
+    pub fn set_local_threads(&self, on: bool) {
+        self.inner.local_threads.store(on, Ordering::Relaxed);
+    }
+
+    /// How long a local-client thread polls its socket for the next request before sleeping
+    /// (default [`DEFAULT_SPIN`]; zero: sleep at once; see [`crate::net::SpinPolicy`]).
+    /// Applies to connections accepted later.
+    pub fn set_local_spin(&self, spin: Duration) {
+        let ns = spin.as_nanos().min(u64::MAX as u128) as u64;
+        self.inner.local_spin_ns.store(ns, Ordering::Relaxed);
     }
 
     /// Runs `f` on the directory (in-process access without a socket).
@@ -370,14 +420,115 @@ impl DirServer {
         self.serve_unix_listener(l).await
     }
 
-    /// Serves local clients on an already bound Unix listener.
+    /// Serves local clients on an already bound Unix listener. With
+    /// [`ServerConfig::local_threads`] each connection gets its own thread; when this task
+    /// ends (aborted, or its runtime dropped) those connections are shut down too.
     pub async fn serve_unix_listener(&self, l: UnixListener) -> Result<(), DirError> {
+        let live = Arc::new(LocalConns::default());
+        let _shutdown_on_exit = LocalGuard(live.clone());
         loop {
             let (stream, _) = l.accept().await?;
+            let stream = if self.inner.local_threads.load(Ordering::Relaxed) {
+                match self.spawn_local_thread(stream, &live) {
+                    Ok(()) => continue,
+                    Err(s) => s,
+                }
+            } else {
+                stream
+            };
             let s = self.clone();
             tokio::spawn(async move {
                 let _ = s.local_conn(stream).await;
             });
+        }
+    }
+
+    /// Moves a local connection onto its own blocking thread; gives the stream back when
+    /// that is impossible (the caller then serves it as a task).
+    fn spawn_local_thread(
+        &self,
+        stream: UnixStream,
+        live: &Arc<LocalConns>,
+    ) -> Result<(), UnixStream> {
+        let cred = match stream.peer_cred() {
+            Ok(c) => Cred::new(c.uid(), c.gid()),
+            Err(_) => return Err(stream),
+        };
+        let std = match stream.into_std() {
+            Ok(s) => s,
+            // into_std only fails if deregistering fails; nothing to serve then.
+            Err(_) => return Ok(()),
+        };
+        let registered = match (std.set_nonblocking(false), std.try_clone()) {
+            (Ok(()), Ok(c)) => c,
+            _ => return Ok(()),
+        };
+        let id = live.next.fetch_add(1, Ordering::Relaxed);
+        lock(&live.socks).insert(id, registered);
+        let s = self.clone();
+        let rt = tokio::runtime::Handle::current();
+        let live2 = live.clone();
+        let spawned = std::thread::Builder::new()
+            .name("mdir-local".into())
+            .spawn(move || {
+                let _ = s.local_conn_blocking(&std, cred, &rt);
+                lock(&live2.socks).remove(&id);
+            });
+        match spawned {
+            Ok(_) => {
+                // The accept task may have ended between the insert and here.
+                if live.closed.load(Ordering::Acquire) {
+                    live.shutdown_all();
+                }
+                Ok(())
+            }
+            Err(_) => {
+                let back = lock(&live.socks).remove(&id);
+                match back.map(|b| (b.set_nonblocking(true), b)) {
+                    Some((Ok(()), b)) => UnixStream::from_std(b).map_or(Ok(()), Err),
+                    _ => Ok(()),
+                }
+            }
+        }
+    }
+
+    /// One local client on a blocking thread: read a request (polling briefly first), answer
+    /// it here if no peer is needed, else on the runtime, write the reply with one syscall
+    /// (replies to pipelined requests are batched until no request is buffered).
+    fn local_conn_blocking(
+        &self,
+        s: &std::os::unix::net::UnixStream,
+        cred: Cred,
+        rt: &tokio::runtime::Handle,
+    ) -> Result<(), DirError> {
+        use std::io::Write;
+        let spin = Duration::from_nanos(self.inner.local_spin_ns.load(Ordering::Relaxed));
+        let mut r = FrameReader::new(spin).with_gate(self.inner.spin_gate.clone());
+        let mut out = Vec::with_capacity(4096);
+        loop {
+            let reply = match r.next_frame(s)? {
+                None => return Ok(()),
+                Some(frame) => match Packet::decode(frame) {
+                    Ok(p) => match self.try_handle_here(cred, p) {
+                        Ok(reply) => reply,
+                        Err(p) => {
+                            let (tx, rx) = oneshot::channel();
+                            let srv = self.clone();
+                            rt.spawn(async move {
+                                let _ = tx.send(srv.handle_slow(cred, p).await);
+                            });
+                            rx.blocking_recv()
+                                .map_err(|_| DirError::Io("the server's runtime stopped".into()))?
+                        }
+                    },
+                    Err(e) => error_packet(&Header::new(Kind::Reply), &e),
+                },
+            };
+            frame_into(&reply, &mut out);
+            if !r.has_buffered() {
+                (&*s).write_all(&out)?;
+                out.clear();
+            }
         }
     }
 
@@ -563,11 +714,67 @@ impl DirServer {
     /// are reply packets). This is what the Unix socket calls; an embedding process may call
     /// it directly.
     pub async fn handle(&self, cred: Cred, p: Packet) -> Packet {
+        match self.try_handle_here(cred, p) {
+            Ok(reply) => reply,
+            Err(p) => self.handle_slow(cred, p).await,
+        }
+    }
+
+    /// Answers `p` on the calling thread if that needs no peer and no async wait (local
+    /// queries and hits, registration, contexts, deletes of our own resources); otherwise
+    /// gives the packet back for [`DirServer::handle_slow`].
+    fn try_handle_here(&self, cred: Cred, p: Packet) -> Result<Packet, Packet> {
+        let h = &p.header;
+        let now = Instant::now();
+        let res = match h.kind {
+            Kind::OpenContext => self
+                .with_dir_write()
+                .open_context(cred, now)
+                .map(|g| ok_packet(h, g, AttrList::new())),
+            Kind::Heartbeat => self
+                .with_dir_write()
+                .heartbeat(cred, h.target, now)
+                .map(|()| ok_packet(h, h.target, AttrList::new())),
+            Kind::CloseContext => {
+                let r = self.with_dir_write().close_context(cred, h.target);
+                r.map(|_| {
+                    self.release_remote(h.target);
+                    ok_packet(h, h.target, AttrList::new())
+                })
+            }
+            Kind::Register if h.flags & FLAG_UNIQUE == 0 || self.inner.peers.is_empty() => {
+                self.register_here(cred, h, p.attrs.clone())
+            }
+            Kind::Query => {
+                let gid = (h.target != Gid::NONE).then_some(h.target);
+                match Scope::from_u8(h.scope) {
+                    Err(e) => Err(e),
+                    Ok(scope) => match self.query_here(cred, gid, &p.attrs, scope) {
+                        Some(r) => r.map(|(g, a)| ok_packet(h, g, a)),
+                        None => return Err(p),
+                    },
+                }
+            }
+            Kind::Delete if self.is_mine(h.target) => self
+                .delete_here(cred, h.target)
+                .map(|()| ok_packet(h, h.target, AttrList::new())),
+            _ => return Err(p),
+        };
+        Ok(res.unwrap_or_else(|e| error_packet(h, &e)))
+    }
+
+    /// Handles a request that [`DirServer::try_handle_here`] gave back (it may involve peers).
+    async fn handle_slow(&self, cred: Cred, p: Packet) -> Packet {
         let h = p.header.clone();
         match self.handle_inner(cred, p).await {
             Ok(r) => r,
             Err(e) => error_packet(&h, &e),
         }
+    }
+
+    fn is_mine(&self, gid: Gid) -> bool {
+        let parts = self.inner.cfg.dir.split.decode(gid);
+        parts.cluster == self.inner.me.cluster && parts.node == self.inner.me.node
     }
 
     async fn handle_inner(&self, cred: Cred, p: Packet) -> Result<Packet, DirError> {
@@ -591,7 +798,10 @@ impl DirServer {
             Kind::Query => {
                 let scope = Scope::from_u8(h.scope)?;
                 let gid = (h.target != Gid::NONE).then_some(h.target);
-                let (g, a) = self.query(cred, gid, &p.attrs, scope).await?;
+                let (g, a) = match self.query_here(cred, gid, &p.attrs, scope) {
+                    Some(r) => r?,
+                    None => self.query_peers(cred, gid, &p.attrs, scope).await?,
+                };
                 Ok(ok_packet(&h, g, a))
             }
             Kind::QueryStart => {
@@ -680,8 +890,68 @@ impl DirServer {
         Ok(registered_packet(h, r))
     }
 
+    /// Registration answered locally (not `unique`, or no peers).
+    fn register_here(
+        &self,
+        cred: Cred,
+        h: &Header,
+        mut attrs: AttrList,
+    ) -> Result<Packet, DirError> {
+        let acl = take_acl(&mut attrs)?;
+        let unique = h.flags & FLAG_UNIQUE != 0;
+        let r = self
+            .with_dir_write()
+            .register(cred, h.target, attrs, acl, unique)?;
+        Ok(registered_packet(h, r))
+    }
+
     /// Single-answer query as `cred` in `scope`.
     pub async fn query(
+        &self,
+        cred: Cred,
+        gid: Option<Gid>,
+        q: &AttrList,
+        scope: Scope,
+    ) -> Result<(Gid, AttrList), DirError> {
+        match self.query_here(cred, gid, q, scope) {
+            Some(r) => r,
+            None => self.query_peers(cred, gid, q, scope).await,
+        }
+    }
+
+    /// The part of a query this server decides alone: `None` when peers must be asked (a
+    /// gid another server holds in scope, or a local attribute miss in site/grid scope).
+    fn query_here(
+        &self,
+        cred: Cred,
+        gid: Option<Gid>,
+        q: &AttrList,
+        scope: Scope,
+    ) -> Option<Result<(Gid, AttrList), DirError>> {
+        if let Some(g) = gid {
+            if self.is_mine(g) {
+                return Some(self.with_dir_read().query(cred, gid, q));
+            }
+            let parts = self.inner.cfg.dir.split.decode(g);
+            let in_scope = match scope {
+                Scope::Local => false,
+                Scope::Site => parts.cluster == self.inner.me.cluster,
+                Scope::Grid => true,
+            };
+            return if in_scope {
+                None
+            } else {
+                Some(Err(DirError::NotFound(g)))
+            };
+        }
+        match self.with_dir_read().query(cred, None, q) {
+            Err(DirError::NoMatch) if scope != Scope::Local => None,
+            other => Some(other),
+        }
+    }
+
+    /// The peers' part of a query that [`DirServer::query_here`] could not decide.
+    async fn query_peers(
         &self,
         cred: Cred,
         gid: Option<Gid>,
@@ -691,18 +961,6 @@ impl DirServer {
         let split = self.inner.cfg.dir.split;
         if let Some(g) = gid {
             let parts = split.decode(g);
-            let mine = parts.cluster == self.inner.me.cluster && parts.node == self.inner.me.node;
-            if mine {
-                return self.with_dir_read().query(cred, gid, q);
-            }
-            let in_scope = match scope {
-                Scope::Local => false,
-                Scope::Site => parts.cluster == self.inner.me.cluster,
-                Scope::Grid => true,
-            };
-            if !in_scope {
-                return Err(DirError::NotFound(g));
-            }
             let owner = self
                 .conns(scope)
                 .await
@@ -722,10 +980,6 @@ impl DirServer {
                 _ => Err(DirError::NotFound(g)),
             };
         }
-        match self.with_dir_read().query(cred, None, q) {
-            Err(DirError::NoMatch) if scope != Scope::Local => {}
-            other => return other,
-        }
         let mut set = self.fan_out(scope, cred, Kind::PeerQuery, q);
         while let Some(res) = set.join_next().await {
             if let Ok(Some((_, _, r))) = res {
@@ -736,15 +990,19 @@ impl DirServer {
         Err(DirError::NoMatch)
     }
 
+    fn delete_here(&self, cred: Cred, gid: Gid) -> Result<(), DirError> {
+        let closing_ctx = self.with_dir_read().is_context(gid);
+        self.with_dir_write().delete(cred, gid)?;
+        if closing_ctx {
+            self.release_remote(gid);
+        }
+        Ok(())
+    }
+
     async fn delete(&self, cred: Cred, gid: Gid) -> Result<(), DirError> {
         let parts = self.inner.cfg.dir.split.decode(gid);
-        if parts.cluster == self.inner.me.cluster && parts.node == self.inner.me.node {
-            let closing_ctx = self.with_dir_read().is_context(gid);
-            self.with_dir_write().delete(cred, gid)?;
-            if closing_ctx {
-                self.release_remote(gid);
-            }
-            return Ok(());
+        if self.is_mine(gid) {
+            return self.delete_here(cred, gid);
         }
         let owner = self
             .conns(Scope::Grid)
@@ -1131,4 +1389,76 @@ pub async fn send_packet<W: tokio::io::AsyncWrite + Unpin>(
     p: &Packet,
 ) -> Result<(), DirError> {
     write_frame(w, p).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::client::Client;
+
+    fn served(
+        threads: bool,
+    ) -> (
+        tokio::runtime::Runtime,
+        DirServer,
+        ServerHandles,
+        tempfile::TempDir,
+    ) {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let s = DirServer::new(ServerConfig::default()).unwrap();
+        s.set_local_threads(threads);
+        let h = {
+            let _g = rt.enter();
+            s.spawn(Some(dir.path().join("d.sock")), None).unwrap()
+        };
+        (rt, s, h, dir)
+    }
+
+    #[test]
+    fn both_local_modes_answer_the_same() {
+        for threads in [true, false] {
+            let (_rt, _s, h, dir) = served(threads);
+            let mut c = Client::connect(dir.path().join("d.sock")).unwrap();
+            let a = AttrList::from_pairs([("k", "v"), ("n", "1")]).unwrap();
+            let g = c.register(Gid::NONE, &a, &Acl::Public, false).unwrap().gid;
+            let q = AttrList::from_pairs([("k", "v")]).unwrap();
+            for _ in 0..3 {
+                assert_eq!(c.query(None, &q, Scope::Grid).unwrap().0, g);
+                assert_eq!(
+                    c.query(Some(g), &AttrList::new(), Scope::Local).unwrap(),
+                    (g, a.clone())
+                );
+            }
+            // pipelined replies come back in order
+            let qs: Vec<_> = (0..50).map(|_| (Some(g), AttrList::new())).collect();
+            let rs = c.query_pipelined(&qs, Scope::Local).unwrap();
+            assert!(rs.into_iter().all(|r| r.unwrap().0 == g));
+            // a multi-answer query goes through the runtime
+            assert_eq!(c.query_iter(&q, Scope::Local).unwrap().count(), 1);
+            h.abort();
+        }
+    }
+
+    #[test]
+    fn aborting_the_listener_closes_thread_served_clients() {
+        let (rt, _s, h, dir) = served(true);
+        let mut c = Client::connect(dir.path().join("d.sock")).unwrap();
+        c.open_context().unwrap();
+        h.abort();
+        // The accept task is dropped on the runtime; give it a moment.
+        let deadline = Instant::now() + Duration::from_secs(2);
+        loop {
+            match c.open_context() {
+                Err(DirError::Io(_)) => break,
+                Ok(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(5)),
+                other => panic!("connection still served after abort: {other:?}"),
+            }
+        }
+        drop(rt);
+    }
 }
