@@ -56,8 +56,9 @@ pub struct AgentArgs {
     pub dir_node: Option<u16>,
 }
 
-/// Host the directory service in a thread of the agent.
-fn start_directory(args: &AgentArgs, bound: SocketAddr, secret: &[u8]) -> anyhow::Result<()> {
+/// Host the directory service in a thread of the agent; returns its Unix socket (the ranks this
+/// agent starts get it as `MUTIRAO_DIR_SOCKET`).
+fn start_directory(args: &AgentArgs, bound: SocketAddr, secret: &[u8]) -> anyhow::Result<PathBuf> {
     use mutirao_dir::server::{run_blocking, ServerConfig};
     let sock = args
         .dir_socket
@@ -84,6 +85,7 @@ fn start_directory(args: &AgentArgs, bound: SocketAddr, secret: &[u8]) -> anyhow
         ..ServerConfig::default()
     };
     let listen = args.dir_listen;
+    let socket = sock.clone();
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::Builder::new()
         .name("agent-directory".into())
@@ -102,7 +104,7 @@ fn start_directory(args: &AgentArgs, bound: SocketAddr, secret: &[u8]) -> anyhow
             }
         })?;
     match rx.recv_timeout(Duration::from_secs(10)) {
-        Ok(Ok(())) => Ok(()),
+        Ok(Ok(())) => Ok(socket),
         Ok(Err(e)) => bail!("cannot start the directory: {e} (use --no-dir to run without it)"),
         Err(_) => bail!("the directory did not start within 10 s"),
     }
@@ -130,9 +132,11 @@ pub fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
         .with_context(|| format!("--listen {:?} is not IP:PORT", args.listen))?;
     let listener = TcpListener::bind(addr).with_context(|| format!("cannot listen on {addr}"))?;
     let bound = listener.local_addr()?;
-    if !args.no_dir {
-        start_directory(&args, bound, &secret)?;
-    }
+    let dir_socket: Option<Arc<PathBuf>> = if args.no_dir {
+        None
+    } else {
+        Some(Arc::new(start_directory(&args, bound, &secret)?))
+    };
     // Printed once everything this agent serves is ready.
     if args.print_addr {
         println!("{bound}");
@@ -148,6 +152,7 @@ pub fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
             }
         };
         let secret = secret.clone();
+        let dir_socket = dir_socket.clone();
         let _ = std::thread::Builder::new()
             .name("agent-conn".into())
             .spawn(move || {
@@ -155,7 +160,7 @@ pub fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
                     .peer_addr()
                     .map(|a| a.to_string())
                     .unwrap_or_else(|_| "?".into());
-                if let Err(e) = serve(conn, &secret) {
+                if let Err(e) = serve(conn, &secret, dir_socket.as_deref()) {
                     log(&format!("session with {peer}: {e:#}"));
                 }
             });
@@ -169,7 +174,7 @@ fn host_name() -> String {
         .unwrap_or_else(|_| "unknown".into())
 }
 
-fn serve(conn: TcpStream, secret: &[u8]) -> anyhow::Result<()> {
+fn serve(conn: TcpStream, secret: &[u8], dir_socket: Option<&PathBuf>) -> anyhow::Result<()> {
     let peer = conn.peer_addr()?;
     conn.set_nodelay(true).ok();
     conn.set_read_timeout(Some(Duration::from_secs(10)))?;
@@ -262,9 +267,12 @@ fn serve(conn: TcpStream, secret: &[u8]) -> anyhow::Result<()> {
     let mut waiters = Vec::new();
     for spec in &ranks {
         let mut cmd = Command::new(&program);
-        cmd.args(&args)
-            .envs(&spec.env)
-            .stdin(Stdio::null())
+        cmd.args(&args).envs(&spec.env);
+        if let Some(sock) = dir_socket {
+            // This host's directory, whatever the launcher's environment said.
+            cmd.env("MUTIRAO_DIR_SOCKET", sock);
+        }
+        cmd.stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .process_group(0);

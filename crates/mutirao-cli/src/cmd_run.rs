@@ -25,6 +25,10 @@ use std::time::{Duration, Instant};
 /// Each rank gets MUTIRAO_RANK and MUTIRAO_SIZE (also OMPI_COMM_WORLD_RANK/SIZE and
 /// PMI_RANK/PMI_SIZE). The exit status is the first failing rank's; when one rank fails the others
 /// are ended within seconds; Ctrl-C ends them all.
+///
+/// Ranks find the resource directory through MUTIRAO_DIR_SOCKET: on this host the launcher hosts
+/// a directory for the job's lifetime (unless MUTIRAO_DIR_SOCKET is already set); ranks started by
+/// agents get their agent's directory.
 #[derive(clap::Args, Debug)]
 #[command(verbatim_doc_comment)]
 pub struct RunArgs {
@@ -146,9 +150,14 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         let _ = ctrlc::set_handler(move || flag.store(true, Ordering::SeqCst));
     }
     let (tx, rx) = channel::<Ev>();
+    let mut job_dir: Option<PathBuf> = None;
     let fence_timeout = Duration::from_secs(120);
     let (group, hosts_of, placement, pmi) = match &args.hostfile {
         None => {
+            // A directory for this job, unless the caller named one.
+            if std::env::var_os("MUTIRAO_DIR_SOCKET").is_none() {
+                job_dir = Some(host_directory(&job)?);
+            }
             let pmi = PmiServer::start(
                 "127.0.0.1:0".parse().expect("literal"),
                 args.n as u32,
@@ -156,7 +165,17 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
                 fence_timeout,
             )
             .context("cannot start the bootstrap server on 127.0.0.1")?;
-            let pids = start_local(&args, pmi.addr(), &token, &job, &tx)?;
+            let dir_socket = job_dir.as_ref().map(|d| d.join(DIR_SOCKET_NAME));
+            let pids =
+                match start_local(&args, pmi.addr(), &token, &job, dir_socket.as_deref(), &tx) {
+                    Ok(p) => p,
+                    Err(e) => {
+                        if let Some(d) = &job_dir {
+                            let _ = std::fs::remove_dir_all(d);
+                        }
+                        return Err(e);
+                    }
+                };
             (
                 Group::Local(pids),
                 vec!["localhost".to_string(); args.n],
@@ -171,7 +190,53 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     if args.hostfile.is_none() {
         cleanup_shm(&job);
     }
+    if let Some(d) = job_dir {
+        let _ = std::fs::remove_dir_all(d);
+    }
     Ok(code)
+}
+
+const DIR_SOCKET_NAME: &str = "dir.sock";
+
+/// Starts a directory server for the job on `TMPDIR/mutirao-JOB/dir.sock` (the directory is
+/// private to this user) and returns the job's temporary directory once it serves. The server
+/// thread ends with the launcher; the caller removes the directory.
+fn host_directory(job: &str) -> anyhow::Result<PathBuf> {
+    use std::os::unix::fs::DirBuilderExt;
+    let dir = std::env::temp_dir().join(format!("mutirao-{job}"));
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&dir)
+        .with_context(|| format!("cannot create the job directory {}", dir.display()))?;
+    let sock = dir.join(DIR_SOCKET_NAME);
+    let (ready_tx, ready_rx) = channel();
+    std::thread::Builder::new()
+        .name("job-directory".into())
+        .spawn(move || {
+            let tx = ready_tx.clone();
+            let res = mutirao_dir::server::run_blocking(
+                mutirao_dir::server::ServerConfig::default(),
+                Some(sock),
+                None,
+                move |_| {
+                    let _ = tx.send(Ok(()));
+                },
+            );
+            if let Err(e) = res {
+                let _ = ready_tx.send(Err(e.to_string()));
+            }
+        })?;
+    match ready_rx.recv_timeout(Duration::from_secs(10)) {
+        Ok(Ok(())) => Ok(dir),
+        Ok(Err(e)) => {
+            let _ = std::fs::remove_dir_all(&dir);
+            bail!("cannot start the job's directory: {e} (set MUTIRAO_DIR_SOCKET to use another)")
+        }
+        Err(_) => {
+            let _ = std::fs::remove_dir_all(&dir);
+            bail!("the job's directory did not start within 10 s")
+        }
+    }
 }
 
 fn cleanup_shm(job: &str) {
@@ -212,12 +277,16 @@ fn start_local(
     pmi: SocketAddr,
     token: &str,
     job: &str,
+    dir_socket: Option<&std::path::Path>,
     tx: &Sender<Ev>,
 ) -> anyhow::Result<Vec<Option<u32>>> {
     let mut pids = vec![None; args.n];
     for rank in 0..args.n {
         let env = rank_env(rank, args.n, pmi, token, job, "127.0.0.1", args.n);
         let mut cmd = Command::new(&args.command[0]);
+        if let Some(sock) = dir_socket {
+            cmd.env("MUTIRAO_DIR_SOCKET", sock);
+        }
         cmd.args(&args.command[1..])
             .envs(&env)
             .stdin(Stdio::null())
