@@ -255,8 +255,8 @@ enum Record {
         src: String,
         dst: String,
         mode: SendMode,
-        warmup: u32,
-        sizes: Vec<(u64, Vec<PingPongSample>)>,
+        /// Per size: bytes, warm-up repetitions done, samples.
+        sizes: Vec<SizeSamples>,
         /// The samples are the echo direction of the dst → src ping-pong.
         #[serde(default)]
         echo: bool,
@@ -310,6 +310,9 @@ struct RepParams {
 /// One measure-side repetition (µs).
 #[derive(Debug, Clone, Copy, Serialize, Deserialize)]
 struct MeasureRep {
+    /// An untimed warm-up repetition.
+    #[serde(default)]
+    warm: bool,
     rtt: f64,
     os: f64,
     probe: f64,
@@ -688,9 +691,9 @@ pub fn run(a: CalibrateArgs) -> anyhow::Result<ExitCode> {
         c.add_host(host)?;
     }
     for s in &outcome.sweeps {
-        for (bytes, samples) in &s.sizes {
+        for (bytes, warmup, samples) in &s.sizes {
             if !samples.is_empty() {
-                c.record_pingpong(&s.src, &s.dst, s.mode, *bytes, s.warmup, samples)?;
+                c.record_pingpong(&s.src, &s.dst, s.mode, *bytes, *warmup, samples)?;
             }
         }
         let pr = PairRef {
@@ -806,8 +809,7 @@ struct SweepRec {
     src: String,
     dst: String,
     mode: SendMode,
-    warmup: u32,
-    sizes: Vec<(u64, Vec<PingPongSample>)>,
+    sizes: Vec<SizeSamples>,
     echo: bool,
 }
 
@@ -895,14 +897,12 @@ fn coordinate(
                 src,
                 dst,
                 mode,
-                warmup,
                 sizes,
                 echo,
             } => out.sweeps.push(SweepRec {
                 src,
                 dst,
                 mode,
-                warmup,
                 sizes,
                 echo,
             }),
@@ -1174,17 +1174,16 @@ fn leader(comm: &Comm, cfg: &WorkerConfig) -> anyhow::Result<ExitCode> {
             match (mres, rres) {
                 (Some(Ok(m)), Some(Ok(r))) => match pass {
                     Pass::PingPong(mode) => {
-                        let sizes = combine(&m.sizes, &r, cfg.warmup);
+                        let sizes = combine(&m.sizes, &r);
                         let reverse = (pair.dst.as_str(), pair.src.as_str());
                         if !cfg.both_directions && a != b && planned.contains(&reverse) {
                             emit(&Record::Sweep {
                                 src: pair.dst.clone(),
                                 dst: pair.src.clone(),
                                 mode,
-                                warmup: cfg.warmup,
                                 sizes: sizes
                                     .iter()
-                                    .map(|(m, v)| (*m, v.iter().map(echo_sample).collect()))
+                                    .map(|(m, w, v)| (*m, *w, v.iter().map(echo_sample).collect()))
                                     .collect(),
                                 echo: true,
                             });
@@ -1195,7 +1194,6 @@ fn leader(comm: &Comm, cfg: &WorkerConfig) -> anyhow::Result<ExitCode> {
                             src: pair.src.clone(),
                             dst: pair.dst.clone(),
                             mode,
-                            warmup: cfg.warmup,
                             sizes,
                             echo: false,
                         })
@@ -1261,18 +1259,15 @@ fn echo_sample(x: &PingPongSample) -> PingPongSample {
 }
 
 /// Join the two sides' timings into samples, dropping the warm-up repetitions.
-fn combine(
-    m: &[(u64, Vec<MeasureRep>)],
-    r: &[Vec<(f64, f64)>],
-    warmup: u32,
-) -> Vec<(u64, Vec<PingPongSample>)> {
+fn combine(m: &[(u64, Vec<MeasureRep>)], r: &[Vec<(f64, f64)>]) -> Vec<SizeSamples> {
     m.iter()
         .zip(r)
         .map(|((bytes, ms), rs)| {
+            let warmup = ms.iter().filter(|x| x.warm).count() as u32;
             let samples = ms
                 .iter()
                 .zip(rs)
-                .skip(warmup as usize)
+                .filter(|(x, _)| !x.warm)
                 .map(|(x, &(or_dst, os_dst))| PingPongSample {
                     rtt_us: x.rtt,
                     os_src_us: x.os,
@@ -1283,10 +1278,13 @@ fn combine(
                     wait_src_us: x.wait,
                 })
                 .collect();
-            (*bytes, samples)
+            (*bytes, warmup, samples)
         })
         .collect()
 }
+
+/// One size of a ping-pong sweep: bytes, warm-up repetitions done, samples.
+type SizeSamples = (u64, u32, Vec<PingPongSample>);
 
 fn median(xs: impl Iterator<Item = f64>) -> Option<f64> {
     let mut v: Vec<f64> = xs.collect();
@@ -1353,8 +1351,8 @@ fn measure(
     if pass == Pass::Plogp {
         // RTT(0), then g(0): a stream of empty messages, acknowledged once; the time per
         // message beyond one round trip.
-        let reps = measure_size(comm, peer, mode, 0, p)?;
-        let rtt0 = median(reps.iter().skip(p.warmup as usize).map(|x| x.rtt)).unwrap_or(0.0);
+        let reps = measure_size(comm, peer, mode, 0, p, p.warmup)?;
+        let rtt0 = median(reps.iter().filter(|x| !x.warm).map(|x| x.rtt)).unwrap_or(0.0);
         out.push((0, reps));
         let t0 = Instant::now();
         for _ in 0..STREAM_K {
@@ -1363,8 +1361,18 @@ fn measure(
         comm.recv::<u8>(&mut [], peer, TAG_STREAM)?;
         g0 = Some(((us(t0.elapsed()) - rtt0) / f64::from(STREAM_K)).max(0.0));
     }
+    // Warm-up before every size, except in ping-pong sweeps once the previous size's round trip
+    // exceeds a tenth of --time-per-size: the connection is warm from that size, and a warm-up
+    // of a 1 MiB message over a 40 Mbit/s WAN would cost 0.45 s per pair.
+    let mut prev_rtt: Option<f64> = None;
     for &m in sizes {
-        out.push((m, measure_size(comm, peer, mode, m, p)?));
+        let warmup = match (pass, prev_rtt) {
+            (Pass::PingPong(_), Some(r)) if r > p.time_per_size * 1e6 / 10.0 => 0,
+            _ => p.warmup,
+        };
+        let reps = measure_size(comm, peer, mode, m, p, warmup)?;
+        prev_rtt = median(reps.iter().filter(|x| !x.warm).map(|x| x.rtt));
+        out.push((m, reps));
     }
     comm.send::<u8>(&[], peer, TAG_END_SWEEP)?;
     Ok(MeasureOut { sizes: out, g0 })
@@ -1377,11 +1385,14 @@ fn measure_size(
     mode: SendMode,
     m: u64,
     p: RepParams,
+    warmup: u32,
 ) -> Result<Vec<MeasureRep>, mutirao::Error> {
     let budget = Duration::from_secs_f64(p.time_per_size);
     let len = usize::try_from(m).map_err(|_| mutirao::Error::Invalid("size".into()))?;
     let mut sbuf = vec![0xA5u8; len];
-    let mut rbuf = vec![0u8; len];
+    // Touch the receive buffer now (a zeroed allocation maps its pages on first write), so no
+    // repetition pays the page faults.
+    let mut rbuf = vec![0x5Au8; len];
     let mut reps = Vec::new();
     let mut timed_since = Instant::now();
     loop {
@@ -1405,20 +1416,21 @@ fn measure_size(
         comm.recv(&mut rbuf, peer, TAG_DATA)?;
         let t4 = Instant::now();
         reps.push(MeasureRep {
+            warm: reps.len() < warmup as usize,
             rtt: us(t4 - t0),
             os: us(os),
             probe: us(t3 - t2),
             or: us(t4 - t3),
             wait,
         });
-        let timed = reps.len().saturating_sub(p.warmup as usize) as u32;
+        let timed = reps.len().saturating_sub(warmup as usize) as u32;
         if timed == 0 {
             timed_since = Instant::now();
         }
         let spent = timed_since.elapsed() >= budget;
         if timed >= p.reps
             || (timed >= p.min_reps && spent)
-            || (timed >= 2 && spent && consistent(&reps[p.warmup as usize..], p.precision))
+            || (timed >= 2 && spent && consistent(&reps[warmup as usize..], p.precision))
         {
             break;
         }
@@ -1656,6 +1668,7 @@ mod tests {
             8u64,
             (0..4)
                 .map(|i| MeasureRep {
+                    warm: i == 0,
                     rtt: 100.0 + i as f64,
                     os: 1.0,
                     probe: 50.0,
@@ -1665,13 +1678,33 @@ mod tests {
                 .collect::<Vec<_>>(),
         )];
         let r = vec![(0..4).map(|i| (3.0 + i as f64, 4.0)).collect::<Vec<_>>()];
-        let s = combine(&m, &r, 1);
+        let s = combine(&m, &r);
         assert_eq!(s.len(), 1);
-        assert_eq!(s[0].1.len(), 3);
-        assert_eq!(s[0].1[0].rtt_us, 101.0);
-        assert_eq!(s[0].1[0].or_dst_us, 4.0);
+        assert_eq!(s[0].1, 1, "one warm-up repetition recorded");
+        assert_eq!(s[0].2.len(), 3);
+        assert_eq!(s[0].2[0].rtt_us, 101.0);
+        assert_eq!(s[0].2[0].or_dst_us, 4.0);
         // L = (101 - 1 - 4 - 4 - 2) / 2
-        assert_eq!(s[0].1[0].latency_us(), 45.0);
+        assert_eq!(s[0].2[0].latency_us(), 45.0);
+    }
+
+    #[test]
+    fn consistent_needs_agreeing_round_trips() {
+        let rep = |rtt: f64| MeasureRep {
+            warm: false,
+            rtt,
+            os: 0.0,
+            probe: 0.0,
+            or: 0.0,
+            wait: None,
+        };
+        assert!(consistent(&[rep(100.0), rep(101.5)], 0.02));
+        assert!(!consistent(&[rep(100.0), rep(103.0)], 0.02));
+        assert!(
+            !consistent(&[rep(100.0), rep(100.0)], 0.0),
+            "0 turns it off"
+        );
+        assert!(!consistent(&[], 0.02));
     }
 
     #[test]
