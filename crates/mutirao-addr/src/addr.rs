@@ -1,6 +1,7 @@
 //! [`Addr`]: the per-process addressing endpoint (directory connection + runtime traffic).
 
 use crate::credit::{threshold, Owed, Window};
+use crate::pool::Pool;
 use crate::proto::{admit, block_range, Frame, Reason};
 use crate::AddrError;
 use mutirao::{Comm, Request, ANY_SOURCE};
@@ -37,6 +38,8 @@ const ATTR_REL_KIND: &str = "mutirao.rel.kind";
 pub const DIR_SOCKET_ENV: &str = "MUTIRAO_DIR_SOCKET";
 /// Environment variable setting the per-destination credit window.
 pub const CREDITS_ENV: &str = "MUTIRAO_ADDR_CREDITS";
+/// Environment variable setting the largest frame-buffer class in bytes.
+pub const MAX_CLASS_ENV: &str = "MUTIRAO_ADDR_MAX_CLASS";
 
 const TAG_FRAME: i32 = 0;
 const TAG_SENTINEL: i32 = 1;
@@ -52,6 +55,9 @@ pub struct Config {
     pub credits: u32,
     /// The directory's Unix socket (`MUTIRAO_DIR_SOCKET`).
     pub socket: Option<PathBuf>,
+    /// Size of the largest frame-buffer class, a power of two ≥ 64 (`MUTIRAO_ADDR_MAX_CLASS`,
+    /// default 65536). Larger frames get unpooled buffers and still arrive whole.
+    pub max_class_bytes: usize,
 }
 
 impl Config {
@@ -68,9 +74,16 @@ impl Config {
                 })?,
             Err(_) => 16,
         };
+        let max_class_bytes = match std::env::var(MAX_CLASS_ENV) {
+            Ok(v) => v.trim().parse::<usize>().map_err(|_| {
+                AddrError::Config(format!("{MAX_CLASS_ENV}={v:?} is not a number of bytes"))
+            })?,
+            Err(_) => 1 << 16,
+        };
         Ok(Config {
             credits,
             socket: std::env::var_os(DIR_SOCKET_ENV).map(PathBuf::from),
+            max_class_bytes,
         })
     }
 }
@@ -222,8 +235,14 @@ pub struct Stats {
     pub control_frames: u64,
     /// Data frames waiting for credits now.
     pub queued: usize,
+    /// Frames handed to the runtime whose sends have not been seen complete yet.
+    pub in_flight: usize,
     /// Frames dropped because they could not be decoded.
     pub malformed: u64,
+    /// Frame buffers taken from a size class's free list (reused).
+    pub buffers_reused: u64,
+    /// Frame buffers allocated.
+    pub buffers_allocated: u64,
 }
 
 /// The result of [`Addr::multicast`].
@@ -277,6 +296,7 @@ struct State {
     mailboxes: HashMap<Gid, MailboxState>,
     blocks: HashMap<Gid, BlockState>,
     dedup: DedupWindow,
+    pool: Pool,
     done_epoch: Vec<u64>,
     epoch: u64,
     stats: Stats,
@@ -398,6 +418,8 @@ impl Addr {
     /// [`Addr::connect`] with explicit settings. Collective over `world`.
     pub fn connect_with(world: &Comm, cfg: Config) -> Result<Addr, AddrError> {
         let socket = cfg.socket.clone().ok_or(AddrError::NoDirectory)?;
+        let pool = Pool::new(cfg.max_class_bytes)
+            .map_err(|m| AddrError::Config(format!("{MAX_CLASS_ENV}: {m}")))?;
         let mut dir = Client::connect(&socket)?;
         let ctx = dir.open_context()?;
         // Collective part: a private communicator, and rank 0's credit window for all.
@@ -463,6 +485,7 @@ impl Addr {
                 mailboxes: HashMap::new(),
                 blocks: HashMap::new(),
                 dedup: DedupWindow::new(4096),
+                pool,
                 done_epoch: vec![0; n],
                 epoch: 0,
                 stats: Stats {
@@ -501,6 +524,9 @@ impl Addr {
         let st = self.st.borrow();
         let mut s = st.stats.clone();
         s.queued = st.windows.iter().map(Window::queued).sum();
+        s.buffers_reused = st.pool.reused();
+        s.in_flight = st.inflight.len();
+        s.buffers_allocated = st.pool.allocated();
         s
     }
 
@@ -691,7 +717,8 @@ impl Addr {
             tag,
             payload: data,
         };
-        self.submit(&mut st, to.rank, seq, f.encode());
+        let b = enc(&mut st, &f);
+        self.submit(&mut st, to.rank, seq, b);
         Ok(ticket)
     }
 
@@ -764,7 +791,8 @@ impl Addr {
             offset,
             data,
         };
-        self.raw(&mut st, to.rank, f.encode(), false);
+        let b = enc(&mut st, &f);
+        self.raw(&mut st, to.rank, b, false);
         Ok(ticket)
     }
 
@@ -806,7 +834,8 @@ impl Addr {
                 offset,
                 len,
             };
-            self.raw(&mut st, from.rank, f.encode(), false);
+            let b = enc(&mut st, &f);
+            self.raw(&mut st, from.rank, b, false);
             seq
         };
         let done = self.wait_until(Some(Instant::now() + max), |st| {
@@ -893,7 +922,8 @@ impl Addr {
                 members,
                 payload: data.to_vec(),
             };
-            self.submit(&mut st, rank, seq, f.encode());
+            let b = enc(&mut st, &f);
+            self.submit(&mut st, rank, seq, b);
             tickets.push(t);
         }
         Ok(Multicast {
@@ -933,7 +963,8 @@ impl Addr {
             let e = st.epoch;
             for r in 0..st.gone.len() {
                 if r != self.me {
-                    self.raw(&mut st, r, Frame::Done { epoch: e }.encode(), false);
+                    let b = enc(&mut st, &Frame::Done { epoch: e });
+                    self.raw(&mut st, r, b, false);
                 }
             }
             e
@@ -1003,8 +1034,9 @@ impl Addr {
                 Ok(false) => i += 1,
                 Ok(true) => {
                     let (req, dest) = st.inflight.swap_remove(i);
-                    if let Err(e) = req.wait() {
-                        self.peer_gone(&mut st, dest, e.to_string());
+                    match req.wait() {
+                        Ok((buf, _)) => st.pool.give(buf),
+                        Err(e) => self.peer_gone(&mut st, dest, e.to_string()),
                     }
                 }
                 Err(e) => {
@@ -1038,8 +1070,17 @@ impl Addr {
                 break;
             };
             worked = true;
-            match self.comm.recv_vec::<u8>(status.source, TAG_FRAME) {
-                Ok((bytes, _)) => self.handle(&mut st, status.source, bytes),
+            let mut buf = st.pool.take(status.bytes);
+            buf.resize(status.bytes, 0);
+            let got = self
+                .comm
+                .irecv_into(buf, status.source, TAG_FRAME)
+                .and_then(|r| r.wait());
+            match got {
+                Ok((buf, _)) => {
+                    self.handle(&mut st, status.source, &buf);
+                    st.pool.give(buf);
+                }
                 Err(e) => self.peer_gone(&mut st, status.source, e.to_string()),
             }
         }
@@ -1049,7 +1090,8 @@ impl Addr {
                 break;
             };
             worked = true;
-            self.handle(&mut st, self.me, bytes);
+            self.handle(&mut st, self.me, &bytes);
+            st.pool.give(bytes);
         }
         Ok(worked)
     }
@@ -1132,7 +1174,8 @@ impl Addr {
                 credits,
             },
         };
-        self.raw(st, to, f.encode(), false);
+        let b = enc(st, &f);
+        self.raw(st, to, b, false);
     }
 
     fn release(&self, st: &mut State, credit: Option<Rc<usize>>) {
@@ -1140,14 +1183,15 @@ impl Addr {
             if Rc::strong_count(&rc) == 1 {
                 let src = *rc;
                 if let Some(k) = st.owed[src].add(threshold(self.credits)) {
-                    self.raw(st, src, Frame::Credit { credits: k }.encode(), false);
+                    let b = enc(st, &Frame::Credit { credits: k });
+                    self.raw(st, src, b, false);
                 }
             }
         }
     }
 
-    fn handle(&self, st: &mut State, from: usize, bytes: Vec<u8>) {
-        let f = match Frame::decode(&bytes) {
+    fn handle(&self, st: &mut State, from: usize, bytes: &[u8]) {
+        let f = match Frame::decode(bytes) {
             Ok(f) => f,
             Err(_) => {
                 st.stats.malformed += 1;
@@ -1264,7 +1308,10 @@ impl Addr {
                         .map(|r| b.data[r].to_vec()),
                 };
                 match res {
-                    Ok(data) => self.raw(st, from, Frame::GetReply { seq, data }.encode(), false),
+                    Ok(data) => {
+                        let b = enc(st, &Frame::GetReply { seq, data });
+                        self.raw(st, from, b, false)
+                    }
                     Err(r) => self.reply(st, from, seq, Err(r), false),
                 }
             }
@@ -1281,6 +1328,13 @@ impl Addr {
             }
         }
     }
+}
+
+/// Encodes `f` into a buffer of its size class.
+fn enc(st: &mut State, f: &Frame) -> Vec<u8> {
+    let mut b = st.pool.take(f.encoded_len());
+    f.encode_into(&mut b);
+    b
 }
 
 fn resolve(st: &mut State, seq: u64, to: TicketStatus) {
@@ -1315,6 +1369,7 @@ pub struct Mailbox<'a> {
     addr: &'a Addr,
     gid: Gid,
     target: Target,
+    deleted: bool,
 }
 
 impl<'a> Mailbox<'a> {
@@ -1330,7 +1385,12 @@ impl<'a> Mailbox<'a> {
                 queue: VecDeque::new(),
             },
         );
-        Ok(Mailbox { addr, gid, target })
+        Ok(Mailbox {
+            addr,
+            gid,
+            target,
+            deleted: false,
+        })
     }
 
     /// Its gid.
@@ -1387,7 +1447,15 @@ impl<'a> Mailbox<'a> {
 
     /// Deletes it: later sends to it fail with [`Reason::NoSuchResource`]; messages still
     /// waiting in it are dropped (their senders' tickets already said delivered).
-    pub fn delete(self) -> Result<(), AddrError> {
+    /// Dropping the handle deletes it too (ignoring errors).
+    pub fn delete(mut self) -> Result<(), AddrError> {
+        self.remove()
+    }
+
+    fn remove(&mut self) -> Result<(), AddrError> {
+        if std::mem::replace(&mut self.deleted, true) {
+            return Ok(());
+        }
         {
             let mut st = self.addr.st.borrow_mut();
             if let Some(mb) = st.mailboxes.remove(&self.gid) {
@@ -1400,12 +1468,19 @@ impl<'a> Mailbox<'a> {
     }
 }
 
+impl Drop for Mailbox<'_> {
+    fn drop(&mut self) {
+        let _ = self.remove();
+    }
+}
+
 /// A memory block this process registered: other ranks `put` and `get` bytes of it.
 #[derive(Debug)]
 pub struct Block<'a> {
     addr: &'a Addr,
     gid: Gid,
     target: Target,
+    deleted: bool,
 }
 
 impl<'a> Block<'a> {
@@ -1425,7 +1500,12 @@ impl<'a> Block<'a> {
                 data: vec![0; size],
             },
         );
-        Ok(Block { addr, gid, target })
+        Ok(Block {
+            addr,
+            gid,
+            target,
+            deleted: false,
+        })
     }
 
     /// Its gid.
@@ -1470,9 +1550,23 @@ impl<'a> Block<'a> {
     }
 
     /// Deletes it; later put/get fail with [`Reason::NoSuchResource`].
-    pub fn delete(self) -> Result<(), AddrError> {
+    /// Dropping the handle deletes it too (ignoring errors).
+    pub fn delete(mut self) -> Result<(), AddrError> {
+        self.remove()
+    }
+
+    fn remove(&mut self) -> Result<(), AddrError> {
+        if std::mem::replace(&mut self.deleted, true) {
+            return Ok(());
+        }
         self.addr.st.borrow_mut().blocks.remove(&self.gid);
         Ok(self.addr.dir.borrow_mut().delete(self.gid)?)
+    }
+}
+
+impl Drop for Block<'_> {
+    fn drop(&mut self) {
+        let _ = self.remove();
     }
 }
 

@@ -198,27 +198,25 @@ const K_DONE: u8 = 9;
 /// Most members one multicast frame may name (bounds a decoder's allocation).
 pub const MAX_MEMBERS: usize = 1 << 16;
 
-struct W(Vec<u8>);
-impl W {
-    fn new(kind: u8, cap: usize) -> W {
-        let mut v = Vec::with_capacity(cap + 64);
-        v.push(kind);
-        W(v)
+struct W<'a>(&'a mut Vec<u8>);
+impl W<'_> {
+    fn u8(&mut self, x: u8) -> &mut Self {
+        self.0.push(x);
+        self
     }
-    fn u64(mut self, x: u64) -> W {
+    fn u64(&mut self, x: u64) -> &mut Self {
         self.0.extend_from_slice(&x.to_le_bytes());
         self
     }
-    fn u32(mut self, x: u32) -> W {
+    fn u32(&mut self, x: u32) -> &mut Self {
         self.0.extend_from_slice(&x.to_le_bytes());
         self
     }
-    fn cred(self, c: Cred) -> W {
+    fn cred(&mut self, c: Cred) -> &mut Self {
         self.u32(c.uid).u32(c.gid)
     }
-    fn bytes(mut self, b: &[u8]) -> Vec<u8> {
+    fn bytes(&mut self, b: &[u8]) {
         self.0.extend_from_slice(b);
-        self.0
     }
 }
 
@@ -275,6 +273,32 @@ impl<'a> R<'a> {
 impl Frame {
     /// Encodes the frame (header, then payload).
     pub fn encode(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(self.encoded_len());
+        self.encode_into(&mut v);
+        v
+    }
+
+    /// Bytes [`Frame::encode`] produces: the header (`ctrl`) plus the payload.
+    pub fn encoded_len(&self) -> usize {
+        match self {
+            Frame::Data { payload, .. } => 37 + payload.len(),
+            Frame::Mcast {
+                members, payload, ..
+            } => 41 + 8 * members.len() + payload.len(),
+            Frame::Ack { .. } => 13,
+            Frame::Nack { .. } => 38,
+            Frame::Credit { .. } => 5,
+            Frame::Put { data, .. } => 33 + data.len(),
+            Frame::Get { .. } => 41,
+            Frame::GetReply { data, .. } => 9 + data.len(),
+            Frame::Done { .. } => 9,
+        }
+    }
+
+    /// Encodes into `out` (cleared first), e.g. a pooled buffer.
+    pub fn encode_into(&self, out: &mut Vec<u8>) {
+        out.clear();
+        let mut w = W(out);
         match self {
             Frame::Data {
                 seq,
@@ -283,7 +307,8 @@ impl Frame {
                 cred,
                 tag,
                 payload,
-            } => W::new(K_DATA, payload.len())
+            } => w
+                .u8(K_DATA)
                 .u64(*seq)
                 .u64(dst.0)
                 .u64(src.0)
@@ -299,7 +324,7 @@ impl Frame {
                 members,
                 payload,
             } => {
-                let mut w = W::new(K_MCAST, payload.len() + members.len() * 8)
+                w.u8(K_MCAST)
                     .u64(*seq)
                     .u64(origin.0)
                     .u64(src.0)
@@ -307,33 +332,38 @@ impl Frame {
                     .u32(*tag as u32)
                     .u32(members.len() as u32);
                 for m in members {
-                    w = w.u64(m.0);
+                    w.u64(m.0);
                 }
                 w.bytes(payload)
             }
-            Frame::Ack { seq, credits } => W::new(K_ACK, 0).u64(*seq).u32(*credits).0,
+            Frame::Ack { seq, credits } => {
+                w.u8(K_ACK).u64(*seq).u32(*credits);
+            }
             Frame::Nack {
                 seq,
                 reason,
                 credits,
             } => {
                 let (c, v) = reason.code();
-                W::new(K_NACK, 0)
+                w.u8(K_NACK)
                     .u64(*seq)
                     .u32(*credits)
                     .u64(v[0])
                     .u64(v[1])
                     .u64(v[2])
-                    .bytes(&[c])
+                    .u8(c);
             }
-            Frame::Credit { credits } => W::new(K_CREDIT, 0).u32(*credits).0,
+            Frame::Credit { credits } => {
+                w.u8(K_CREDIT).u32(*credits);
+            }
             Frame::Put {
                 seq,
                 dst,
                 cred,
                 offset,
                 data,
-            } => W::new(K_PUT, data.len())
+            } => w
+                .u8(K_PUT)
                 .u64(*seq)
                 .u64(dst.0)
                 .cred(*cred)
@@ -346,16 +376,17 @@ impl Frame {
                 offset,
                 len,
             } => {
-                W::new(K_GET, 0)
+                w.u8(K_GET)
                     .u64(*seq)
                     .u64(dst.0)
                     .cred(*cred)
                     .u64(*offset)
-                    .u64(*len)
-                    .0
+                    .u64(*len);
             }
-            Frame::GetReply { seq, data } => W::new(K_GETREPLY, data.len()).u64(*seq).bytes(data),
-            Frame::Done { epoch } => W::new(K_DONE, 0).u64(*epoch).0,
+            Frame::GetReply { seq, data } => w.u8(K_GETREPLY).u64(*seq).bytes(data),
+            Frame::Done { epoch } => {
+                w.u8(K_DONE).u64(*epoch);
+            }
         }
     }
 
@@ -554,7 +585,9 @@ mod tests {
     #[test]
     fn every_frame_round_trips() {
         for f in all() {
-            assert_eq!(Frame::decode(&f.encode()), Ok(f.clone()), "{f:?}");
+            let b = f.encode();
+            assert_eq!(b.len(), f.encoded_len(), "{f:?}");
+            assert_eq!(Frame::decode(&b), Ok(f.clone()), "{f:?}");
         }
     }
 

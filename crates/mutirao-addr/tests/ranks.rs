@@ -326,6 +326,99 @@ fn check_10(w: &Comm, addr: &Addr) -> R {
     Ok(())
 }
 
+/// Check 12: frames use power-of-two buffer classes (2^(y−1) < x + ctrl ≤ 2^y); sizes on
+/// both sides of every class boundary and far above the largest class (4 KiB here) arrive
+/// whole and byte-identical; a second round of the same sizes allocates no new buffers.
+fn check_12(w: &Comm, addr: &Addr) -> R {
+    const CTRL: usize = 37; // header of a data frame
+    let mut sizes = vec![0usize, 1];
+    for y in 6..=12 {
+        sizes.push((1usize << y) - CTRL);
+        sizes.push((1usize << y) - CTRL + 1);
+    }
+    let pooled = sizes.len();
+    sizes.extend([100_000, 3 << 20]);
+    let q = props(&[("test", "c12")]);
+    let pattern = |len: usize, salt: usize| -> Vec<u8> {
+        (0..len).map(|i| ((i * 31 + salt) % 253) as u8).collect()
+    };
+    if w.rank() == 1 {
+        let mb = Mailbox::register(addr, &q, Acl::Public).map_err(e)?;
+        addr.barrier(T).map_err(e)?;
+        for round in 0..2 {
+            let n = if round == 0 { sizes.len() } else { pooled };
+            for (i, &len) in sizes.iter().take(n).enumerate() {
+                let m = mb
+                    .recv(Match::any(), Timeout::After(T))
+                    .map_err(e)?
+                    .ok_or(format!(
+                        "round {round}: message {i} ({len} bytes) never came"
+                    ))?;
+                check!(
+                    m.tag == i as i32,
+                    "round {round}: message {i} came as tag {}",
+                    m.tag
+                );
+                check!(
+                    m.data.len() == len,
+                    "message {i}: {} bytes, sent {len}",
+                    m.data.len()
+                );
+                check!(
+                    m.data == pattern(len, i),
+                    "message {i} ({len} bytes): bytes differ"
+                );
+            }
+        }
+        addr.barrier(T).map_err(e)?;
+    } else if w.rank() == 0 {
+        addr.barrier(T).map_err(e)?;
+        let to = one(addr, &q)?;
+        let (mut allocated_before_round_2, mut reused_before_round_2) = (0, 0);
+        for round in 0..2 {
+            let n = if round == 0 { sizes.len() } else { pooled };
+            let ts: Vec<_> = sizes
+                .iter()
+                .take(n)
+                .enumerate()
+                .map(|(i, &len)| addr.send(&to, i as i32, pattern(len, i)))
+                .collect::<Result<_, _>>()
+                .map_err(e)?;
+            for t in &ts {
+                addr.wait(t, T).map_err(e)?;
+            }
+            // Let every finished send give its buffer back.
+            for _ in 0..1000 {
+                if addr.stats().in_flight == 0 {
+                    break;
+                }
+                addr.progress().map_err(e)?;
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            if round == 0 {
+                allocated_before_round_2 = addr.stats().buffers_allocated;
+                reused_before_round_2 = addr.stats().buffers_reused;
+            }
+        }
+        let s = addr.stats();
+        // (An acknowledgement may arrive while every small buffer is still on the wire, so
+        // allow a spare or two; without pooling this round would allocate one per frame.)
+        let (allocated, reused) = (
+            s.buffers_allocated - allocated_before_round_2,
+            s.buffers_reused - reused_before_round_2,
+        );
+        check!(
+            allocated <= 2 && reused >= pooled as u64,
+            "the second round allocated {allocated} buffers and reused {reused}: {s:?}"
+        );
+        addr.barrier(T).map_err(e)?;
+    } else {
+        addr.barrier(T).map_err(e)?;
+        addr.barrier(T).map_err(e)?;
+    }
+    Ok(())
+}
+
 /// Check 20 (runtime half): multicast over relations with cycles; each member gets exactly one
 /// copy; one wire message per destination process.
 fn check_20(w: &Comm, addr: &Addr) -> R {
@@ -575,6 +668,7 @@ fn run_scenario(name: &str) -> ! {
                 let cfg = Config {
                     credits: 4,
                     socket: None,
+                    max_class_bytes: 1 << 16,
                 };
                 match Addr::connect_with(&w, cfg) {
                     Err(AddrError::NoDirectory) => {
@@ -629,6 +723,7 @@ fn run_scenario(name: &str) -> ! {
         "check_07" => check_07(&w, &addr),
         "check_10" => check_10(&w, &addr),
         "check_11" => check_11(&w, &addr),
+        "check_12" => check_12(&w, &addr),
         "check_13" => check_13(&w, &addr),
         "check_13_gone" => check_13_gone(&w, &addr),
         "check_20" => check_20(&w, &addr),
@@ -718,6 +813,7 @@ fn launch(
             .env("MUTIRAO_LOCAL_RANKS", n.to_string())
             .env("MUTIRAO_DIR_SOCKET", &sock)
             .env_remove("MUTIRAO_ADDR_CREDITS")
+            .env_remove("MUTIRAO_ADDR_MAX_CLASS")
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
         for (k, v) in env {
@@ -794,6 +890,12 @@ fn main() {
             "check_10",
             2,
             &[("MUTIRAO_ADDR_CREDITS", "4")],
+        ),
+        all_ok(
+            "check_12_size_classes_and_messages_above_the_largest_class_arrive_whole",
+            "check_12",
+            2,
+            &[("MUTIRAO_ADDR_MAX_CLASS", "4096")],
         ),
         all_ok(
             "check_11_recv_matching_block_poll_after",
