@@ -5,33 +5,47 @@
 //! send, put and get through the runtime — Rocmeμ's resource-oriented addressing (digest 002
 //! §7.3–7.6), including run-time component replacement (§6.2.1).
 //!
-//! ```no_run
-//! use mutirao_addr::{Addr, AttrList, Acl, Mailbox, Match, Scope, Timeout};
+//! A complete single-process run (a directory server in a thread, the runtime as one rank);
+//! under `mutirao run` the directory comes from `MUTIRAO_DIR_SOCKET` and the same calls reach
+//! mailboxes and blocks of other ranks:
+//!
+//! ```
+//! use mutirao_addr::{Acl, Addr, AttrList, Block, Config, Mailbox, Match, Scope, Timeout};
 //! use std::time::Duration;
 //!
-//! fn main() -> Result<(), Box<dyn std::error::Error>> {
-//!     let world = mutirao::init()?;
-//!     let addr = Addr::connect(&world)?; // collective; needs MUTIRAO_DIR_SOCKET (`mutirao run` sets it)
-//!     let props = AttrList::from_pairs([("service", "analyser")])?;
-//!     if addr.rank() == 1 {
-//!         let mb = Mailbox::register(&addr, &props, Acl::Public)?;
-//!         addr.barrier(Duration::from_secs(10))?;
-//!         let m = mb.recv(Match::any(), Timeout::After(Duration::from_secs(10)))?;
-//!         assert_eq!(m.map(|m| m.data), Some(b"work".to_vec()));
-//!     } else {
-//!         addr.barrier(Duration::from_secs(10))?;
-//!         if addr.rank() == 0 {
-//!             let mut cache = None; // keep it: later sends go straight to the cached mailbox
-//!             let to = addr.send_by_properties(&mut cache, &props, Scope::Local, 0, b"work",
-//!                                              Duration::from_secs(5))?;
-//!             println!("delivered to {} on rank {}", to.gid, to.rank);
-//!         }
-//!     }
-//!     addr.barrier(Duration::from_secs(10))?;
-//!     drop(addr);
-//!     world.finalize()?;
-//!     Ok(())
-//! }
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let sock = std::env::temp_dir().join(format!("mutirao-addr-doc-{}.sock", std::process::id()));
+//! # let (tx, rx) = std::sync::mpsc::channel();
+//! # let s = sock.clone();
+//! # std::thread::spawn(move || mutirao_dir::server::run_blocking(Default::default(), Some(s), None, move |_| { let _ = tx.send(()); }));
+//! # rx.recv_timeout(Duration::from_secs(10))?;
+//! let world = mutirao::init()?; // no launcher: a single rank
+//! let cfg = Config { socket: Some(sock.clone()), ..Config::from_env()? };
+//! let addr = Addr::connect_with(&world, cfg)?; // `Addr::connect(&world)` reads MUTIRAO_DIR_SOCKET
+//!
+//! // A mailbox described by properties, found by a partial query, sent to.
+//! let props = AttrList::from_pairs([("service", "analyser"), ("lang", "pt")])?;
+//! let inbox = Mailbox::register(&addr, &props, Acl::Public)?;
+//! let found = addr.find(&AttrList::from_pairs([("service", "analyser")])?, Scope::Local)?;
+//! assert_eq!(found[0].gid, inbox.gid());
+//! let ticket = addr.send(&found[0], 7, b"texto".to_vec())?; // never blocks
+//! let m = inbox.recv(Match::tag(7), Timeout::After(Duration::from_secs(5)))?.unwrap();
+//! assert_eq!(m.data, b"texto");
+//! addr.wait(&ticket, Duration::from_secs(5))?; // delivered
+//!
+//! // A memory block, written and read through put/get.
+//! let block = Block::register(&addr, &AttrList::from_pairs([("store", "a")])?, 1024, Acl::Public)?;
+//! let target = addr.find_blocks(&AttrList::from_pairs([("store", "a")])?, Scope::Local)?.remove(0);
+//! addr.wait(&addr.put(&target, 10, b"bytes".to_vec())?, Duration::from_secs(5))?;
+//! assert_eq!(addr.get(&target, 10, 5, Duration::from_secs(5))?, b"bytes");
+//! assert!(addr.get(&target, 1020, 10, Duration::from_secs(5)).is_err()); // out of range
+//!
+//! drop((inbox, block));
+//! drop(addr);
+//! world.finalize()?;
+//! # let _ = std::fs::remove_file(&sock);
+//! # Ok(())
+//! # }
 //! ```
 //!
 //! What it provides:
