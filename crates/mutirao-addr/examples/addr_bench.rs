@@ -1,0 +1,187 @@
+//! Costs of addressing by properties over the runtime, on two ranks.
+//!
+//! ```text
+//! cargo build --release -p mutirao-addr --example addr_bench && cargo build -p mutirao-cli
+//! target/debug/mutirao run -n 2 target/release/examples/addr_bench [ITERS]
+//! ```
+//!
+//! Prints, for 64-byte messages: the round trip of the raw runtime (`Comm::send`/`recv`) and
+//! of mailbox-to-mailbox sends (each acknowledged); one-way throughput of 1 KiB sends with the
+//! credit window; and the latency of 4 KiB `get`s from a remote block.
+
+use mutirao_addr::{Acl, Addr, AttrList, Block, Mailbox, Match, Scope, Timeout};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+const T: Duration = Duration::from_secs(30);
+
+fn run(world: &mutirao::Comm, addr: &Addr, iters: usize) -> Result<(), String> {
+    let s = |e: mutirao_addr::AddrError| e.to_string();
+    let me = addr.rank();
+    let mb = Mailbox::register(
+        addr,
+        &AttrList::from_pairs([("bench", format!("inbox-{me}"))]).map_err(|e| e.to_string())?,
+        Acl::Public,
+    )
+    .map_err(s)?;
+    let block = Block::register(
+        addr,
+        &AttrList::from_pairs([("bench", format!("block-{me}"))]).map_err(|e| e.to_string())?,
+        1 << 16,
+        Acl::Public,
+    )
+    .map_err(s)?;
+    addr.barrier(T).map_err(s)?;
+    let other = 1 - me;
+    let find = |what: &str| {
+        AttrList::from_pairs([("bench", format!("{what}-{other}"))])
+            .map_err(|e| e.to_string())
+            .and_then(|q| addr.find(&q, Scope::Local).map_err(|e| e.to_string()))
+    };
+    let peer = find("inbox")?.pop().ok_or("peer inbox not found")?;
+    let peer_block = AttrList::from_pairs([("bench", format!("block-{other}"))])
+        .map_err(|e| e.to_string())
+        .and_then(|q| {
+            addr.find_blocks(&q, Scope::Local)
+                .map_err(|e| e.to_string())
+        })?
+        .pop()
+        .ok_or("peer block not found")?;
+
+    // 1. Raw runtime round trip.
+    let msg = [7u8; 64];
+    let mut buf = [0u8; 64];
+    world.barrier().map_err(|e| e.to_string())?;
+    let t0 = Instant::now();
+    for _ in 0..iters {
+        if me == 0 {
+            world.send(&msg, 1, 1).map_err(|e| e.to_string())?;
+            world.recv(&mut buf, 1, 1).map_err(|e| e.to_string())?;
+        } else {
+            world.recv(&mut buf, 0, 1).map_err(|e| e.to_string())?;
+            world.send(&msg, 0, 1).map_err(|e| e.to_string())?;
+        }
+    }
+    let raw_rtt = t0.elapsed() / iters as u32;
+
+    // 2. Mailbox round trip (the acknowledgements travel too; tickets are waited at the end).
+    addr.barrier(T).map_err(s)?;
+    let t0 = Instant::now();
+    let mut tickets = Vec::with_capacity(iters);
+    for i in 0..iters {
+        if me == 0 {
+            tickets.push(addr.send(&peer, 1, msg.to_vec()).map_err(s)?);
+            mb.recv(Match::any(), Timeout::After(T))
+                .map_err(s)?
+                .ok_or(format!("round trip {i}: no answer"))?;
+        } else {
+            let m = mb
+                .recv(Match::any(), Timeout::After(T))
+                .map_err(s)?
+                .ok_or(format!("round trip {i}: nothing came"))?;
+            tickets.push(addr.send(&peer, 1, m.data).map_err(s)?);
+        }
+        if tickets.len() >= 64 {
+            for t in tickets.drain(..) {
+                addr.wait(&t, T).map_err(s)?;
+            }
+        }
+    }
+    for t in tickets.drain(..) {
+        addr.wait(&t, T).map_err(s)?;
+    }
+    let box_rtt = t0.elapsed() / iters as u32;
+
+    // 3. One-way throughput, 1 KiB, credit window.
+    addr.barrier(T).map_err(s)?;
+    let n = iters * 10;
+    let t0 = Instant::now();
+    if me == 0 {
+        let mut ts = Vec::with_capacity(n);
+        for _ in 0..n {
+            ts.push(addr.send(&peer, 2, vec![1u8; 1024]).map_err(s)?);
+            if ts.len() % 256 == 0 {
+                addr.progress().map_err(s)?;
+            }
+        }
+        for t in &ts {
+            addr.wait(t, T).map_err(s)?;
+        }
+    } else {
+        for i in 0..n {
+            mb.recv(Match::tag(2), Timeout::After(T))
+                .map_err(s)?
+                .ok_or(format!("stream message {i} never came"))?;
+        }
+    }
+    let stream = t0.elapsed();
+    addr.barrier(T).map_err(s)?;
+
+    // 4. Remote get latency, 4 KiB.
+    let t0 = Instant::now();
+    if me == 0 {
+        for _ in 0..iters {
+            let v = addr.get(&peer_block, 0, 4096, T).map_err(s)?;
+            if v.len() != 4096 {
+                return Err("short get".into());
+            }
+        }
+    }
+    let get_lat = t0.elapsed() / iters as u32;
+    addr.barrier(T).map_err(s)?;
+    drop(block);
+    if me == 0 {
+        println!("iterations                      {iters}");
+        println!(
+            "raw runtime RTT, 64 B           {:.1} us",
+            raw_rtt.as_secs_f64() * 1e6
+        );
+        println!(
+            "mailbox RTT (acked), 64 B       {:.1} us",
+            box_rtt.as_secs_f64() * 1e6
+        );
+        println!(
+            "one-way 1 KiB sends, credits {}  {:.0} msg/s",
+            addr.credits(),
+            n as f64 / stream.as_secs_f64()
+        );
+        println!(
+            "remote get, 4 KiB               {:.1} us",
+            get_lat.as_secs_f64() * 1e6
+        );
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let iters: usize = std::env::args()
+        .nth(1)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(2000);
+    let world = match mutirao::init() {
+        Ok(w) => w,
+        Err(e) => {
+            eprintln!("addr_bench: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if world.size() != 2 {
+        eprintln!("addr_bench: run on exactly 2 ranks: mutirao run -n 2 target/release/examples/addr_bench");
+        return ExitCode::FAILURE;
+    }
+    let res = Addr::connect(&world)
+        .map_err(|e| e.to_string())
+        .and_then(|addr| run(&world, &addr, iters.max(1)));
+    let fin = world.finalize();
+    match (res, fin) {
+        (Ok(()), Ok(())) => ExitCode::SUCCESS,
+        (Err(e), _) => {
+            eprintln!("addr_bench: {e}");
+            ExitCode::FAILURE
+        }
+        (_, Err(e)) => {
+            eprintln!("addr_bench: finalize: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
