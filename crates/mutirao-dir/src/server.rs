@@ -75,11 +75,35 @@ impl Default for ServerConfig {
     }
 }
 
+/// An encoded frame, shared by every peer a fan-out sends it to.
+type Frame = Arc<Vec<u8>>;
+
+/// Where the replies to a fan-out go.
+enum Waiter {
+    /// A task: (connection, request id, reply).
+    Task(mpsc::UnboundedSender<(Arc<Conn>, u64, Packet)>),
+    /// A local-client thread.
+    Thread(std::sync::mpsc::Sender<Packet>),
+}
+
+/// Fan-outs in flight, by request id.
+type FanoutTable = Mutex<HashMap<u64, Waiter>>;
+
 struct Conn {
     id: PeerId,
-    tx: mpsc::UnboundedSender<Vec<u8>>,
+    tx: mpsc::UnboundedSender<Frame>,
     pending: Mutex<HashMap<u64, oneshot::Sender<Packet>>>,
     alive: AtomicBool,
+}
+
+/// Removes a request's entry from a waiter table when the request ends in any way
+/// (reply, timeout, or the waiting future dropped).
+struct Unregister<'a, T>(&'a Mutex<HashMap<u64, T>>, u64);
+
+impl<T> Drop for Unregister<'_, T> {
+    fn drop(&mut self) {
+        lock(self.0).remove(&self.1);
+    }
 }
 
 impl Conn {
@@ -88,26 +112,33 @@ impl Conn {
         p.header.query_id = id;
         let (tx, rx) = oneshot::channel();
         lock(&self.pending).insert(id, tx);
+        let _unregister = Unregister(&self.pending, id);
         let mut frame = Vec::with_capacity(p.encoded_len() + 4);
         frame_into(&p, &mut frame);
-        if self.tx.send(frame).is_err() {
-            lock(&self.pending).remove(&id);
-            return None;
-        }
-        match tokio::time::timeout(timeout, rx).await {
-            Ok(Ok(reply)) => Some(reply),
-            _ => {
-                lock(&self.pending).remove(&id);
-                None
-            }
-        }
+        self.tx.send(Arc::new(frame)).ok()?;
+        tokio::time::timeout(timeout, rx).await.ok()?.ok()
     }
 
     /// Sends a request that expects no reply.
     fn notify(&self, p: &Packet) {
         let mut frame = Vec::with_capacity(p.encoded_len() + 4);
         frame_into(p, &mut frame);
-        let _ = self.tx.send(frame);
+        let _ = self.tx.send(Arc::new(frame));
+    }
+}
+
+/// A request sent to several peers at once; replies arrive on `rx` until it is dropped.
+struct Fanout {
+    rx: mpsc::UnboundedReceiver<(Arc<Conn>, u64, Packet)>,
+    /// How many peers the request went to.
+    sent: usize,
+    table: Arc<FanoutTable>,
+    id: u64,
+}
+
+impl Drop for Fanout {
+    fn drop(&mut self) {
+        lock(&self.table).remove(&self.id);
     }
 }
 
@@ -142,7 +173,10 @@ type RemoteHeld = (Arc<Conn>, Gid, Cred);
 
 struct PeerLink {
     addr: SocketAddr,
-    conn: tokio::sync::Mutex<Option<Arc<Conn>>>,
+    /// The live connection, if any (read without waiting on every fan-out).
+    conn: Mutex<Option<Arc<Conn>>>,
+    /// Held while connecting, so that concurrent requests connect once.
+    connecting: tokio::sync::Mutex<()>,
 }
 
 struct PeerCursor {
@@ -155,7 +189,10 @@ struct PeerCursor {
 struct GridCursor {
     cred: Cred,
     local: Option<u64>,
-    arrivals: mpsc::UnboundedReceiver<(Arc<Conn>, u64, Packet)>,
+    /// The peers' first answers (`None`: local scope).
+    arrivals: Option<Fanout>,
+    /// How many first answers have arrived.
+    arrived: usize,
     peers: Vec<PeerCursor>,
     deadline: tokio::time::Instant,
     last_used: Instant,
@@ -171,6 +208,7 @@ struct Inner {
     cursors: Mutex<HashMap<u64, Arc<tokio::sync::Mutex<GridCursor>>>>,
     cursor_used: Mutex<HashMap<u64, Instant>>,
     remote_held: Mutex<HashMap<Gid, Vec<RemoteHeld>>>,
+    fanouts: Arc<FanoutTable>,
     local_threads: AtomicBool,
     local_spin_ns: AtomicU64,
     spin_gate: Arc<SpinGate>,
@@ -289,7 +327,8 @@ impl DirServer {
             .iter()
             .map(|&addr| PeerLink {
                 addr,
-                conn: tokio::sync::Mutex::new(None),
+                conn: Mutex::new(None),
+                connecting: tokio::sync::Mutex::new(()),
             })
             .collect();
         Ok(DirServer {
@@ -303,6 +342,7 @@ impl DirServer {
                 cursors: Mutex::new(HashMap::new()),
                 cursor_used: Mutex::new(HashMap::new()),
                 remote_held: Mutex::new(HashMap::new()),
+                fanouts: Arc::new(Mutex::new(HashMap::new())),
                 local_threads: AtomicBool::new(true),
                 local_spin_ns: AtomicU64::new(DEFAULT_SPIN.as_nanos() as u64),
                 spin_gate: Arc::new(SpinGate::per_core()),
@@ -509,7 +549,10 @@ impl DirServer {
             let reply = match r.next_frame(s)? {
                 None => return Ok(()),
                 Some(frame) => match Packet::decode(frame) {
-                    Ok(p) => match self.try_handle_here(cred, p) {
+                    Ok(p) => match self
+                        .try_handle_here(cred, p)
+                        .or_else(|p| self.query_peers_here(cred, p))
+                    {
                         Ok(reply) => reply,
                         Err(p) => {
                             let (tx, rx) = oneshot::channel();
@@ -574,7 +617,7 @@ impl DirServer {
         handshake_accept(&mut stream, &self.inner.cfg.cluster_key, self.inner.me).await?;
         let (r, w) = stream.into_split();
         let mut r = BufReader::new(r);
-        let (tx, rx) = mpsc::unbounded_channel::<Vec<u8>>();
+        let (tx, rx) = mpsc::unbounded_channel::<Frame>();
         let writer = tokio::spawn(write_loop(w, rx));
         // Paged queries of this connection: the requester's start request id -> our cursor.
         let cursors: Arc<Mutex<HashMap<u64, u64>>> = Arc::new(Mutex::new(HashMap::new()));
@@ -589,16 +632,13 @@ impl DirServer {
                 Ok(p) => p,
                 Err(e) => break Err(e),
             };
-            let s = self.clone();
-            let tx = tx.clone();
-            let cursors = cursors.clone();
-            tokio::spawn(async move {
-                if let Some(reply) = s.handle_peer(p, &cursors) {
-                    let mut f = Vec::with_capacity(reply.encoded_len() + 4);
-                    frame_into(&reply, &mut f);
-                    let _ = tx.send(f);
-                }
-            });
+            // Peer requests never wait on anything: answer them here, in order (a task
+            // per request cost more than the request itself).
+            if let Some(reply) = self.handle_peer(p, &cursors) {
+                let mut f = Vec::with_capacity(reply.encoded_len() + 4);
+                frame_into(&reply, &mut f);
+                let _ = tx.send(Arc::new(f));
+            }
         };
         let ids: Vec<u64> = lock(&cursors).drain().map(|(_, v)| v).collect();
         self.with_directory(|d| {
@@ -980,14 +1020,23 @@ impl DirServer {
                 _ => Err(DirError::NotFound(g)),
             };
         }
-        let mut set = self.fan_out(scope, cred, Kind::PeerQuery, q);
-        while let Some(res) = set.join_next().await {
-            if let Ok(Some((_, _, r))) = res {
-                set.abort_all();
-                return Ok((r.header.target, r.attrs));
+        let Some(mut f) = self.fan_out(scope, cred, Kind::PeerQuery, q).await else {
+            return Err(DirError::NoMatch);
+        };
+        // Only positive peers reply; the first reply wins, silence means not found.
+        let first = tokio::time::timeout(self.inner.cfg.peer_timeout, async {
+            while let Some((_, _, r)) = f.rx.recv().await {
+                if r.header.status == 0 {
+                    return Some(r);
+                }
             }
+            None
+        })
+        .await;
+        match first {
+            Ok(Some(r)) => Ok((r.header.target, r.attrs)),
+            _ => Err(DirError::NoMatch),
         }
-        Err(DirError::NoMatch)
     }
 
     fn delete_here(&self, cred: Cred, gid: Gid) -> Result<(), DirError> {
@@ -1032,22 +1081,17 @@ impl DirServer {
     async fn cursor_start(&self, cred: Cred, q: AttrList, scope: Scope) -> Result<u64, DirError> {
         let now = Instant::now();
         let local = self.with_dir_write().query_start(cred, q.clone(), now)?;
-        let (tx, rx) = mpsc::unbounded_channel();
-        if scope != Scope::Local {
-            let mut set = self.fan_out(scope, cred, Kind::PeerStart, &q);
-            tokio::spawn(async move {
-                while let Some(res) = set.join_next().await {
-                    if let Ok(Some(x)) = res {
-                        let _ = tx.send(x);
-                    }
-                }
-            });
-        }
+        let arrivals = if scope != Scope::Local {
+            self.fan_out(scope, cred, Kind::PeerStart, &q).await
+        } else {
+            None
+        };
         let id = self.inner.next_cursor.fetch_add(1, Ordering::Relaxed);
         let cur = GridCursor {
             cred,
             local: Some(local),
-            arrivals: rx,
+            arrivals,
+            arrived: 0,
             peers: vec![],
             deadline: tokio::time::Instant::now()
                 + if scope == Scope::Local {
@@ -1102,13 +1146,16 @@ impl DirServer {
             }
         }
         loop {
-            while let Ok((conn, remote, r)) = c.arrivals.try_recv() {
-                c.peers.push(PeerCursor {
-                    conn,
-                    remote,
-                    buffered: Some((r.header.target, r.attrs)),
-                    more: r.header.flags & FLAG_MORE != 0,
-                });
+            if let Some(f) = c.arrivals.as_mut() {
+                while let Ok((conn, remote, r)) = f.rx.try_recv() {
+                    c.arrived += 1;
+                    c.peers.push(PeerCursor {
+                        conn,
+                        remote,
+                        buffered: Some((r.header.target, r.attrs)),
+                        more: r.header.flags & FLAG_MORE != 0,
+                    });
+                }
             }
             for pc in c.peers.iter_mut() {
                 if let Some(x) = pc.buffered.take() {
@@ -1138,20 +1185,24 @@ impl DirServer {
                 }
             }
             let now = tokio::time::Instant::now();
-            if now >= c.deadline {
+            let all_in = c.arrivals.as_ref().is_none_or(|f| c.arrived >= f.sent);
+            if now >= c.deadline || all_in {
+                // Every peer answered, or the window closed: later answers are dropped.
+                c.arrivals = None;
                 return None;
             }
-            match tokio::time::timeout(c.deadline - now, c.arrivals.recv()).await {
-                Ok(Some((conn, remote, r))) => c.peers.push(PeerCursor {
-                    conn,
-                    remote,
-                    buffered: Some((r.header.target, r.attrs)),
-                    more: r.header.flags & FLAG_MORE != 0,
-                }),
-                Ok(None) | Err(_) => {
-                    // Every sender finished (or the window closed): drain what is left.
-                    c.deadline = now;
+            let f = c.arrivals.as_mut()?;
+            match tokio::time::timeout(c.deadline - now, f.rx.recv()).await {
+                Ok(Some((conn, remote, r))) => {
+                    c.arrived += 1;
+                    c.peers.push(PeerCursor {
+                        conn,
+                        remote,
+                        buffered: Some((r.header.target, r.attrs)),
+                        more: r.header.flags & FLAG_MORE != 0,
+                    })
                 }
+                Ok(None) | Err(_) => c.deadline = now,
             }
         }
     }
@@ -1176,69 +1227,154 @@ impl DirServer {
         true
     }
 
-    /// Sends `kind` with `q` as `cred` to every peer in `scope`, each in its own task that
-    /// first connects (lazily) and then waits at most `peer_timeout` for a positive reply.
-    fn fan_out(
+    /// Sends `kind` with `q` as `cred` to every peer in `scope` (connecting lazily): the
+    /// packet is encoded once and queued on each connection; the replies come back on the
+    /// returned [`Fanout`], which stops accepting them when dropped. `None`: no peer.
+    async fn fan_out(&self, scope: Scope, cred: Cred, kind: Kind, q: &AttrList) -> Option<Fanout> {
+        let conns = self.conns(scope).await;
+        if conns.is_empty() {
+            return None;
+        }
+        let (tx, rx) = mpsc::unbounded_channel();
+        let (id, sent) = self.send_fanout(&conns, cred, kind, q, Waiter::Task(tx));
+        Some(Fanout {
+            rx,
+            sent,
+            table: self.inner.fanouts.clone(),
+            id,
+        })
+    }
+
+    /// Registers `waiter` under a fresh request id, encodes the request once and queues it
+    /// on every connection; returns the id and how many connections took it. The caller
+    /// must remove the id from the fan-out table when done.
+    fn send_fanout(
         &self,
-        scope: Scope,
+        conns: &[Arc<Conn>],
         cred: Cred,
         kind: Kind,
         q: &AttrList,
-    ) -> JoinSet<Option<(Arc<Conn>, u64, Packet)>> {
-        let mut set = JoinSet::new();
-        if scope == Scope::Local {
-            return set;
-        }
-        for i in 0..self.inner.peers.len() {
-            let s = self.clone();
-            let mut h = Header::new(kind);
-            h.uid = cred.uid;
-            h.gid = cred.gid;
-            let p = Packet::new(h, q.clone());
-            set.spawn(async move {
-                let c = s.conn(i).await?;
-                if scope == Scope::Site && c.id.cluster != s.inner.me.cluster {
-                    return None;
-                }
-                let id = s.inner.next_req.fetch_add(1, Ordering::Relaxed);
-                let r = c.request(p, id, s.inner.cfg.peer_timeout).await?;
-                (r.header.status == 0).then_some((c, id, r))
-            });
-        }
-        set
+        waiter: Waiter,
+    ) -> (u64, usize) {
+        let id = self.inner.next_req.fetch_add(1, Ordering::Relaxed);
+        let mut h = Header::new(kind);
+        h.uid = cred.uid;
+        h.gid = cred.gid;
+        h.query_id = id;
+        let p = Packet::new(h, q.clone());
+        let mut frame = Vec::with_capacity(p.encoded_len() + 4);
+        frame_into(&p, &mut frame);
+        let frame = Arc::new(frame);
+        lock(&self.inner.fanouts).insert(id, waiter);
+        let sent = conns
+            .iter()
+            .filter(|c| c.tx.send(frame.clone()).is_ok())
+            .count();
+        (id, sent)
     }
 
-    /// Connections to every reachable peer in `scope` (connecting lazily, concurrently).
+    /// Connections to every peer in `scope` if all are open (`None`: some must be opened,
+    /// which only the runtime can do).
+    fn open_conns(&self, scope: Scope) -> Option<Vec<Arc<Conn>>> {
+        let mut out = Vec::with_capacity(self.inner.peers.len());
+        if scope == Scope::Local {
+            return Some(out);
+        }
+        for link in &self.inner.peers {
+            let c = lock(&link.conn)
+                .as_ref()
+                .filter(|c| c.alive.load(Ordering::Acquire))
+                .cloned()?;
+            if scope == Scope::Grid || c.id.cluster == self.inner.me.cluster {
+                out.push(c);
+            }
+        }
+        Some(out)
+    }
+
+    /// A site/grid attribute query that missed locally, fanned out and awaited on the
+    /// calling (local-client) thread. `Err(p)`: it needs the runtime (a peer connection must
+    /// be opened first, or it is not such a query).
+    fn query_peers_here(&self, cred: Cred, p: Packet) -> Result<Packet, Packet> {
+        let h = &p.header;
+        if h.kind != Kind::Query || h.target != Gid::NONE {
+            return Err(p);
+        }
+        let Ok(scope) = Scope::from_u8(h.scope) else {
+            return Err(p);
+        };
+        let Some(conns) = self.open_conns(scope) else {
+            return Err(p);
+        };
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (id, sent) =
+            self.send_fanout(&conns, cred, Kind::PeerQuery, &p.attrs, Waiter::Thread(tx));
+        let _unregister = Unregister(&self.inner.fanouts, id);
+        let deadline = Instant::now() + self.inner.cfg.peer_timeout;
+        // Only positive peers reply; the first reply wins, silence means not found.
+        let mut waiting = sent > 0;
+        while waiting {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(r) if r.header.status == 0 => {
+                    return Ok(ok_packet(h, r.header.target, r.attrs));
+                }
+                Ok(_) => {}
+                Err(_) => waiting = false,
+            }
+        }
+        Ok(error_packet(h, &DirError::NoMatch))
+    }
+
+    /// Connections to every reachable peer in `scope`; already open ones are taken without
+    /// waiting, missing ones are opened concurrently.
     async fn conns(&self, scope: Scope) -> Vec<Arc<Conn>> {
         if scope == Scope::Local || self.inner.peers.is_empty() {
             return vec![];
         }
-        let mut set = JoinSet::new();
-        for i in 0..self.inner.peers.len() {
-            let s = self.clone();
-            set.spawn(async move { s.conn(i).await });
+        let mut out = Vec::with_capacity(self.inner.peers.len());
+        let mut missing = vec![];
+        for (i, link) in self.inner.peers.iter().enumerate() {
+            match lock(&link.conn).as_ref() {
+                Some(c) if c.alive.load(Ordering::Acquire) => out.push(c.clone()),
+                _ => missing.push(i),
+            }
         }
-        let mut out = Vec::new();
-        while let Some(r) = set.join_next().await {
-            if let Ok(Some(c)) = r {
-                if scope == Scope::Grid || c.id.cluster == self.inner.me.cluster {
+        if !missing.is_empty() {
+            let mut set = JoinSet::new();
+            for i in missing {
+                let s = self.clone();
+                set.spawn(async move { s.conn(i).await });
+            }
+            while let Some(r) = set.join_next().await {
+                if let Ok(Some(c)) = r {
                     out.push(c);
                 }
             }
+        }
+        if scope == Scope::Site {
+            out.retain(|c| c.id.cluster == self.inner.me.cluster);
         }
         out
     }
 
     async fn conn(&self, i: usize) -> Option<Arc<Conn>> {
         let link = &self.inner.peers[i];
-        let mut slot = link.conn.lock().await;
-        if let Some(c) = slot.as_ref() {
-            if c.alive.load(Ordering::Acquire) {
-                return Some(c.clone());
-            }
+        let live = |link: &PeerLink| {
+            lock(&link.conn)
+                .as_ref()
+                .filter(|c| c.alive.load(Ordering::Acquire))
+                .cloned()
+        };
+        if let Some(c) = live(link) {
+            return Some(c);
+        }
+        let _connecting = link.connecting.lock().await;
+        if let Some(c) = live(link) {
+            return Some(c);
         }
         let c = self.connect(link.addr).await.ok()?;
-        *slot = Some(c.clone());
+        *lock(&link.conn) = Some(c.clone());
         Some(c)
     }
 
@@ -1261,14 +1397,26 @@ impl DirServer {
         });
         tokio::spawn(write_loop(w, rx));
         let c2 = conn.clone();
+        let fanouts = self.inner.fanouts.clone();
         tokio::spawn(async move {
             let mut r = BufReader::new(r);
             let mut buf = Vec::new();
             while let Ok(Some(())) = read_frame(&mut r, &mut buf).await {
                 let Ok(p) = Packet::decode(&buf) else { break };
-                let waiter = lock(&c2.pending).remove(&p.header.query_id);
+                let id = p.header.query_id;
+                let waiter = lock(&c2.pending).remove(&id);
                 if let Some(w) = waiter {
                     let _ = w.send(p);
+                } else {
+                    match lock(&fanouts).get(&id) {
+                        Some(Waiter::Task(tx)) => {
+                            let _ = tx.send((c2.clone(), id, p));
+                        }
+                        Some(Waiter::Thread(tx)) => {
+                            let _ = tx.send(p);
+                        }
+                        None => {}
+                    }
                 }
             }
             c2.alive.store(false, Ordering::Release);
@@ -1278,7 +1426,8 @@ impl DirServer {
     }
 }
 
-async fn write_loop(w: tokio::net::tcp::OwnedWriteHalf, mut rx: mpsc::UnboundedReceiver<Vec<u8>>) {
+/// Writes queued frames; frames queued while a write is in progress go out together.
+async fn write_loop(w: tokio::net::tcp::OwnedWriteHalf, mut rx: mpsc::UnboundedReceiver<Frame>) {
     let mut w = BufWriter::new(w);
     while let Some(f) = rx.recv().await {
         if w.write_all(&f).await.is_err() {
