@@ -79,10 +79,10 @@ fn start(
     (socks, hs)
 }
 
-/// The x-th lookup of a client on server `me` of `n`: every `local_every`-th one (0: none)
-/// asks for a resource of `me`, the others for one of another server, round robin.
-fn query_for(n: usize, me: usize, x: usize, local_every: usize) -> AttrList {
-    let other = if local_every > 0 && x % local_every == 0 {
+/// The x-th lookup of a client on server `me` of `n`: `local_pct` of every 100 consecutive
+/// lookups ask for a resource of `me`, the others for one of another server, round robin.
+fn query_for(n: usize, me: usize, x: usize, local_pct: usize) -> AttrList {
+    let other = if x % 100 < local_pct {
         me
     } else {
         (me + 1 + x % (n - 1)) % n
@@ -95,7 +95,7 @@ fn query_for(n: usize, me: usize, x: usize, local_every: usize) -> AttrList {
 }
 
 /// Aggregate lookups/s of `clients` clients per server over `socks` for `dur`.
-fn aggregate(socks: &[PathBuf], clients: usize, local_every: usize, dur: Duration) -> f64 {
+fn aggregate(socks: &[PathBuf], clients: usize, local_pct: usize, dur: Duration) -> f64 {
     let n = socks.len();
     let t = Instant::now();
     let stop = t + dur;
@@ -109,7 +109,7 @@ fn aggregate(socks: &[PathBuf], clients: usize, local_every: usize, dur: Duratio
                     let mut x = cl * 13;
                     while Instant::now() < stop {
                         x += 1;
-                        c.query(None, &query_for(n, i, x, local_every), Scope::Grid)
+                        c.query(None, &query_for(n, i, x, local_pct), Scope::Grid)
                             .expect("every resource asked for exists");
                         done += 1;
                     }
@@ -140,12 +140,6 @@ fn main() {
     let rounds = arg(2, 5).max(1);
     let clients = arg(3, 2).max(1);
     let local_pct = arg(4, 0).min(100);
-    // every k-th lookup is local: k = 100 / pct (0 % → none)
-    let local_every = if local_pct == 0 {
-        0
-    } else {
-        (100 / local_pct).max(1)
-    };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -182,10 +176,10 @@ fn main() {
     let dur = Duration::from_secs(1);
     let (mut r4, mut r8, mut ratio) = (vec![], vec![], vec![]);
     for _ in 0..rounds {
-        aggregate(&socks4, clients, local_every, warm);
-        let a = aggregate(&socks4, clients, local_every, dur);
-        aggregate(&socks8, clients, local_every, warm);
-        let b = aggregate(&socks8, clients, local_every, dur);
+        aggregate(&socks4, clients, local_pct, warm);
+        let a = aggregate(&socks4, clients, local_pct, dur);
+        aggregate(&socks8, clients, local_pct, warm);
+        let b = aggregate(&socks8, clients, local_pct, dur);
         println!(
             "  round: 4 servers {a:.0}/s, 8 servers {b:.0}/s ({:+.1}%)",
             (b / a - 1.0) * 100.0
