@@ -38,10 +38,22 @@ const ATTR_REL_KIND: &str = "mutirao.rel.kind";
 pub const DIR_SOCKET_ENV: &str = "MUTIRAO_DIR_SOCKET";
 /// Environment variable setting the per-destination credit window.
 pub const CREDITS_ENV: &str = "MUTIRAO_ADDR_CREDITS";
+/// Environment variable listing this process's technologies (comma-separated ids 0–63).
+pub const TECHS_ENV: &str = "MUTIRAO_ADDR_TECHS";
+/// Environment variable making this process a bridge between technologies.
+pub const BRIDGE_ENV: &str = "MUTIRAO_ADDR_BRIDGE";
 /// Environment variable setting the largest frame-buffer class in bytes.
 pub const MAX_CLASS_ENV: &str = "MUTIRAO_ADDR_MAX_CLASS";
 
 const TAG_FRAME: i32 = 0;
+/// Kind byte of a frame wrapped for a bridge: `K_FWD | dest u32 | origin u32 | frame`.
+const K_FWD: u8 = 0xF0;
+const FWD_HEADER: usize = 9;
+
+fn u32_at(b: &[u8], at: usize) -> Option<u32> {
+    b.get(at..at + 4)
+        .map(|s| u32::from_le_bytes([s[0], s[1], s[2], s[3]]))
+}
 const TAG_SENTINEL: i32 = 1;
 const MAX_FIND: usize = 100_000;
 const HEARTBEAT_EVERY: Duration = Duration::from_millis(500);
@@ -58,6 +70,13 @@ pub struct Config {
     /// Size of the largest frame-buffer class, a power of two ≥ 64 (`MUTIRAO_ADDR_MAX_CLASS`,
     /// default 65536). Larger frames get unpooled buffers and still arrive whole.
     pub max_class_bytes: usize,
+    /// Technologies (networks) this process is on, as a bit mask of tech ids 0–63
+    /// (`MUTIRAO_ADDR_TECHS=0,1`; default tech 0). Two processes talk directly only when they
+    /// share one; otherwise frames go through a bridge. The runtime connects every pair of
+    /// ranks, so this emulates the multi-network clusters of digest 002 §3.6 / §7.6.
+    pub techs: u64,
+    /// Whether this process forwards frames between technologies (`MUTIRAO_ADDR_BRIDGE=1`).
+    pub bridge: bool,
 }
 
 impl Config {
@@ -80,12 +99,65 @@ impl Config {
             })?,
             Err(_) => 1 << 16,
         };
+        let techs = match std::env::var(TECHS_ENV) {
+            Ok(v) => parse_techs(&v)?,
+            Err(_) => 1,
+        };
+        let bridge = match std::env::var(BRIDGE_ENV).as_deref() {
+            Ok("1") | Ok("yes") | Ok("true") => true,
+            Ok("0") | Ok("no") | Ok("false") | Ok("") | Err(_) => false,
+            Ok(other) => {
+                return Err(AddrError::Config(format!(
+                    "{BRIDGE_ENV}={other:?}: expected 1 or 0"
+                )))
+            }
+        };
         Ok(Config {
             credits,
             socket: std::env::var_os(DIR_SOCKET_ENV).map(PathBuf::from),
             max_class_bytes,
+            techs,
+            bridge,
         })
     }
+}
+
+/// Parses a technology list (`0,1`) into a bit mask.
+pub fn parse_techs(v: &str) -> Result<u64, AddrError> {
+    let mut m = 0u64;
+    for part in v.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let id: u32 = part.parse().ok().filter(|i| *i < 64).ok_or_else(|| {
+            AddrError::Config(format!(
+                "{TECHS_ENV}={v:?}: {part:?} is not a technology id between 0 and 63"
+            ))
+        })?;
+        m |= 1 << id;
+    }
+    if m == 0 {
+        return Err(AddrError::Config(format!(
+            "{TECHS_ENV}={v:?} names no technology"
+        )));
+    }
+    Ok(m)
+}
+
+/// How frames reach a process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Route {
+    Direct,
+    Via(usize),
+    None,
+}
+
+/// The route from `me` to `dest` given every rank's technology mask and bridge flag: direct
+/// when they share a technology, else through the lowest-ranked bridge sharing one with each.
+fn route(me: usize, dest: usize, techs: &[u64], bridges: &[bool]) -> Route {
+    if me == dest || techs[me] & techs[dest] != 0 {
+        return Route::Direct;
+    }
+    (0..techs.len())
+        .find(|&b| bridges[b] && techs[b] & techs[me] != 0 && techs[b] & techs[dest] != 0)
+        .map_or(Route::None, Route::Via)
 }
 
 /// What kind of resource a [`Target`] is.
@@ -243,6 +315,13 @@ pub struct Stats {
     pub buffers_reused: u64,
     /// Frame buffers allocated.
     pub buffers_allocated: u64,
+    /// Bytes this layer copied (encoding frames, decoding them, wrapping for a bridge): the
+    /// instrumentation for check 14.
+    pub bytes_copied: u64,
+    /// Frames this process forwarded as a bridge (handed on in the buffer they arrived in).
+    pub forwarded: u64,
+    /// Bytes of those frames.
+    pub forwarded_bytes: u64,
 }
 
 /// The result of [`Addr::multicast`].
@@ -297,6 +376,8 @@ struct State {
     blocks: HashMap<Gid, BlockState>,
     dedup: DedupWindow,
     pool: Pool,
+    routes: Vec<Route>,
+    bridge: bool,
     done_epoch: Vec<u64>,
     epoch: u64,
     stats: Stats,
@@ -428,6 +509,12 @@ impl Addr {
         comm.bcast(&mut credits, 0)?;
         let credits = u32::try_from(credits[0]).unwrap_or(u32::MAX).max(1);
         let (me, n) = (comm.rank(), comm.size());
+        // Everyone's technologies and bridge flag, for routing.
+        let mut all = vec![0u64; 2 * n];
+        comm.allgather(&[cfg.techs, u64::from(cfg.bridge)], &mut all)?;
+        let techs: Vec<u64> = all.chunks(2).map(|c| c[0]).collect();
+        let bridges: Vec<bool> = all.chunks(2).map(|c| c[1] != 0).collect();
+        let routes: Vec<Route> = (0..n).map(|d| route(me, d, &techs, &bridges)).collect();
         let job = std::env::var("MUTIRAO_JOB_ID")
             .ok()
             .filter(|j| !j.is_empty() && JobEnvOk::ok(j))
@@ -486,6 +573,8 @@ impl Addr {
                 blocks: HashMap::new(),
                 dedup: DedupWindow::new(4096),
                 pool,
+                routes,
+                bridge: cfg.bridge,
                 done_epoch: vec![0; n],
                 epoch: 0,
                 stats: Stats {
@@ -666,8 +755,12 @@ impl Addr {
     }
 
     fn reachable(&self, t: &Target) -> Result<(), Reason> {
-        if t.job != self.job || t.rank >= self.st.borrow().gone.len() {
+        let st = self.st.borrow();
+        if t.job != self.job || t.rank >= st.gone.len() {
             return Err(Reason::OtherJob(t.job.clone()));
+        }
+        if st.routes[t.rank] == Route::None {
+            return Err(Reason::NoRoute(t.rank));
         }
         Ok(())
     }
@@ -1078,8 +1171,9 @@ impl Addr {
                 .and_then(|r| r.wait());
             match got {
                 Ok((buf, _)) => {
-                    self.handle(&mut st, status.source, &buf);
-                    st.pool.give(buf);
+                    if let Some(buf) = self.incoming(&mut st, status.source, buf) {
+                        st.pool.give(buf);
+                    }
                 }
                 Err(e) => self.peer_gone(&mut st, status.source, e.to_string()),
             }
@@ -1104,15 +1198,69 @@ impl Addr {
         if st.gone[dest].is_some() {
             return;
         }
+        let (hop, bytes) = match st.routes[dest] {
+            Route::Direct => (dest, bytes),
+            Route::Via(b) => {
+                // Wrapped once here, at the origin; the bridge forwards the buffer as it is.
+                let mut w = st.pool.take(FWD_HEADER + bytes.len());
+                w.push(K_FWD);
+                w.extend_from_slice(&(dest as u32).to_le_bytes());
+                w.extend_from_slice(&(self.me as u32).to_le_bytes());
+                w.extend_from_slice(&bytes);
+                st.stats.bytes_copied += bytes.len() as u64;
+                st.pool.give(bytes);
+                (b, w)
+            }
+            // Data frames never get here (see `reachable`); control frames have nowhere to go.
+            Route::None => return,
+        };
+        if st.gone[hop].is_some() {
+            return;
+        }
         if data {
-            st.stats.data_frames_to[dest] += 1;
+            st.stats.data_frames_to[hop] += 1;
         } else {
             st.stats.control_frames += 1;
         }
-        match self.comm.isend(bytes, dest, TAG_FRAME) {
+        match self.comm.isend(bytes, hop, TAG_FRAME) {
+            Ok(r) => st.inflight.push((r, hop)),
+            Err(e) => self.peer_gone(st, hop, e.to_string()),
+        }
+    }
+
+    /// A frame that arrived from `from`: forwarded unchanged if it is for another rank and this
+    /// process is a bridge, handled otherwise. Returns the buffer if it was not handed on.
+    fn incoming(&self, st: &mut State, from: usize, buf: Vec<u8>) -> Option<Vec<u8>> {
+        if buf.first() != Some(&K_FWD) {
+            self.handle(st, from, &buf);
+            return Some(buf);
+        }
+        let (Some(dest), Some(origin)) = (u32_at(&buf, 1), u32_at(&buf, 5)) else {
+            st.stats.malformed += 1;
+            return Some(buf);
+        };
+        let (dest, origin) = (dest as usize, origin as usize);
+        if dest >= st.gone.len() || origin >= st.gone.len() {
+            st.stats.malformed += 1;
+            return Some(buf);
+        }
+        if dest == self.me {
+            self.handle(st, origin, &buf[FWD_HEADER..]);
+            return Some(buf);
+        }
+        if !st.bridge || st.gone[dest].is_some() {
+            // Not a bridge (or the destination is gone): the origin's ticket times out or
+            // fails when it learns the destination is gone.
+            st.stats.malformed += u64::from(!st.bridge);
+            return Some(buf);
+        }
+        st.stats.forwarded += 1;
+        st.stats.forwarded_bytes += buf.len() as u64;
+        match self.comm.isend(buf, dest, TAG_FRAME) {
             Ok(r) => st.inflight.push((r, dest)),
             Err(e) => self.peer_gone(st, dest, e.to_string()),
         }
+        None
     }
 
     fn submit(&self, st: &mut State, dest: usize, seq: u64, bytes: Vec<u8>) {
@@ -1191,6 +1339,7 @@ impl Addr {
     }
 
     fn handle(&self, st: &mut State, from: usize, bytes: &[u8]) {
+        st.stats.bytes_copied += bytes.len() as u64;
         let f = match Frame::decode(bytes) {
             Ok(f) => f,
             Err(_) => {
@@ -1332,6 +1481,7 @@ impl Addr {
 
 /// Encodes `f` into a buffer of its size class.
 fn enc(st: &mut State, f: &Frame) -> Vec<u8> {
+    st.stats.bytes_copied += f.encoded_len() as u64;
     let mut b = st.pool.take(f.encoded_len());
     f.encode_into(&mut b);
     b
@@ -1573,5 +1723,52 @@ impl Drop for Block<'_> {
 impl From<DirError> for AddrError {
     fn from(e: DirError) -> Self {
         AddrError::Dir(e)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routes_direct_via_bridge_or_none() {
+        // 0: tech 0; 1: techs 0 and 1, bridge; 2: tech 1; 3: tech 2 (isolated).
+        let techs = [0b001, 0b011, 0b010, 0b100];
+        let bridges = [false, true, false, false];
+        assert_eq!(route(0, 1, &techs, &bridges), Route::Direct);
+        assert_eq!(route(0, 2, &techs, &bridges), Route::Via(1));
+        assert_eq!(route(2, 0, &techs, &bridges), Route::Via(1));
+        assert_eq!(route(0, 3, &techs, &bridges), Route::None);
+        assert_eq!(route(3, 3, &techs, &bridges), Route::Direct);
+        // Without the bridge flag, a multi-technology process does not forward.
+        assert_eq!(route(0, 2, &techs, &[false; 4]), Route::None);
+    }
+
+    #[test]
+    fn technology_lists() {
+        assert_eq!(parse_techs("0").unwrap(), 1);
+        assert_eq!(parse_techs("0, 1,63").unwrap(), 0b11 | 1 << 63);
+        assert!(parse_techs("64").is_err());
+        assert!(parse_techs("x").is_err());
+        assert!(parse_techs("").is_err());
+    }
+
+    #[test]
+    fn reserved_names_are_refused() {
+        let a = AttrList::from_pairs([("mutirao.rank", "3")]).unwrap();
+        assert!(matches!(reserved_check(&a), Err(AddrError::Reserved(n)) if n == "mutirao.rank"));
+        let q = AttrList::from_pairs([("service", "x")]).unwrap();
+        let l = located_query(&q, Kind::Block).unwrap();
+        assert_eq!(l.value(ATTR_KIND), Some(&b"block"[..]));
+        assert!(l.get(ATTR_SIZE).is_some());
+    }
+
+    #[test]
+    fn targets_without_location_are_not_addressable() {
+        let a = AttrList::from_pairs([("mutirao.kind", "mailbox"), ("mutirao.job", "j")]).unwrap();
+        assert!(matches!(
+            parse_target(Gid(5), &a),
+            Err(AddrError::NotAddressable { attr, .. }) if attr == ATTR_RANK
+        ));
     }
 }

@@ -71,9 +71,9 @@ pub mod pool;
 pub mod proto;
 
 pub use addr::{
-    Addr, Block, Config, Kind, Mailbox, Match, Message, Multicast, Stats, Target, Ticket,
-    TicketStatus, Timeout, ATTR_CTX, ATTR_JOB, ATTR_KIND, ATTR_NO, ATTR_RANK, ATTR_SIZE,
-    CREDITS_ENV, DIR_SOCKET_ENV, MAX_CLASS_ENV, RESERVED_PREFIX,
+    parse_techs, Addr, Block, Config, Kind, Mailbox, Match, Message, Multicast, Stats, Target,
+    Ticket, TicketStatus, Timeout, ATTR_CTX, ATTR_JOB, ATTR_KIND, ATTR_NO, ATTR_RANK, ATTR_SIZE,
+    BRIDGE_ENV, CREDITS_ENV, DIR_SOCKET_ENV, MAX_CLASS_ENV, RESERVED_PREFIX, TECHS_ENV,
 };
 pub use mutirao_dir::relations::Rel;
 pub use mutirao_dir::{Acl, Attr, AttrList, Gid, Scope};

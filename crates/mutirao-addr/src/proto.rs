@@ -29,6 +29,8 @@ pub enum Reason {
     ProcessGone(String),
     /// The target lives in another job, which this process's runtime cannot reach.
     OtherJob(String),
+    /// No technology is shared with the target's process and no bridge links them.
+    NoRoute(usize),
 }
 
 impl fmt::Display for Reason {
@@ -53,6 +55,10 @@ impl fmt::Display for Reason {
                 f,
                 "the target lives in job {job:?}; only ranks of this job are reachable"
             ),
+            Reason::NoRoute(rank) => write!(
+                f,
+                "no route to rank {rank}: it shares no technology with this process and no bridge (MUTIRAO_ADDR_BRIDGE=1) links them"
+            ),
         }
     }
 }
@@ -65,7 +71,7 @@ impl Reason {
             Reason::OutOfRange { offset, len, size } => (3, [*offset, *len, *size]),
             Reason::WrongKind => (4, [0; 3]),
             // Local-only reasons never travel; encode as "no such resource".
-            Reason::ProcessGone(_) | Reason::OtherJob(_) => (1, [0; 3]),
+            Reason::ProcessGone(_) | Reason::OtherJob(_) | Reason::NoRoute(_) => (1, [0; 3]),
         }
     }
 

@@ -419,6 +419,74 @@ fn check_12(w: &Comm, addr: &Addr) -> R {
     Ok(())
 }
 
+/// Check 14: A (technology 0) → B (0 and 1, bridge) → C (technology 1). Every frame between A
+/// and C goes through B, which hands on the buffer it received: B's layer copies no payload
+/// byte (instrumented count) while it forwards a megabyte; C gets every byte intact and A's
+/// tickets report delivery (the acknowledgements come back through B).
+fn check_14(w: &Comm, addr: &Addr) -> R {
+    let r = w.rank();
+    let q = props(&[("test", "c14")]);
+    let mb = if r == 2 {
+        Some(Mailbox::register(addr, &q, Acl::Public).map_err(e)?)
+    } else {
+        None
+    };
+    addr.barrier(T).map_err(e)?; // 1 (its frames between 0 and 2 already cross the bridge)
+    let before = addr.stats();
+    let n = 64usize;
+    let chunk = 16 * 1024;
+    let pattern =
+        |i: usize| -> Vec<u8> { (0..chunk).map(|k| ((k * 13 + i) % 256) as u8).collect() };
+    match r {
+        0 => {
+            let to = one(addr, &q)?;
+            let ts: Vec<_> = (0..n)
+                .map(|i| addr.send(&to, i as i32, pattern(i)))
+                .collect::<Result<_, _>>()
+                .map_err(e)?;
+            for t in &ts {
+                addr.wait(t, T).map_err(e)?;
+            }
+            let s = addr.stats();
+            check!(
+                s.data_frames_to[2] == before.data_frames_to[2]
+                    && s.data_frames_to[1] - before.data_frames_to[1] == n as u64,
+                "A should hand every data frame to the bridge: {s:?}"
+            );
+        }
+        2 => {
+            let mb = mb.as_ref().ok_or("no mailbox")?;
+            for i in 0..n {
+                let m = mb
+                    .recv(Match::any(), Timeout::After(T))
+                    .map_err(e)?
+                    .ok_or(format!("message {i} never came"))?;
+                check!(m.src_rank == 0 && m.tag == i as i32, "message {i}: {m:?}");
+                check!(m.data == pattern(i), "message {i}: bytes differ");
+            }
+        }
+        _ => {}
+    }
+    addr.barrier(T).map_err(e)?; // 2 (the bridge serves while it waits)
+    if r == 1 {
+        let s = addr.stats();
+        let fwd_bytes = s.forwarded_bytes - before.forwarded_bytes;
+        let copied = s.bytes_copied - before.bytes_copied;
+        check!(
+            s.forwarded - before.forwarded >= 2 * n as u64 && fwd_bytes >= (n * chunk) as u64,
+            "the bridge forwarded {} frames, {fwd_bytes} bytes",
+            s.forwarded - before.forwarded
+        );
+        // Only its own barrier frames (a few dozen bytes) were encoded or decoded.
+        check!(
+            copied < 256,
+            "the bridge copied {copied} bytes while forwarding {fwd_bytes}"
+        );
+    }
+    addr.barrier(T).map_err(e)?;
+    Ok(())
+}
+
 /// Check 20 (runtime half): multicast over relations with cycles; each member gets exactly one
 /// copy; one wire message per destination process.
 fn check_20(w: &Comm, addr: &Addr) -> R {
@@ -669,6 +737,8 @@ fn run_scenario(name: &str) -> ! {
                     credits: 4,
                     socket: None,
                     max_class_bytes: 1 << 16,
+                    techs: 1,
+                    bridge: false,
                 };
                 match Addr::connect_with(&w, cfg) {
                     Err(AddrError::NoDirectory) => {
@@ -712,7 +782,24 @@ fn run_scenario(name: &str) -> ! {
             std::process::exit(1);
         }
     }
-    let addr = match Addr::connect(&w) {
+    let cfg = match Config::from_env() {
+        Ok(mut c) => {
+            if name == "check_14" {
+                // A: technology 0; B: 0 and 1, bridge; C: technology 1.
+                (c.techs, c.bridge) = match w.rank() {
+                    0 => (0b01, false),
+                    1 => (0b11, true),
+                    _ => (0b10, false),
+                };
+            }
+            c
+        }
+        Err(err) => {
+            eprintln!("bad settings: {err}");
+            std::process::exit(1);
+        }
+    };
+    let addr = match Addr::connect_with(&w, cfg) {
         Ok(a) => a,
         Err(err) => {
             eprintln!("connect failed on rank {}: {err}", w.rank());
@@ -726,6 +813,7 @@ fn run_scenario(name: &str) -> ! {
         "check_12" => check_12(&w, &addr),
         "check_13" => check_13(&w, &addr),
         "check_13_gone" => check_13_gone(&w, &addr),
+        "check_14" => check_14(&w, &addr),
         "check_20" => check_20(&w, &addr),
         other => Err(format!("unknown scenario {other}")),
     };
@@ -896,6 +984,12 @@ fn main() {
             "check_12",
             2,
             &[("MUTIRAO_ADDR_MAX_CLASS", "4096")],
+        ),
+        all_ok(
+            "check_14_bridged_path_forwards_without_copying_the_payload",
+            "check_14",
+            3,
+            &[],
         ),
         all_ok(
             "check_11_recv_matching_block_poll_after",
