@@ -8,8 +8,12 @@
 //! Prints, for 64-byte messages: the round trip of the raw runtime (`Comm::send`/`recv`) and
 //! of mailbox-to-mailbox sends (each acknowledged); one-way throughput of 1 KiB sends with the
 //! credit window; and the latency of 4 KiB `get`s from a remote block.
+//!
+//! With 3 ranks (`mutirao run -n 3 …`) it measures the bridged path of check 14 instead: rank 0
+//! on technology X, rank 2 on Y, rank 1 on both as the bridge; mailbox round trips 0↔1 (X),
+//! 1↔2 (Y) and 0↔2 (through the bridge), which should be about the sum of the first two.
 
-use mutirao_addr::{Acl, Addr, AttrList, Block, Mailbox, Match, Scope, Timeout};
+use mutirao_addr::{Acl, Addr, AttrList, Block, Config, Mailbox, Match, Scope, Timeout};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
@@ -153,6 +157,85 @@ fn run(world: &mutirao::Comm, addr: &Addr, iters: usize) -> Result<(), String> {
     Ok(())
 }
 
+/// Mailbox round trips between ranks `a` and `b` (64 B, acknowledged); others serve.
+fn rtt(
+    world: &mutirao::Comm,
+    addr: &Addr,
+    mb: &Mailbox<'_>,
+    a: usize,
+    b: usize,
+    iters: usize,
+) -> Result<Duration, String> {
+    let s = |e: mutirao_addr::AddrError| e.to_string();
+    let me = addr.rank();
+    addr.barrier(T).map_err(s)?;
+    let t0 = Instant::now();
+    if me == a || me == b {
+        let other = if me == a { b } else { a };
+        let q = AttrList::from_pairs([("bench", format!("inbox-{other}"))])
+            .map_err(|e| e.to_string())?;
+        let peer = addr
+            .find(&q, Scope::Local)
+            .map_err(s)?
+            .pop()
+            .ok_or("peer inbox not found")?;
+        let mut tickets = Vec::new();
+        for i in 0..iters {
+            if me == a {
+                tickets.push(addr.send(&peer, 1, vec![7u8; 64]).map_err(s)?);
+            }
+            let m = mb
+                .recv(Match::any(), Timeout::After(T))
+                .map_err(s)?
+                .ok_or(format!("round trip {i}: nothing came"))?;
+            if me == b {
+                tickets.push(addr.send(&peer, 1, m.data).map_err(s)?);
+            }
+            if tickets.len() >= 64 {
+                for t in tickets.drain(..) {
+                    addr.wait(&t, T).map_err(s)?;
+                }
+            }
+        }
+        for t in tickets.drain(..) {
+            addr.wait(&t, T).map_err(s)?;
+        }
+    }
+    // Rank `a`'s measurement, for everyone.
+    let mut nanos = [(t0.elapsed() / iters as u32).as_nanos() as u64];
+    addr.barrier(T).map_err(s)?;
+    world.bcast(&mut nanos, a).map_err(|e| e.to_string())?;
+    Ok(Duration::from_nanos(nanos[0]))
+}
+
+fn bridged(world: &mutirao::Comm, addr: &Addr, iters: usize) -> Result<(), String> {
+    let me = addr.rank();
+    let q = AttrList::from_pairs([("bench", format!("inbox-{me}"))]).map_err(|e| e.to_string())?;
+    let mb = Mailbox::register(addr, &q, Acl::Public).map_err(|e| e.to_string())?;
+    let x = rtt(world, addr, &mb, 0, 1, iters)?;
+    let y = rtt(world, addr, &mb, 1, 2, iters)?;
+    let xy = rtt(world, addr, &mb, 0, 2, iters)?;
+    if me == 0 {
+        let us = |d: Duration| d.as_secs_f64() * 1e6;
+        println!("iterations                      {iters}");
+        println!("mailbox RTT 0<->1 (tech X)      {:.1} us", us(x));
+        println!("mailbox RTT 1<->2 (tech Y)      {:.1} us", us(y));
+        println!(
+            "mailbox RTT 0<->2 via bridge 1  {:.1} us  (X + Y = {:.1} us)",
+            us(xy),
+            us(x + y)
+        );
+        let st = addr.stats();
+        if st.data_frames_to[2] != 0 {
+            return Err(format!(
+                "rank 0 sent {} frames straight to rank 2",
+                st.data_frames_to[2]
+            ));
+        }
+    }
+    Ok(())
+}
+
 fn main() -> ExitCode {
     let iters: usize = std::env::args()
         .nth(1)
@@ -165,13 +248,24 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    if world.size() != 2 {
-        eprintln!("addr_bench: run on exactly 2 ranks: mutirao run -n 2 target/release/examples/addr_bench");
-        return ExitCode::FAILURE;
-    }
-    let res = Addr::connect(&world)
-        .map_err(|e| e.to_string())
-        .and_then(|addr| run(&world, &addr, iters.max(1)));
+    let res = match world.size() {
+        2 => Addr::connect(&world)
+            .map_err(|e| e.to_string())
+            .and_then(|addr| run(&world, &addr, iters.max(1))),
+        3 => Config::from_env()
+            .map(|mut c| {
+                (c.techs, c.bridge) = match world.rank() {
+                    0 => (0b01, false),
+                    1 => (0b11, true),
+                    _ => (0b10, false),
+                };
+                c
+            })
+            .and_then(|c| Addr::connect_with(&world, c))
+            .map_err(|e| e.to_string())
+            .and_then(|addr| bridged(&world, &addr, iters.max(1))),
+        _ => Err("run on 2 ranks (costs) or 3 ranks (bridged path)".into()),
+    };
     let fin = world.finalize();
     match (res, fin) {
         (Ok(()), Ok(())) => ExitCode::SUCCESS,
