@@ -1047,7 +1047,8 @@ impl Addr {
     }
 
     /// A barrier that keeps serving addressing traffic while it waits: returns once every other
-    /// live rank has reached it too (ranks whose process is gone are not waited for).
+    /// live rank has reached it too (ranks whose process is gone, or that no route reaches, are
+    /// not waited for).
     /// Collective over the world; waits at most `max`.
     pub fn barrier(&self, max: Duration) -> Result<(), AddrError> {
         let epoch = {
@@ -1064,7 +1065,12 @@ impl Addr {
         };
         let me = self.me;
         let ok = self.wait_until(Some(Instant::now() + max), |st| {
-            (0..st.gone.len()).all(|r| r == me || st.done_epoch[r] >= epoch || st.gone[r].is_some())
+            (0..st.gone.len()).all(|r| {
+                r == me
+                    || st.done_epoch[r] >= epoch
+                    || st.gone[r].is_some()
+                    || st.routes[r] == Route::None
+            })
         })?;
         if ok {
             Ok(())

@@ -487,6 +487,51 @@ fn check_14(w: &Comm, addr: &Addr) -> R {
     Ok(())
 }
 
+/// Check 14, no bridge: processes on different technologies with no bridge between them get
+/// `NoRoute` at once (ticket and get), and the addressing barrier does not wait for each other.
+fn check_14_no_route(w: &Comm, addr: &Addr) -> R {
+    let q = props(&[("test", "c14-noroute")]);
+    let b = props(&[("test", "c14-noroute-block")]);
+    let _mine = if w.rank() == 1 {
+        Some((
+            Mailbox::register(addr, &q, Acl::Public).map_err(e)?,
+            Block::register(addr, &b, 16, Acl::Public).map_err(e)?,
+        ))
+    } else {
+        None
+    };
+    w.barrier().map_err(e)?; // the runtime's own barrier: its mesh is complete
+    if w.rank() == 0 {
+        let to = one(addr, &q)?;
+        let t = addr.send(&to, 0, b"x".to_vec()).map_err(e)?;
+        check!(
+            t.status() == TicketStatus::Failed(Reason::NoRoute(1)),
+            "ticket says {:?}",
+            t.status()
+        );
+        let blk = addr.find_blocks(&b, Scope::Local).map_err(e)?;
+        check!(blk.len() == 1, "block {blk:?}");
+        match addr.get(&blk[0], 0, 4, T) {
+            Err(AddrError::Delivery {
+                reason: Reason::NoRoute(1),
+                ..
+            }) => {}
+            other => return Err(format!("get without a route gave {other:?}")),
+        }
+        let t0 = Instant::now();
+        addr.barrier(T).map_err(e)?;
+        check!(
+            t0.elapsed() < Duration::from_secs(1),
+            "barrier waited {:?}",
+            t0.elapsed()
+        );
+    } else {
+        addr.barrier(T).map_err(e)?;
+    }
+    w.barrier().map_err(e)?;
+    Ok(())
+}
+
 /// Check 20 (runtime half): multicast over relations with cycles; each member gets exactly one
 /// copy; one wire message per destination process.
 fn check_20(w: &Comm, addr: &Addr) -> R {
@@ -784,6 +829,9 @@ fn run_scenario(name: &str) -> ! {
     }
     let cfg = match Config::from_env() {
         Ok(mut c) => {
+            if name == "check_14_no_route" {
+                c.techs = 1 << w.rank();
+            }
             if name == "check_14" {
                 // A: technology 0; B: 0 and 1, bridge; C: technology 1.
                 (c.techs, c.bridge) = match w.rank() {
@@ -814,6 +862,7 @@ fn run_scenario(name: &str) -> ! {
         "check_13" => check_13(&w, &addr),
         "check_13_gone" => check_13_gone(&w, &addr),
         "check_14" => check_14(&w, &addr),
+        "check_14_no_route" => check_14_no_route(&w, &addr),
         "check_20" => check_20(&w, &addr),
         other => Err(format!("unknown scenario {other}")),
     };
@@ -989,6 +1038,12 @@ fn main() {
             "check_14_bridged_path_forwards_without_copying_the_payload",
             "check_14",
             3,
+            &[],
+        ),
+        all_ok(
+            "check_14_no_bridge_means_no_route",
+            "check_14_no_route",
+            2,
             &[],
         ),
         all_ok(
