@@ -124,20 +124,24 @@ impl SpinPolicy {
     }
 }
 
-/// Caps how many threads poll at once. Pollers yield the CPU between polls, but on a machine
-/// with fewer cores than waiting threads, many pollers still take turns on the cores that the
-/// threads they wait for need; past the cap a waiter sleeps at once.
+/// Caps how many threads poll at once, and stops polling altogether while more than twice
+/// as many readers share the gate as it admits pollers. Pollers yield the CPU between polls, but when
+/// waiting threads outnumber the cores, the cores are busy anyway and a poller only takes
+/// turns from the thread it waits for; past the cap a waiter sleeps at once.
 #[derive(Debug)]
 pub struct SpinGate {
     active: AtomicUsize,
+    members: AtomicUsize,
     max: usize,
 }
 
 impl SpinGate {
-    /// A gate letting at most `max` threads poll at once.
+    /// A gate letting at most `max` threads poll at once, and none while more than `2 max`
+    /// readers share it.
     pub fn new(max: usize) -> Self {
         SpinGate {
             active: AtomicUsize::new(0),
+            members: AtomicUsize::new(0),
             max,
         }
     }
@@ -154,7 +158,12 @@ impl SpinGate {
         GATE.get_or_init(|| Arc::new(SpinGate::per_core())).clone()
     }
 
-    fn enter(&self) -> bool {
+    /// Takes a place if polling is allowed and a place is free (then call
+    /// [`SpinGate::leave`] after polling).
+    pub fn enter(&self) -> bool {
+        if self.members.load(Ordering::Relaxed) > 2 * self.max {
+            return false;
+        }
         let mut cur = self.active.load(Ordering::Relaxed);
         loop {
             if cur >= self.max {
@@ -172,8 +181,32 @@ impl SpinGate {
         }
     }
 
-    fn leave(&self) {
+    /// Gives back a place taken by [`SpinGate::enter`].
+    pub fn leave(&self) {
         self.active.fetch_sub(1, Ordering::Release);
+    }
+
+    /// Registers a reader sharing the gate until the returned value is dropped.
+    pub fn join(self: &Arc<Self>) -> GateMember {
+        self.members.fetch_add(1, Ordering::Relaxed);
+        GateMember(self.clone())
+    }
+}
+
+/// A reader's membership of a [`SpinGate`] (see [`SpinGate::join`]).
+#[derive(Debug)]
+pub struct GateMember(Arc<SpinGate>);
+
+impl std::ops::Deref for GateMember {
+    type Target = SpinGate;
+    fn deref(&self) -> &SpinGate {
+        &self.0
+    }
+}
+
+impl Drop for GateMember {
+    fn drop(&mut self) {
+        self.0.members.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -185,7 +218,7 @@ pub struct FrameReader {
     start: usize,
     end: usize,
     spin: SpinPolicy,
-    gate: Option<Arc<SpinGate>>,
+    gate: Option<GateMember>,
 }
 
 impl FrameReader {
@@ -200,9 +233,9 @@ impl FrameReader {
         }
     }
 
-    /// Polls only while `gate` admits this thread (see [`SpinGate`]).
+    /// Joins `gate` and polls only while it admits this reader (see [`SpinGate`]).
     pub fn with_gate(mut self, gate: Arc<SpinGate>) -> Self {
-        self.gate = Some(gate);
+        self.gate = Some(gate.join());
         self
     }
 
@@ -555,6 +588,19 @@ mod tests {
         assert!(g.enter() && g.enter());
         assert!(!g.enter());
         g.leave();
+        assert!(g.enter());
+        g.leave();
+        g.leave();
+        let g = Arc::new(g);
+        let mut members: Vec<GateMember> = (0..4).map(|_| g.join()).collect();
+        assert!(g.enter(), "up to twice as many members as places");
+        g.leave();
+        members.push(g.join());
+        assert!(
+            !g.enter(),
+            "more than twice as many members as places: nobody polls"
+        );
+        drop(members);
         assert!(g.enter());
     }
 
