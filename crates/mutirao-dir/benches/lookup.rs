@@ -17,11 +17,11 @@ const N_RES: usize = 10_000;
 const ME: Cred = Cred { uid: 0, gid: 0 };
 
 fn res_attrs(i: usize) -> AttrList {
-    // ~256 bytes in the reply: name + a 230-byte payload
+    // 256-byte reply packets (header included), as `examples/local_bench.rs` prints
     AttrList::from_attrs([
-        Attr::full("name", format!("res{i}")),
+        Attr::full("name", format!("res{i:05}")),
         Attr::full("kind", "mailbox"),
-        Attr::full("payload", vec![b'x'; 230]),
+        Attr::full("payload", vec![b'x'; 169]),
     ])
     .unwrap()
 }
@@ -36,12 +36,12 @@ fn inproc(c: &mut Criterion) {
         })
         .collect();
     let queries: Vec<AttrList> = (0..N_RES)
-        .map(|i| AttrList::from_attrs([Attr::full("name", format!("res{i}"))]).unwrap())
+        .map(|i| AttrList::from_attrs([Attr::full("name", format!("res{i:05}"))]).unwrap())
         .collect();
     let partial: Vec<AttrList> = (0..N_RES)
         .map(|i| {
             AttrList::from_attrs([
-                Attr::full("name", format!("res{i}")),
+                Attr::full("name", format!("res{i:05}")),
                 Attr::want("payload", 64),
             ])
             .unwrap()

@@ -37,7 +37,7 @@ fn res_attrs(i: usize) -> AttrList {
     AttrList::from_attrs([
         Attr::full("name", format!("res{i:05}")),
         Attr::full("kind", "mailbox"),
-        Attr::full("payload", vec![b'x'; 200]),
+        Attr::full("payload", vec![b'x'; 169]), // 256-byte reply packets
     ])
     .expect("valid attributes")
 }
