@@ -299,12 +299,11 @@ impl FrameReader {
 
     fn fill<S: AsFd>(&mut self, s: &S) -> Result<usize, DirError> {
         use rustix::io::Errno;
-        let t0 = Instant::now();
         let budget = self.spin.budget();
         let gate = self.gate.take();
         let spun = self.spin.should_spin() && gate.as_ref().is_none_or(|g| g.enter());
         if spun {
-            let got = self.poll(s, t0, budget);
+            let got = self.poll(s, Instant::now(), budget);
             if let Some(g) = &gate {
                 g.leave();
             }

@@ -765,15 +765,14 @@ impl DirServer {
     /// gives the packet back for [`DirServer::handle_slow`].
     fn try_handle_here(&self, cred: Cred, p: Packet) -> Result<Packet, Packet> {
         let h = &p.header;
-        let now = Instant::now();
         let res = match h.kind {
             Kind::OpenContext => self
                 .with_dir_write()
-                .open_context(cred, now)
+                .open_context(cred, Instant::now())
                 .map(|g| ok_packet(h, g, AttrList::new())),
             Kind::Heartbeat => self
                 .with_dir_write()
-                .heartbeat(cred, h.target, now)
+                .heartbeat(cred, h.target, Instant::now())
                 .map(|()| ok_packet(h, h.target, AttrList::new())),
             Kind::CloseContext => {
                 let r = self.with_dir_write().close_context(cred, h.target);
