@@ -124,32 +124,54 @@ impl SpinPolicy {
     }
 }
 
-/// Caps how many threads poll at once, and stops polling altogether while more than twice
-/// as many readers share the gate as it admits pollers. Pollers yield the CPU between polls, but when
-/// waiting threads outnumber the cores, the cores are busy anyway and a poller only takes
-/// turns from the thread it waits for; past the cap a waiter sleeps at once.
+/// Caps how many threads poll at once. Pollers yield the CPU between polls, but when
+/// waiting threads outnumber the cores a poller takes turns from the threads it waits for;
+/// past the cap a waiter sleeps at once.
+///
+/// Two shapes: a *client* gate ([`SpinGate::new`]) admits `max` pollers and none at all
+/// while more than `2 max` readers share it (many threads of one program, each waiting for
+/// its reply, keep the cores busy anyway); a *server* gate ([`SpinGate::server`]) admits one
+/// poller per core or half of its readers, whichever is more: with many clients, most
+/// clients sleep between requests, and a server thread polling for its client's next request
+/// saves its own wake-up on every request, while the clients' turns keep the polls short.
 #[derive(Debug)]
 pub struct SpinGate {
     active: AtomicUsize,
     members: AtomicUsize,
     max: usize,
+    max_members: usize,
+    half_members: bool,
+}
+
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
 impl SpinGate {
-    /// A gate letting at most `max` threads poll at once, and none while more than `2 max`
-    /// readers share it.
+    /// A client gate: at most `max` threads poll at once, and none while more than `2 max`
+    /// readers share the gate.
     pub fn new(max: usize) -> Self {
         SpinGate {
             active: AtomicUsize::new(0),
             members: AtomicUsize::new(0),
             max,
+            max_members: 2 * max,
+            half_members: false,
         }
     }
 
-    /// A gate sized to this machine: one poller per available core, at least one.
+    /// A client gate sized to this machine: one poller per available core.
     pub fn per_core() -> Self {
-        let n = std::thread::available_parallelism().map_or(1, |n| n.get());
-        SpinGate::new(n)
+        SpinGate::new(cores())
+    }
+
+    /// A server gate: at most max(one per core, half of the readers) poll at once.
+    pub fn server() -> Self {
+        SpinGate {
+            max_members: usize::MAX,
+            half_members: true,
+            ..SpinGate::per_core()
+        }
     }
 
     /// The gate shared by every [`crate::client::Client`] of this process.
@@ -161,12 +183,18 @@ impl SpinGate {
     /// Takes a place if polling is allowed and a place is free (then call
     /// [`SpinGate::leave`] after polling).
     pub fn enter(&self) -> bool {
-        if self.members.load(Ordering::Relaxed) > 2 * self.max {
+        let members = self.members.load(Ordering::Relaxed);
+        if members > self.max_members {
             return false;
         }
+        let max = if self.half_members {
+            self.max.max(members / 2)
+        } else {
+            self.max
+        };
         let mut cur = self.active.load(Ordering::Relaxed);
         loop {
-            if cur >= self.max {
+            if cur >= max {
                 return false;
             }
             match self.active.compare_exchange_weak(
@@ -601,6 +629,18 @@ mod tests {
         );
         drop(members);
         assert!(g.enter());
+
+        let s = Arc::new(SpinGate {
+            max: 2,
+            ..SpinGate::server()
+        });
+        let members: Vec<GateMember> = (0..16).map(|_| s.join()).collect();
+        assert_eq!(
+            (0..20).filter(|_| s.enter()).count(),
+            8,
+            "half of 16 readers"
+        );
+        drop(members);
     }
 
     #[tokio::test]

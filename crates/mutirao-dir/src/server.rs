@@ -345,7 +345,7 @@ impl DirServer {
                 fanouts: Arc::new(Mutex::new(HashMap::new())),
                 local_threads: AtomicBool::new(true),
                 local_spin_ns: AtomicU64::new(DEFAULT_SPIN.as_nanos() as u64),
-                spin_gate: Arc::new(SpinGate::per_core()),
+                spin_gate: Arc::new(SpinGate::server()),
             }),
         })
     }
