@@ -148,6 +148,8 @@ pub struct HostPlan {
     pub cgroup: String,
     /// Its CFS quota.
     pub quota: CpuQuota,
+    /// Shaping of its link (both ends): the host's own `nic_mbit`, else its site's.
+    pub nic: Tbf,
 }
 
 /// One WAN link as laid out: a veth pair `w<k>` between two site namespaces.
@@ -242,6 +244,7 @@ impl Plan {
                 cpu: h.spec.cpu,
                 cgroup: format!("h{}", h.index),
                 quota: CpuQuota::for_cpu(h.spec.cpu),
+                nic: Tbf::for_mbit(h.spec.nic_mbit.unwrap_or(spec.sites[h.site].nic_mbit)),
             })
             .collect();
         let wans: Vec<WanPlan> = spec
@@ -330,6 +333,22 @@ mbit = 40
             2,
         )
         .expect("valid spec")
+    }
+
+    #[test]
+    fn a_host_nic_overrides_its_site() {
+        let text = r#"
+[[site]]
+name = "a"
+nic_mbit = 800
+hosts = [ { name = "a1", cpu = 1.0 }, { name = "a2", cpu = 1.0, nic_mbit = 100 } ]
+"#;
+        let p = Plan::new(&Spec::parse(text, 2).expect("valid"), "mtb000001", 3);
+        assert_eq!(p.hosts[0].nic.rate_kbit, 800_000);
+        assert_eq!(p.hosts[1].nic.rate_kbit, 100_000);
+        let bad = text.replace("nic_mbit = 100", "nic_mbit = -5");
+        let e = Spec::parse(&bad, 2).unwrap_err().to_string();
+        assert!(e.contains("site[0].hosts[1].nic_mbit"), "{e}");
     }
 
     #[test]

@@ -43,6 +43,10 @@ pub struct HostSpec {
     pub name: String,
     /// CPU share as a fraction of one core, in (0, ncores].
     pub cpu: f64,
+    /// This host's link rate in Mbit/s, when it differs from its site's `nic_mbit` (a site that
+    /// mixes link speeds, e.g. an old 100 Mbit/s machine on a gigabit switch).
+    #[serde(default)]
+    pub nic_mbit: Option<f64>,
 }
 
 /// A site: hosts on one switch, each joined to it by a link of `nic_mbit`.
@@ -185,6 +189,9 @@ impl Spec {
                         format!("{field}.name"),
                         format!("host name `{}` is already used by {prev}", host.name),
                     ));
+                }
+                if let Some(r) = host.nic_mbit {
+                    check_rate(format!("{field}.nic_mbit"), r)?;
                 }
                 let max = ncores as f64;
                 if !host.cpu.is_finite() || host.cpu < MIN_CPU || host.cpu > max {
@@ -362,7 +369,8 @@ mbit = 40
             s.sites[1].hosts[0],
             HostSpec {
                 name: "b1".into(),
-                cpu: 0.25
+                cpu: 0.25,
+                nic_mbit: None,
             }
         );
         assert_eq!(s.wans[0].sites, vec!["a".to_string(), "b".to_string()]);

@@ -402,8 +402,8 @@ impl Testbed {
                     &site.gateway.to_string(),
                 ],
             )?;
-            shape(r, hns, "eth0", &site.nic)?;
-            shape(r, sns, &h.port, &site.nic)?;
+            shape(r, hns, "eth0", &h.nic)?;
+            shape(r, sns, &h.port, &h.nic)?;
             let cg = st.cgroup.join(&h.cgroup);
             std::fs::create_dir(&cg).map_err(|source| Error::Io {
                 what: "cannot create cgroup".into(),
@@ -421,7 +421,7 @@ impl Testbed {
                 site: site.name.clone(),
                 addr: h.addr,
                 cpu: h.cpu,
-                nic_mbit: spec.sites[h.site].nic_mbit,
+                nic_mbit: h.nic.rate_kbit as f64 / 1000.0,
                 netns: h.netns.clone(),
                 cgroup: cg,
             });
