@@ -19,7 +19,7 @@ use anyhow::{bail, Context};
 use indicatif::{ProgressBar, ProgressStyle};
 use mutirao::{Comm, ANY_TAG};
 use mutirao_model::calib::{
-    CalibHost, Calibration, LoadInfo, PLogPSample, PairRef, PingPongSample, SendMode,
+    CalibHost, Calibration, LinkProbe, LoadInfo, PLogPSample, PairRef, PingPongSample, SendMode,
     SpeedMeasurement, SpeedSample, StrategyKind,
 };
 use mutirao_model::strategy::{plan, Plan, PlanHost, PlanOptions};
@@ -250,6 +250,9 @@ enum Record {
     },
     Plan {
         plan: Plan,
+    },
+    Probe {
+        probe: LinkProbe,
     },
     Sweep {
         src: String,
@@ -714,6 +717,7 @@ pub fn run(a: CalibrateArgs) -> anyhow::Result<ExitCode> {
     if let Some(p) = &outcome.plan {
         p.record_in(&mut c);
     }
+    c.provenance.link_probes = outcome.probes.clone();
     let mut failed = outcome.failed.clone();
     if !outcome.done && failed.is_empty() {
         // Rank 0 could not say why: take the launcher's words, and the host they name.
@@ -819,6 +823,7 @@ type PlogpRec = (String, String, Vec<(u64, Vec<PLogPSample>)>);
 struct Outcome {
     hosts: BTreeMap<usize, CalibHost>,
     plan: Option<Plan>,
+    probes: Vec<LinkProbe>,
     sweeps: Vec<SweepRec>,
     plogp: Vec<PlogpRec>,
     failed: Vec<(String, String)>,
@@ -865,6 +870,7 @@ fn coordinate(
     let mut out = Outcome {
         hosts: BTreeMap::new(),
         plan: None,
+        probes: Vec::new(),
         sweeps: Vec::new(),
         plogp: Vec::new(),
         failed: Vec::new(),
@@ -893,6 +899,7 @@ fn coordinate(
                 }
             }
             Record::Plan { plan } => out.plan = Some(plan),
+            Record::Probe { probe } => out.probes.push(probe),
             Record::Sweep {
                 src,
                 dst,
@@ -1078,13 +1085,26 @@ fn leader(comm: &Comm, cfg: &WorkerConfig) -> anyhow::Result<ExitCode> {
         emit(&Record::Host { host });
         done += 1;
     }
+    let link = if cfg.strategy == StrategyKind::TypeSampled {
+        match link_probes(comm, cfg, &mut done, &mut total, &mut leader_sweeps) {
+            Ok(l) => l,
+            Err((host, why)) => return fail(host, why),
+        }
+    } else {
+        vec![None; n]
+    };
     let plan_hosts: Vec<PlanHost> = cfg
         .hosts
         .iter()
         .zip(&h_us)
-        .map(|(h, s)| match s {
-            Some(v) if *v > 0.0 => PlanHost::with_h(&h.name, &h.site, *v),
-            _ => PlanHost::new(&h.name, &h.site),
+        .zip(&link)
+        .map(|((h, s), l)| {
+            let mut p = match s {
+                Some(v) if *v > 0.0 => PlanHost::with_h(&h.name, &h.site, *v),
+                _ => PlanHost::new(&h.name, &h.site),
+            };
+            p.link = *l;
+            p
         })
         .collect();
     let p = plan(
@@ -1126,51 +1146,19 @@ fn leader(comm: &Comm, cfg: &WorkerConfig) -> anyhow::Result<ExitCode> {
                 total,
                 what: format!("{} -> {} ({})", pair.src, pair.dst, pass.label()),
             });
-            let ra = cfg.primary(a);
-            let rb = if a == b { ra + 1 } else { cfg.primary(b) };
-            // Orders first, then our own part, then the others' reports.
-            for (r, ctrl) in [
-                (
-                    ra,
-                    Ctrl::Measure {
-                        peer: rb,
-                        pass,
-                        sizes: cfg.sizes.clone(),
-                        p: params,
-                    },
-                ),
-                (rb, Ctrl::Mirror { peer: ra, pass }),
-            ] {
-                if r != 0 {
-                    if let Err(e) = comm.send_obj(&ctrl, r, TAG_CTRL) {
-                        return fail(cfg.host_of_rank(r), e.to_string());
-                    }
-                }
-            }
-            let mut mres = None;
-            let mut rres = None;
-            if ra == 0 {
-                fault_check(cfg, 0, 0, &mut leader_sweeps);
-                mres = Some(measure(comm, rb, pass, &cfg.sizes, params).map_err(|e| failure(&e)));
-            }
-            if rb == 0 {
-                fault_check(cfg, 0, 0, &mut leader_sweeps);
-                rres = Some(mirror(comm, ra, pass).map_err(|e| failure(&e)));
-            }
-            if ra != 0 {
-                mres = Some(match comm.recv_obj::<Report>(ra, TAG_REPORT) {
-                    Ok((Report::Measure(r), _)) => r,
-                    Ok(_) => Err((Some(ra), "answered with the wrong report".into())),
-                    Err(e) => Err(failure(&e)),
-                });
-            }
-            if rb != 0 {
-                rres = Some(match comm.recv_obj::<Report>(rb, TAG_REPORT) {
-                    Ok((Report::Mirror(r), _)) => r,
-                    Ok(_) => Err((Some(rb), "answered with the wrong report".into())),
-                    Err(e) => Err(failure(&e)),
-                });
-            }
+            let (mres, rres) = match run_pair(
+                comm,
+                cfg,
+                a,
+                b,
+                pass,
+                &cfg.sizes,
+                params,
+                &mut leader_sweeps,
+            ) {
+                Ok(x) => x,
+                Err((host, why)) => return fail(host, why),
+            };
             match (mres, rres) {
                 (Some(Ok(m)), Some(Ok(r))) => match pass {
                     Pass::PingPong(mode) => {
@@ -1242,6 +1230,165 @@ fn leader(comm: &Comm, cfg: &WorkerConfig) -> anyhow::Result<ExitCode> {
     emit(&Record::Done);
     comm.clone().finalize()?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Bytes of a type-sampled link probe.
+const PROBE_BYTES: u64 = 1 << 20;
+
+/// Type-sampled: a preliminary link speed for every host of a site with two or more hosts, so
+/// that hosts behind slower links (an old NIC on the same switch) form their own cluster. The
+/// hosts of a site are probed in a ring (each with the next; one probe for two hosts), a 1 MiB
+/// ping-pong each (one warm-up, two timed); a host's speed is the faster of its probes in MB/s,
+/// so a fast host next to a slow one still shows its own speed through its other neighbour.
+fn link_probes(
+    comm: &Comm,
+    cfg: &WorkerConfig,
+    done: &mut u64,
+    total: &mut u64,
+    leader_sweeps: &mut u32,
+) -> Result<Vec<Option<f64>>, (usize, String)> {
+    let n = cfg.hosts.len();
+    let mut sites: Vec<&str> = Vec::new();
+    for h in &cfg.hosts {
+        if !sites.contains(&h.site.as_str()) {
+            sites.push(&h.site);
+        }
+    }
+    let mut pairs = Vec::new();
+    for site in sites {
+        let m: Vec<usize> = (0..n).filter(|&i| cfg.hosts[i].site == site).collect();
+        match m.len() {
+            0 | 1 => {}
+            2 => pairs.push((m[0], m[1])),
+            k => pairs.extend((0..k).map(|j| (m[j], m[(j + 1) % k]))),
+        }
+    }
+    *total += pairs.len() as u64;
+    let params = RepParams {
+        reps: 2,
+        min_reps: 2,
+        warmup: 1,
+        time_per_size: 0.0,
+        precision: 0.0,
+    };
+    let mut link: Vec<Option<f64>> = vec![None; n];
+    for (a, b) in pairs {
+        let (sa, sb) = (&cfg.hosts[a].name, &cfg.hosts[b].name);
+        emit(&Record::Progress {
+            done: *done,
+            total: *total,
+            what: format!("link probe {sa} -> {sb}"),
+        });
+        let pass = Pass::PingPong(SendMode::Isend);
+        let (m, r) = run_pair(comm, cfg, a, b, pass, &[PROBE_BYTES], params, leader_sweeps)?;
+        let rtt = match (m, r) {
+            (Some(Ok(m)), Some(Ok(_))) => m
+                .sizes
+                .first()
+                .and_then(|(_, reps)| median(reps.iter().filter(|x| !x.warm).map(|x| x.rtt))),
+            (m, r) => {
+                let errs: Vec<Failure> = [m.and_then(|x| x.err()), r.and_then(|x| x.err())]
+                    .into_iter()
+                    .flatten()
+                    .collect();
+                let (rank, reason) = errs
+                    .iter()
+                    .find(|(r, _)| r.is_some())
+                    .or(errs.first())
+                    .cloned()
+                    .unwrap_or((None, "unknown failure".into()));
+                let host = rank.map(|r| cfg.host_of_rank(r)).unwrap_or(a);
+                return Err((
+                    host,
+                    format!("during the link probe {sa} -> {sb}: {reason}"),
+                ));
+            }
+        };
+        if let Some(rtt) = rtt.filter(|r| *r > 0.0) {
+            emit(&Record::Probe {
+                probe: LinkProbe {
+                    src: sa.clone(),
+                    dst: sb.clone(),
+                    bytes: PROBE_BYTES,
+                    rtt_us: rtt,
+                },
+            });
+            let mb_s = PROBE_BYTES as f64 / (rtt / 2.0);
+            for h in [a, b] {
+                link[h] = Some(link[h].map_or(mb_s, |x: f64| x.max(mb_s)));
+            }
+        }
+        *done += 1;
+    }
+    Ok(link)
+}
+
+/// The two halves of one sweep as rank 0 collected them.
+type PairResult = (
+    Option<Result<MeasureOut, Failure>>,
+    Option<Result<Vec<Vec<(f64, f64)>>, Failure>>,
+);
+
+/// Run one sweep of hosts `a` (measure) and `b` (mirror; `a == b` is the same-host pair): send
+/// the orders, do rank 0's own part, collect the reports. `Err` names the host an order could
+/// not reach.
+#[allow(clippy::too_many_arguments)]
+fn run_pair(
+    comm: &Comm,
+    cfg: &WorkerConfig,
+    a: usize,
+    b: usize,
+    pass: Pass,
+    sizes: &[u64],
+    params: RepParams,
+    leader_sweeps: &mut u32,
+) -> Result<PairResult, (usize, String)> {
+    let ra = cfg.primary(a);
+    let rb = if a == b { ra + 1 } else { cfg.primary(b) };
+    // Orders first, then our own part, then the others' reports.
+    for (r, ctrl) in [
+        (
+            ra,
+            Ctrl::Measure {
+                peer: rb,
+                pass,
+                sizes: sizes.to_vec(),
+                p: params,
+            },
+        ),
+        (rb, Ctrl::Mirror { peer: ra, pass }),
+    ] {
+        if r != 0 {
+            if let Err(e) = comm.send_obj(&ctrl, r, TAG_CTRL) {
+                return Err((cfg.host_of_rank(r), e.to_string()));
+            }
+        }
+    }
+    let mut mres = None;
+    let mut rres = None;
+    if ra == 0 {
+        fault_check(cfg, 0, 0, leader_sweeps);
+        mres = Some(measure(comm, rb, pass, sizes, params).map_err(|e| failure(&e)));
+    }
+    if rb == 0 {
+        fault_check(cfg, 0, 0, leader_sweeps);
+        rres = Some(mirror(comm, ra, pass).map_err(|e| failure(&e)));
+    }
+    if ra != 0 {
+        mres = Some(match comm.recv_obj::<Report>(ra, TAG_REPORT) {
+            Ok((Report::Measure(r), _)) => r,
+            Ok(_) => Err((Some(ra), "answered with the wrong report".into())),
+            Err(e) => Err(failure(&e)),
+        });
+    }
+    if rb != 0 {
+        rres = Some(match comm.recv_obj::<Report>(rb, TAG_REPORT) {
+            Ok((Report::Mirror(r), _)) => r,
+            Ok(_) => Err((Some(rb), "answered with the wrong report".into())),
+            Err(e) => Err(failure(&e)),
+        });
+    }
+    Ok((mres, rres))
 }
 
 /// The b → a sample that the echo of an a → b ping-pong gives: same round trip and L, the

@@ -442,6 +442,11 @@ fn type_sampled_records_clusters() {
     let out = mutirao(&args, Duration::from_secs(60));
     assert!(out.status.success(), "{}", text(&out));
     let c = Calibration::from_json(&std::fs::read_to_string(&calib).unwrap()).unwrap();
+    // The two hosts of the site were probed once for a preliminary link speed.
+    assert_eq!(c.provenance.link_probes.len(), 1, "{:?}", c.provenance);
+    let pr = &c.provenance.link_probes[0];
+    assert_eq!((pr.src.as_str(), pr.dst.as_str()), ("local0", "local1"));
+    assert!(pr.bytes == 1 << 20 && pr.rtt_us > 0.0, "{pr:?}");
     // A tolerance of 1000% puts both hosts in one cluster led by local0.
     assert_eq!(c.provenance.clusters.len(), 1);
     assert_eq!(c.provenance.clusters[0].members, ["local0", "local1"]);

@@ -528,6 +528,19 @@ pub struct Cluster {
     pub members: Vec<String>,
 }
 
+/// One link probe of a type-sampled calibration: a short ping-pong between two hosts of a site.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LinkProbe {
+    /// Measuring host.
+    pub src: String,
+    /// Mirroring host.
+    pub dst: String,
+    /// Message size.
+    pub bytes: u64,
+    /// Median round trip (µs).
+    pub rtt_us: f64,
+}
+
 /// Where the data came from.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Provenance {
@@ -544,6 +557,10 @@ pub struct Provenance {
     /// unordered pair once unless told `--both-directions`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub echoed: Vec<PairRef>,
+    /// Type-sampled: the quick intra-site ping-pongs that gave each host its preliminary link
+    /// speed for clustering.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub link_probes: Vec<LinkProbe>,
     /// Start of the calibration, milliseconds since the Unix epoch.
     pub started_unix_ms: u64,
     /// End of the calibration, milliseconds since the Unix epoch (0 while running).
@@ -610,6 +627,7 @@ impl Calibration {
                 inherited: Vec::new(),
                 clusters: Vec::new(),
                 echoed: Vec::new(),
+                link_probes: Vec::new(),
                 started_unix_ms,
                 finished_unix_ms: 0,
                 tool_version: tool_version.to_string(),
