@@ -89,6 +89,12 @@ pub struct CpuQuota {
     pub period_us: u64,
     /// `cpu.cfs_quota_us`.
     pub quota_us: u64,
+    /// `cpu.cfs_burst_us` (kernels ≥ 5.14), equal to the quota: a host may spend up to one
+    /// period's quota that it left unused earlier. Without it CFS strands quota in per-CPU
+    /// slices, so a `cpu = 1.0` host running one busy thread was throttled in ~40% of its
+    /// periods and ran ~15% slower than an unlimited process (measured, docs/testbed.md);
+    /// over a long run a burst cannot raise the host's share above `cpu`.
+    pub burst_us: u64,
 }
 
 impl CpuQuota {
@@ -104,6 +110,7 @@ impl CpuQuota {
             shares: ((cpu * 16.0 * 1024.0).round() as u64).clamp(2, MAX_SHARES),
             period_us,
             quota_us,
+            burst_us: quota_us,
         }
     }
 }
@@ -427,7 +434,8 @@ hosts = [ { name = "a1", cpu = 1.0 }, { name = "a2", cpu = 1.0, nic_mbit = 100 }
             CpuQuota {
                 shares: 4096,
                 period_us: 10_000,
-                quota_us: 2500
+                quota_us: 2500,
+                burst_us: 2500
             }
         );
         assert_eq!(CpuQuota::for_cpu(1.5).quota_us, 15_000);

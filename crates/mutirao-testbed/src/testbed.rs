@@ -415,6 +415,11 @@ impl Testbed {
                 &h.quota.period_us.to_string(),
             )?;
             write_file(&cg.join("cpu.cfs_quota_us"), &h.quota.quota_us.to_string())?;
+            // Older kernels have no burst; the quota alone still caps the host.
+            let burst = cg.join("cpu.cfs_burst_us");
+            if burst.exists() {
+                write_file(&burst, &h.quota.burst_us.to_string())?;
+            }
             write_file(&cg.join("cpu.shares"), &h.quota.shares.to_string())?;
             st.hosts.push(HostInfo {
                 name: h.name.clone(),

@@ -173,6 +173,22 @@ fn two_site_testbed_has_the_spec_rates_and_cpu_shares() {
         );
     }
 
+    // Every host's cgroup: period, quota and (where the kernel has it) a burst of one quota.
+    for h in tb.hosts() {
+        let q = mutirao_testbed::plan::CpuQuota::for_cpu(h.cpu);
+        let read = |f: &str| -> String {
+            std::fs::read_to_string(h.cgroup.join(f))
+                .unwrap_or_else(|e| panic!("{}: {f}: {e}", h.name))
+                .trim()
+                .to_string()
+        };
+        assert_eq!(read("cpu.cfs_period_us"), q.period_us.to_string(), "{}", h.name);
+        assert_eq!(read("cpu.cfs_quota_us"), q.quota_us.to_string(), "{}", h.name);
+        if h.cgroup.join("cpu.cfs_burst_us").exists() {
+            assert_eq!(read("cpu.cfs_burst_us"), q.quota_us.to_string(), "{}", h.name);
+        }
+    }
+
     // CPU shares: spin in a1 (1.0) and b1 (0.25) at the same time.
     let iters = "60000000";
     let fast = tb.spawn("a1", probe(&["spin", iters])).expect("spin a1");
