@@ -147,7 +147,8 @@ pub struct CalibrateArgs {
     /// 0.1 s on its host; every host runs the same number).
     #[arg(long)]
     speed_reps: Option<u64>,
-    /// H kernel runs per host (H is the median).
+    /// H kernel runs per host, in rounds (each round runs every host once, one at a time); H is
+    /// the median of a host's runs.
     #[arg(long, default_value_t = 5)]
     speed_runs: u32,
     /// Eager limit of the calibration job (bytes, K/M suffixes), or `runtime` to keep the
@@ -1023,7 +1024,7 @@ fn fault_check(cfg: &WorkerConfig, host: usize, rank: usize, sweeps: &mut u32) {
 fn leader(comm: &Comm, cfg: &WorkerConfig) -> anyhow::Result<ExitCode> {
     let n = cfg.hosts.len();
     let mut done = 0u64;
-    let mut total = n as u64;
+    let mut total = n as u64 * u64::from(cfg.speed_runs);
     let fail = |host: usize, reason: String| -> anyhow::Result<ExitCode> {
         emit(&Record::Failed {
             host: cfg.hosts[host].name.clone(),
@@ -1036,41 +1037,55 @@ fn leader(comm: &Comm, cfg: &WorkerConfig) -> anyhow::Result<ExitCode> {
     let speed_reps = cfg
         .speed_reps
         .unwrap_or_else(|| auto_speed_reps(Duration::from_millis(100)));
+    // H in rounds: every round runs the kernel once on every host, one host at a time, so a
+    // slow spell of the machine (another job, a noisy neighbour) spreads over all hosts' runs
+    // instead of landing on whichever host was being measured; H is then each host's median.
+    let mut runs: Vec<Vec<(f64, f64)>> = vec![Vec::new(); n];
+    let mut first: Vec<Option<(String, String)>> = vec![None; n];
+    for round in 0..cfg.speed_runs {
+        for (i, spec) in cfg.hosts.iter().enumerate() {
+            emit(&Record::Progress {
+                done,
+                total,
+                what: format!("H of {} (run {}/{})", spec.name, round + 1, cfg.speed_runs),
+            });
+            let r = cfg.primary(i);
+            let rep = if r == 0 {
+                speed_report(speed_reps, 1)
+            } else {
+                let sent = comm.send_obj(
+                    &Ctrl::Speed {
+                        reps: speed_reps,
+                        runs: 1,
+                    },
+                    r,
+                    TAG_CTRL,
+                );
+                match sent.and_then(|_| comm.recv_obj::<Report>(r, TAG_REPORT)) {
+                    Ok((rep, _)) => rep,
+                    Err(e) => return fail(i, format!("while measuring its speed: {e}")),
+                }
+            };
+            let Report::Speed {
+                os,
+                loadavg,
+                samples,
+            } = rep
+            else {
+                return fail(i, "answered the speed order with something else".into());
+            };
+            runs[i].extend(samples);
+            // The OS and the load as they were before this host's first run.
+            first[i].get_or_insert((os, loadavg));
+            done += 1;
+        }
+    }
     for (i, spec) in cfg.hosts.iter().enumerate() {
-        emit(&Record::Progress {
-            done,
-            total,
-            what: format!("H of {}", spec.name),
-        });
-        let r = cfg.primary(i);
-        let rep = if r == 0 {
-            speed_report(speed_reps, cfg.speed_runs)
-        } else {
-            let sent = comm.send_obj(
-                &Ctrl::Speed {
-                    reps: speed_reps,
-                    runs: cfg.speed_runs,
-                },
-                r,
-                TAG_CTRL,
-            );
-            match sent.and_then(|_| comm.recv_obj::<Report>(r, TAG_REPORT)) {
-                Ok((rep, _)) => rep,
-                Err(e) => return fail(i, format!("while measuring its speed: {e}")),
-            }
-        };
-        let Report::Speed {
-            os,
-            loadavg,
-            samples,
-        } = rep
-        else {
-            return fail(i, "answered the speed order with something else".into());
-        };
+        let (os, loadavg) = first[i].take().unwrap_or_default();
         let speed = SpeedMeasurement {
             kernel: KERNEL.into(),
             reps: speed_reps,
-            samples: samples
+            samples: runs[i]
                 .iter()
                 .map(|&(wall_us, cpu_us)| SpeedSample { wall_us, cpu_us })
                 .collect(),
@@ -1083,7 +1098,6 @@ fn leader(comm: &Comm, cfg: &WorkerConfig) -> anyhow::Result<ExitCode> {
             ..CalibHost::new(&spec.name, &spec.site, &spec.address)
         };
         emit(&Record::Host { host });
-        done += 1;
     }
     let link = if cfg.strategy == StrategyKind::TypeSampled {
         match link_probes(comm, cfg, &mut done, &mut total, &mut leader_sweeps) {

@@ -182,10 +182,25 @@ fn two_site_testbed_has_the_spec_rates_and_cpu_shares() {
                 .trim()
                 .to_string()
         };
-        assert_eq!(read("cpu.cfs_period_us"), q.period_us.to_string(), "{}", h.name);
-        assert_eq!(read("cpu.cfs_quota_us"), q.quota_us.to_string(), "{}", h.name);
+        assert_eq!(
+            read("cpu.cfs_period_us"),
+            q.period_us.to_string(),
+            "{}",
+            h.name
+        );
+        assert_eq!(
+            read("cpu.cfs_quota_us"),
+            q.quota_us.to_string(),
+            "{}",
+            h.name
+        );
         if h.cgroup.join("cpu.cfs_burst_us").exists() {
-            assert_eq!(read("cpu.cfs_burst_us"), q.quota_us.to_string(), "{}", h.name);
+            assert_eq!(
+                read("cpu.cfs_burst_us"),
+                q.quota_us.to_string(),
+                "{}",
+                h.name
+            );
         }
     }
 
