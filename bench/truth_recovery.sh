@@ -100,9 +100,10 @@ m1 = json.load(open(f"{w}/model1.json"))
 m2 = json.load(open(f"{w}/model2.json"))
 
 def seg(pw, m):
+    # mutirao-model/1: value(m) = base_us + per_byte_us·(m − from), last segment with from ≤ m
     s = [x for x in pw if x["from"] <= m]
     x = s[-1] if s else pw[0]
-    return x["base_us"] + x["per_byte_us"] * m
+    return x["base_us"] + x["per_byte_us"] * (m - x["from"])
 
 def mbit(pw):
     pb = pw[-1]["per_byte_us"]
