@@ -11,7 +11,8 @@
 #      (note: tbf shapes whole frames, so TCP payload tops out at ~96-98% of the nominal rate);
 #   2. per host: fitted speed vs quota ratio (cpu / 1.0), error %;
 #   3. run-to-run: a second all-pairs calibration, fitted again; per link and size >= 64 KiB the
-#      relative difference of the modelled one-way time os+l+or between the two models;
+#      relative difference of the modelled one-way time os+l+or between the two models, and
+#      per ordered pair and size >= 64 KiB that of the measured median RTT/2 (the data);
 #   4. wall time of all-pairs vs site-sampled calibration (unless SITE_SAMPLED=0).
 # Tolerances from the issue: bandwidth 6%, speed 5%, run-to-run 10%.
 #
@@ -66,14 +67,19 @@ printf '%s a a1\n%s a a2\n%s b b1\n' "${ADDR[0]}" "${ADDR[1]}" "${ADDR[2]}" >"$W
 # message eager, so the wire time lands in `l`; with `--eager-limit runtime` (rendezvous above
 # 64 KiB) the probe fires on the envelope and the transfer lands in the mirror's `or` instead
 # (measured: `l` slopes of ~0, `or` slopes of 38 Mbit/s inter-site), see docs/calibration.md.
-SIZES=0,1K,16K,64K,256K,512K,1M,2M,4M
-# H: a fixed, larger repetition count than the default (~0.1 s on a1) so that each run spans
-# many CFS quota periods (100 ms) on the throttled hosts: ~0.45 s on a1, ~1.8 s on a2 (cpu 0.25).
-SPEED_REPS=${SPEED_REPS:-2000}
+# Sizes are dense from 16 KiB to 1 MiB: tbf's bucket (128 KiB, or 2 ms of traffic) lets a
+# message under it leave at once and shapes the rest, so L bends there; with only 64K, 256K and
+# 512K in that range a 3-size segment cannot follow the bend and two runs' fits placed their
+# breakpoints differently (19-23% apart at 512 KiB on data that agreed within 0.3%).
+SIZES=${SIZES:-0,1K,4K,16K,32K,64K,128K,256K,384K,512K,768K,1M,2M,4M}
+# H: a fixed repetition count (~0.23 s on a1, ~0.95 s on a2 at cpu 0.25: ~95 CFS periods of
+# 10 ms) and 7 runs in interleaved rounds; H takes the least CPU time of a host's runs, so more
+# short runs beat fewer long ones against the VM's slow spells.
+SPEED_REPS=${SPEED_REPS:-1000}
 calib() { # strategy out
     "$B" calibrate --hostfile "$HOSTS" --token-file "$TOKEN" --sites-file "$W/sites.txt" \
         --strategy "$1" --no-same-host --sizes "$SIZES" --warmup 1 --min-reps 3 \
-        --time-per-size 0.3 --speed-reps "$SPEED_REPS" --speed-runs 3 -o "$2" >&2
+        --time-per-size 0.3 --speed-reps "$SPEED_REPS" --speed-runs "${SPEED_RUNS:-7}" -o "$2" >&2
 }
 now() { date +%s.%N; }
 
@@ -179,7 +185,7 @@ print("| link | worst |diff| % | at size | within 10%? |")
 print("|---|---|---|---|")
 def key(l): return (l["class"], l.get("site"), tuple(l.get("sites") or []), l.get("src"), l.get("dst"))
 l2 = {key(l): l for l in m2["links"]}
-sizes = [64 << 10, 256 << 10, 512 << 10, 1 << 20, 2 << 20, 4 << 20]
+sizes = [k << 10 for k in (64, 128, 256, 384, 512, 768, 1024, 2048, 4096)]
 for link in m1["links"]:
     o = l2.get(key(link))
     if o is None:
@@ -193,6 +199,33 @@ for link in m1["links"]:
     good = worst <= 10.0
     ok &= good
     print(f"| {name(link)} | {worst:.1f} | {at >> 10} KiB | {'yes' if good else 'NO'} |")
+
+# The issue's words: "two calibrations in a row agree" — the measured data themselves: per
+# ordered pair and size >= 64 KiB, the median one-way time RTT/2 of run 1 vs run 2.
+print("\n## Run-to-run, measured (median RTT/2 per ordered pair and size >= 64 KiB)\n")
+print("| pair | worst |diff| % | at size | within 10%? |")
+print("|---|---|---|---|")
+def medians(path):
+    out = {}
+    for p in json.load(open(path))["pairs"]:
+        for sz in p["sizes"]:
+            r = sorted(x["rtt_us"] for x in sz["samples"])
+            if sz["bytes"] >= 65536 and r:
+                out[(p["src"], p["dst"], sz["bytes"])] = r[len(r) // 2] / 2
+    return out
+d1, d2 = medians(f"{w}/calib1.json"), medians(f"{w}/calib2.json")
+worst = {}
+for k, a in d1.items():
+    b = d2.get(k)
+    if b is None or a <= 0: continue
+    d = 100.0 * abs(b - a) / a
+    pk = (k[0], k[1])
+    if d >= worst.get(pk, (-1, 0))[0]: worst[pk] = (d, k[2])
+for (s_, d_), (d, at) in sorted(worst.items()):
+    good = d <= 10.0
+    ok &= good
+    print(f"| {s_}->{d_} | {d:.1f} | {at >> 10} KiB | {'yes' if good else 'NO'} |")
+
 hs2 = {h["name"]: h["speed"] for h in m2["hosts"]}
 print("\nspeeds run 2: " + ", ".join(f"{k} {v:.3f}" for k, v in sorted(hs2.items())))
 
@@ -209,5 +242,5 @@ if t[4] > 0:
             print(f"  - {name(link)}: site-sampled {mbit(o['l']):.1f} Mbit/s vs all-pairs {mbit(link['l']):.1f}")
     except (OSError, ValueError) as err:
         print(f"  (site-sampled model unreadable: {err})")
-print(f"\noverall: {'PASS' if ok else 'FAIL'} (bandwidth 6%, speed 5%, run-to-run 10%)")
+print(f"\noverall: {'PASS' if ok else 'FAIL'} (bandwidth 6%, speed 5%, run-to-run 10% on models and on data)")
 PY

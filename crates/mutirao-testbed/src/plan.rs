@@ -89,11 +89,12 @@ pub struct CpuQuota {
     pub period_us: u64,
     /// `cpu.cfs_quota_us`.
     pub quota_us: u64,
-    /// `cpu.cfs_burst_us` (kernels ≥ 5.14), equal to the quota: a host may spend up to one
-    /// period's quota that it left unused earlier. Without it CFS strands quota in per-CPU
-    /// slices, so a `cpu = 1.0` host running one busy thread was throttled in ~40% of its
-    /// periods and ran ~15% slower than an unlimited process (measured, docs/testbed.md);
-    /// over a long run a burst cannot raise the host's share above `cpu`.
+    /// `cpu.cfs_burst_us` (kernels ≥ 5.14): the quota for hosts of one core or more, else 0.
+    /// A burst lets a host spend up to one period's quota that it left unused earlier. Without
+    /// it CFS strands quota in per-CPU slices, so a `cpu = 1.0` host running one busy thread
+    /// was throttled in ~40% of its periods and ran ~15% slower than an unlimited process
+    /// (measured, docs/testbed.md). A fractional host needs none, and with one its share in a
+    /// short busy spell after idling rose 1–2% above `cpu` (H runs of ~1 s).
     pub burst_us: u64,
 }
 
@@ -110,7 +111,7 @@ impl CpuQuota {
             shares: ((cpu * 16.0 * 1024.0).round() as u64).clamp(2, MAX_SHARES),
             period_us,
             quota_us,
-            burst_us: quota_us,
+            burst_us: if cpu >= 1.0 { quota_us } else { 0 },
         }
     }
 }
@@ -435,10 +436,12 @@ hosts = [ { name = "a1", cpu = 1.0 }, { name = "a2", cpu = 1.0, nic_mbit = 100 }
                 shares: 4096,
                 period_us: 10_000,
                 quota_us: 2500,
-                burst_us: 2500
+                burst_us: 0
             }
         );
         assert_eq!(CpuQuota::for_cpu(1.5).quota_us, 15_000);
+        assert_eq!(CpuQuota::for_cpu(1.0).burst_us, 10_000);
+        assert_eq!(CpuQuota::for_cpu(1.5).burst_us, 15_000);
         let small = CpuQuota::for_cpu(0.01);
         assert_eq!(small.period_us, 100_000);
         assert_eq!(small.quota_us, 1000);

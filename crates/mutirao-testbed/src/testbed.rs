@@ -417,7 +417,7 @@ impl Testbed {
             write_file(&cg.join("cpu.cfs_quota_us"), &h.quota.quota_us.to_string())?;
             // Older kernels have no burst; the quota alone still caps the host.
             let burst = cg.join("cpu.cfs_burst_us");
-            if burst.exists() {
+            if burst.exists() && h.quota.burst_us > 0 {
                 write_file(&burst, &h.quota.burst_us.to_string())?;
             }
             write_file(&cg.join("cpu.shares"), &h.quota.shares.to_string())?;
