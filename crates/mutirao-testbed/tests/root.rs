@@ -197,7 +197,7 @@ fn two_site_testbed_has_the_spec_rates_and_cpu_shares() {
         if h.cgroup.join("cpu.cfs_burst_us").exists() {
             assert_eq!(
                 read("cpu.cfs_burst_us"),
-                q.quota_us.to_string(),
+                q.burst_us.to_string(),
                 "{}",
                 h.name
             );
