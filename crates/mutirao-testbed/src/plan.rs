@@ -49,8 +49,11 @@ pub struct Tbf {
     pub rate_kbit: u64,
     /// Bucket size in bytes: at least two 64 KiB GSO packets and 2 ms of traffic.
     pub burst_bytes: u64,
-    /// Most time a packet may wait in the queue, in ms.
-    pub latency_ms: u64,
+    /// Queue size in bytes: 25 ms of traffic, at least 4 MiB. The queue holds a whole message
+    /// of up to ~4 MiB, so the link never drops: with a 25 ms queue (125 KB at 40 Mbit/s) the
+    /// first size beyond bucket + queue lost packets, and a 384 KiB message took 152–212 ms,
+    /// longer than a 512 KiB one (167 ms), varying 21% between calibrations.
+    pub limit_bytes: u64,
 }
 
 impl Tbf {
@@ -61,7 +64,7 @@ impl Tbf {
         Tbf {
             rate_kbit,
             burst_bytes: (bytes_per_s / 500).max(2 * 65536),
-            latency_ms: 25,
+            limit_bytes: (bytes_per_s / 40).max(4 << 20),
         }
     }
 
@@ -73,8 +76,8 @@ impl Tbf {
             format!("{}kbit", self.rate_kbit),
             "burst".into(),
             self.burst_bytes.to_string(),
-            "latency".into(),
-            format!("{}ms", self.latency_ms),
+            "limit".into(),
+            self.limit_bytes.to_string(),
         ]
     }
 }
@@ -455,6 +458,10 @@ hosts = [ { name = "a1", cpu = 1.0 }, { name = "a2", cpu = 1.0, nic_mbit = 100 }
         let fast = Tbf::for_mbit(800.0);
         assert_eq!(fast.burst_bytes, 200_000);
         assert_eq!(fast.tc_args()[2], "800000kbit");
+        // The queue holds 25 ms of traffic, and never less than a 4 MiB message.
+        assert_eq!(slow.limit_bytes, 4 << 20);
+        assert_eq!(Tbf::for_mbit(10_000.0).limit_bytes, 31_250_000);
+        assert_eq!(&fast.tc_args()[5..], ["limit", "4194304"]);
     }
 
     #[test]
