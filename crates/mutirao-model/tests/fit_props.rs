@@ -122,7 +122,7 @@ proptest! {
         min_sizes in 1usize..4,
         max_candidates in 2usize..10,
     ) {
-        let o = SegOptions { max_segments, min_sizes_per_segment: min_sizes, weight_floor_us: 0.5, max_candidates, rel_tolerance: 0.02 };
+        let o = SegOptions { max_segments, min_sizes_per_segment: min_sizes, weight_floor_us: 0.5, max_candidates, rel_tolerance: 0.02, max_precise_miss: 0.10 };
         let f = segmented_fit(&pts, &o).expect("finite points always fit");
         let segs = &f.function.0;
         prop_assert_eq!(segs[0].from, 0);

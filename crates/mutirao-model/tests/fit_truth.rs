@@ -612,3 +612,65 @@ fn shaped_link_last_segment_carries_the_sustained_rate() {
     // The old all-in-one fit is gone: no segment spans 64 KiB to 4 MiB.
     assert!(segment_at(&f.function, 65536).from != segment_at(&f.function, 4 << 20).from);
 }
+
+/// L of one pair on the testbed's 800 Mbit site (medians and their standard errors from a real
+/// calibration, default sizes): timer-noise values near zero up to 16 KiB (tbf's bucket lets
+/// them through at once), then the shaped rate, steeper past the bucket (~200 KB). BIC alone
+/// put one line from 16 KiB to 1 MiB through the origin and missed 1 MiB by 22%; a second
+/// calibration of the same link (data within 2%) got another segmentation, 25% apart. The
+/// precise-miss guard takes a segment more until no precise point is missed by over 10%.
+#[test]
+fn precise_points_are_not_missed_by_more_than_the_guard() {
+    use mutirao_model::fit::{segmented_fit_points, FitPoint};
+    let one_way = [
+        (0u64, 7.2, 0.10),
+        (64, 7.1, 0.05),
+        (256, 1.5, 0.05),
+        (1024, 1.7, 0.05),
+        (4096, -2.4, 0.24),
+        (16384, -1.8, 0.02),
+        (32768, 157.2, 5.30),
+        (65536, 327.4, 4.97),
+        (131072, 650.9, 7.63),
+        (262144, 1300.1, 9.39),
+        (524288, 3397.7, 11.20),
+        (1048576, 8872.6, 5.50),
+    ];
+    // One ping-pong gives both directions the same L (an echoed pair): the pair's fit sees
+    // every point twice.
+    let pts: Vec<FitPoint> = one_way
+        .iter()
+        .chain(one_way.iter())
+        .map(|&(bytes, value_us, se_us)| FitPoint {
+            bytes,
+            value_us,
+            se_us,
+        })
+        .collect();
+    let worst = |f: &Piecewise| {
+        pts.iter()
+            .filter(|p| p.value_us >= 25.0 && p.se_us <= 0.02 * p.value_us)
+            .map(|p| rel(f.value(p.bytes), p.value_us))
+            .fold(0.0f64, f64::max)
+    };
+    let guarded = segmented_fit_points(&pts, &SegOptions::default()).unwrap();
+    assert!(
+        worst(&guarded.function) <= 0.10,
+        "worst precise miss {:.3}: {:?}",
+        worst(&guarded.function),
+        guarded.function
+    );
+    let unguarded = segmented_fit_points(
+        &pts,
+        &SegOptions {
+            max_precise_miss: 0.0,
+            ..SegOptions::default()
+        },
+    )
+    .unwrap();
+    assert!(
+        worst(&unguarded.function) > 0.10,
+        "without the guard BIC alone missed a precise point: {:?}",
+        unguarded.function
+    );
+}
