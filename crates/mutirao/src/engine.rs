@@ -7,7 +7,7 @@
 //!   receives the moment it is decoded, so MPI's non-overtaking rule per (source, tag, context)
 //!   holds;
 //! - a receive matches the first posted receive in post order, or the oldest unexpected message;
-//! - eager messages (≤ `eager_limit`) are sent at once and buffered by the receiver if unexpected;
+//! - eager messages (≤ `eager_limit`, `shm_eager_limit` to shared-memory peers) are sent at once and buffered by the receiver if unexpected;
 //!   larger ones use rendezvous (RTS → CTS → DATA), so an unexpected large message costs the
 //!   receiver only its header;
 //! - raw pointers to caller memory (blocking send/recv) live in the engine only while the blocking
@@ -257,6 +257,8 @@ fn raw_write(io: &mut Option<Box<dyn Transport>>, bufs: &[IoSlice<'_>]) -> Resul
 #[derive(Clone, Debug)]
 pub(crate) struct Tuning {
     pub eager_limit: usize,
+    /// Eager limit towards shared-memory peers.
+    pub shm_eager_limit: usize,
     /// Spin when every peer is on shared memory.
     pub spin_shm: Duration,
     /// After spinning, yield the core this long before sleeping.
@@ -377,7 +379,12 @@ impl Engine {
             return Ok(id);
         }
         self.check_peer(peer)?;
-        if len <= self.tuning.eager_limit {
+        let eager_limit = if self.peers[peer].is_shm() {
+            self.tuning.shm_eager_limit
+        } else {
+            self.tuning.eager_limit
+        };
+        if len <= eager_limit {
             let hdr = Header {
                 kind: Kind::Eager,
                 tag,
@@ -1495,6 +1502,7 @@ mod tests {
             peers,
             Tuning {
                 eager_limit: 1024,
+                shm_eager_limit: 1024,
                 spin: Duration::from_micros(10),
                 spin_shm: Duration::from_micros(10),
                 yield_for: Duration::ZERO,

@@ -115,6 +115,7 @@ pub fn init() -> Result<Comm, Error> {
                 vec![Peer::new(None)],
                 Tuning {
                     eager_limit: cfg.eager_limit,
+                    shm_eager_limit: cfg.shm_eager_limit,
                     spin: cfg.spin,
                     spin_shm: cfg.spin_shm,
                     yield_for: cfg.yield_for,
@@ -250,6 +251,7 @@ pub fn init_with(env: &JobEnv) -> Result<Comm, Error> {
         peers,
         Tuning {
             eager_limit: cfg.eager_limit,
+            shm_eager_limit: cfg.shm_eager_limit,
             spin: cfg.spin,
             spin_shm: cfg.spin_shm,
             yield_for: cfg.yield_for,
