@@ -5,7 +5,7 @@
 //!     MUTIRAO_TRANSPORT=tcp mutirao run -n 2 target/release/examples/pingpong
 //!     mutirao run -n 2 target/release/examples/pingpong -- --quick   # a fast smoke run
 //!
-//! Options: `--init-only` (start and finish only: launch-cost benchmarks), `--quick` (few iterations), `--sizes 0,64,1048576`, `--scale F` (iteration multiplier).
+//! Options: `--init-only` (start and finish only: launch-cost benchmarks), `--quick` (few iterations), `--sizes 0,64,1048576`, `--scale F` (iteration multiplier), `--probe` (probe before every receive, as code that learns a message's size first does).
 //! Every received message is checked; a wrong byte exits non-zero.
 
 use std::time::Instant;
@@ -28,11 +28,13 @@ fn main() -> Result<(), mutirao::Error> {
     let world = mutirao::init()?;
     let mut sizes: Vec<usize> = SIZES.to_vec();
     let mut scale = 1.0f64;
+    let mut probe = false;
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
     while i < args.len() {
         match args[i].as_str() {
             "--quick" => scale = 0.02,
+            "--probe" => probe = true,
             "--init-only" => return world.finalize(),
             "--scale" => {
                 i += 1;
@@ -48,7 +50,7 @@ fn main() -> Result<(), mutirao::Error> {
             "--" => {}
             other => {
                 eprintln!(
-                    "pingpong: unknown argument {other:?} (use --quick, --scale F, --sizes a,b,c)"
+                    "pingpong: unknown argument {other:?} (use --quick, --scale F, --sizes a,b,c, --probe)"
                 );
                 std::process::exit(2);
             }
@@ -91,13 +93,13 @@ fn main() -> Result<(), mutirao::Error> {
             world.send(&buf, peer, 1)?;
         }
         for _ in 0..warmup {
-            round(&world, rank, peer, &pattern, &mut buf)?;
+            round(&world, rank, peer, &pattern, &mut buf, probe)?;
         }
         let mut times = Vec::with_capacity(batches);
         for _ in 0..batches {
             let t = Instant::now();
             for _ in 0..per_batch {
-                round(&world, rank, peer, &pattern, &mut buf)?;
+                round(&world, rank, peer, &pattern, &mut buf, probe)?;
             }
             times.push(t.elapsed().as_secs_f64() / (2 * per_batch) as f64);
         }
@@ -121,11 +123,18 @@ fn round(
     peer: usize,
     data: &[u8],
     buf: &mut [u8],
+    probe: bool,
 ) -> Result<(), mutirao::Error> {
     if rank == 0 {
         world.send(data, peer, 0)?;
+        if probe {
+            world.probe(peer, 0)?;
+        }
         world.recv(buf, peer, 0)?;
     } else {
+        if probe {
+            world.probe(peer, 0)?;
+        }
         world.recv(buf, peer, 0)?;
         world.send(buf, peer, 0)?;
     }

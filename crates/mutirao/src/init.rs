@@ -194,6 +194,9 @@ pub fn init_with(env: &JobEnv) -> Result<Comm, Error> {
             let _ = std::fs::remove_file(&p);
             match Ring::create(&p, cfg.shm_ring) {
                 Ok(r) => {
+                    if cfg.shm_prefault {
+                        r.prefault(false);
+                    }
                     created.push(p);
                     inbound[i] = Some(r);
                 }
@@ -233,6 +236,9 @@ pub fn init_with(env: &JobEnv) -> Result<Comm, Error> {
                     cleanup(&created);
                     Error::Init(format!("cannot open the ring to rank {i}: {e}"))
                 })?;
+                if cfg.shm_prefault {
+                    tx.prefault(true);
+                }
                 Some(Box::new(ShmTransport::new(tx, rx, sock)))
             }
             (Some(sock), None) => Some(Box::new(TcpTransport::new(sock))),

@@ -99,6 +99,29 @@ impl Ring {
         Ok(r)
     }
 
+    /// Touch every page of the data region once, now, so that no message pays for it later
+    /// (`MUTIRAO_SHM_PREFAULT`). A fresh ring file is sparse: the first trip around the ring
+    /// allocates a tmpfs page and takes a page fault in both processes for every 4 KiB, so a
+    /// 32 KiB message cost 30–80 µs instead of 3–7 µs until the ring had wrapped once.
+    /// `writer`: the end that writes (touches by writing each page's byte back; it has written
+    /// nothing yet); the reader only reads, so a read fault is all it needs.
+    pub fn prefault(&self, writer: bool) {
+        let base = self.data();
+        for off in (0..self.cap).step_by(4096) {
+            // SAFETY: `off < cap`, inside the data region of a live mapping. The reader only
+            // reads. The writer is the only process that ever writes the data region, and it
+            // calls this before its first write, so it stores back the byte that is there while
+            // the reader reads no data byte (nothing has been published: head == tail).
+            unsafe {
+                let p = base.add(off);
+                let b = std::ptr::read_volatile(p);
+                if writer {
+                    std::ptr::write_volatile(p, b);
+                }
+            }
+        }
+    }
+
     /// The file behind the ring (removed by the reader once both ends have mapped it).
     pub fn path(&self) -> &Path {
         &self.path
@@ -262,6 +285,49 @@ mod tests {
             out.extend_from_slice(&buf[..n]);
         }
         assert_eq!(out, data);
+    }
+
+    /// Minor page faults of the calling thread so far.
+    fn minor_faults() -> i64 {
+        // SAFETY: rusage is a plain C struct of integers and timevals; all-zero is valid.
+        let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+        // SAFETY: `u` is a valid, writable rusage; getrusage writes only into it.
+        let rc = unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut u) };
+        assert_eq!(rc, 0);
+        u.ru_minflt
+    }
+
+    /// Write then read 192 KiB through a fresh 256 KiB ring; the minor faults it took.
+    fn faults_of_first_trip(name: &str, prefault: bool) -> i64 {
+        let p = tmp(name);
+        let mut rx = Ring::create(&p, 256 << 10).unwrap();
+        let mut tx = Ring::open(&p).unwrap();
+        std::fs::remove_file(&p).unwrap();
+        if prefault {
+            rx.prefault(false);
+            tx.prefault(true);
+        }
+        let data = vec![7u8; 32 << 10];
+        let mut buf = vec![0u8; 32 << 10];
+        let before = minor_faults();
+        for _ in 0..6 {
+            let (n, _) = tx.write_vectored(&[IoSlice::new(&data)]);
+            assert_eq!(n, data.len());
+            let (m, _) = rx.read(&mut buf);
+            assert_eq!(m, data.len());
+        }
+        let faults = minor_faults() - before;
+        assert!(buf.iter().all(|&b| b == 7));
+        faults
+    }
+
+    #[test]
+    fn prefault_takes_the_first_trip_s_page_faults_up_front() {
+        // 48 pages written through one mapping and read through the other.
+        let cold = faults_of_first_trip("cold", false);
+        let warm = faults_of_first_trip("warm", true);
+        assert!(cold >= 48, "a sparse ring faults on every page: {cold}");
+        assert!(warm <= 4, "a prefaulted ring should not fault: {warm}");
     }
 
     #[test]
