@@ -149,8 +149,9 @@ pub struct CalibrateArgs {
     /// 0.1 s on its host; every host runs the same number).
     #[arg(long)]
     speed_reps: Option<u64>,
-    /// H kernel runs per host, in rounds (each round runs every host once, one at a time); H is
-    /// the median of a host's runs.
+    /// H kernel runs per host, in rounds (each round runs every host once, one at a time). H is
+    /// the least CPU time of a host's runs times their median wall/CPU ratio (its share of the
+    /// processor), per repetition; see docs/calibration.md.
     #[arg(long, default_value_t = 5)]
     speed_runs: u32,
     /// Eager limit of the calibration job (bytes, K/M suffixes), or `runtime` to keep the
