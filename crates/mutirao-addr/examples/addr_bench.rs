@@ -12,6 +12,10 @@
 //! With 3 ranks (`mutirao run -n 3 …`) it measures the bridged path of check 14 instead: rank 0
 //! on technology X, rank 2 on Y, rank 1 on both as the bridge; mailbox round trips 0↔1 (X),
 //! 1↔2 (Y) and 0↔2 (through the bridge), which should be about the sum of the first two.
+//!
+//! With an even number of ranks ≥ 4 (`mutirao run -n 8 …`) it measures check 18: the mailbox
+//! round trip of pair 0↔1 alone, then of all pairs (0↔1, 2↔3, …) at once; the thesis's target
+//! is concurrent pairs within 2× the single pair.
 
 use mutirao_addr::{Acl, Addr, AttrList, Block, Config, Mailbox, Match, Scope, Timeout};
 use std::process::ExitCode;
@@ -208,6 +212,73 @@ fn rtt(
     Ok(Duration::from_nanos(nanos[0]))
 }
 
+/// Check 18: one pair alone, then every pair (2k ↔ 2k+1) at once.
+fn pairs(world: &mutirao::Comm, addr: &Addr, iters: usize) -> Result<(), String> {
+    let s = |e: mutirao_addr::AddrError| e.to_string();
+    let me = addr.rank();
+    let q = AttrList::from_pairs([("bench", format!("inbox-{me}"))]).map_err(|e| e.to_string())?;
+    let mb = Mailbox::register(addr, &q, Acl::Public).map_err(s)?;
+    let single = rtt(world, addr, &mb, 0, 1, iters)?;
+    // Every pair at once: the even rank of each pair sends and times.
+    let (a, b) = (me & !1, me | 1);
+    let other = if me == a { b } else { a };
+    let q =
+        AttrList::from_pairs([("bench", format!("inbox-{other}"))]).map_err(|e| e.to_string())?;
+    let peer = addr
+        .find(&q, Scope::Local)
+        .map_err(s)?
+        .pop()
+        .ok_or("peer inbox not found")?;
+    addr.barrier(T).map_err(s)?;
+    let t0 = Instant::now();
+    let mut tickets = Vec::new();
+    for i in 0..iters {
+        if me == a {
+            tickets.push(addr.send(&peer, 1, vec![7u8; 64]).map_err(s)?);
+        }
+        let m = mb
+            .recv(Match::any(), Timeout::After(T))
+            .map_err(s)?
+            .ok_or(format!("round trip {i}: nothing came"))?;
+        if me == b {
+            tickets.push(addr.send(&peer, 1, m.data).map_err(s)?);
+        }
+        if tickets.len() >= 64 {
+            for t in tickets.drain(..) {
+                addr.wait(&t, T).map_err(s)?;
+            }
+        }
+    }
+    for t in tickets.drain(..) {
+        addr.wait(&t, T).map_err(s)?;
+    }
+    let mine = [(t0.elapsed() / iters as u32).as_nanos() as u64];
+    addr.barrier(T).map_err(s)?;
+    let mut all = vec![0u64; world.size()];
+    world
+        .gather(&mine, &mut all, 0)
+        .map_err(|e| e.to_string())?;
+    if me == 0 {
+        let us = |n: u64| n as f64 / 1e3;
+        let each: Vec<u64> = all.iter().step_by(2).copied().collect();
+        let worst = each.iter().copied().max().unwrap_or(0);
+        let mean = each.iter().sum::<u64>() as f64 / each.len().max(1) as f64;
+        println!("iterations                      {iters}");
+        println!(
+            "mailbox RTT, pair 0<->1 alone   {:.1} us",
+            single.as_secs_f64() * 1e6
+        );
+        println!(
+            "mailbox RTT, {} pairs at once    mean {:.1} us, worst {:.1} us ({:.2}x alone; target <= 2x)",
+            each.len(),
+            mean / 1e3,
+            us(worst),
+            worst as f64 / (single.as_nanos().max(1) as f64)
+        );
+    }
+    Ok(())
+}
+
 fn bridged(world: &mutirao::Comm, addr: &Addr, iters: usize) -> Result<(), String> {
     let me = addr.rank();
     let q = AttrList::from_pairs([("bench", format!("inbox-{me}"))]).map_err(|e| e.to_string())?;
@@ -264,7 +335,13 @@ fn main() -> ExitCode {
             .and_then(|c| Addr::connect_with(&world, c))
             .map_err(|e| e.to_string())
             .and_then(|addr| bridged(&world, &addr, iters.max(1))),
-        _ => Err("run on 2 ranks (costs) or 3 ranks (bridged path)".into()),
+        n if n >= 4 && n % 2 == 0 => Addr::connect(&world)
+            .map_err(|e| e.to_string())
+            .and_then(|addr| pairs(&world, &addr, iters.max(1))),
+        _ => Err(
+            "run on 2 ranks (costs), 3 ranks (bridged path) or an even number ≥ 4 (concurrent pairs)"
+                .into(),
+        ),
     };
     let fin = world.finalize();
     match (res, fin) {
