@@ -162,6 +162,40 @@ fn run(world: &mutirao::Comm, addr: &Addr, iters: usize) -> Result<(), String> {
 }
 
 /// Mailbox round trips between ranks `a` and `b` (64 B, acknowledged); others serve.
+/// `iters` 64-byte mailbox round trips with `peer`, started by the `first` side; tickets are
+/// waited in batches of 64.
+fn ping_pong(
+    addr: &Addr,
+    mb: &Mailbox<'_>,
+    peer: &mutirao_addr::Target,
+    first: bool,
+    iters: usize,
+) -> Result<(), String> {
+    let s = |e: mutirao_addr::AddrError| e.to_string();
+    let mut tickets = Vec::new();
+    for i in 0..iters {
+        if first {
+            tickets.push(addr.send(peer, 1, vec![7u8; 64]).map_err(s)?);
+        }
+        let m = mb
+            .recv(Match::any(), Timeout::After(T))
+            .map_err(s)?
+            .ok_or(format!("round trip {i}: nothing came"))?;
+        if !first {
+            tickets.push(addr.send(peer, 1, m.data).map_err(s)?);
+        }
+        if tickets.len() >= 64 {
+            for t in tickets.drain(..) {
+                addr.wait(&t, T).map_err(s)?;
+            }
+        }
+    }
+    for t in tickets.drain(..) {
+        addr.wait(&t, T).map_err(s)?;
+    }
+    Ok(())
+}
+
 fn rtt(
     world: &mutirao::Comm,
     addr: &Addr,
@@ -183,27 +217,7 @@ fn rtt(
             .map_err(s)?
             .pop()
             .ok_or("peer inbox not found")?;
-        let mut tickets = Vec::new();
-        for i in 0..iters {
-            if me == a {
-                tickets.push(addr.send(&peer, 1, vec![7u8; 64]).map_err(s)?);
-            }
-            let m = mb
-                .recv(Match::any(), Timeout::After(T))
-                .map_err(s)?
-                .ok_or(format!("round trip {i}: nothing came"))?;
-            if me == b {
-                tickets.push(addr.send(&peer, 1, m.data).map_err(s)?);
-            }
-            if tickets.len() >= 64 {
-                for t in tickets.drain(..) {
-                    addr.wait(&t, T).map_err(s)?;
-                }
-            }
-        }
-        for t in tickets.drain(..) {
-            addr.wait(&t, T).map_err(s)?;
-        }
+        ping_pong(addr, mb, &peer, me == a, iters)?;
     }
     // Rank `a`'s measurement, for everyone.
     let mut nanos = [(t0.elapsed() / iters as u32).as_nanos() as u64];
@@ -231,27 +245,7 @@ fn pairs(world: &mutirao::Comm, addr: &Addr, iters: usize) -> Result<(), String>
         .ok_or("peer inbox not found")?;
     addr.barrier(T).map_err(s)?;
     let t0 = Instant::now();
-    let mut tickets = Vec::new();
-    for i in 0..iters {
-        if me == a {
-            tickets.push(addr.send(&peer, 1, vec![7u8; 64]).map_err(s)?);
-        }
-        let m = mb
-            .recv(Match::any(), Timeout::After(T))
-            .map_err(s)?
-            .ok_or(format!("round trip {i}: nothing came"))?;
-        if me == b {
-            tickets.push(addr.send(&peer, 1, m.data).map_err(s)?);
-        }
-        if tickets.len() >= 64 {
-            for t in tickets.drain(..) {
-                addr.wait(&t, T).map_err(s)?;
-            }
-        }
-    }
-    for t in tickets.drain(..) {
-        addr.wait(&t, T).map_err(s)?;
-    }
+    ping_pong(addr, &mb, &peer, me == a, iters)?;
     let mine = [(t0.elapsed() / iters as u32).as_nanos() as u64];
     addr.barrier(T).map_err(s)?;
     let mut all = vec![0u64; world.size()];

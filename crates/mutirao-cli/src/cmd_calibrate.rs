@@ -1875,16 +1875,19 @@ mod tests {
         assert_eq!(s[0].2[0].latency_us(), 45.0);
     }
 
-    #[test]
-    fn consistent_needs_agreeing_round_trips() {
-        let rep = |rtt: f64| MeasureRep {
+    fn rep(rtt: f64) -> MeasureRep {
+        MeasureRep {
             warm: false,
             rtt,
             os: 0.0,
             probe: 0.0,
             or: 0.0,
             wait: None,
-        };
+        }
+    }
+
+    #[test]
+    fn consistent_needs_agreeing_round_trips() {
         assert!(consistent(&[rep(100.0), rep(101.5)], 0.02));
         assert!(!consistent(&[rep(100.0), rep(103.0)], 0.02));
         assert!(
@@ -1896,18 +1899,7 @@ mod tests {
 
     #[test]
     fn settled_needs_a_tight_median() {
-        let reps = |rtts: &[f64]| -> Vec<MeasureRep> {
-            rtts.iter()
-                .map(|&rtt| MeasureRep {
-                    warm: false,
-                    rtt,
-                    os: 0.0,
-                    probe: 0.0,
-                    or: 0.0,
-                    wait: None,
-                })
-                .collect()
-        };
+        let reps = |rtts: &[f64]| -> Vec<MeasureRep> { rtts.iter().map(|&r| rep(r)).collect() };
         // The shaped WAN's 64 KiB round trips (µs): the median is known within 1%.
         let wan = reps(&[13594.0, 13917.0, 13872.0, 13676.0, 13676.0]);
         assert!(settled(&wan, 0.02));

@@ -476,27 +476,34 @@ pub fn segmented_fit_points(points: &[FitPoint], opts: &SegOptions) -> Option<Se
         cuts.reverse(); // [0, ..., k_c]
         Some(cuts)
     };
+    // (point index, model − value) of every point under the segmentation `cuts`.
+    let residuals = |cuts: &[usize]| -> Vec<(usize, f64)> {
+        let mut out = Vec::with_capacity(pts.len());
+        for w in cuts.windows(2) {
+            let (i, j) = (w[0], w[1]);
+            let (a, b, _) = cost[i][j];
+            let g0 = bounds[i];
+            let from = if g0 == 0 { 0 } else { pts[gstart[g0]].0 };
+            for (q, p) in pts
+                .iter()
+                .enumerate()
+                .take(gstart[bounds[j]])
+                .skip(gstart[g0])
+            {
+                out.push((q, a + b * (p.0 - from) as f64 - p.1));
+            }
+        }
+        out
+    };
     let scale = (1..=kmax)
         .rev()
         .find(|&k| best[k][k_c].is_finite())
         .and_then(backtrack)
         .map(|cuts| {
-            let mut z2 = Vec::with_capacity(pts.len());
-            for w in cuts.windows(2) {
-                let (i, j) = (w[0], w[1]);
-                let (a, b, _) = cost[i][j];
-                let g0 = bounds[i];
-                let from = if g0 == 0 { 0 } else { pts[gstart[g0]].0 };
-                for (q, p) in pts
-                    .iter()
-                    .enumerate()
-                    .take(gstart[bounds[j]])
-                    .skip(gstart[g0])
-                {
-                    let e = a + b * (p.0 - from) as f64 - p.1;
-                    z2.push(weight(q) * e * e);
-                }
-            }
+            let mut z2: Vec<f64> = residuals(&cuts)
+                .into_iter()
+                .map(|(q, e)| weight(q) * e * e)
+                .collect();
             z2.sort_by(f64::total_cmp);
             let med = z2.get(z2.len() / 2).copied().unwrap_or(0.0);
             (med / 0.455).max(1.0)
@@ -522,26 +529,15 @@ pub fn segmented_fit_points(points: &[FitPoint], opts: &SegOptions) -> Option<Se
     // and the richer segmentation does better (see `SegOptions::max_precise_miss`).
     let worst_precise_miss = |k: usize| -> Option<f64> {
         let cuts = backtrack(k)?;
-        let mut worst = 0.0f64;
-        for w in cuts.windows(2) {
-            let (i, j) = (w[0], w[1]);
-            let (a, b, _) = cost[i][j];
-            let g0 = bounds[i];
-            let from = if g0 == 0 { 0 } else { pts[gstart[g0]].0 };
-            for (q, p) in pts
-                .iter()
-                .enumerate()
-                .take(gstart[bounds[j]])
-                .skip(gstart[g0])
-            {
+        let worst = residuals(&cuts)
+            .into_iter()
+            .filter_map(|(q, e)| {
                 // Precise, and large enough for a relative miss to mean something (L, Os and
                 // Or of a few µs sit on timer noise and may be negative).
-                let y = p.1.abs();
-                if y >= 50.0 * floor && ses[q] <= 0.02 * y {
-                    worst = worst.max((a + b * (p.0 - from) as f64 - p.1).abs() / y);
-                }
-            }
-        }
+                let y = pts[q].1.abs();
+                (y >= 50.0 * floor && ses[q] <= 0.02 * y).then(|| e.abs() / y)
+            })
+            .fold(0.0f64, f64::max);
         Some(worst)
     };
     let mut k = chosen.1;
