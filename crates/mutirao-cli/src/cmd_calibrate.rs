@@ -1029,6 +1029,40 @@ fn fault_check(cfg: &WorkerConfig, host: usize, rank: usize, sweeps: &mut u32) {
     }
 }
 
+/// Emits the host record of every host with at least one H run (taking its runs); returns H
+/// per host (`None` for a host without runs).
+fn speed_records(
+    cfg: &WorkerConfig,
+    speed_reps: u64,
+    runs: &mut [Vec<(f64, f64)>],
+    first: &mut [Option<(String, String)>],
+) -> Vec<Option<f64>> {
+    let mut h_us = Vec::with_capacity(cfg.hosts.len());
+    for (i, spec) in cfg.hosts.iter().enumerate() {
+        let (Some((os, loadavg)), false) = (first[i].take(), runs[i].is_empty()) else {
+            h_us.push(None);
+            continue;
+        };
+        let speed = SpeedMeasurement {
+            kernel: KERNEL.into(),
+            reps: speed_reps,
+            samples: std::mem::take(&mut runs[i])
+                .into_iter()
+                .map(|(wall_us, cpu_us)| SpeedSample { wall_us, cpu_us })
+                .collect(),
+        };
+        h_us.push(speed.h_us());
+        let host = CalibHost {
+            os: Some(os),
+            speed: Some(speed),
+            load: LoadInfo::from_proc_loadavg(&loadavg),
+            ..CalibHost::new(&spec.name, &spec.site, &spec.address)
+        };
+        emit(&Record::Host { host });
+    }
+    h_us
+}
+
 /// Rank 0: H of every host, the plan, then every sweep, one at a time.
 fn leader(comm: &Comm, cfg: &WorkerConfig) -> anyhow::Result<ExitCode> {
     let n = cfg.hosts.len();
@@ -1041,14 +1075,15 @@ fn leader(comm: &Comm, cfg: &WorkerConfig) -> anyhow::Result<ExitCode> {
         });
         Ok(ExitCode::from(3))
     };
-    let mut h_us = Vec::with_capacity(n);
     let mut leader_sweeps = 0u32;
     let speed_reps = cfg
         .speed_reps
         .unwrap_or_else(|| auto_speed_reps(Duration::from_millis(100)));
     // H in rounds: every round runs the kernel once on every host, one host at a time, so a
     // slow spell of the machine (another job, a noisy neighbour) spreads over all hosts' runs
-    // instead of landing on whichever host was being measured; H is then each host's median.
+    // instead of landing on whichever host was being measured; H comes from all of a host's
+    // runs (`SpeedMeasurement::h_us`). If a host fails, the hosts measured so far are still
+    // recorded before the failure is.
     let mut runs: Vec<Vec<(f64, f64)>> = vec![Vec::new(); n];
     let mut first: Vec<Option<(String, String)>> = vec![None; n];
     for round in 0..cfg.speed_runs {
@@ -1072,7 +1107,10 @@ fn leader(comm: &Comm, cfg: &WorkerConfig) -> anyhow::Result<ExitCode> {
                 );
                 match sent.and_then(|_| comm.recv_obj::<Report>(r, TAG_REPORT)) {
                     Ok((rep, _)) => rep,
-                    Err(e) => return fail(i, format!("while measuring its speed: {e}")),
+                    Err(e) => {
+                        speed_records(cfg, speed_reps, &mut runs, &mut first);
+                        return fail(i, format!("while measuring its speed: {e}"));
+                    }
                 }
             };
             let Report::Speed {
@@ -1081,6 +1119,7 @@ fn leader(comm: &Comm, cfg: &WorkerConfig) -> anyhow::Result<ExitCode> {
                 samples,
             } = rep
             else {
+                speed_records(cfg, speed_reps, &mut runs, &mut first);
                 return fail(i, "answered the speed order with something else".into());
             };
             runs[i].extend(samples);
@@ -1089,25 +1128,7 @@ fn leader(comm: &Comm, cfg: &WorkerConfig) -> anyhow::Result<ExitCode> {
             done += 1;
         }
     }
-    for (i, spec) in cfg.hosts.iter().enumerate() {
-        let (os, loadavg) = first[i].take().unwrap_or_default();
-        let speed = SpeedMeasurement {
-            kernel: KERNEL.into(),
-            reps: speed_reps,
-            samples: runs[i]
-                .iter()
-                .map(|&(wall_us, cpu_us)| SpeedSample { wall_us, cpu_us })
-                .collect(),
-        };
-        h_us.push(speed.h_us());
-        let host = CalibHost {
-            os: Some(os),
-            speed: Some(speed),
-            load: LoadInfo::from_proc_loadavg(&loadavg),
-            ..CalibHost::new(&spec.name, &spec.site, &spec.address)
-        };
-        emit(&Record::Host { host });
-    }
+    let h_us = speed_records(cfg, speed_reps, &mut runs, &mut first);
     let link = if cfg.strategy == StrategyKind::TypeSampled {
         match link_probes(comm, cfg, &mut done, &mut total, &mut leader_sweeps) {
             Ok(l) => l,
