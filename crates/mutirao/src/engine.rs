@@ -8,8 +8,8 @@
 //!   holds;
 //! - a receive matches the first posted receive in post order, or the oldest unexpected message;
 //! - eager messages (≤ `eager_limit`, `shm_eager_limit` to shared-memory peers) are sent at once
-//!   and buffered by the receiver if unexpected; larger ones use rendezvous (RTS → CTS → DATA), so an unexpected large message costs the
-//!   receiver only its header;
+//!   and buffered by the receiver if unexpected; larger ones use rendezvous (RTS → CTS → DATA),
+//!   so an unexpected large message costs the receiver only its header;
 //! - raw pointers to caller memory (blocking send/recv) live in the engine only while the blocking
 //!   call that put them there is running: it removes them on every exit path;
 //! - a peer's failure (EOF without BYE, reset, protocol error) fails every pending operation that
