@@ -18,12 +18,15 @@
 //!    warm-up); the result is the median over rounds of the 8-server rate divided by the
 //!    4-server rate of the same round (the target: a loss of at most 30 %).
 //!
+//! `GB_MODE=threads` (or `tasks`) serves local clients in that [`LocalMode`] instead of the
+//! event loop.
+//!
 //! All servers and clients share this machine's cores, unlike the thesis's one node per
 //! server: doubling the servers here doubles the peers each lookup is sent to without adding
 //! CPU, so the check measures how cheap a fan-out is per peer.
 
 use mutirao_dir::client::Client;
-use mutirao_dir::server::{DirServer, ServerConfig, ServerHandles};
+use mutirao_dir::server::{DirServer, LocalMode, ServerConfig, ServerHandles};
 use mutirao_dir::{Acl, AttrList, Cred, DirConfig, Gid, Scope};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -63,6 +66,7 @@ fn start(
             ..ServerConfig::default()
         })
         .unwrap();
+        s.set_local_mode(local_mode());
         s.with_directory(|d| {
             for k in 0..PER_SERVER {
                 let a =
@@ -127,6 +131,16 @@ fn aggregate(socks: &[PathBuf], clients: usize, local_pct: usize, dur: Duration)
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v[v.len() / 2]
+}
+
+/// `GB_MODE=threads|tasks` serves local clients in another [`LocalMode`] (default: the
+/// event loop).
+fn local_mode() -> LocalMode {
+    match std::env::var("GB_MODE").as_deref() {
+        Ok("threads") => LocalMode::Threads,
+        Ok("tasks") => LocalMode::Tasks,
+        _ => LocalMode::EventLoop,
+    }
 }
 
 fn main() {

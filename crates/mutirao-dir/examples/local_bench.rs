@@ -15,12 +15,13 @@
 //!
 //! Variants: `task+block` serves each client as a tokio task and sleeps in the kernel on both
 //! sides (the design before issue 5's speed work); `thread+block` serves each client on its
-//! own thread, still sleeping; `thread+spin` (the default) also polls briefly before
-//! sleeping, on both sides.
+//! own thread, still sleeping; `thread+spin` also polls briefly before sleeping, on both
+//! sides; `loop+spin` (the default, `LocalMode::EventLoop`) serves every client from one
+//! epoll thread that polls briefly after requests, with polling clients.
 
 use mutirao_dir::client::Client;
 use mutirao_dir::net::DEFAULT_SPIN;
-use mutirao_dir::server::{DirServer, ServerConfig};
+use mutirao_dir::server::{DirServer, LocalMode, ServerConfig};
 use mutirao_dir::{Acl, Attr, AttrList, Cred, Gid, Scope};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -29,7 +30,7 @@ const N_RES: usize = 10_000;
 
 struct Variant {
     name: &'static str,
-    threads: bool,
+    mode: LocalMode,
     spin: Duration,
 }
 
@@ -50,7 +51,7 @@ fn measure(
     n: usize,
     dur: Duration,
 ) -> f64 {
-    server.set_local_threads(v.threads);
+    server.set_local_mode(v.mode);
     server.set_local_spin(v.spin);
     let mut clients: Vec<Client> = (0..n)
         .map(|_| {
@@ -140,17 +141,22 @@ fn main() {
     let mut variants = vec![
         Variant {
             name: "task+block",
-            threads: false,
+            mode: LocalMode::Tasks,
             spin: Duration::ZERO,
         },
         Variant {
             name: "thread+block",
-            threads: true,
+            mode: LocalMode::Threads,
             spin: Duration::ZERO,
         },
         Variant {
             name: "thread+spin",
-            threads: true,
+            mode: LocalMode::Threads,
+            spin: DEFAULT_SPIN,
+        },
+        Variant {
+            name: "loop+spin",
+            mode: LocalMode::EventLoop,
             spin: DEFAULT_SPIN,
         },
     ];
@@ -159,7 +165,7 @@ fn main() {
             let us: u64 = us.parse().expect("LB_SPINS");
             variants.push(Variant {
                 name: Box::leak(format!("spin{us}").into_boxed_str()),
-                threads: true,
+                mode: LocalMode::Threads,
                 spin: Duration::from_micros(us),
             });
         }

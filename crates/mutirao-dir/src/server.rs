@@ -36,13 +36,48 @@ use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncWriteExt, BufReader, BufWriter};
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::{JoinHandle, JoinSet};
+
+mod event_loop;
+
+/// How a server serves its local (Unix-socket) clients; see [`DirServer::set_local_mode`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum LocalMode {
+    /// One thread runs every connection through epoll, polling briefly after requests
+    /// before it sleeps. Requests that need no peer are answered on that thread; the others
+    /// go to the tokio runtime. The fastest with many clients, and a fixed thread count.
+    #[default]
+    EventLoop,
+    /// A thread per connection, polling its socket briefly before it sleeps. Peer fan-outs
+    /// are awaited on that thread.
+    Threads,
+    /// A tokio task per connection, sleeping in the runtime (the slowest).
+    Tasks,
+}
+
+impl LocalMode {
+    fn to_u8(self) -> u8 {
+        match self {
+            LocalMode::EventLoop => 0,
+            LocalMode::Threads => 1,
+            LocalMode::Tasks => 2,
+        }
+    }
+
+    fn from_u8(v: u8) -> LocalMode {
+        match v {
+            1 => LocalMode::Threads,
+            2 => LocalMode::Tasks,
+            _ => LocalMode::EventLoop,
+        }
+    }
+}
 
 /// Name of the system attribute carrying an error message in a reply.
 pub const ERROR_ATTR: &str = "sys.error";
@@ -84,6 +119,8 @@ enum Waiter {
     Task(mpsc::UnboundedSender<(Arc<Conn>, u64, Packet)>),
     /// A local-client thread.
     Thread(std::sync::mpsc::Sender<Packet>),
+    /// A connection of the event loop, which takes the first positive reply only.
+    Loop(event_loop::LoopWaiter),
 }
 
 /// Fan-outs in flight, by request id.
@@ -209,7 +246,7 @@ struct Inner {
     cursor_used: Mutex<HashMap<u64, Instant>>,
     remote_held: Mutex<HashMap<Gid, Vec<RemoteHeld>>>,
     fanouts: Arc<FanoutTable>,
-    local_threads: AtomicBool,
+    local_mode: AtomicU8,
     local_spin_ns: AtomicU64,
     spin_gate: Arc<SpinGate>,
 }
@@ -343,7 +380,7 @@ impl DirServer {
                 cursor_used: Mutex::new(HashMap::new()),
                 remote_held: Mutex::new(HashMap::new()),
                 fanouts: Arc::new(Mutex::new(HashMap::new())),
-                local_threads: AtomicBool::new(true),
+                local_mode: AtomicU8::new(LocalMode::default().to_u8()),
                 local_spin_ns: AtomicU64::new(DEFAULT_SPIN.as_nanos() as u64),
                 spin_gate: Arc::new(SpinGate::server()),
             }),
@@ -355,18 +392,22 @@ impl DirServer {
         &self.inner.cfg
     }
 
-    /// Whether each local Unix-socket client is served on its own OS thread (the default,
-    /// `true`): requests that need no peer are answered on that thread without a tokio
-    /// wake-up, which is what lets one client reach 100 k lookups/s; requests that do need
-    /// peers are handed to the runtime. `false` serves local clients as tokio tasks (fewer
-    /// threads with many idle clients, more latency). Applies to connections accepted later.
-    pub fn set_local_threads(&self, on: bool) {
-        self.inner.local_threads.store(on, Ordering::Relaxed);
+    /// How local Unix-socket clients are served (default [`LocalMode::EventLoop`]).
+    /// Applies to connections accepted later (a listener started in one mode keeps its
+    /// event loop, if it has one, for connections accepted in that mode).
+    pub fn set_local_mode(&self, mode: LocalMode) {
+        self.inner.local_mode.store(mode.to_u8(), Ordering::Relaxed);
     }
 
-    /// How long a local-client thread polls its socket for the next request before sleeping
-    /// (default [`DEFAULT_SPIN`]; zero: sleep at once; see [`crate::net::SpinPolicy`]).
-    /// Applies to connections accepted later.
+    /// How local clients accepted from now on are served.
+    pub fn local_mode(&self) -> LocalMode {
+        LocalMode::from_u8(self.inner.local_mode.load(Ordering::Relaxed))
+    }
+
+    /// How long the event loop or a local-client thread polls for the next request before
+    /// sleeping (default [`DEFAULT_SPIN`]; zero: sleep at once; see
+    /// [`crate::net::SpinPolicy`]). Applies to connections accepted later and to event loops
+    /// started later.
     pub fn set_local_spin(&self, spin: Duration) {
         let ns = spin.as_nanos().min(u64::MAX as u128) as u64;
         self.inner.local_spin_ns.store(ns, Ordering::Relaxed);
@@ -460,26 +501,74 @@ impl DirServer {
         self.serve_unix_listener(l).await
     }
 
-    /// Serves local clients on an already bound Unix listener. With
-    /// [`ServerConfig::local_threads`] each connection gets its own thread; when this task
-    /// ends (aborted, or its runtime dropped) those connections are shut down too.
+    /// Serves local clients on an already bound Unix listener, in the
+    /// [`DirServer::local_mode`] current when each connection is accepted. When this task
+    /// ends (aborted, or its runtime dropped), the connections it accepted are shut down
+    /// too.
     pub async fn serve_unix_listener(&self, l: UnixListener) -> Result<(), DirError> {
         let live = Arc::new(LocalConns::default());
         let _shutdown_on_exit = LocalGuard(live.clone());
+        // Started with the first connection served in the event-loop mode; dropping it
+        // stops the loop and closes its connections.
+        let mut event_loop: Option<event_loop::LoopHandle> = None;
         loop {
             let (stream, _) = l.accept().await?;
-            let stream = if self.inner.local_threads.load(Ordering::Relaxed) {
-                match self.spawn_local_thread(stream, &live) {
+            let stream = match self.local_mode() {
+                LocalMode::EventLoop => match self.add_to_loop(stream, &mut event_loop) {
                     Ok(()) => continue,
                     Err(s) => s,
-                }
-            } else {
-                stream
+                },
+                LocalMode::Threads => match self.spawn_local_thread(stream, &live) {
+                    Ok(()) => continue,
+                    Err(s) => s,
+                },
+                LocalMode::Tasks => stream,
             };
             let s = self.clone();
             tokio::spawn(async move {
                 let _ = s.local_conn(stream).await;
             });
+        }
+    }
+
+    /// Hands a local connection to the event loop (starting it if needed); gives the stream
+    /// back when that is impossible (the caller then serves it as a task).
+    fn add_to_loop(
+        &self,
+        stream: UnixStream,
+        event_loop: &mut Option<event_loop::LoopHandle>,
+    ) -> Result<(), UnixStream> {
+        let cred = match stream.peer_cred() {
+            Ok(c) => Cred::new(c.uid(), c.gid()),
+            Err(_) => return Err(stream),
+        };
+        if event_loop.is_none() {
+            let spin = Duration::from_nanos(self.inner.local_spin_ns.load(Ordering::Relaxed));
+            match event_loop::LoopHandle::start(
+                self.clone(),
+                tokio::runtime::Handle::current(),
+                spin,
+            ) {
+                Ok(h) => *event_loop = Some(h),
+                Err(_) => return Err(stream),
+            }
+        }
+        let Some(lp) = event_loop.as_ref() else {
+            return Err(stream);
+        };
+        // tokio's stream is already non-blocking, as the loop needs.
+        let std = match stream.into_std() {
+            Ok(s) => s,
+            // into_std only fails if deregistering fails; nothing to serve then.
+            Err(_) => return Ok(()),
+        };
+        match lp.add(std, cred) {
+            Ok(()) => Ok(()),
+            Err(s) => {
+                // The loop has ended: start a new one with the next connection.
+                *event_loop = None;
+                UnixStream::from_std(s).map_or(Ok(()), Err)
+            }
         }
     }
 
@@ -1291,20 +1380,24 @@ impl DirServer {
         Some(out)
     }
 
+    /// The open peer connections to fan `p` out to, if it is an attribute query and every
+    /// peer in its scope is connected.
+    fn fanout_conns(&self, p: &Packet) -> Option<Vec<Arc<Conn>>> {
+        let h = &p.header;
+        if h.kind != Kind::Query || h.target != Gid::NONE {
+            return None;
+        }
+        self.open_conns(Scope::from_u8(h.scope).ok()?)
+    }
+
     /// A site/grid attribute query that missed locally, fanned out and awaited on the
     /// calling (local-client) thread. `Err(p)`: it needs the runtime (a peer connection must
     /// be opened first, or it is not such a query).
     fn query_peers_here(&self, cred: Cred, p: Packet) -> Result<Packet, Packet> {
+        let Some(conns) = self.fanout_conns(&p) else {
+            return Err(p);
+        };
         let h = &p.header;
-        if h.kind != Kind::Query || h.target != Gid::NONE {
-            return Err(p);
-        }
-        let Ok(scope) = Scope::from_u8(h.scope) else {
-            return Err(p);
-        };
-        let Some(conns) = self.open_conns(scope) else {
-            return Err(p);
-        };
         let (tx, rx) = std::sync::mpsc::channel();
         let (id, sent) =
             self.send_fanout(&conns, cred, Kind::PeerQuery, &p.attrs, Waiter::Thread(tx));
@@ -1323,6 +1416,39 @@ impl DirServer {
             }
         }
         Ok(error_packet(h, &DirError::NoMatch))
+    }
+
+    /// Starts a site/grid attribute query that missed locally for a connection of the event
+    /// loop: the first positive reply goes to `waiter`. `Ok(Some(id))`: in flight under
+    /// fan-out `id` (the caller times it out with [`DirServer::end_fanout`]); `Ok(None)`: no
+    /// peer to ask. `Err(p)`: not such a query, or a peer connection must be opened first.
+    fn start_loop_fanout(
+        &self,
+        cred: Cred,
+        p: Packet,
+        waiter: event_loop::LoopWaiter,
+    ) -> Result<Option<u64>, Packet> {
+        let Some(conns) = self.fanout_conns(&p) else {
+            return Err(p);
+        };
+        let (id, sent) = self.send_fanout(
+            &conns,
+            cred,
+            Kind::PeerQuery,
+            &p.attrs,
+            Waiter::Loop(waiter),
+        );
+        if sent == 0 {
+            lock(&self.inner.fanouts).remove(&id);
+            return Ok(None);
+        }
+        Ok(Some(id))
+    }
+
+    /// Ends fan-out `id` if no positive reply has taken it; `true` if it was still waiting
+    /// (then its answer is "not found").
+    fn end_fanout(&self, id: u64) -> bool {
+        lock(&self.inner.fanouts).remove(&id).is_some()
     }
 
     /// Connections to every reachable peer in `scope`; already open ones are taken without
@@ -1407,14 +1533,24 @@ impl DirServer {
                 if let Some(w) = waiter {
                     let _ = w.send(p);
                 } else {
-                    match lock(&fanouts).get(&id) {
+                    let mut table = lock(&fanouts);
+                    match table.get(&id) {
                         Some(Waiter::Task(tx)) => {
                             let _ = tx.send((c2.clone(), id, p));
                         }
                         Some(Waiter::Thread(tx)) => {
                             let _ = tx.send(p);
                         }
-                        None => {}
+                        Some(Waiter::Loop(_)) if p.header.status == 0 => {
+                            // The first positive reply wins: taken out of the table, so the
+                            // loop's deadline finds nothing left to time out.
+                            let w = table.remove(&id);
+                            drop(table);
+                            if let Some(Waiter::Loop(w)) = w {
+                                w.deliver(p);
+                            }
+                        }
+                        Some(Waiter::Loop(_)) | None => {}
                     }
                 }
             }
@@ -1545,7 +1681,7 @@ mod tests {
     use crate::client::Client;
 
     fn served(
-        threads: bool,
+        mode: LocalMode,
     ) -> (
         tokio::runtime::Runtime,
         DirServer,
@@ -1559,7 +1695,7 @@ mod tests {
             .unwrap();
         let dir = tempfile::tempdir().unwrap();
         let s = DirServer::new(ServerConfig::default()).unwrap();
-        s.set_local_threads(threads);
+        s.set_local_mode(mode);
         let h = {
             let _g = rt.enter();
             s.spawn(Some(dir.path().join("d.sock")), None).unwrap()
@@ -1568,9 +1704,9 @@ mod tests {
     }
 
     #[test]
-    fn both_local_modes_answer_the_same() {
-        for threads in [true, false] {
-            let (_rt, _s, h, dir) = served(threads);
+    fn every_local_mode_answers_the_same() {
+        for mode in [LocalMode::EventLoop, LocalMode::Threads, LocalMode::Tasks] {
+            let (_rt, _s, h, dir) = served(mode);
             let mut c = Client::connect(dir.path().join("d.sock")).unwrap();
             let a = AttrList::from_pairs([("k", "v"), ("n", "1")]).unwrap();
             let g = c.register(Gid::NONE, &a, &Acl::Public, false).unwrap().gid;
@@ -1592,21 +1728,127 @@ mod tests {
         }
     }
 
-    #[test]
-    fn aborting_the_listener_closes_thread_served_clients() {
-        let (rt, _s, h, dir) = served(true);
-        let mut c = Client::connect(dir.path().join("d.sock")).unwrap();
-        c.open_context().unwrap();
-        h.abort();
-        // The accept task is dropped on the runtime; give it a moment.
-        let deadline = Instant::now() + Duration::from_secs(2);
-        loop {
-            match c.open_context() {
-                Err(DirError::Io(_)) => break,
-                Ok(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(5)),
-                other => panic!("connection still served after abort: {other:?}"),
-            }
+    /// Writes `frames` requests on a raw connection, as one buffer.
+    fn raw_requests(s: &std::os::unix::net::UnixStream, ps: &[Packet]) {
+        use std::io::Write;
+        let mut out = Vec::new();
+        for p in ps {
+            frame_into(p, &mut out);
         }
-        drop(rt);
+        (&*s).write_all(&out).unwrap();
+    }
+
+    fn raw_query(id: u64, kind: Kind, target: Gid, q: &AttrList) -> Packet {
+        let mut h = Header::new(kind);
+        h.query_id = id;
+        h.target = target;
+        h.scope = Scope::Local.to_u8();
+        Packet::new(h, q.clone())
+    }
+
+    #[test]
+    fn pipelined_replies_keep_their_order_when_one_goes_through_the_runtime() {
+        for mode in [LocalMode::EventLoop, LocalMode::Threads, LocalMode::Tasks] {
+            let (_rt, _s, h, dir) = served(mode);
+            let mut c = Client::connect(dir.path().join("d.sock")).unwrap();
+            let a = AttrList::from_pairs([("k", "v")]).unwrap();
+            let g = c.register(Gid::NONE, &a, &Acl::Public, false).unwrap().gid;
+            let raw = std::os::unix::net::UnixStream::connect(dir.path().join("d.sock")).unwrap();
+            let none = AttrList::new();
+            // fast, through the runtime (a multi-answer query), fast, fast
+            raw_requests(
+                &raw,
+                &[
+                    raw_query(11, Kind::Query, g, &none),
+                    raw_query(12, Kind::QueryStart, Gid::NONE, &a),
+                    raw_query(13, Kind::Query, g, &none),
+                    raw_query(14, Kind::Query, Gid::NONE, &a),
+                ],
+            );
+            let mut r = FrameReader::new(Duration::ZERO);
+            let mut got = vec![];
+            for _ in 0..4 {
+                let f = r.next_frame(&raw).unwrap().expect("a reply");
+                got.push(Packet::decode(f).unwrap());
+            }
+            assert!(got
+                .iter()
+                .all(|p| p.header.status == 0 && p.header.target == g));
+            assert_eq!(got[0].header.query_id, 11, "{mode:?}");
+            assert_ne!(
+                got[1].header.query_id, 11,
+                "{mode:?}: the cursor's reply is second"
+            );
+            assert_eq!(got[2].header.query_id, 13, "{mode:?}");
+            assert_eq!(got[3].header.query_id, 14, "{mode:?}");
+            h.abort();
+        }
+    }
+
+    #[test]
+    fn a_client_that_does_not_read_its_replies_does_not_stall_the_others() {
+        let (_rt, _s, h, dir) = served(LocalMode::EventLoop);
+        let path = dir.path().join("d.sock");
+        let mut c = Client::connect(&path).unwrap();
+        let big = AttrList::from_attrs([Attr::full("blob", vec![b'x'; 4000])]).unwrap();
+        let g = c
+            .register(Gid::NONE, &big, &Acl::Public, false)
+            .unwrap()
+            .gid;
+        // 2000 replies of 4 KiB: far more than the socket buffers and the loop's MAX_OUT.
+        const N: u64 = 2000;
+        let raw = std::os::unix::net::UnixStream::connect(&path).unwrap();
+        // A stalled server fails the test instead of hanging it.
+        raw.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let writer = {
+            let w = raw.try_clone().unwrap();
+            std::thread::spawn(move || {
+                let reqs: Vec<_> = (1..=N)
+                    .map(|i| raw_query(i, Kind::Query, g, &AttrList::new()))
+                    .collect();
+                raw_requests(&w, &reqs);
+            })
+        };
+        // The replies pile up unread; another client is still served promptly.
+        std::thread::sleep(Duration::from_millis(100));
+        let t = Instant::now();
+        for _ in 0..100 {
+            assert_eq!(
+                c.query(Some(g), &AttrList::new(), Scope::Local).unwrap().0,
+                g
+            );
+        }
+        assert!(t.elapsed() < Duration::from_secs(5), "other client stalled");
+        // Reading the backlog gets every reply, in order.
+        let mut r = FrameReader::new(Duration::ZERO);
+        for i in 1..=N {
+            let f = r.next_frame(&raw).unwrap().expect("a reply");
+            let p = Packet::decode(f).unwrap();
+            assert_eq!((p.header.query_id, p.header.status), (i, 0));
+        }
+        writer.join().unwrap();
+        h.abort();
+    }
+
+    #[test]
+    fn aborting_the_listener_closes_thread_and_loop_served_clients() {
+        for mode in [LocalMode::EventLoop, LocalMode::Threads] {
+            let (rt, _s, h, dir) = served(mode);
+            let mut c = Client::connect(dir.path().join("d.sock")).unwrap();
+            c.open_context().unwrap();
+            h.abort();
+            // The accept task is dropped on the runtime; give it a moment.
+            let deadline = Instant::now() + Duration::from_secs(2);
+            loop {
+                match c.open_context() {
+                    Err(DirError::Io(_)) => break,
+                    Ok(_) if Instant::now() < deadline => {
+                        std::thread::sleep(Duration::from_millis(5))
+                    }
+                    other => panic!("{mode:?}: connection still served after abort: {other:?}"),
+                }
+            }
+            drop(rt);
+        }
     }
 }
