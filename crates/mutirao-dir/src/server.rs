@@ -247,6 +247,8 @@ struct Inner {
     remote_held: Mutex<HashMap<Gid, Vec<RemoteHeld>>>,
     fanouts: Arc<FanoutTable>,
     local_mode: AtomicU8,
+    /// The local clients' event loop, which serves peer connections accepted while it runs.
+    peer_loop: Mutex<Option<event_loop::LoopSender>>,
     local_spin_ns: AtomicU64,
     spin_gate: Arc<SpinGate>,
 }
@@ -381,6 +383,7 @@ impl DirServer {
                 remote_held: Mutex::new(HashMap::new()),
                 fanouts: Arc::new(Mutex::new(HashMap::new())),
                 local_mode: AtomicU8::new(LocalMode::default().to_u8()),
+                peer_loop: Mutex::new(None),
                 local_spin_ns: AtomicU64::new(DEFAULT_SPIN.as_nanos() as u64),
                 spin_gate: Arc::new(SpinGate::server()),
             }),
@@ -511,6 +514,9 @@ impl DirServer {
         // Started with the first connection served in the event-loop mode; dropping it
         // stops the loop and closes its connections.
         let mut event_loop: Option<event_loop::LoopHandle> = None;
+        if self.local_mode() == LocalMode::EventLoop {
+            self.start_loop(&mut event_loop);
+        }
         loop {
             let (stream, _) = l.accept().await?;
             let stream = match self.local_mode() {
@@ -531,6 +537,21 @@ impl DirServer {
         }
     }
 
+    /// Starts the event loop unless it runs; peer connections accepted from then on are
+    /// served by it too. Without a loop (it could not start), connections are served as
+    /// tasks.
+    fn start_loop(&self, event_loop: &mut Option<event_loop::LoopHandle>) {
+        if event_loop.is_some() {
+            return;
+        }
+        let spin = Duration::from_nanos(self.inner.local_spin_ns.load(Ordering::Relaxed));
+        let rt = tokio::runtime::Handle::current();
+        if let Ok(h) = event_loop::LoopHandle::start(self.clone(), rt, spin) {
+            *lock(&self.inner.peer_loop) = Some(h.sender().clone());
+            *event_loop = Some(h);
+        }
+    }
+
     /// Hands a local connection to the event loop (starting it if needed); gives the stream
     /// back when that is impossible (the caller then serves it as a task).
     fn add_to_loop(
@@ -542,17 +563,7 @@ impl DirServer {
             Ok(c) => Cred::new(c.uid(), c.gid()),
             Err(_) => return Err(stream),
         };
-        if event_loop.is_none() {
-            let spin = Duration::from_nanos(self.inner.local_spin_ns.load(Ordering::Relaxed));
-            match event_loop::LoopHandle::start(
-                self.clone(),
-                tokio::runtime::Handle::current(),
-                spin,
-            ) {
-                Ok(h) => *event_loop = Some(h),
-                Err(_) => return Err(stream),
-            }
-        }
+        self.start_loop(event_loop);
         let Some(lp) = event_loop.as_ref() else {
             return Err(stream);
         };
@@ -562,12 +573,12 @@ impl DirServer {
             // into_std only fails if deregistering fails; nothing to serve then.
             Err(_) => return Ok(()),
         };
-        match lp.add(std, cred) {
+        match lp.sender().add(std.into(), event_loop::Party::Client(cred)) {
             Ok(()) => Ok(()),
             Err(s) => {
                 // The loop has ended: start a new one with the next connection.
                 *event_loop = None;
-                UnixStream::from_std(s).map_or(Ok(()), Err)
+                UnixStream::from_std(s.into()).map_or(Ok(()), Err)
             }
         }
     }
@@ -704,6 +715,23 @@ impl DirServer {
     async fn peer_conn(&self, mut stream: TcpStream) -> Result<(), DirError> {
         stream.set_nodelay(true)?;
         handshake_accept(&mut stream, &self.inner.cfg.cluster_key, self.inner.me).await?;
+        // The local clients' event loop, if one runs, serves the peer from here on: no task
+        // wake-up per fan-out request.
+        let lp = lock(&self.inner.peer_loop).clone();
+        let stream = match lp {
+            Some(lp) => {
+                let std = stream.into_std()?;
+                let party = event_loop::Party::Peer(Mutex::new(HashMap::new()));
+                match lp.add(std.into(), party) {
+                    Ok(()) => return Ok(()),
+                    Err(fd) => {
+                        *lock(&self.inner.peer_loop) = None;
+                        TcpStream::from_std(fd.into())?
+                    }
+                }
+            }
+            None => stream,
+        };
         let (r, w) = stream.into_split();
         let mut r = BufReader::new(r);
         let (tx, rx) = mpsc::unbounded_channel::<Frame>();
@@ -729,15 +757,20 @@ impl DirServer {
                 let _ = tx.send(Arc::new(f));
             }
         };
-        let ids: Vec<u64> = lock(&cursors).drain().map(|(_, v)| v).collect();
+        self.stop_peer_cursors(&cursors);
+        drop(tx);
+        let _ = writer.await;
+        result
+    }
+
+    /// Frees the paged queries a peer connection left open.
+    fn stop_peer_cursors(&self, cursors: &Mutex<HashMap<u64, u64>>) {
+        let ids: Vec<u64> = lock(cursors).drain().map(|(_, v)| v).collect();
         self.with_directory(|d| {
             for q in ids {
                 let _ = d.query_stop(q);
             }
         });
-        drop(tx);
-        let _ = writer.await;
-        result
     }
 
     fn handle_peer(&self, p: Packet, cursors: &Mutex<HashMap<u64, u64>>) -> Option<Packet> {

@@ -26,9 +26,8 @@ use rustix::event::{epoll, EventfdFlags};
 use rustix::io::Errno;
 use std::collections::{HashMap, VecDeque};
 use std::os::fd::OwnedFd;
-use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// Epoll data of the wake-up eventfd (connection ids count up from 0).
@@ -53,9 +52,18 @@ impl Shared {
     }
 }
 
+/// Who is at the other end of a connection.
+pub(super) enum Party {
+    /// A local client, with the credentials the kernel reports for it.
+    Client(Cred),
+    /// A peer server that passed the handshake; its requests carry their own uid/gid. Its
+    /// paged queries: the requester's start request id -> our cursor.
+    Peer(Mutex<HashMap<u64, u64>>),
+}
+
 enum Msg {
-    /// A new client connection (already non-blocking) and its peer credentials.
-    Conn(UnixStream, Cred),
+    /// A new connection (already non-blocking).
+    Conn(OwnedFd, Party),
     /// The reply to a connection's request that went to the runtime.
     Reply(u64, Packet),
 }
@@ -84,8 +92,31 @@ type Deadline = (Instant, u64, u64, Header);
 
 /// Hands connections to a running loop; dropping it stops the loop.
 pub(super) struct LoopHandle {
+    sender: LoopSender,
+}
+
+/// Hands connections to a running loop (without owning it).
+#[derive(Clone)]
+pub(super) struct LoopSender {
     tx: mpsc::Sender<Msg>,
     shared: Arc<Shared>,
+}
+
+impl LoopSender {
+    /// Hands a non-blocking connection to the loop; gives it back if the loop has ended.
+    pub(super) fn add(&self, s: OwnedFd, party: Party) -> Result<(), OwnedFd> {
+        if self.shared.stop.load(Ordering::Acquire) {
+            return Err(s);
+        }
+        match self.tx.send(Msg::Conn(s, party)) {
+            Ok(()) => {
+                self.shared.wake();
+                Ok(())
+            }
+            Err(mpsc::SendError(Msg::Conn(s, _))) => Err(s),
+            Err(_) => Ok(()),
+        }
+    }
 }
 
 impl LoopHandle {
@@ -133,32 +164,27 @@ impl LoopHandle {
             .name("mdir-loop".into())
             .spawn(move || lp.run())
             .map_err(|e| DirError::Io(format!("cannot start the local-client loop: {e}")))?;
-        Ok(LoopHandle { tx, shared })
+        Ok(LoopHandle {
+            sender: LoopSender { tx, shared },
+        })
     }
 
-    /// Hands a client connection to the loop; gives it back if the loop has ended.
-    pub(super) fn add(&self, s: UnixStream, cred: Cred) -> Result<(), UnixStream> {
-        match self.tx.send(Msg::Conn(s, cred)) {
-            Ok(()) => {
-                self.shared.wake();
-                Ok(())
-            }
-            Err(mpsc::SendError(Msg::Conn(s, _))) => Err(s),
-            Err(_) => Ok(()),
-        }
+    /// A sender for connections that does not keep the loop running.
+    pub(super) fn sender(&self) -> &LoopSender {
+        &self.sender
     }
 }
 
 impl Drop for LoopHandle {
     fn drop(&mut self) {
-        self.shared.stop.store(true, Ordering::Release);
-        self.shared.wake();
+        self.sender.shared.stop.store(true, Ordering::Release);
+        self.sender.shared.wake();
     }
 }
 
 struct Conn {
-    s: UnixStream,
-    cred: Cred,
+    s: OwnedFd,
+    party: Party,
     reader: FrameReader,
     out: Vec<u8>,
     sent: usize,
@@ -338,13 +364,13 @@ impl EventLoop {
         let _ = rustix::io::read(&self.shared.wake, &mut counter);
         while let Ok(m) = self.rx.try_recv() {
             match m {
-                Msg::Conn(s, cred) => self.register(s, cred),
+                Msg::Conn(s, party) => self.register(s, party),
                 Msg::Reply(id, reply) => self.answer(id, &reply),
             }
         }
     }
 
-    fn register(&mut self, s: UnixStream, cred: Cred) {
+    fn register(&mut self, s: OwnedFd, party: Party) {
         let id = self.next_id;
         self.next_id += 1;
         let flags = epoll::EventFlags::IN | epoll::EventFlags::RDHUP;
@@ -354,7 +380,7 @@ impl EventLoop {
         let reader = FrameReader::new(Duration::ZERO);
         let conn = Conn {
             s,
-            cred,
+            party,
             reader,
             out: Vec::with_capacity(4096),
             sent: 0,
@@ -396,6 +422,9 @@ impl EventLoop {
     fn close(&mut self, id: u64) {
         if let Some(c) = self.conns.remove(&id) {
             let _ = epoll::delete(&self.ep, &c.s);
+            if let Party::Peer(cursors) = &c.party {
+                self.server.stop_peer_cursors(cursors);
+            }
         }
     }
 
@@ -441,8 +470,19 @@ impl EventLoop {
                 }
             };
             served += 1;
+            let cred = match &c.party {
+                Party::Client(cred) => *cred,
+                Party::Peer(cursors) => {
+                    // Peer requests never wait on anything; a malformed one ends the
+                    // connection (the stream cannot be trusted after it).
+                    if let Some(reply) = server.handle_peer(p?, cursors) {
+                        frame_into(&reply, &mut c.out);
+                    }
+                    continue;
+                }
+            };
             let reply = match p {
-                Ok(p) => match server.try_handle_here(c.cred, p) {
+                Ok(p) => match server.try_handle_here(cred, p) {
                     Ok(reply) => reply,
                     Err(p) => {
                         c.busy = true;
@@ -455,7 +495,7 @@ impl EventLoop {
                             tx: tx.clone(),
                             shared: shared.clone(),
                         };
-                        let p = match server.start_loop_fanout(c.cred, p, waiter) {
+                        let p = match server.start_loop_fanout(cred, p, waiter) {
                             Ok(Some(fanout)) => {
                                 let at = Instant::now() + server.inner.cfg.peer_timeout;
                                 deadlines.push_back((at, id, fanout, request));
@@ -468,8 +508,7 @@ impl EventLoop {
                             }
                             Err(p) => p,
                         };
-                        let (srv, tx, shared, cred) =
-                            (server.clone(), tx.clone(), shared.clone(), c.cred);
+                        let (srv, tx, shared) = (server.clone(), tx.clone(), shared.clone());
                         rt.spawn(async move {
                             let reply = srv.handle_slow(cred, p).await;
                             if tx.send(Msg::Reply(id, reply)).is_ok() {
