@@ -286,7 +286,14 @@ pub(crate) struct Engine {
     /// Keeps the launcher connection open for the life of the job.
     pub(crate) _pmi: Option<crate::pmi::PmiClient>,
     pub(crate) finalized: bool,
+    /// Passes of [`Engine::poke`] so far.
+    pokes: u32,
+    /// When the sockets were last asked for events.
+    last_socket_poll: Instant,
 }
+
+/// How often [`Engine::poke`] reads the sockets of shared-memory peers.
+const SHM_SOCKET_POLL: Duration = Duration::from_millis(1);
 
 impl Engine {
     pub(crate) fn new(
@@ -333,6 +340,8 @@ impl Engine {
             cma,
             _pmi: None,
             finalized: false,
+            pokes: 0,
+            last_socket_poll: Instant::now(),
         })
     }
 
@@ -1138,6 +1147,7 @@ impl Engine {
         let Some(poll) = self.poll.as_mut() else {
             return Ok(false);
         };
+        self.last_socket_poll = Instant::now();
         match poll.poll(&mut self.events, timeout) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => return Ok(false),
@@ -1283,9 +1293,22 @@ impl Engine {
         }
     }
 
-    /// One non-blocking progress pass (for test/iprobe).
+    /// One non-blocking progress pass (for test/iprobe). Asks the kernel for socket events
+    /// on every pass only when every peer is on TCP. Peers on shared memory use their sockets
+    /// only for wake-ups and failure notices, so those are read at most once a millisecond
+    /// (and on every 16th pass when TCP peers are mixed in): an `epoll_wait` per pass cost
+    /// more than the rest of a polling loop's pass (`iprobe`/`test` loops, the addressing
+    /// layer's engine).
     pub(crate) fn poke(&mut self) -> Result<(), Error> {
-        self.progress_once(self.n_sock + self.n_shm > 0).map(|_| ())
+        self.pokes = self.pokes.wrapping_add(1);
+        let overdue = || self.last_socket_poll.elapsed() >= SHM_SOCKET_POLL;
+        let sockets = match (self.n_sock > 0, self.n_shm > 0) {
+            (false, false) => false,
+            (true, false) => true,
+            (true, true) => self.pokes % 16 == 0 || overdue(),
+            (false, true) => overdue(),
+        };
+        self.progress_once(sockets).map(|_| ())
     }
 
     /// Why nothing more can come from `src` (a rank, or any rank when `None`), if so.
