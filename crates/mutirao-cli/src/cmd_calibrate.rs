@@ -137,8 +137,14 @@ pub struct CalibrateArgs {
     #[arg(long, value_delimiter = ',', value_name = "HOST=SITE")]
     sites: Vec<String>,
     /// File of `HOST SITE [NAME]` lines (`#` comments): sites and, optionally, names.
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", conflicts_with = "resources")]
     sites_file: Option<PathBuf>,
+    /// A mεμ resource spec (e.g. the `NAME.meu` that `mutirao testbed up` writes): a domain
+    /// with an `addr` property is a host, named as the domain; its site is its nearest
+    /// ancestor with the quality `site`. Hosts of the hostfile that it lacks keep the
+    /// default site.
+    #[arg(long, value_name = "FILE")]
+    resources: Option<PathBuf>,
     /// Do not measure same-host pairs (then one rank per host is started).
     #[arg(long)]
     no_same_host: bool,
@@ -407,6 +413,78 @@ fn default_site(host: &str) -> String {
 }
 
 /// Apply `--sites` items and a sites file to `hosts` (keyed by their original name).
+/// `ADDR SITE NAME` lines (the sites-file format) for the hosts of `hosts` that the mεμ spec
+/// `text` describes: a domain with an exact `addr` property is a host; its site is its nearest
+/// ancestor with the quality `site`.
+fn sites_from_resources(path: &str, text: &str, hosts: &[String]) -> anyhow::Result<String> {
+    use mutirao_dir::meu::props::PropValue;
+    use mutirao_dir::meu::spec;
+    let sp = spec::parse(text).with_context(|| format!("resource spec {path}"))?;
+    let by_label: std::collections::HashMap<&str, &spec::DomainSpec> = sp
+        .domains
+        .iter()
+        .filter_map(|d| d.label.as_deref().map(|l| (l, d)))
+        .collect();
+    let prop = |d: &spec::DomainSpec, name: &str| -> Option<PropValue> {
+        d.props
+            .iter()
+            .find(|p| p.name == name)
+            .map(|p| p.value.clone())
+    };
+    let mut out = String::new();
+    let mut found = 0;
+    for d in &sp.domains {
+        let Some(PropValue::Exact(addr)) = prop(d, "addr") else {
+            continue;
+        };
+        found += 1;
+        if !hosts.contains(&addr) {
+            continue;
+        }
+        // Climb to the nearest ancestor that is a site (a cycle cannot pass `parse`'s checks,
+        // but the climb is bounded anyway).
+        let mut cur = d;
+        let mut site = None;
+        for _ in 0..sp.domains.len() {
+            let Some(up) = cur
+                .ancestor
+                .as_ref()
+                .and_then(|a| by_label.get(a.label.as_str()))
+            else {
+                break;
+            };
+            if prop(up, "site") == Some(PropValue::Flag) {
+                site = Some(up.name.clone());
+                break;
+            }
+            cur = up;
+        }
+        let Some(site) = site else {
+            bail!(
+                "resource spec {path} line {}: host {:?} ({addr}) has no ancestor with the quality `site`",
+                d.line,
+                d.name
+            );
+        };
+        for (what, v) in [("site", &site), ("host", &d.name)] {
+            if v.is_empty() || v.contains(char::is_whitespace) {
+                bail!(
+                    "resource spec {path} line {}: {what} name {v:?} must be one word to name a host or site",
+                    d.line
+                );
+            }
+        }
+        out.push_str(&format!("{addr} {site} {}\n", d.name));
+    }
+    if found == 0 {
+        bail!(
+            "resource spec {path} has no domain with an `addr` property, so it names no host; \
+             give the NAME.meu that `mutirao testbed up` wrote, or use --sites-file"
+        );
+    }
+    Ok(out)
+}
+
 fn apply_sites(
     hosts: &mut [HostSpec],
     items: &[String],
@@ -552,14 +630,27 @@ pub fn run(a: CalibrateArgs) -> anyhow::Result<ExitCode> {
         }
     };
     let hostfile_names: Vec<String> = hosts.iter().map(|h| h.name.clone()).collect();
-    let sites_text = match &a.sites_file {
-        Some(p) => Some(
+    let sites_text = match (&a.sites_file, &a.resources) {
+        (Some(p), _) => Some(
             std::fs::read_to_string(p)
                 .with_context(|| format!("cannot read sites file {}", p.display()))?,
         ),
-        None => None,
+        (None, Some(p)) => {
+            let text = std::fs::read_to_string(p)
+                .with_context(|| format!("cannot read resource spec {}", p.display()))?;
+            Some(sites_from_resources(
+                &p.display().to_string(),
+                &text,
+                &hostfile_names,
+            )?)
+        }
+        (None, None) => None,
     };
-    let sites_path = a.sites_file.as_ref().map(|p| p.display().to_string());
+    let sites_path = a
+        .sites_file
+        .as_ref()
+        .or(a.resources.as_ref())
+        .map(|p| p.display().to_string());
     apply_sites(
         &mut hosts,
         &a.sites,
@@ -1811,6 +1902,82 @@ fn speed_report(reps: u64, runs: u32) -> Report {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Testbed g1 as `mutirao testbed up` records it (sites a: a1, a2; b: b1).
+    fn testbed_state() -> mutirao_testbed::TestbedState {
+        let host = |name: &str, site: &str, addr: &str, cpu: f64, nic: u32| {
+            format!(
+                r#"{{"name":"{name}","site":"{site}","addr":"{addr}","cpu":{cpu},"nic_mbit":{nic},"netns":"","cgroup":""}}"#
+            )
+        };
+        let hosts = [
+            host("a1", "a", "10.213.0.2", 1.0, 800),
+            host("a2", "a", "10.213.0.3", 0.25, 800),
+            host("b1", "b", "10.213.1.2", 0.5, 200),
+        ]
+        .join(",");
+        serde_json::from_str(&format!(
+            r#"{{"format":"{}","prefix":"mt0","block":"10.213.0.0/20","namespaces":[],"root_links":[],"cgroup":"","hosts":[{hosts}],"wans":[{{"sites":["a","b"],"mbit":40.0}}],"agents":[],"hostfile":""}}"#,
+            mutirao_testbed::STATE_FORMAT
+        ))
+        .expect("a valid testbed state")
+    }
+
+    #[test]
+    fn a_testbed_maps_onto_the_resource_hierarchy() {
+        use mutirao_dir::meu::props::{PropSet, Property};
+        use mutirao_dir::meu::{spec, Hierarchy};
+        let text = mutirao_testbed::resource_spec("g1", &testbed_state());
+        let sp = spec::parse(&text).unwrap();
+        let (h, labels) = Hierarchy::from_spec(&sp).unwrap();
+        let (root, a, b) = (labels["tb"], labels["s0"], labels["s1"]);
+        // Sums up the tree: a site's CPU (thousandths of a core) and access bandwidth.
+        assert_eq!(h.properties(a).get("cpu_milli"), Some(1250));
+        assert_eq!(h.properties(a).get("nic_mbit"), Some(1600));
+        assert_eq!(h.properties(b).get("cpu_milli"), Some(500));
+        assert_eq!(h.properties(root).get("cpu_milli"), Some(1750));
+        assert_eq!(h.properties(root).get("wan.a.b"), Some(40));
+        // Lookups: a host by its address; no host of site b has 0.6 of a core.
+        let by_addr = PropSet::of([
+            Property::flag("host"),
+            Property::exact("addr", "10.213.1.2"),
+        ]);
+        let hit = h
+            .lookup(root, None, None, &by_addr)
+            .expect("b1 found by address");
+        assert_eq!(h.get(hit).unwrap().name, "b1");
+        let big = PropSet::of([Property::flag("host"), Property::sum("cpu_milli", 600)]);
+        assert_eq!(h.lookup(b, None, None, &big), None);
+        assert_eq!(
+            h.get(h.lookup(a, None, None, &big).unwrap()).unwrap().name,
+            "a1"
+        );
+    }
+
+    #[test]
+    fn calibrate_takes_sites_and_names_from_the_resource_hierarchy() {
+        let text = mutirao_testbed::resource_spec("g1", &testbed_state());
+        // The hostfile names hosts by address; a3 is not in the spec, b1 not in the hostfile.
+        let hosts: Vec<String> = ["10.213.0.2", "10.213.0.3", "10.213.0.9"]
+            .map(String::from)
+            .to_vec();
+        let lines = sites_from_resources("g1.meu", &text, &hosts).unwrap();
+        assert_eq!(lines, "10.213.0.2 a a1\n10.213.0.3 a a2\n");
+        // Bad input: a spec without hosts, a host without a site, a syntax error.
+        let e = sites_from_resources("x.meu", "r: root { Myrinet };", &hosts).unwrap_err();
+        assert!(
+            format!("{e:#}").contains("no domain with an `addr` property"),
+            "{e:#}"
+        );
+        let orphan = r#"r: root; h: "a1" <r> { host, addr="10.213.0.2" };"#;
+        let e = sites_from_resources("x.meu", orphan, &hosts).unwrap_err();
+        assert!(
+            format!("{e:#}").contains("no ancestor with the quality `site`"),
+            "{e:#}"
+        );
+        let e = sites_from_resources("x.meu", "r: root {", &hosts).unwrap_err();
+        assert!(format!("{e:#}").contains("line 1, column"), "{e:#}");
+    }
 
     #[test]
     fn sizes_parse_with_suffixes_sorted_and_deduplicated() {

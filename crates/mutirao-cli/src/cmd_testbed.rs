@@ -3,8 +3,9 @@
 //! A thin shell over `mutirao-testbed`: it reads the spec, keeps one state file per testbed in the
 //! state directory (`NAME.json`, written atomically, first as `starting` so that a crashed `up`
 //! can still be found), the hostfile (`NAME.hosts`), a sites file naming each host's site and
-//! name for `mutirao calibrate --sites-file` (`NAME.sites`), the agents' token (`NAME.token`)
-//! and logs.
+//! name for `mutirao calibrate --sites-file` (`NAME.sites`), the same sites and hosts as a mεμ
+//! resource hierarchy (`NAME.meu`, for `mutirao resources` and `mutirao calibrate
+//! --resources`), the agents' token (`NAME.token`) and logs.
 
 use crate::fsutil::write_atomic;
 use anyhow::{bail, Context};
@@ -162,7 +163,8 @@ fn up(
     let token = dir.join(format!("{name}.token"));
     let hostfile = dir.join(format!("{name}.hosts"));
     let sitesfile = dir.join(format!("{name}.sites"));
-    let mut files = vec![hostfile.clone(), sitesfile.clone()];
+    let meufile = dir.join(format!("{name}.meu"));
+    let mut files = vec![hostfile.clone(), sitesfile.clone(), meufile.clone()];
     if !no_agents {
         files.push(token.clone());
         files.extend(
@@ -241,6 +243,10 @@ fn up(
             .map(|h| format!("{} {} {}\n", h.addr, h.site, h.name))
             .collect();
         write_atomic(&sitesfile, sites.as_bytes())?;
+        // The same sites and hosts as a resource hierarchy (`mutirao resources`,
+        // `mutirao calibrate --resources`).
+        let meu = mutirao_testbed::resource_spec(&name, testbed.state());
+        write_atomic(&meufile, meu.as_bytes())?;
         st.status = "up".into();
         st.testbed = Some(testbed.state().clone());
         save(&state_path, &st)
@@ -260,6 +266,10 @@ fn up(
     );
     print_hosts(&state);
     println!("hostfile: {}", hostfile.display());
+    println!(
+        "resources: {} (mutirao resources show {0}; mutirao calibrate --resources {0})",
+        meufile.display()
+    );
     print!("{}", state.hostfile);
     println!(
         "sites file (for mutirao calibrate --sites-file): {}",
@@ -513,6 +523,8 @@ mod tests {
         let sites = std::fs::read_to_string(state.join("cyc.sites")).expect("sites file");
         let h = &t.hosts[0];
         assert_eq!(sites, format!("{} {} {}\n", h.addr, h.site, h.name));
+        let meu = std::fs::read_to_string(state.join("cyc.meu")).expect("resource spec");
+        assert_eq!(meu, tb::resource_spec("cyc", t));
         assert_eq!(tb::sys::namespaces_of(&st.prefix).len(), 2);
         assert!(
             up(&spec, Some("cyc".into()), &state, true, 7207).is_err(),
@@ -522,7 +534,7 @@ mod tests {
         down(Some("cyc"), false, &state).expect("down");
         assert!(tb::sys::leftovers(&st.prefix).is_empty());
         assert!(!state.join("cyc.json").exists() && !state.join("cyc.hosts").exists());
-        assert!(!state.join("cyc.sites").exists());
+        assert!(!state.join("cyc.sites").exists() && !state.join("cyc.meu").exists());
         down(Some("cyc"), false, &state).expect("down again is harmless");
         let _ = std::fs::remove_dir_all(&d);
     }

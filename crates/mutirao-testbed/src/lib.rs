@@ -46,11 +46,13 @@
 #![warn(missing_docs)]
 
 pub mod plan;
+pub mod resources;
 pub mod spec;
 pub mod sys;
 mod testbed;
 
 pub use plan::{hostfile, Plan};
+pub use resources::resource_spec;
 pub use spec::{HostSpec, SiteSpec, Spec, SpecError, WanSpec};
 pub use sys::{is_root, live_prefixes, require_root, teardown, Teardown};
 pub use testbed::{
