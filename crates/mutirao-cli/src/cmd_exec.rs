@@ -224,6 +224,7 @@ pub fn run(a: ExecArgs) -> anyhow::Result<ExitCode> {
         n: plan.hosts.len(),
         hostfile: a.hostfile.clone(),
         tag_output: false,
+        bind_to: cmd_run::BindTo::None,
         timeout: Some(a.timeout),
         env: Vec::new(),
         token_file: a.token_file.clone(),

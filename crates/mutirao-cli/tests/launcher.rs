@@ -54,6 +54,7 @@ fn scenario(name: &str) -> ! {
             }
         }
         "sleep" => std::thread::sleep(Duration::from_secs(60)),
+        "affinity" => println!("rank {r} cpus {}", cpus_allowed()),
         other => {
             eprintln!("unknown scenario {other}");
             std::process::exit(1)
@@ -66,6 +67,29 @@ fn scenario(name: &str) -> ! {
             std::process::exit(1)
         }
     }
+}
+
+/// This process's `Cpus_allowed_list` (`0-1`, `3`).
+fn cpus_allowed() -> String {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .unwrap_or("")
+        .trim()
+        .to_string()
+}
+
+/// The CPUs of a `Cpus_allowed_list`.
+fn cpu_list(s: &str) -> Vec<usize> {
+    let mut out = vec![];
+    for part in s.split(',').filter(|p| !p.is_empty()) {
+        let (a, b) = part.split_once('-').unwrap_or((part, part));
+        if let (Ok(a), Ok(b)) = (a.parse::<usize>(), b.parse::<usize>()) {
+            out.extend(a..=b);
+        }
+    }
+    out
 }
 
 fn me() -> PathBuf {
@@ -209,6 +233,43 @@ fn gen_token(dir: &Path, name: &str) -> Result<PathBuf, Failed> {
 
 fn tests() -> Vec<Trial> {
     vec![
+        Trial::test("bind_to_core_pins_each_rank_to_one_core_in_blocks", || {
+            let allowed = cpu_list(&cpus_allowed());
+            let n = 4;
+            let cpus_of = |bind: &str| -> Result<Vec<Vec<usize>>, Failed> {
+                let (out, _) = run_limited(
+                    mutirao_run(&["-n", "4", "--bind-to", bind], "affinity", None),
+                    Duration::from_secs(30),
+                )?;
+                if !out.status.success() {
+                    return Err(format!("exit {:?}: {}", out.status, text(&out.stderr)).into());
+                }
+                let so = text(&out.stdout);
+                (0..n)
+                    .map(|r| {
+                        so.lines()
+                            .find_map(|l| l.strip_prefix(&format!("rank {r} cpus ")))
+                            .map(cpu_list)
+                            .ok_or_else(|| format!("no line from rank {r}:\n{so}").into())
+                    })
+                    .collect()
+            };
+            let free = cpus_of("none")?;
+            if free.iter().any(|c| *c != allowed) {
+                return Err(
+                    format!("unbound ranks changed affinity: {free:?} vs {allowed:?}").into(),
+                );
+            }
+            let bound = cpus_of("core")?;
+            // One core each, the allowed cores filled in blocks in rank order.
+            let want: Vec<Vec<usize>> = (0..n)
+                .map(|r| vec![allowed[r * allowed.len() / n]])
+                .collect();
+            if bound != want {
+                return Err(format!("--bind-to core gave {bound:?}, expected {want:?}").into());
+            }
+            Ok(())
+        }),
         Trial::test("run_local_tags_output_and_sets_env", || {
             let (out, _) = run_limited(
                 mutirao_run(&["-n", "3", "--tag-output"], "hello", None),

@@ -30,6 +30,10 @@ pub struct JobEnv {
     pub bind: IpAddr,
     /// `MUTIRAO_LOCAL_RANKS`: ranks on this host (tunes spinning).
     pub local_ranks: usize,
+    /// `MUTIRAO_LOCAL_RANK`: this rank's index among its host's ranks (default 0).
+    pub local_rank: usize,
+    /// `MUTIRAO_BIND_TO=core` (`mutirao run --bind-to core`): pin this rank to one core.
+    pub bind_to_core: bool,
 }
 
 impl std::fmt::Debug for JobEnv {
@@ -90,6 +94,19 @@ impl JobEnv {
             Ok(v) => num("MUTIRAO_LOCAL_RANKS", v)?,
             Err(_) => 1,
         };
+        let local_rank = match std::env::var("MUTIRAO_LOCAL_RANK") {
+            Ok(v) => num("MUTIRAO_LOCAL_RANK", v)?,
+            Err(_) => 0,
+        };
+        let bind_to_core = match std::env::var("MUTIRAO_BIND_TO").as_deref() {
+            Ok("core") => true,
+            Ok("none") | Ok("") | Err(_) => false,
+            Ok(other) => {
+                return Err(Error::Init(format!(
+                    "MUTIRAO_BIND_TO={other:?} is not `core` or `none`"
+                )))
+            }
+        };
         Ok(Some(JobEnv {
             rank,
             size,
@@ -98,8 +115,39 @@ impl JobEnv {
             job_id,
             bind,
             local_ranks,
+            local_rank,
+            bind_to_core,
         }))
     }
+}
+
+/// The core that rank `local_rank` of a host's `local_ranks` gets with `--bind-to core`: the
+/// cores this process may use (`allowed`, in order) are filled in blocks, so consecutive ranks
+/// share a core when ranks outnumber cores and are spread out when they do not.
+pub(crate) fn core_for(allowed: &[usize], local_rank: usize, local_ranks: usize) -> Option<usize> {
+    if allowed.is_empty() || local_ranks == 0 {
+        return None;
+    }
+    let i = local_rank.min(local_ranks - 1) * allowed.len() / local_ranks;
+    allowed.get(i).copied()
+}
+
+/// Pins the calling thread (and the threads it starts later) to this rank's core.
+fn bind_to_core(local_rank: usize, local_ranks: usize) -> Result<(), Error> {
+    use rustix::thread::{sched_getaffinity, sched_setaffinity, CpuSet};
+    let set = sched_getaffinity(None)
+        .map_err(|e| Error::Init(format!("--bind-to core: cannot read the CPU affinity: {e}")))?;
+    let allowed: Vec<usize> = (0..CpuSet::MAX_CPU).filter(|&c| set.is_set(c)).collect();
+    let Some(core) = core_for(&allowed, local_rank, local_ranks) else {
+        return Ok(());
+    };
+    let mut one = CpuSet::new();
+    one.set(core);
+    sched_setaffinity(None, &one).map_err(|e| {
+        Error::Init(format!(
+            "--bind-to core: cannot pin local rank {local_rank} to core {core}: {e}; run without --bind-to"
+        ))
+    })
 }
 
 /// Start the library: under `mutirao run` join the job, otherwise run as a single rank.
@@ -147,6 +195,9 @@ fn ring_path(job: &str, src: usize, dst: usize) -> PathBuf {
 
 /// Join the job described by `env`.
 pub fn init_with(env: &JobEnv) -> Result<Comm, Error> {
+    if env.bind_to_core {
+        bind_to_core(env.local_rank, env.local_ranks)?;
+    }
     let cfg = Config::from_env(env.local_ranks).map_err(Error::Init)?;
     let deadline = Instant::now() + cfg.connect_timeout;
     let mut pmi = PmiClient::connect(
@@ -384,4 +435,27 @@ fn connect_mesh(
         s.set_read_timeout(None)?;
     }
     Ok(socks)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::core_for;
+
+    #[test]
+    fn bind_to_core_fills_the_allowed_cores_in_blocks() {
+        let on = |allowed: &[usize], n: usize| -> Vec<Option<usize>> {
+            (0..n).map(|r| core_for(allowed, r, n)).collect()
+        };
+        // More ranks than cores: consecutive ranks share a core.
+        let two = [0, 1];
+        assert_eq!(on(&two, 8), [0, 0, 0, 0, 1, 1, 1, 1].map(Some).to_vec());
+        // Fewer ranks than cores: spread out.
+        assert_eq!(on(&[0, 1, 2, 3], 2), vec![Some(0), Some(2)]);
+        // Only the cores this process may use (a cpuset), in order.
+        assert_eq!(on(&[3, 5], 4), [3, 3, 5, 5].map(Some).to_vec());
+        // Nothing to pin to; a local rank past the count takes the last core.
+        assert_eq!(core_for(&[], 0, 1), None);
+        assert_eq!(core_for(&[0, 1], 0, 0), None);
+        assert_eq!(core_for(&[0, 1], 9, 2), Some(1));
+    }
 }
