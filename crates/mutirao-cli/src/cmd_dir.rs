@@ -125,6 +125,55 @@ pub enum ResourcesCommand {
         /// Required properties: `Myrinet`, `CPU=2`, `GFS=/ethfs`.
         props: Vec<String>,
     },
+    /// meu-phyparse: register every domain of a spec in a directory server, ancestors first,
+    /// so that programs find them there (`mutirao dir query --scope grid tipo=domínio
+    /// nome=a1`). Each record holds `tipo`, `nome`, `ascend` (the ancestor's gid), `originals`
+    /// and the domain's own properties. If one registration fails, those already made are
+    /// deleted again.
+    ///
+    /// Example: mutirao resources register /run/mutirao-testbed/g1.meu --socket /tmp/d.sock
+    #[command(verbatim_doc_comment)]
+    Register {
+        /// The spec file.
+        spec: PathBuf,
+        #[command(flatten)]
+        s: SocketArg,
+    },
+}
+
+/// Registers every domain of `sp` through `c`, ancestors first; returns the label → gid map.
+/// On a failure, deletes what it registered and returns the error.
+fn register_domains(
+    c: &mut Client,
+    sp: &spec::Spec,
+) -> anyhow::Result<std::collections::HashMap<String, Gid>> {
+    let mut made: Vec<Gid> = vec![];
+    let mut failure: Option<String> = None;
+    let res = Hierarchy::default().add_spec(sp, |_, e| {
+        let attrs = Hierarchy::entity_attrs(e).map_err(|x| x.to_string())?;
+        match c.register(Gid::NONE, &attrs, &Acl::Public, false) {
+            Ok(r) => {
+                made.push(r.gid);
+                Ok(r.gid)
+            }
+            Err(x) => {
+                failure = Some(format!("cannot register domain {:?}: {x}", e.name));
+                Err(x.to_string())
+            }
+        }
+    });
+    match res {
+        Ok(labels) => Ok(labels),
+        Err(e) => {
+            for g in made.iter().rev() {
+                let _ = c.delete(*g);
+            }
+            bail!(
+                "{}; nothing is left registered",
+                failure.unwrap_or_else(|| e.to_string())
+            )
+        }
+    }
 }
 
 fn parse_gid(s: &str) -> anyhow::Result<Gid> {
@@ -341,6 +390,24 @@ pub fn run_resources(cmd: ResourcesCommand) -> anyhow::Result<ExitCode> {
             );
             Ok(ExitCode::SUCCESS)
         }
+        ResourcesCommand::Register { spec: path, s } => {
+            let (sp, _, _) = load(&path)?;
+            let mut c = Client::connect(&s.socket)?;
+            let labels = register_domains(&mut c, &sp)
+                .with_context(|| format!("registering {}", path.display()))?;
+            let mut by_gid: Vec<(&String, &Gid)> = labels.iter().collect();
+            by_gid.sort_by_key(|(_, g)| g.0);
+            for (label, gid) in by_gid {
+                println!("{gid}	{label}");
+            }
+            eprintln!(
+                "registered {} domains of {} on {}",
+                sp.domains.len(),
+                path.display(),
+                s.socket.display()
+            );
+            Ok(ExitCode::SUCCESS)
+        }
         ResourcesCommand::Show { spec: path } => {
             let (_, h, _) = load(&path)?;
             for r in h.roots() {
@@ -396,4 +463,66 @@ fn all_under(h: &Hierarchy, g: Gid) -> Vec<Gid> {
         out.extend(all_under(h, *d));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A directory server on a temporary socket, served until the test process ends.
+    fn server(tag: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("mutirao-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let sock = dir.join("d.sock");
+        let (tx, rx) = std::sync::mpsc::channel();
+        let path = sock.clone();
+        std::thread::spawn(move || {
+            let r = run_blocking(ServerConfig::default(), Some(path), None, |_| {
+                let _ = tx.send(());
+            });
+            eprintln!("test directory server ended: {r:?}");
+        });
+        rx.recv_timeout(Duration::from_secs(10))
+            .expect("server ready");
+        sock
+    }
+
+    fn count(c: &mut Client) -> usize {
+        c.query_iter(&AttrList::new(), Scope::Local)
+            .unwrap()
+            .count()
+    }
+
+    #[test]
+    fn register_puts_every_domain_in_the_directory_ancestors_first() {
+        let sock = server("res-reg");
+        let text = r#"g: "g1" { testbed };
+            a: "a" <g> { site };
+            h: "a1" <a> { host, cpu_milli=1000 };"#;
+        let sp = spec::parse(text).unwrap();
+        let mut c = Client::connect(&sock).unwrap();
+        let labels = register_domains(&mut c, &sp).unwrap();
+        assert_eq!(labels.len(), 3);
+        let q = AttrList::from_pairs([("tipo", "domínio"), ("nome", "a1")]).unwrap();
+        let (gid, attrs) = c.query(None, &q, Scope::Local).unwrap();
+        assert_eq!(gid, labels["h"]);
+        let ascend = attrs.get("ascend").expect("ascend attribute");
+        assert_eq!(
+            ascend.value,
+            AttrValue::Full(labels["a"].0.to_le_bytes().to_vec())
+        );
+        // A spec whose third domain cannot be registered leaves nothing behind.
+        let before = count(&mut c);
+        let huge = "x".repeat(70 * 1024);
+        let bad = format!(
+            r#"g: "g2" {{ testbed }}; a: "b" <g> {{ site }}; h: "b1" <a> {{ blob="{huge}" }};"#
+        );
+        let e = register_domains(&mut c, &spec::parse(&bad).unwrap()).unwrap_err();
+        assert!(
+            format!("{e:#}").contains("nothing is left registered"),
+            "{e:#}"
+        );
+        assert_eq!(count(&mut c), before);
+        let _ = std::fs::remove_dir_all(sock.parent().unwrap());
+    }
 }
