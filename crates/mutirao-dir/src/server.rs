@@ -128,9 +128,129 @@ type FanoutTable = Mutex<HashMap<u64, Waiter>>;
 
 struct Conn {
     id: PeerId,
-    tx: mpsc::UnboundedSender<Frame>,
+    w: Arc<PeerWriter>,
     pending: Mutex<HashMap<u64, oneshot::Sender<Packet>>>,
     alive: AtomicBool,
+}
+
+/// The write side of a connection to a peer. A frame goes out on the calling thread when the
+/// socket takes it (a fan-out wakes no writer task); what the socket does not take waits, in
+/// order, for the flusher task ([`flush_loop`]), and later frames queue behind it.
+struct PeerWriter {
+    st: Mutex<WriterState>,
+    more: tokio::sync::Notify,
+}
+
+struct WriterState {
+    /// A second descriptor of the socket (non-blocking).
+    sock: std::net::TcpStream,
+    /// Bytes the socket has not taken yet, in order.
+    pending: Vec<u8>,
+    broken: bool,
+}
+
+impl PeerWriter {
+    /// Sends `f` or queues it behind earlier bytes; `false` if the connection is broken.
+    fn send(&self, f: &[u8]) -> bool {
+        use rustix::io::Errno;
+        use rustix::net::SendFlags;
+        let mut st = lock(&self.st);
+        if st.broken {
+            return false;
+        }
+        if !st.pending.is_empty() {
+            st.pending.extend_from_slice(f);
+            return true;
+        }
+        let mut off = 0;
+        while off < f.len() {
+            match rustix::net::send(
+                &st.sock,
+                &f[off..],
+                SendFlags::DONTWAIT | SendFlags::NOSIGNAL,
+            ) {
+                Ok(n) => off += n,
+                Err(Errno::AGAIN) => break,
+                Err(Errno::INTR) => {}
+                Err(_) => {
+                    st.broken = true;
+                    return false;
+                }
+            }
+        }
+        if off < f.len() {
+            st.pending.extend_from_slice(&f[off..]);
+            drop(st);
+            self.more.notify_one();
+        }
+        true
+    }
+
+    fn is_broken(&self) -> bool {
+        lock(&self.st).broken
+    }
+
+    /// Marks it broken and ends its flusher.
+    fn close(&self) {
+        lock(&self.st).broken = true;
+        self.more.notify_one();
+    }
+}
+
+/// Frames for peers held back until the event loop ends its pass, so that the fan-outs of one
+/// pass share one `send` per peer (under load) while a lone fan-out still goes out at once.
+#[derive(Default)]
+pub(super) struct Cork {
+    held: Vec<(Arc<Conn>, Vec<u8>)>,
+}
+
+impl Cork {
+    fn add(&mut self, c: &Arc<Conn>, f: &[u8]) {
+        match self.held.iter_mut().find(|(x, _)| Arc::ptr_eq(x, c)) {
+            Some((_, buf)) => buf.extend_from_slice(f),
+            None => self.held.push((c.clone(), f.to_vec())),
+        }
+    }
+
+    /// Sends what is held (a broken connection's part is dropped: its fan-outs time out).
+    pub(super) fn flush(&mut self) {
+        for (c, buf) in self.held.drain(..) {
+            let _ = c.w.send(&buf);
+        }
+    }
+}
+
+/// Writes what [`PeerWriter::send`] could not, when the socket can take it.
+async fn flush_loop(w: Arc<PeerWriter>, half: tokio::net::tcp::OwnedWriteHalf) {
+    loop {
+        w.more.notified().await;
+        loop {
+            {
+                let st = lock(&w.st);
+                if st.broken {
+                    return;
+                }
+                if st.pending.is_empty() {
+                    break;
+                }
+            }
+            if half.writable().await.is_err() {
+                w.close();
+                return;
+            }
+            let mut st = lock(&w.st);
+            match half.try_write(&st.pending) {
+                Ok(n) => {
+                    st.pending.drain(..n);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(_) => {
+                    st.broken = true;
+                    return;
+                }
+            }
+        }
+    }
 }
 
 /// Removes a request's entry from a waiter table when the request ends in any way
@@ -152,7 +272,9 @@ impl Conn {
         let _unregister = Unregister(&self.pending, id);
         let mut frame = Vec::with_capacity(p.encoded_len() + 4);
         frame_into(&p, &mut frame);
-        self.tx.send(Arc::new(frame)).ok()?;
+        if !self.w.send(&frame) {
+            return None;
+        }
         tokio::time::timeout(timeout, rx).await.ok()?.ok()
     }
 
@@ -160,7 +282,7 @@ impl Conn {
     fn notify(&self, p: &Packet) {
         let mut frame = Vec::with_capacity(p.encoded_len() + 4);
         frame_into(p, &mut frame);
-        let _ = self.tx.send(Arc::new(frame));
+        let _ = self.w.send(&frame);
     }
 }
 
@@ -1357,7 +1479,7 @@ impl DirServer {
             return None;
         }
         let (tx, rx) = mpsc::unbounded_channel();
-        let (id, sent) = self.send_fanout(&conns, cred, kind, q, Waiter::Task(tx));
+        let (id, sent) = self.send_fanout(&conns, cred, kind, q, Waiter::Task(tx), None);
         Some(Fanout {
             rx,
             sent,
@@ -1376,6 +1498,7 @@ impl DirServer {
         kind: Kind,
         q: &AttrList,
         waiter: Waiter,
+        cork: Option<&mut Cork>,
     ) -> (u64, usize) {
         let id = self.inner.next_req.fetch_add(1, Ordering::Relaxed);
         let mut h = Header::new(kind);
@@ -1387,10 +1510,14 @@ impl DirServer {
         frame_into(&p, &mut frame);
         let frame = Arc::new(frame);
         lock(&self.inner.fanouts).insert(id, waiter);
-        let sent = conns
-            .iter()
-            .filter(|c| c.tx.send(frame.clone()).is_ok())
-            .count();
+        let sent = match cork {
+            Some(cork) => conns
+                .iter()
+                .filter(|c| !c.w.is_broken())
+                .map(|c| cork.add(c, &frame))
+                .count(),
+            None => conns.iter().filter(|c| c.w.send(&frame)).count(),
+        };
         (id, sent)
     }
 
@@ -1432,8 +1559,14 @@ impl DirServer {
         };
         let h = &p.header;
         let (tx, rx) = std::sync::mpsc::channel();
-        let (id, sent) =
-            self.send_fanout(&conns, cred, Kind::PeerQuery, &p.attrs, Waiter::Thread(tx));
+        let (id, sent) = self.send_fanout(
+            &conns,
+            cred,
+            Kind::PeerQuery,
+            &p.attrs,
+            Waiter::Thread(tx),
+            None,
+        );
         let _unregister = Unregister(&self.inner.fanouts, id);
         let deadline = Instant::now() + self.inner.cfg.peer_timeout;
         // Only positive peers reply; the first reply wins, silence means not found.
@@ -1460,6 +1593,7 @@ impl DirServer {
         cred: Cred,
         p: Packet,
         waiter: event_loop::LoopWaiter,
+        cork: &mut Cork,
     ) -> Result<Option<u64>, Packet> {
         let Some(conns) = self.fanout_conns(&p) else {
             return Err(p);
@@ -1470,6 +1604,7 @@ impl DirServer {
             Kind::PeerQuery,
             &p.attrs,
             Waiter::Loop(waiter),
+            Some(cork),
         );
         if sent == 0 {
             lock(&self.inner.fanouts).remove(&id);
@@ -1545,15 +1680,25 @@ impl DirServer {
         })
         .await
         .map_err(|_| DirError::Timeout(format!("connecting to peer {addr}")))??;
-        let (r, w) = s.into_split();
-        let (tx, rx) = mpsc::unbounded_channel();
+        // A second descriptor for writing from any thread without the runtime.
+        let std = s.into_std()?;
+        let sock = std.try_clone()?;
+        let (r, w) = TcpStream::from_std(std)?.into_split();
+        let writer = Arc::new(PeerWriter {
+            st: Mutex::new(WriterState {
+                sock,
+                pending: Vec::new(),
+                broken: false,
+            }),
+            more: tokio::sync::Notify::new(),
+        });
         let conn = Arc::new(Conn {
             id,
-            tx,
+            w: writer.clone(),
             pending: Mutex::new(HashMap::new()),
             alive: AtomicBool::new(true),
         });
-        tokio::spawn(write_loop(w, rx));
+        tokio::spawn(flush_loop(writer, w));
         let c2 = conn.clone();
         let fanouts = self.inner.fanouts.clone();
         tokio::spawn(async move {
@@ -1588,6 +1733,7 @@ impl DirServer {
                 }
             }
             c2.alive.store(false, Ordering::Release);
+            c2.w.close();
             lock(&c2.pending).clear();
         });
         Ok(conn)
@@ -1861,6 +2007,56 @@ mod tests {
         }
         writer.join().unwrap();
         h.abort();
+    }
+
+    #[test]
+    fn peer_writer_keeps_frames_in_order_when_the_socket_is_full() {
+        use tokio::io::AsyncReadExt;
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let client = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+            let (mut far, _) = l.accept().await.unwrap();
+            let std = client.into_std().unwrap();
+            let sock = std.try_clone().unwrap();
+            let (_r, w) = TcpStream::from_std(std).unwrap().into_split();
+            let pw = Arc::new(PeerWriter {
+                st: Mutex::new(WriterState {
+                    sock,
+                    pending: Vec::new(),
+                    broken: false,
+                }),
+                more: tokio::sync::Notify::new(),
+            });
+            tokio::spawn(flush_loop(pw.clone(), w));
+            // 32 MiB nobody reads yet: more than the kernel's buffers take.
+            const N: u32 = 4096;
+            const LEN: usize = 8192;
+            for i in 0..N {
+                let mut f = vec![(i % 251) as u8; LEN];
+                f[..4].copy_from_slice(&i.to_le_bytes());
+                assert!(pw.send(&f));
+            }
+            assert!(
+                !lock(&pw.st).pending.is_empty(),
+                "the socket should have filled and bytes queued for the flusher"
+            );
+            let mut got = vec![0u8; N as usize * LEN];
+            far.read_exact(&mut got).await.unwrap();
+            for (i, f) in got.chunks(LEN).enumerate() {
+                assert_eq!(&f[..4], &(i as u32).to_le_bytes(), "frame {i} out of order");
+                assert!(
+                    f[4..].iter().all(|&b| b == (i % 251) as u8),
+                    "frame {i} corrupted"
+                );
+            }
+            assert!(lock(&pw.st).pending.is_empty());
+            pw.close();
+        });
     }
 
     #[test]

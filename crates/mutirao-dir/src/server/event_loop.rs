@@ -17,7 +17,7 @@
 //! - dropping the [`LoopHandle`] (the accept task ending) stops the loop and closes every
 //!   connection it serves.
 
-use super::{error_packet, ok_packet, DirServer};
+use super::{error_packet, ok_packet, Cork, DirServer};
 use crate::directory::Cred;
 use crate::error::DirError;
 use crate::net::{frame_into, FrameReader, TryFrame};
@@ -159,6 +159,7 @@ impl LoopHandle {
             next_id: 0,
             again: Vec::new(),
             deadlines: VecDeque::new(),
+            cork: Cork::default(),
         };
         std::thread::Builder::new()
             .name("mdir-loop".into())
@@ -262,6 +263,8 @@ struct EventLoop {
     again: Vec<u64>,
     /// Fan-outs in flight, oldest first (all wait the same `peer_timeout`).
     deadlines: VecDeque<Deadline>,
+    /// Fan-out frames of this pass, sent at its end.
+    cork: Cork,
 }
 
 impl EventLoop {
@@ -273,6 +276,8 @@ impl EventLoop {
             tv_nsec: 0,
         };
         while !self.shared.stop.load(Ordering::Acquire) {
+            // The fan-outs started in the last pass: one send per peer, before any wait.
+            self.cork.flush();
             events.clear();
             // Poll (yielding between polls) while requests came recently: a sleeping loop
             // costs the next client a wake-up.
@@ -402,7 +407,7 @@ impl EventLoop {
             tx: &self.tx,
             shared: &self.shared,
         };
-        let turn = Self::turn(env, &mut self.deadlines, id, c);
+        let turn = Self::turn(env, &mut self.deadlines, &mut self.cork, id, c);
         let turn = turn.and_then(|t| {
             let want = c.wanted();
             if want != c.flags {
@@ -437,6 +442,7 @@ impl EventLoop {
     fn turn(
         env: Env<'_>,
         deadlines: &mut VecDeque<Deadline>,
+        cork: &mut Cork,
         id: u64,
         c: &mut Conn,
     ) -> Result<Turn, DirError> {
@@ -495,7 +501,7 @@ impl EventLoop {
                             tx: tx.clone(),
                             shared: shared.clone(),
                         };
-                        let p = match server.start_loop_fanout(cred, p, waiter) {
+                        let p = match server.start_loop_fanout(cred, p, waiter, cork) {
                             Ok(Some(fanout)) => {
                                 let at = Instant::now() + server.inner.cfg.peer_timeout;
                                 deadlines.push_back((at, id, fanout, request));
