@@ -150,6 +150,25 @@ struct WriterState {
 }
 
 impl PeerWriter {
+    /// Splits a peer connection: the writer (with its flusher task started) and the read
+    /// half. Needs a tokio runtime.
+    fn start(s: TcpStream) -> std::io::Result<(Arc<PeerWriter>, tokio::net::tcp::OwnedReadHalf)> {
+        // A second descriptor for writing from any thread without the runtime.
+        let std = s.into_std()?;
+        let sock = std.try_clone()?;
+        let (r, w) = TcpStream::from_std(std)?.into_split();
+        let writer = Arc::new(PeerWriter {
+            st: Mutex::new(WriterState {
+                sock,
+                pending: Vec::new(),
+                broken: false,
+            }),
+            more: tokio::sync::Notify::new(),
+        });
+        tokio::spawn(flush_loop(writer.clone(), w));
+        Ok((writer, r))
+    }
+
     /// Sends `f` or queues it behind earlier bytes; `false` if the connection is broken.
     fn send(&self, f: &[u8]) -> bool {
         use rustix::io::Errno;
@@ -1680,25 +1699,13 @@ impl DirServer {
         })
         .await
         .map_err(|_| DirError::Timeout(format!("connecting to peer {addr}")))??;
-        // A second descriptor for writing from any thread without the runtime.
-        let std = s.into_std()?;
-        let sock = std.try_clone()?;
-        let (r, w) = TcpStream::from_std(std)?.into_split();
-        let writer = Arc::new(PeerWriter {
-            st: Mutex::new(WriterState {
-                sock,
-                pending: Vec::new(),
-                broken: false,
-            }),
-            more: tokio::sync::Notify::new(),
-        });
+        let (writer, r) = PeerWriter::start(s)?;
         let conn = Arc::new(Conn {
             id,
-            w: writer.clone(),
+            w: writer,
             pending: Mutex::new(HashMap::new()),
             alive: AtomicBool::new(true),
         });
-        tokio::spawn(flush_loop(writer, w));
         let c2 = conn.clone();
         let fanouts = self.inner.fanouts.clone();
         tokio::spawn(async move {
@@ -2021,18 +2028,7 @@ mod tests {
             let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
             let client = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
             let (mut far, _) = l.accept().await.unwrap();
-            let std = client.into_std().unwrap();
-            let sock = std.try_clone().unwrap();
-            let (_r, w) = TcpStream::from_std(std).unwrap().into_split();
-            let pw = Arc::new(PeerWriter {
-                st: Mutex::new(WriterState {
-                    sock,
-                    pending: Vec::new(),
-                    broken: false,
-                }),
-                more: tokio::sync::Notify::new(),
-            });
-            tokio::spawn(flush_loop(pw.clone(), w));
+            let (pw, _r) = PeerWriter::start(client).unwrap();
             // 32 MiB nobody reads yet: more than the kernel's buffers take.
             const N: u32 = 4096;
             const LEN: usize = 8192;

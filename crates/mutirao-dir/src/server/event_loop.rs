@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 /// Epoll data of the wake-up eventfd (connection ids count up from 0).
 const WAKE: u64 = u64::MAX;
 /// Unsent reply bytes past which a connection is not read until its client catches up.
-pub(super) const MAX_OUT: usize = 256 * 1024;
+const MAX_OUT: usize = 256 * 1024;
 /// While a fan-out is out, the loop polls this many times its polling budget.
 const FANOUT_SPIN: u32 = 4;
 /// Requests served from one connection before the loop turns to the others.
@@ -196,6 +196,11 @@ struct Conn {
 }
 
 impl Conn {
+    /// Reply bytes the socket has not taken yet.
+    fn unsent(&self) -> usize {
+        self.out.len() - self.sent
+    }
+
     /// Writes what the socket takes now.
     fn flush(&mut self) -> Result<(), DirError> {
         while self.sent < self.out.len() {
@@ -218,7 +223,7 @@ impl Conn {
     /// The readiness to wait for: requests unless one is on the runtime or too many
     /// replies are unsent, and room to write while replies are unsent.
     fn wanted(&self) -> epoll::EventFlags {
-        let unsent = self.out.len() - self.sent;
+        let unsent = self.unsent();
         let mut f = epoll::EventFlags::empty();
         if !self.busy && unsent <= MAX_OUT {
             f |= epoll::EventFlags::IN | epoll::EventFlags::RDHUP;
@@ -446,20 +451,15 @@ impl EventLoop {
         id: u64,
         c: &mut Conn,
     ) -> Result<Turn, DirError> {
-        let Env {
-            server,
-            rt,
-            tx,
-            shared,
-        } = env;
+        let server = env.server;
         let mut served = 0;
         let mut turn = Turn::Done;
         c.reader.rearm();
         while !c.busy {
-            if c.out.len() - c.sent > MAX_OUT {
+            if c.unsent() > MAX_OUT {
                 // Stop reading until the client takes its replies (then EPOLLOUT says so).
                 c.flush()?;
-                if c.out.len() - c.sent > MAX_OUT {
+                if c.unsent() > MAX_OUT {
                     break;
                 }
             }
@@ -490,39 +490,13 @@ impl EventLoop {
             let reply = match p {
                 Ok(p) => match server.try_handle_here(cred, p) {
                     Ok(reply) => reply,
-                    Err(p) => {
-                        c.busy = true;
-                        // A query to fan out: sent from here, answered by the first positive
-                        // peer through the loop's messages, or timed out by the loop.
-                        let request = p.header.clone();
-                        let waiter = LoopWaiter {
-                            conn: id,
-                            request: request.clone(),
-                            tx: tx.clone(),
-                            shared: shared.clone(),
-                        };
-                        let p = match server.start_loop_fanout(cred, p, waiter, cork) {
-                            Ok(Some(fanout)) => {
-                                let at = Instant::now() + server.inner.cfg.peer_timeout;
-                                deadlines.push_back((at, id, fanout, request));
-                                break;
-                            }
-                            Ok(None) => {
-                                c.busy = false;
-                                frame_into(&error_packet(&request, &DirError::NoMatch), &mut c.out);
-                                continue;
-                            }
-                            Err(p) => p,
-                        };
-                        let (srv, tx, shared) = (server.clone(), tx.clone(), shared.clone());
-                        rt.spawn(async move {
-                            let reply = srv.handle_slow(cred, p).await;
-                            if tx.send(Msg::Reply(id, reply)).is_ok() {
-                                shared.wake();
-                            }
-                        });
-                        break;
-                    }
+                    Err(p) => match Self::hand_off(env, deadlines, cork, id, cred, p) {
+                        Some(reply) => reply,
+                        None => {
+                            c.busy = true;
+                            break;
+                        }
+                    },
                 },
                 Err(e) => error_packet(&Header::new(Kind::Reply), &e),
             };
@@ -530,5 +504,49 @@ impl EventLoop {
         }
         c.flush()?;
         Ok(turn)
+    }
+
+    /// A request that [`DirServer::try_handle_here`] gave back. A query to fan out is sent
+    /// from here and answered by the first positive peer through the loop's messages, or timed
+    /// out by the loop; anything else runs on the runtime, whose reply comes back the same
+    /// way. `Some`: the answer now (no peer to ask); `None`: the connection waits for it.
+    fn hand_off(
+        env: Env<'_>,
+        deadlines: &mut VecDeque<Deadline>,
+        cork: &mut Cork,
+        id: u64,
+        cred: Cred,
+        p: Packet,
+    ) -> Option<Packet> {
+        let Env {
+            server,
+            rt,
+            tx,
+            shared,
+        } = env;
+        let request = p.header.clone();
+        let waiter = LoopWaiter {
+            conn: id,
+            request: request.clone(),
+            tx: tx.clone(),
+            shared: shared.clone(),
+        };
+        let p = match server.start_loop_fanout(cred, p, waiter, cork) {
+            Ok(Some(fanout)) => {
+                let at = Instant::now() + server.inner.cfg.peer_timeout;
+                deadlines.push_back((at, id, fanout, request));
+                return None;
+            }
+            Ok(None) => return Some(error_packet(&request, &DirError::NoMatch)),
+            Err(p) => p,
+        };
+        let (srv, tx, shared) = (server.clone(), tx.clone(), shared.clone());
+        rt.spawn(async move {
+            let reply = srv.handle_slow(cred, p).await;
+            if tx.send(Msg::Reply(id, reply)).is_ok() {
+                shared.wake();
+            }
+        });
+        None
     }
 }
