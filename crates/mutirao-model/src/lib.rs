@@ -50,6 +50,8 @@ pub enum ModelError {
     BadSpeed { name: String, speed: f64 },
     #[error("links[{index}]: {msg}")]
     BadLink { index: usize, msg: String },
+    #[error("capacity: {0}")]
+    BadCapacity(String),
     #[error("unknown host {0:?}: it is not in the model's host list")]
     UnknownHost(String),
     #[error("no link class in the model covers {src:?} -> {dst:?} ({class}); add a {class:?} link (or a pair link) to the model")]
@@ -215,12 +217,52 @@ impl Link {
     }
 }
 
+/// Capacity of one host's network interface, in Mbit/s (10⁶ bit/s), per direction: the
+/// messages a host sends at the same time share `out_mbit`; those it receives share `in_mbit`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NicCapacity {
+    pub host: String,
+    pub out_mbit: f64,
+    pub in_mbit: f64,
+}
+
+/// Capacity of the link from site `from` to site `to` (one direction), in Mbit/s: every
+/// message between a host of `from` and a host of `to` at the same time shares it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SiteLinkCapacity {
+    pub from: String,
+    pub to: String,
+    pub mbit: f64,
+}
+
+/// Link capacities for the contention model (optional in `mutirao-model/1`). Messages between
+/// different hosts share the sender's NIC out, the receiver's NIC in and, across sites, the
+/// directed site link, max–min fair. Messages within one host share nothing.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Capacity {
+    /// Where the figures come from: `calibrate` (concurrent streams measured),
+    /// `resource-spec` (a mεμ spec's `nic_mbit` / `wan.A.B`), or free text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nics: Vec<NicCapacity>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub site_links: Vec<SiteLinkCapacity>,
+}
+
 /// A whole `mutirao-model/1` document.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Model {
     pub format: String,
     pub hosts: Vec<Host>,
     pub links: Vec<Link>,
+    /// Link capacities for the contention model; absent in models without them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity: Option<Capacity>,
+    /// Set only by `fit --allow-poor-fit`: one line per emitted segment that misses a measured
+    /// median it covers by more than 10% (class, size, measured, modelled).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub poor_fit: Vec<String>,
 }
 
 impl Model {
@@ -230,6 +272,8 @@ impl Model {
             format: MODEL_FORMAT.to_string(),
             hosts,
             links,
+            capacity: None,
+            poor_fit: Vec::new(),
         };
         m.validate()?;
         Ok(m)
@@ -283,7 +327,70 @@ impl Model {
                 }
             }
         }
+        if let Some(c) = &self.capacity {
+            let ok = |v: f64| v.is_finite() && v > 0.0;
+            let mut nic_seen = HashMap::new();
+            for (i, n) in c.nics.iter().enumerate() {
+                if !seen.contains_key(n.host.as_str()) {
+                    return Err(ModelError::BadCapacity(format!(
+                        "nics[{i}]: host {:?} is not a host of the model",
+                        n.host
+                    )));
+                }
+                if nic_seen.insert(n.host.as_str(), ()).is_some() {
+                    return Err(ModelError::BadCapacity(format!(
+                        "nics[{i}]: host {:?} is listed twice",
+                        n.host
+                    )));
+                }
+                if !ok(n.out_mbit) || !ok(n.in_mbit) {
+                    return Err(ModelError::BadCapacity(format!(
+                        "nics[{i}] (host {:?}): out_mbit {} and in_mbit {} must be finite numbers > 0",
+                        n.host, n.out_mbit, n.in_mbit
+                    )));
+                }
+            }
+            let mut pair_seen = HashMap::new();
+            for (i, l) in c.site_links.iter().enumerate() {
+                if l.from == l.to {
+                    return Err(ModelError::BadCapacity(format!(
+                        "site_links[{i}]: from and to are both {:?}; a site link joins two sites",
+                        l.from
+                    )));
+                }
+                if pair_seen
+                    .insert((l.from.as_str(), l.to.as_str()), ())
+                    .is_some()
+                {
+                    return Err(ModelError::BadCapacity(format!(
+                        "site_links[{i}]: {:?} -> {:?} is listed twice",
+                        l.from, l.to
+                    )));
+                }
+                if !ok(l.mbit) {
+                    return Err(ModelError::BadCapacity(format!(
+                        "site_links[{i}] ({:?} -> {:?}): mbit {} must be a finite number > 0",
+                        l.from, l.to, l.mbit
+                    )));
+                }
+            }
+        }
         Ok(())
+    }
+
+    /// NIC capacity of `host`, if the model has one.
+    pub fn nic_capacity(&self, host: &str) -> Option<&NicCapacity> {
+        self.capacity.as_ref()?.nics.iter().find(|n| n.host == host)
+    }
+
+    /// Capacity of the directed site link `from -> to` in Mbit/s, if the model has one.
+    pub fn site_link_mbit(&self, from: &str, to: &str) -> Option<f64> {
+        self.capacity
+            .as_ref()?
+            .site_links
+            .iter()
+            .find(|l| l.from == from && l.to == to)
+            .map(|l| l.mbit)
     }
 
     /// The host named `name`.
@@ -462,6 +569,28 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.to_string().starts_with("links[0]: os"), "{e}");
+    }
+
+    #[test]
+    fn capacities_round_trip_and_bad_ones_are_named() {
+        let text = r#"{"format":"mutirao-model/1",
+          "hosts":[{"name":"a1","site":"a","speed":1},{"name":"b1","site":"b","speed":1}],
+          "links":[],
+          "capacity":{"source":"calibrate",
+            "nics":[{"host":"a1","out_mbit":800,"in_mbit":790}],
+            "site_links":[{"from":"a","to":"b","mbit":40}]}}"#;
+        let m = Model::from_json(text).unwrap();
+        assert_eq!(m.nic_capacity("a1").unwrap().in_mbit, 790.0);
+        assert!(m.nic_capacity("b1").is_none());
+        assert_eq!(m.site_link_mbit("a", "b"), Some(40.0));
+        assert_eq!(m.site_link_mbit("b", "a"), None);
+        assert_eq!(Model::from_json(&m.to_json()).unwrap(), m);
+        let bad = text.replace(r#""host":"a1""#, r#""host":"zz""#);
+        let e = Model::from_json(&bad).unwrap_err().to_string();
+        assert!(e.contains("nics[0]") && e.contains("zz"), "{e}");
+        let bad = text.replace(r#""mbit":40"#, r#""mbit":0"#);
+        let e = Model::from_json(&bad).unwrap_err().to_string();
+        assert!(e.contains("site_links[0]"), "{e}");
     }
 
     #[test]

@@ -241,6 +241,8 @@ pub fn gridrio2004() -> Model {
         format: crate::MODEL_FORMAT.to_string(),
         hosts,
         links,
+        capacity: None,
+        poor_fit: Vec::new(),
     }
 }
 
