@@ -642,6 +642,11 @@ pub struct Calibration {
     /// `Some` when the calibration did not complete; the data present is kept.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub partial: Option<PartialInfo>,
+    /// Two ranks on the launcher's own host, measured through the runtime's shared memory when
+    /// no calibrated host pair is a same-host pair (one rank per host): `fit` turns it into the
+    /// model's class-wide `same-host` link. `src` and `dst` name the launcher's host.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub launcher_same_host: Option<PairSweep>,
 }
 
 impl Calibration {
@@ -664,6 +669,7 @@ impl Calibration {
                 clock: default_clock(),
             },
             partial: None,
+            launcher_same_host: None,
         }
     }
 
