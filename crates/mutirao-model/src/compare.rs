@@ -242,6 +242,7 @@ mod tests {
             name: n.into(),
             site: site.into(),
             speed,
+            addr: None,
         }
     }
 

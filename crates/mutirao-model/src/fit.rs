@@ -936,6 +936,7 @@ pub fn fit(calib: &Calibration, opts: &FitOptions) -> Result<(Model, FitReport),
             name: m.0.to_string(),
             site: m.1.to_string(),
             speed: h_ref / m.2,
+            addr: None,
         })
         .collect();
     let host_reports = measured

@@ -144,6 +144,10 @@ pub struct Host {
     pub site: String,
     /// Relative speed: a task of `work` seconds on a speed-1.0 host takes `work / speed` here.
     pub speed: f64,
+    /// The address the host was calibrated at (its agent's, or its hostfile entry), when it
+    /// differs from `name`: lets `schedule` write hostfiles and `exec-dag` find the host.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub addr: Option<String>,
 }
 
 /// Which pairs of hosts a link entry covers.
@@ -480,6 +484,7 @@ mod tests {
             name: n.into(),
             site: s.into(),
             speed,
+            addr: None,
         }
     }
 

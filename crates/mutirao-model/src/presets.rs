@@ -219,6 +219,7 @@ pub fn gridrio2004() -> Model {
             name: name.to_string(),
             site: site.to_string(),
             speed: 26.0 / h,
+            addr: None,
         })
         .collect();
     let mut links = vec![link(

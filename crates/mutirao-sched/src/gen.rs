@@ -414,6 +414,7 @@ pub fn random_model(
                 name: format!("h{i}"),
                 site: "s".into(),
                 speed: 1.0 / cost,
+                addr: None,
             }
         })
         .collect();

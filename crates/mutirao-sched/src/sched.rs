@@ -656,6 +656,7 @@ mod tests {
             .enumerate()
             .map(|(i, &speed)| Host {
                 name: format!("h{i}"),
+                addr: None,
                 site: "s".into(),
                 speed,
             })

@@ -23,6 +23,7 @@ fn hosts(n: usize) -> Vec<Host> {
             name: format!("h{i}"),
             site: "s".into(),
             speed: 1.0,
+            addr: None,
         })
         .collect()
 }
