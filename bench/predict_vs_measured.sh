@@ -1,53 +1,42 @@
 #!/usr/bin/env bash
-# Prediction against reality on this machine (issue 4, part 4 acceptance).
+# Prediction against reality on an emulated grid (issue 11, item 6; digest 000 check 11).
 #
-# Calibrates the HLogP model over the runtime with two emulated hosts (local0, local1: two ranks
-# on this machine, one per core), fits it, then for each task graph: schedules it with
-# hlogp-heft (round-robin for the ring, as mpirun places the thesis's ring), predicts the
-# makespan with the HLogP simulator, runs it for real with `exec-dag` RUNS times and prints a
-# markdown table: predicted vs measured median, ratio, and whether it is within 10%.
+# Uses only the documented flow, with default options, no patches to any file:
+#   mutirao testbed up SPEC --name N          an emulated two-site grid (root)
+#   mutirao calibrate --testbed N -o c.json   hosts, token, sites and names from the testbed;
+#                                             speeds, HLogP sweeps, link capacities, same-host class
+#   mutirao fit c.json -o m.json
+#   mutirao dag gen …                         gauss (m=7), fft (16 points), a 5×5 diamond and three
+#                                             seeded random Topcuoglu graphs (CCR 0.5, 1, 5)
+#   mutirao schedule --algo A                 hlogp-heft, heft and round-robin for every graph
+#   mutirao simulate                          predicted makespan with contention (the default) and
+#                                             with --no-contention (the thesis's HLogP)
+#   mutirao exec-dag --testbed N              measured makespan, RUNS times (median)
 #
-# Usage: bench/predict_vs_measured.sh [RUNS]      (default 5; about 10 s in all on an idle 2-core machine)
-#        TESTBED=default|SPEC.toml bench/predict_vs_measured.sh [RUNS]     (as root; about 3 min)
-# Env:   MUTIRAO=path/to/mutirao (default: target/release/mutirao, built if missing)
-#        KEEP=dir  keep the generated calibration, model, graphs and schedules in dir
-#        TESTBED   run on an emulated grid instead (docs/testbed.md): `default` is the spec below
-#                  (site a: a1 cpu 1.0, a2 cpu 0.25 at 800 Mbit; site b: b1 cpu 0.5 at 200 Mbit;
-#                  WAN 40 Mbit), else a spec file whose FIRST host has cpu = 1.0 (the speed
-#                  reference, see below). The script brings it up as `pvm<pid>`, calibrates over the
-#                  agents (one rank per host, --no-same-host, sites from the /24s), fits, and runs
-#                  every graph with exec-dag on the agents; the testbed is always taken down on exit.
+# and prints one markdown table: per graph and scheduler, both predictions, the measured median
+# (min–max), measured/predicted and whether it is within 10%; then digest 000's check 11 on
+# measured times (overhead-aware HEFT ahead of latency HEFT, round-robin far behind).
 #
-# Testbed mode, how names and ranks line up: `calibrate --hostfile` names each host by its
-# hostfile address (10.213.x.y), so the model, the schedules and the hostfile all use addresses.
-# exec-dag makes rank i of the i-th distinct host in the schedule (order of first appearance)
-# and puts rank i on the i-th hostfile slot, so each graph gets its own hostfile: the testbed's
-# lines (slots=1 each) in the schedule's host order. Speeds: exec-dag sizes work by the kernel
-# rate it measures in the launcher (root namespace, unthrottled) = speed 1.0; the fit takes the
-# first host (cpu 1.0: a whole core, so as fast as the launcher) as --speed-reference, not the
-# fastest host, so that the two references agree even if another host measures a little faster.
-# Progress: the runtime is single-threaded (every API call drives progress), so exec-dag's worker
-# computes in 1 ms slices and calls into the runtime between them; without that, a rendezvous
-# message (> 64 KiB) between hosts only moved when the sender next blocked, while the HLogP
-# simulator moves it right after Os (diamond-1M and matmul measured 1.4-1.8x the prediction).
+# Usage: sudo bench/predict_vs_measured.sh [RUNS]           (default 3; ~10 min per spec)
+# Env:   SPEC=wan|three|FILE.toml   the grid (default `wan`, below; `three`: three sites)
+#        MUTIRAO=path/to/mutirao    (default: target/release/mutirao, built if missing)
+#        KEEP=dir                   keep calibration, model, graphs, schedules, runs in dir
 #
-# What the graphs model (work = seconds of this machine's kernel, bytes per edge):
-#   diamond-64K  5x5 diamond (mesh), 20 ms tasks, 64 KiB edges
-#   diamond-4M   5x5 diamond, 20 ms tasks, 4 MiB edges (overhead-heavy)
-#   ring         the thesis's ring r0 -> r1 -> r0_end over 2 ranks (round-robin), 20 ms per stop,
-#                1 MiB token
-#   pi           fork/join: a root (1 ms) sends 8 bytes to 8 independent 20 ms partial sums,
-#                each sends its 8-byte result to a sink (1 ms)
-#   matmul       512x512 doubles, 4 row blocks: a root (1 ms) sends each block its 128 rows of
-#                A plus all of B (512 KiB + 2 MiB), each block computes 50 ms and sends its
-#                128 result rows (512 KiB) to a sink (1 ms)
+# The testbed is always taken down on exit. exec-dag sizes each task's work with the kernel rate
+# it measures in the launcher (root namespace, a whole core = speed 1.0); `fit` takes the fastest
+# host as speed 1.0, and both specs below have a host with a whole core.
 set -euo pipefail
 
-RUNS=${1:-5}
+RUNS=${1:-3}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 B=${MUTIRAO:-$ROOT/target/release/mutirao}
+[ "$(id -u)" = 0 ] || { echo "needs root (network namespaces, tc, cgroups): sudo $0" >&2; exit 2; }
 if [[ ! -x $B ]]; then
     (cd "$ROOT" && cargo build --release -q -p mutirao-cli --bins)
+fi
+if ! command -v jq >/dev/null; then
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq jq >/dev/null 2>&1 ||
+        { apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq jq >/dev/null; }
 fi
 if [[ -n ${KEEP:-} ]]; then
     W=$KEEP
@@ -55,125 +44,141 @@ if [[ -n ${KEEP:-} ]]; then
 else
     W=$(mktemp -d)
 fi
-TB=${TESTBED:-}
-TBNAME=""
+NAME=pvm$$
+UP=""
 cleanup() {
-    if [[ -n $TBNAME ]]; then "$B" testbed down "$TBNAME" >&2 || true; fi
+    if [[ -n $UP ]]; then "$B" testbed down "$NAME" >&2 || true; fi
     if [[ -z ${KEEP:-} ]]; then rm -rf "$W"; fi
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
-if ! command -v jq >/dev/null; then
-    [ "$(id -u)" = 0 ] || { echo "needs jq: apt-get install jq" >&2; exit 2; }
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq jq >/dev/null 2>&1 ||
-        { apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq jq >/dev/null; }
-fi
 
-# Calibrate with the runtime's own eager limit, so that the model sees the same protocol
-# (eager up to 64 KiB, rendezvous above) as exec-dag's messages.
-if [[ -z $TB ]]; then
-    "$B" calibrate -n 2 --sizes 0,1K,16K,64K,256K,1M,2560K,4M --eager-limit runtime \
-        -o "$W/calib.json" >&2
-    "$B" fit "$W/calib.json" -o "$W/model.json" >&2
-else
-    [ "$(id -u)" = 0 ] || { echo "TESTBED needs root (network namespaces, cgroups)" >&2; exit 2; }
-    if [[ $TB == default ]]; then
-        TB=$W/testbed.toml
-        cat >"$TB" <<'SPEC'
+SPEC=${SPEC:-wan}
+case $SPEC in
+wan)
+    # Two sites, a WAN at 1/13 of the NICs, one host at a quarter of a core.
+    cat >"$W/spec.toml" <<'EOF'
 [[site]]
-name = "a"
-nic_mbit = 800
-hosts = [ { name = "a1", cpu = 1.0 }, { name = "a2", cpu = 0.25 } ]
+name = "north"
+nic_mbit = 400
+hosts = [ { name = "n1", cpu = 1.0 }, { name = "n2", cpu = 0.25 } ]
 
 [[site]]
-name = "b"
-nic_mbit = 200
-hosts = [ { name = "b1", cpu = 0.5 } ]
+name = "south"
+nic_mbit = 400
+hosts = [ { name = "s1", cpu = 0.75 }, { name = "s2", cpu = 0.5 } ]
 
 [[wan]]
-sites = ["a", "b"]
-mbit = 40
-SPEC
-    fi
-    TBNAME=pvm$$
-    "$B" testbed up "$TB" --name "$TBNAME" >&2
-    HOSTS=/run/mutirao-testbed/$TBNAME.hosts
-    TOKEN=/run/mutirao-testbed/$TBNAME.token
-    REF=$(awk 'NF {print $1; exit}' "$HOSTS")
-    "$B" calibrate --hostfile "$HOSTS" --token-file "$TOKEN" --no-same-host \
-        --sizes 0,1K,16K,64K,256K,1M,2560K --eager-limit runtime -o "$W/calib.json" >&2
-    "$B" fit "$W/calib.json" --speed-reference "$REF" -o "$W/model.json" >&2
-    # One rank per host measures no same-host link; exec-dag sends nothing between tasks on one
-    # host (they share the rank), so the model's same-host link is free.
-    jq '([.hosts[].site] | unique) as $s
-        | .links += [$s[] | {class: "same-host", site: .,
-                             os: [{from: 0, base_us: 0, per_byte_us: 0}],
-                             or: [{from: 0, base_us: 0, per_byte_us: 0}],
-                             l: [{from: 0, base_us: 0, per_byte_us: 0}]}]' \
-        "$W/model.json" >"$W/model.tmp" && mv "$W/model.tmp" "$W/model.json"
-    jq -r '.hosts[] | "model host \(.name) site \(.site) speed \(.speed)"' "$W/model.json" >&2
-fi
+sites = ["north", "south"]
+mbit = 30
+EOF
+    ;;
+three)
+    # Three sites of unequal NICs, WANs at 1/10 and 1/20 of the fastest NIC.
+    cat >"$W/spec.toml" <<'EOF'
+[[site]]
+name = "lab"
+nic_mbit = 600
+hosts = [ { name = "l1", cpu = 1.0 }, { name = "l2", cpu = 0.5 } ]
 
-# fork/join graph: name root_work n child_work in_bytes out_bytes sink_work
-forkjoin() {
-    jq -n --argjson rw "$2" --argjson n "$3" --argjson cw "$4" --argjson ib "$5" \
-        --argjson ob "$6" --argjson sw "$7" '
-      {format: "mutirao-dag/1",
-       tasks: ([{id: "root", work: $rw}]
-               + [range($n) | {id: "c\(.)", work: $cw}]
-               + [{id: "sink", work: $sw}]),
-       edges: ([range($n) | {from: "root", to: "c\(.)", bytes: $ib}]
-               + [range($n) | {from: "c\(.)", to: "sink", bytes: $ob}])}' >"$W/$1.json"
-}
+[[site]]
+name = "dept"
+nic_mbit = 200
+hosts = [ { name = "d1", cpu = 0.8 } ]
 
-if [[ -z $TB ]]; then
-    GRAPHS="diamond-64K diamond-4M ring pi matmul"
-    "$B" dag gen diamond --k 5 --work 0.02 --bytes 65536 -o "$W/diamond-64K.json" >&2
-    "$B" dag gen diamond --k 5 --work 0.02 --bytes 4194304 -o "$W/diamond-4M.json" >&2
-    "$B" dag gen ring --n 2 --work 0.02 --bytes 1048576 -o "$W/ring.json" >&2
-    forkjoin pi 0.001 8 0.02 8 8 0.001
-    forkjoin matmul 0.001 4 0.05 2621440 524288 0.001
-else
-    # On the testbed: 1 MiB costs ~11 ms inside a site and ~215 ms across the 40 Mbit WAN, so
-    # tasks of 50 ms make computation and communication both matter.
-    GRAPHS="diamond-64K diamond-1M ring pi matmul"
-    "$B" dag gen diamond --k 5 --work 0.05 --bytes 65536 -o "$W/diamond-64K.json" >&2
-    "$B" dag gen diamond --k 5 --work 0.05 --bytes 1048576 -o "$W/diamond-1M.json" >&2
-    "$B" dag gen ring --n 3 --work 0.05 --bytes 1048576 -o "$W/ring.json" >&2
-    forkjoin pi 0.001 8 0.05 8 8 0.001
-    forkjoin matmul 0.001 4 0.1 2621440 524288 0.001
-fi
+[[site]]
+name = "home"
+nic_mbit = 100
+hosts = [ { name = "h1", cpu = 0.25 } ]
+
+[[wan]]
+sites = ["lab", "dept"]
+mbit = 60
+
+[[wan]]
+sites = ["dept", "home"]
+mbit = 30
+EOF
+    ;;
+*)
+    cp "$SPEC" "$W/spec.toml"
+    ;;
+esac
+
+"$B" testbed up "$W/spec.toml" --name "$NAME" >&2
+UP=1
+t0=$(date +%s)
+"$B" calibrate --testbed "$NAME" -o "$W/calib.json" >&2
+t1=$(date +%s)
+echo "calibration took $((t1 - t0)) s" >&2
+"$B" fit "$W/calib.json" -o "$W/model.json" >&2
+jq -r '.hosts[] | "model host \(.name) site \(.site) speed \(.speed)"' "$W/model.json" >&2
+jq -r '.capacity // {} | (.nics // [])[] | "capacity NIC \(.host) out \(.out_mbit) in \(.in_mbit) Mbit/s"' \
+    "$W/model.json" >&2
+jq -r '.capacity // {} | (.site_links // [])[] | "capacity site link \(.from) -> \(.to) \(.mbit) Mbit/s"' \
+    "$W/model.json" >&2
+
+# Graphs. Work is seconds on a speed-1.0 host; edges 64 KiB–1 MiB.
+G=()
+gen() { local name=$1; shift; "$B" dag gen "$@" -o "$W/$name.json" >&2; G+=("$name"); }
+gen gauss-256K gauss --m 7 --work 0.04 --bytes 262144
+gen fft16-128K fft --points 16 --work 0.03 --bytes 131072
+gen diamond-512K diamond --k 5 --work 0.05 --bytes 524288
+# Topcuoglu's random graphs: message time = CCR × mean work at --bytes-per-s; the reference
+# rate (4 MB/s, about the WAN's) and the mean work are chosen so that the mean edge is ~300 KB.
+gen rand-ccr0.5 random --n 24 --ccr 0.5 --mean-work 0.15 --bytes-per-s 4000000 --seed 11
+gen rand-ccr1 random --n 24 --ccr 1 --mean-work 0.075 --bytes-per-s 4000000 --seed 12
+gen rand-ccr5 random --n 24 --ccr 5 --mean-work 0.015 --bytes-per-s 4000000 --seed 13
+for g in "${G[@]}"; do
+    jq -r --arg g "$g" '"graph \($g): \(.tasks | length) tasks, \(.edges | length) edges, bytes \(
+        [.edges[].bytes] | min) – \([.edges[].bytes] | max)"' "$W/$g.json" >&2
+done
 
 median() { sort -g | awk '{a[NR]=$1} END {if (NR%2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2}'; }
 
-echo "| graph | scheduler | predicted makespan_s | measured median of $RUNS (min–max) | ratio measured/predicted | within 10%? |"
-echo "|---|---|---|---|---|---|"
-for g in $GRAPHS; do
-    algo=hlogp-heft
-    [[ $g == ring ]] && algo=round-robin
-    "$B" schedule --model "$W/model.json" --dag "$W/$g.json" --algo $algo -o "$W/$g.sched.json" >&2
-    pred=$("$B" simulate --model "$W/model.json" --dag "$W/$g.json" --schedule "$W/$g.sched.json" \
-        --json | jq .makespan_s)
-    : >"$W/$g.measured"
-    on=()
-    if [[ -n $TB ]]; then
-        # rank i = i-th distinct schedule host (first appearance) = i-th line of this hostfile
-        jq -r '[.tasks[].host] | reduce .[] as $h ([]; if index([$h]) then . else . + [$h] end) | .[]' \
-            "$W/$g.sched.json" | while read -r h; do
-            awk -v h="$h" '$1 == h {print; found = 1} END {if (!found) exit 1}' "$HOSTS" ||
-                { echo "schedule host $h is not in $HOSTS" >&2; exit 1; }
-        done >"$W/$g.hosts"
-        on=(--hostfile "$W/$g.hosts" --token-file "$TOKEN")
-        echo "$g: $algo on $(paste -sd' ' <(awk '{print $1}' "$W/$g.hosts"))" >&2
-    fi
-    for _ in $(seq "$RUNS"); do
-        "$B" exec-dag --dag "$W/$g.json" --schedule "$W/$g.sched.json" "${on[@]}" --json |
-            jq .makespan_s >>"$W/$g.measured"
+RATE=""
+: >"$W/rows.tsv"
+for g in "${G[@]}"; do
+    for algo in hlogp-heft heft round-robin; do
+        s=$W/$g.$algo.sched.json
+        "$B" schedule --model "$W/model.json" --dag "$W/$g.json" --algo "$algo" -o "$s" >&2
+        pc=$("$B" simulate --model "$W/model.json" --dag "$W/$g.json" --schedule "$s" --json |
+            jq .makespan_s)
+        pn=$("$B" simulate --model "$W/model.json" --dag "$W/$g.json" --schedule "$s" \
+            --no-contention --json | jq .makespan_s)
+        : >"$W/$g.$algo.measured"
+        for _ in $(seq "$RUNS"); do
+            out=$("$B" exec-dag --dag "$W/$g.json" --schedule "$s" --testbed "$NAME" \
+                ${RATE:+--rate "$RATE"} --json)
+            [[ -n $RATE ]] || RATE=$(jq .rate <<<"$out")
+            jq .makespan_s <<<"$out" >>"$W/$g.$algo.measured"
+        done
+        med=$(median <"$W/$g.$algo.measured")
+        lo=$(sort -g "$W/$g.$algo.measured" | head -1)
+        hi=$(sort -g "$W/$g.$algo.measured" | tail -1)
+        printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$g" "$algo" "$pc" "$pn" "$med" "$lo" "$hi" >>"$W/rows.tsv"
+        echo "$g $algo: predicted $pc (no contention $pn), measured median $med" >&2
     done
-    med=$(median <"$W/$g.measured")
-    lo=$(sort -g "$W/$g.measured" | head -1)
-    hi=$(sort -g "$W/$g.measured" | tail -1)
-    awk -v g="$g" -v a="$algo" -v p="$pred" -v m="$med" -v lo="$lo" -v hi="$hi" 'BEGIN {
-        r = m / p; ok = (r >= 0.9 && r <= 1.1) ? "yes" : "no";
-        printf "| %s | %s | %.4f | %.4f (%.4f–%.4f) | %.3f | %s |\n", g, a, p, m, lo, hi, r, ok }'
 done
+
+echo
+echo "spec \`$SPEC\`, calibration $((t1 - t0)) s, $RUNS runs each; ratio = measured / predicted"
+echo
+echo "| graph | scheduler | predicted, contention (s) | predicted, none (s) | measured median (min–max) (s) | ratio | ratio, none | within 10%? |"
+echo "|---|---|---|---|---|---|---|---|"
+awk -F'\t' '{
+    r = $5 / $3; rn = $5 / $4; ok = (r >= 0.9 && r <= 1.1) ? "yes" : "no";
+    printf "| %s | %s | %.3f | %.3f | %.3f (%.3f–%.3f) | %.3f | %.3f | %s |\n", $1, $2, $3, $4, $5, $6, $7, r, rn, ok
+}' "$W/rows.tsv"
+echo
+echo "Check 11 (measured medians): hlogp-heft / heft and round-robin / hlogp-heft per graph"
+echo
+echo "| graph | hlogp-heft (s) | heft (s) | round-robin (s) | heft ÷ hlogp-heft | round-robin ÷ hlogp-heft |"
+echo "|---|---|---|---|---|---|"
+awk -F'\t' '{ m[$1, $2] = $5; if (!($1 in seen)) { seen[$1] = 1; order[++n] = $1 } }
+    END { for (i = 1; i <= n; i++) { g = order[i]; h = m[g, "hlogp-heft"]; f = m[g, "heft"]; r = m[g, "round-robin"];
+        printf "| %s | %.3f | %.3f | %.3f | %.2f | %.2f |\n", g, h, f, r, f / h, r / h } }' "$W/rows.tsv"
+awk -F'\t' '{ r = $5 / $3; rn = $5 / $4; n++; if (r >= 0.9 && r <= 1.1) k++; if (rn >= 0.9 && rn <= 1.1) kn++;
+    e += (r > 1 ? r - 1 : 1 - r); en += (rn > 1 ? rn - 1 : 1 - rn) }
+    END { printf "\nwithin 10%%: %d of %d with contention (mean |error| %.1f%%), %d of %d without (%.1f%%)\n",
+          k, n, 100 * e / n, kn, n, 100 * en / n }' "$W/rows.tsv"
