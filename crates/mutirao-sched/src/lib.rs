@@ -31,6 +31,7 @@
 pub mod dag;
 pub mod gantt;
 pub mod gen;
+pub mod net;
 pub mod platform;
 pub mod sched;
 pub mod sim;

@@ -1,5 +1,6 @@
 //! A [`Platform`]: a model resolved for fast lookups (host index → speed, host pair → link).
 
+use crate::net::Capacities;
 use mutirao_model::{Host, LinkParams, Model, ModelError};
 use std::collections::HashMap;
 
@@ -15,6 +16,9 @@ pub enum PlatformError {
     /// A pair table does not have hosts² entries or points past the link list.
     #[error("platform pair table: {0}")]
     BadTable(String),
+    /// The contention model needs a capacity the model does not give.
+    #[error("{0}; contention needs the capacity of every host's NIC and of every link between two sites with hosts: re-run `mutirao calibrate` (it measures them), give a resource spec with `--resources NAME.meu` (nic_mbit, wan.A.B), or turn contention off with `--no-contention`")]
+    NoCapacity(String),
     /// A host's speed is not a finite number > 0.
     #[error("host {name:?} has speed {speed}; speed must be a finite number > 0")]
     BadSpeed {
@@ -40,6 +44,8 @@ pub struct Platform {
     row_links: Vec<Vec<u32>>,
     // For each link index: number of ordered pairs of distinct hosts using it.
     offdiag_count: Vec<usize>,
+    // Link capacities for the contention model: complete, or what is missing.
+    caps: Result<Capacities, String>,
 }
 
 impl Platform {
@@ -63,7 +69,36 @@ impl Platform {
                 pair.push(id);
             }
         }
-        Self::from_parts(model.hosts.clone(), links, pair)
+        let mut p = Self::from_parts(model.hosts.clone(), links, pair)?;
+        p.caps = resolve_capacities(model);
+        Ok(p)
+    }
+
+    /// The link capacities (bytes per second) the contention model needs, or an error naming
+    /// the first NIC or site link the model gives no capacity for.
+    pub fn capacities(&self) -> Result<&Capacities, PlatformError> {
+        self.caps
+            .as_ref()
+            .map_err(|what| PlatformError::NoCapacity(what.clone()))
+    }
+
+    /// Replace the capacities (e.g. infinite ones in tests, or ones from elsewhere).
+    pub fn set_capacities(&mut self, caps: Capacities) -> Result<(), PlatformError> {
+        let n = self.hosts.len();
+        if caps.nic_out.len() != n
+            || caps.nic_in.len() != n
+            || caps.site_of.len() != n
+            || caps.site_link.len() != caps.sites * caps.sites
+            || caps.site_of.iter().any(|&s| s >= caps.sites)
+        {
+            return Err(PlatformError::BadTable(format!(
+                "capacities for {} hosts and {} sites do not fit a platform of {n} hosts",
+                caps.nic_out.len(),
+                caps.sites
+            )));
+        }
+        self.caps = Ok(caps);
+        Ok(())
     }
 
     /// Build a platform from hosts, a list of link parameter sets and a row-major
@@ -122,6 +157,7 @@ impl Platform {
             by_name,
             row_links,
             offdiag_count,
+            caps: Err("the platform was built without capacities".to_string()),
         })
     }
 
@@ -220,4 +256,58 @@ impl Platform {
     pub fn max_speed(&self) -> f64 {
         self.hosts.iter().map(|h| h.speed).fold(0.0, f64::max)
     }
+}
+
+/// Bytes per second of `mbit` Mbit/s.
+fn bps(mbit: f64) -> f64 {
+    mbit * 1e6 / 8.0
+}
+
+fn resolve_capacities(model: &Model) -> Result<Capacities, String> {
+    let mut sites: Vec<&str> = Vec::new();
+    let mut site_of = Vec::with_capacity(model.hosts.len());
+    for h in &model.hosts {
+        let i = match sites.iter().position(|s| *s == h.site) {
+            Some(i) => i,
+            None => {
+                sites.push(&h.site);
+                sites.len() - 1
+            }
+        };
+        site_of.push(i);
+    }
+    let mut nic_out = Vec::with_capacity(model.hosts.len());
+    let mut nic_in = Vec::with_capacity(model.hosts.len());
+    for h in &model.hosts {
+        let n = model.nic_capacity(&h.name).ok_or_else(|| {
+            format!(
+                "the model gives no capacity for the NIC of host {:?}",
+                h.name
+            )
+        })?;
+        nic_out.push(bps(n.out_mbit));
+        nic_in.push(bps(n.in_mbit));
+    }
+    let ns = sites.len();
+    let mut site_link = vec![None; ns * ns];
+    for a in 0..ns {
+        for b in 0..ns {
+            if a != b {
+                let mbit = model.site_link_mbit(sites[a], sites[b]).ok_or_else(|| {
+                    format!(
+                        "the model gives no capacity for the site link {:?} -> {:?}",
+                        sites[a], sites[b]
+                    )
+                })?;
+                site_link[a * ns + b] = Some(bps(mbit));
+            }
+        }
+    }
+    Ok(Capacities {
+        nic_out,
+        nic_in,
+        site_of,
+        sites: ns,
+        site_link,
+    })
 }

@@ -19,6 +19,7 @@
 //! highest priority, so every schedule respects precedence even with zero or negative costs.
 
 use crate::dag::Dag;
+use crate::net::Capacities;
 use crate::platform::Platform;
 use crate::sim::{self, CommMode, Placement, SimError, SimOptions, WaitMode};
 use serde::{Deserialize, Serialize};
@@ -161,8 +162,36 @@ pub struct Schedule {
     pub algorithm: String,
     /// The algorithm's own makespan estimate, seconds.
     pub makespan_s: f64,
+    /// The simulator's makespan for this schedule under both network models (absent in files
+    /// written before contention existed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub predicted_s: Option<Predicted>,
+    /// The hosts the schedule uses, with the address each was calibrated at (when the model
+    /// has one): `exec-dag --hostfile` finds them by name or address.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hosts: Vec<ScheduleHost>,
     /// Placed tasks, in placement order.
     pub tasks: Vec<ScheduledTask>,
+}
+
+/// The simulator's makespan of a schedule under both network models.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Predicted {
+    /// With contention (`None` when the model has no capacities).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub contention: Option<f64>,
+    /// Without: the thesis's HLogP.
+    pub no_contention: f64,
+}
+
+/// A host of a schedule.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ScheduleHost {
+    /// Name in the model.
+    pub name: String,
+    /// Address, when the model has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub addr: Option<String>,
 }
 
 impl Schedule {
@@ -303,6 +332,84 @@ pub fn upward_rank(dag: &Dag, platform: &Platform) -> Vec<f64> {
     rank
 }
 
+/// The schedulers' estimate of contention: per shared resource (NIC out, NIC in, site link), the
+/// intervals during which messages already placed use it. A message of `m` bytes needs each
+/// resource `r` of its path for `m / C_r` seconds (its share of the resource's time); it is
+/// placed in the first gap of each resource at or after its send, and arrives as much later
+/// than alone as the latest of those ends exceeds `start + m / bottleneck`. Equal to the
+/// simulator's max–min sharing for the last of messages that compete for one resource; an
+/// estimate otherwise (the simulator's replay gives the schedule's times).
+#[derive(Debug, Clone)]
+pub struct LinkBook {
+    caps: Capacities,
+    busy: Vec<Vec<(f64, f64)>>,
+    log: Vec<(usize, f64)>,
+}
+
+impl LinkBook {
+    /// An empty book over `caps`.
+    pub fn new(caps: Capacities) -> Self {
+        let r = caps.resources();
+        LinkBook {
+            caps,
+            busy: vec![Vec::new(); r],
+            log: Vec::new(),
+        }
+    }
+
+    /// A point to [`LinkBook::undo`] back to.
+    pub fn mark(&self) -> usize {
+        self.log.len()
+    }
+
+    /// Remove every reservation made since `mark`.
+    pub fn undo(&mut self, mark: usize) {
+        while self.log.len() > mark {
+            let Some((r, s)) = self.log.pop() else { break };
+            let iv = &mut self.busy[r];
+            if let Some(i) = iv.iter().position(|x| x.0 == s) {
+                iv.remove(i);
+            }
+        }
+    }
+
+    /// Reserve the path `src -> dst` for `bytes` sent at `at`; returns the delay over alone.
+    /// `_edge` names the message for debugging.
+    pub fn reserve(&mut self, src: usize, dst: usize, bytes: u64, at: f64, _edge: usize) -> f64 {
+        let Some(path) = self.caps.path(src, dst) else {
+            return 0.0;
+        };
+        let b = self.caps.bottleneck(&path);
+        if !(b.is_finite() && b > 0.0) || bytes == 0 {
+            return 0.0;
+        }
+        let alone_end = at + bytes as f64 / b;
+        let mut end = alone_end;
+        for &r in path.ids() {
+            let c = self.caps.capacity(r);
+            if !c.is_finite() {
+                continue;
+            }
+            let dur = bytes as f64 / c;
+            let iv = &mut self.busy[r];
+            // First gap at or after `at` that holds `dur`.
+            let mut i = iv.partition_point(|x| x.1 <= at);
+            let mut s = at;
+            while i < iv.len() {
+                if s + dur <= iv[i].0 {
+                    break;
+                }
+                s = s.max(iv[i].1);
+                i += 1;
+            }
+            iv.insert(i, (s, s + dur));
+            self.log.push((r, s));
+            end = end.max(s + dur);
+        }
+        end - alone_end
+    }
+}
+
 /// Intervals of one host's timeline, sorted and disjoint.
 #[derive(Default, Clone)]
 struct Timeline {
@@ -349,22 +456,52 @@ struct Plan {
     order: Vec<usize>,
 }
 
-/// Schedule `dag` on `platform` with `algo`.
+/// Scheduler options.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SchedOptions {
+    /// HEFT and HLogP-HEFT estimate each message's arrival with the contention of the messages
+    /// already placed ([`LinkBook`]), and the HLogP replays (hlogp-heft, round-robin) simulate
+    /// contention. Needs the platform's capacities.
+    pub contention: bool,
+}
+
+/// Schedule `dag` on `platform` with `algo` (the thesis's semantics: no contention).
 pub fn schedule(dag: &Dag, platform: &Platform, algo: Algorithm) -> Result<Schedule, SchedError> {
+    schedule_with(dag, platform, algo, SchedOptions::default())
+}
+
+/// Schedule `dag` on `platform` with `algo` and `opts`. `predicted_s` holds the simulator's
+/// makespan of the result under both network models (contention only when the platform has
+/// capacities).
+pub fn schedule_with(
+    dag: &Dag,
+    platform: &Platform,
+    algo: Algorithm,
+    opts: SchedOptions,
+) -> Result<Schedule, SchedError> {
+    let mut book = if opts.contention {
+        let caps = platform
+            .capacities()
+            .map_err(|e| SimError::NoCapacity(e.to_string()))?;
+        Some(LinkBook::new(caps.clone()))
+    } else {
+        None
+    };
     let plan = match algo {
         Algorithm::Heft => {
             let rank = upward_rank(dag, platform);
-            list_latency(dag, platform, &rank, None)
+            list_latency(dag, platform, &rank, None, book.as_mut())
         }
         Algorithm::Peft => {
             let (oct, rank) = peft_oct(dag, platform);
-            list_latency(dag, platform, &rank, Some(&oct))
+            list_latency(dag, platform, &rank, Some(&oct), None)
         }
         Algorithm::HlogpHeft => {
             let rank = upward_rank(dag, platform);
-            replay(dag, platform, hlogp_heft(dag, platform, &rank))?
+            let plan = hlogp_heft(dag, platform, &rank, book.as_mut());
+            replay(dag, platform, plan, opts.contention)?
         }
-        Algorithm::RoundRobin => round_robin(dag, platform)?,
+        Algorithm::RoundRobin => round_robin(dag, platform, opts.contention)?,
     };
     let makespan = plan.finish.iter().copied().fold(0.0, f64::max);
     let tasks = plan
@@ -377,10 +514,53 @@ pub fn schedule(dag: &Dag, platform: &Platform, algo: Algorithm) -> Result<Sched
             finish_s: plan.finish[t],
         })
         .collect();
+    let mut seq = vec![0usize; dag.len()];
+    for (i, &t) in plan.order.iter().enumerate() {
+        seq[t] = i;
+    }
+    let placement = Placement {
+        host: plan.host.clone(),
+        start: plan.start.clone(),
+        seq,
+    };
+    let no_contention = sim::simulate(dag, platform, &placement, SimOptions::default())?.makespan_s;
+    let contention = match platform.capacities() {
+        Ok(_) => Some(
+            sim::simulate(
+                dag,
+                platform,
+                &placement,
+                SimOptions {
+                    contention: true,
+                    ..SimOptions::default()
+                },
+            )?
+            .makespan_s,
+        ),
+        Err(_) => None,
+    };
+    let mut used: Vec<usize> = Vec::new();
+    for &t in &plan.order {
+        if !used.contains(&plan.host[t]) {
+            used.push(plan.host[t]);
+        }
+    }
+    let hosts = used
+        .iter()
+        .map(|&h| ScheduleHost {
+            name: platform.hosts()[h].name.clone(),
+            addr: platform.hosts()[h].addr.clone(),
+        })
+        .collect();
     Ok(Schedule {
         format: SCHEDULE_FORMAT.to_string(),
         algorithm: algo.as_str().to_string(),
         makespan_s: makespan,
+        predicted_s: Some(Predicted {
+            contention,
+            no_contention,
+        }),
+        hosts,
         tasks,
     })
 }
@@ -427,7 +607,13 @@ fn by_priority(dag: &Dag, rank: &[f64], mut place: impl FnMut(usize)) -> Vec<usi
 }
 
 /// Insertion-based EFT list scheduling under the latency model (HEFT; PEFT with `oct`).
-fn list_latency(dag: &Dag, platform: &Platform, rank: &[f64], oct: Option<&[f64]>) -> Plan {
+fn list_latency(
+    dag: &Dag,
+    platform: &Platform,
+    rank: &[f64],
+    oct: Option<&[f64]>,
+    mut book: Option<&mut LinkBook>,
+) -> Plan {
     let n = dag.len();
     let np = platform.len();
     let mut host = vec![0usize; n];
@@ -437,20 +623,24 @@ fn list_latency(dag: &Dag, platform: &Platform, rank: &[f64], oct: Option<&[f64]
     let order = by_priority(dag, rank, |v| {
         let mut best = (f64::INFINITY, f64::INFINITY, 0usize, 0.0);
         for p in 0..np {
-            let ready = dag
-                .in_edges(v)
-                .iter()
-                .map(|&ei| {
-                    let e = dag.edges()[ei];
-                    let hu = host[e.from];
+            let mark = book.as_ref().map_or(0, |b| b.mark());
+            let mut ready: f64 = 0.0;
+            for &ei in dag.in_edges(v) {
+                let e = dag.edges()[ei];
+                let hu = host[e.from];
+                let a = if hu == p {
                     finish[e.from]
-                        + if hu == p {
-                            0.0
-                        } else {
-                            platform.one_way_s(e.bytes, hu, p)
-                        }
-                })
-                .fold(0.0, f64::max);
+                } else {
+                    let d = book.as_mut().map_or(0.0, |b| {
+                        b.reserve(hu, p, e.bytes, finish[e.from], usize::MAX)
+                    });
+                    finish[e.from] + platform.one_way_s(e.bytes, hu, p) + d
+                };
+                ready = ready.max(a);
+            }
+            if let Some(b) = book.as_mut() {
+                b.undo(mark);
+            }
             let w = platform.exec_s(dag.tasks()[v].work, p);
             let mut s = ready;
             for (gs, ge) in tl[p].gaps_from(ready) {
@@ -470,6 +660,15 @@ fn list_latency(dag: &Dag, platform: &Platform, rank: &[f64], oct: Option<&[f64]
         start[v] = s;
         finish[v] = eft;
         tl[p].insert(s, eft, v);
+        if let Some(b) = book.as_mut() {
+            for &ei in dag.in_edges(v) {
+                let e = dag.edges()[ei];
+                let hu = host[e.from];
+                if hu != p {
+                    b.reserve(hu, p, e.bytes, finish[e.from], ei);
+                }
+            }
+        }
     });
     Plan {
         host,
@@ -510,7 +709,12 @@ pub fn peft_oct(dag: &Dag, platform: &Platform) -> (Vec<f64>, Vec<f64>) {
 }
 
 /// The thesis's HLogP-aware HEFT.
-fn hlogp_heft(dag: &Dag, platform: &Platform, rank: &[f64]) -> Plan {
+fn hlogp_heft(
+    dag: &Dag,
+    platform: &Platform,
+    rank: &[f64],
+    mut book: Option<&mut LinkBook>,
+) -> Plan {
     let n = dag.len();
     let np = platform.len();
     let edges = dag.edges();
@@ -528,14 +732,28 @@ fn hlogp_heft(dag: &Dag, platform: &Platform, rank: &[f64]) -> Plan {
         let mut best = (f64::INFINITY, 0usize, 0.0, 0.0, 0.0);
         for (p, tlp) in tl.iter().enumerate() {
             arr.clear();
+            let mark = book.as_ref().map_or(0, |b| b.mark());
+            // Predecessors on one host send one after the other (their send slots).
+            let mut extra: Vec<(usize, f64)> = Vec::new();
             for &ei in dag.in_edges(v) {
                 let e = edges[ei];
                 let u = e.from;
                 let hu = host[u];
-                let ss = finish[u] + sent[u];
+                let before: f64 = extra.iter().filter(|x| x.0 == u).map(|x| x.1).sum();
+                let ss = finish[u] + sent[u] + before;
                 let lp = platform.link(hu, p);
-                let a = ss + (lp.os.value(e.bytes) + lp.l.value(e.bytes)) * 1e-6;
+                let os = lp.os.value(e.bytes) * 1e-6;
+                extra.push((u, os));
+                let mut a = ss + os + lp.l.value(e.bytes) * 1e-6;
+                if hu != p {
+                    if let Some(b) = book.as_mut() {
+                        a += b.reserve(hu, p, e.bytes, ss + os, usize::MAX);
+                    }
+                }
                 arr.push((a, ei, lp.or.value(e.bytes) * 1e-6));
+            }
+            if let Some(b) = book.as_mut() {
+                b.undo(mark);
             }
             arr.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
             let window: f64 = dag
@@ -575,7 +793,13 @@ fn hlogp_heft(dag: &Dag, platform: &Platform, rank: &[f64]) -> Plan {
             let e = edges[ei];
             let u = e.from;
             let hu = host[u];
-            sent[u] += platform.os_s(e.bytes, hu, p);
+            let os = platform.os_s(e.bytes, hu, p);
+            if hu != p {
+                if let Some(b) = book.as_mut() {
+                    b.reserve(hu, p, e.bytes, finish[u] + sent[u] + os, ei);
+                }
+            }
+            sent[u] += os;
             unplaced[u] -= 1;
             pending[u] = if unplaced[u] == 0 {
                 0.0
@@ -595,7 +819,12 @@ fn hlogp_heft(dag: &Dag, platform: &Platform, rank: &[f64]) -> Plan {
 
 /// Replace a plan's times by the HLogP simulator's replay of its mapping and per-host order
 /// (HLogP-HEFT's reserved send windows make its internal times conservative).
-fn replay(dag: &Dag, platform: &Platform, plan: Plan) -> Result<Plan, SchedError> {
+fn replay(
+    dag: &Dag,
+    platform: &Platform,
+    plan: Plan,
+    contention: bool,
+) -> Result<Plan, SchedError> {
     let mut seq = vec![0usize; dag.len()];
     for (i, &t) in plan.order.iter().enumerate() {
         seq[t] = i;
@@ -605,7 +834,15 @@ fn replay(dag: &Dag, platform: &Platform, plan: Plan) -> Result<Plan, SchedError
         start: plan.start,
         seq,
     };
-    let r = sim::simulate(dag, platform, &placement, SimOptions::default())?;
+    let r = sim::simulate(
+        dag,
+        platform,
+        &placement,
+        SimOptions {
+            contention,
+            ..SimOptions::default()
+        },
+    )?;
     Ok(Plan {
         host: placement.host,
         start: r.tasks.iter().map(|t| t.start_s).collect(),
@@ -614,7 +851,7 @@ fn replay(dag: &Dag, platform: &Platform, plan: Plan) -> Result<Plan, SchedError
     })
 }
 
-fn round_robin(dag: &Dag, platform: &Platform) -> Result<Plan, SchedError> {
+fn round_robin(dag: &Dag, platform: &Platform, contention: bool) -> Result<Plan, SchedError> {
     let n = dag.len();
     let np = platform.len();
     let mut topo_pos = vec![0usize; n];
@@ -634,6 +871,7 @@ fn round_robin(dag: &Dag, platform: &Platform) -> Result<Plan, SchedError> {
             comm: CommMode::HLogP,
             wait: WaitMode::Block,
             record_messages: false,
+            contention,
         },
     )?;
     Ok(Plan {

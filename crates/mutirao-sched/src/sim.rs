@@ -18,8 +18,29 @@
 //!   one host take 30 s, the thesis measured 31 s; with [`WaitMode::Block`] they take 15 s).
 
 use crate::dag::Dag;
+use crate::net::{Done, Network};
 use crate::platform::Platform;
 use serde::Serialize;
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
+/// A flow start event: (time, edge), ordered by time then edge.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Start(f64, usize);
+
+impl Eq for Start {}
+
+impl PartialOrd for Start {
+    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+
+impl Ord for Start {
+    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
+        self.0.total_cmp(&o.0).then(self.1.cmp(&o.1))
+    }
+}
 
 /// How communication is charged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -50,6 +71,10 @@ pub struct SimOptions {
     pub wait: WaitMode,
     /// Record one [`MessageEvent`] per edge (needed for a Gantt chart with overheads).
     pub record_messages: bool,
+    /// Messages between different hosts share the NICs and site links they cross, max–min fair
+    /// ([`crate::net`]); needs the platform's capacities. Off: the thesis's HLogP, where every
+    /// message crosses the wire as if alone.
+    pub contention: bool,
 }
 
 /// Where and in which order tasks run.
@@ -86,6 +111,9 @@ pub enum SimError {
         /// Number of hosts.
         hosts: usize,
     },
+    /// Contention was asked for but the platform lacks a capacity.
+    #[error("{0}")]
+    NoCapacity(String),
     /// The per-host order contradicts the task graph.
     #[error("the schedule cannot run: task {waiting:?} on host {host:?} is ordered before task {blocked_by:?} (host {other_host:?}) that it waits for; fix the start times so that each host runs its tasks in dependency order")]
     Deadlock {
@@ -238,88 +266,149 @@ pub fn simulate(
     let mut sbuf: Vec<(usize, usize)> = Vec::new();
     let mut done = 0usize;
     let hlogp = opts.comm == CommMode::HLogP;
-    while let Some(v) = ready.pop() {
-        done += 1;
-        let q = placement.host[v];
-        let f = match opts.wait {
-            WaitMode::Block => 1.0,
-            WaitMode::Poll => (host_off[q + 1] - host_off[q] - pos[v]) as f64,
-        };
-        let mut t = host_free[q];
-        let mut used = 0.0;
-        // Receive overheads in arrival order.
-        buf.clear();
-        buf.extend(dag.in_edges(v).iter().map(|&ei| (arrival[ei], ei)));
-        buf.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
-        for &(a, ei) in &buf {
-            let rs = t.max(a);
-            if hlogp {
-                let p = placement.host[edges[ei].from];
-                let or = platform.or_s(edges[ei].bytes, p, q) * f;
-                t = rs + or;
-                used += or;
-            } else {
-                t = rs;
-            }
-            if opts.record_messages {
-                messages[ei].recv_start_s = rs;
-                messages[ei].recv_end_s = t;
-            }
-        }
-        let exec = platform.exec_s(dag.tasks()[v].work, q) * f;
-        times[v] = TaskTimes {
-            start_s: t,
-            finish_s: t + exec,
-        };
-        t += exec;
-        used += exec;
-        // Sends in the order of the receivers' schedule position.
-        sbuf.clear();
-        sbuf.extend(
-            dag.out_edges(v)
-                .iter()
-                .map(|&ei| (placement.seq[edges[ei].to], ei)),
-        );
-        sbuf.sort_unstable();
-        let finish = t;
-        for &(_, ei) in &sbuf {
-            let e = edges[ei];
-            let r = placement.host[e.to];
-            let ss;
-            if hlogp {
-                ss = t;
-                let os = platform.os_s(e.bytes, q, r) * f;
-                t += os;
-                used += os;
-                arrival[ei] = t + platform.l_s(e.bytes, q, r);
-            } else {
-                ss = finish;
-                arrival[ei] = if r == q {
-                    finish
+    // Contention: messages between different hosts become flows of the network, started at
+    // their send end; each one's HLogP arrival is delayed by what sharing costs it (net.rs).
+    // Event order: tasks are computed as soon as all their inputs are known. A task computed
+    // when the network reaches time T starts at or after T (its last input arrived at T, or it
+    // follows on its host a task that did), so every flow it starts begins at or after T: the
+    // network always learns of a flow before it processes any later instant.
+    let mut net = if opts.contention {
+        let caps = platform
+            .capacities()
+            .map_err(|e| SimError::NoCapacity(e.to_string()))?;
+        Some(Network::new(caps.clone()))
+    } else {
+        None
+    };
+    let mut starts: BinaryHeap<Reverse<Start>> = BinaryHeap::new();
+    let mut finished: Vec<Done> = Vec::new();
+    loop {
+        while let Some(v) = ready.pop() {
+            done += 1;
+            let q = placement.host[v];
+            let f = match opts.wait {
+                WaitMode::Block => 1.0,
+                WaitMode::Poll => (host_off[q + 1] - host_off[q] - pos[v]) as f64,
+            };
+            let mut t = host_free[q];
+            let mut used = 0.0;
+            // Receive overheads in arrival order.
+            buf.clear();
+            buf.extend(dag.in_edges(v).iter().map(|&ei| (arrival[ei], ei)));
+            buf.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+            for &(a, ei) in &buf {
+                let rs = t.max(a);
+                if hlogp {
+                    let p = placement.host[edges[ei].from];
+                    let or = platform.or_s(edges[ei].bytes, p, q) * f;
+                    t = rs + or;
+                    used += or;
                 } else {
-                    finish + platform.one_way_s(e.bytes, q, r)
-                };
+                    t = rs;
+                }
+                if opts.record_messages {
+                    messages[ei].recv_start_s = rs;
+                    messages[ei].recv_end_s = t;
+                }
             }
-            if opts.record_messages {
-                messages[ei].send_start_s = ss;
-                messages[ei].send_end_s = if hlogp { t } else { ss };
-                messages[ei].arrival_s = arrival[ei];
+            let exec = platform.exec_s(dag.tasks()[v].work, q) * f;
+            times[v] = TaskTimes {
+                start_s: t,
+                finish_s: t + exec,
+            };
+            t += exec;
+            used += exec;
+            // Sends in the order of the receivers' schedule position.
+            sbuf.clear();
+            sbuf.extend(
+                dag.out_edges(v)
+                    .iter()
+                    .map(|&ei| (placement.seq[edges[ei].to], ei)),
+            );
+            sbuf.sort_unstable();
+            let finish = t;
+            for &(_, ei) in &sbuf {
+                let e = edges[ei];
+                let r = placement.host[e.to];
+                let ss;
+                let send_end;
+                if hlogp {
+                    ss = t;
+                    let os = platform.os_s(e.bytes, q, r) * f;
+                    t += os;
+                    used += os;
+                    send_end = t;
+                    arrival[ei] = t + platform.l_s(e.bytes, q, r);
+                } else {
+                    ss = finish;
+                    send_end = finish;
+                    arrival[ei] = if r == q {
+                        finish
+                    } else {
+                        finish + platform.one_way_s(e.bytes, q, r)
+                    };
+                }
+                if opts.record_messages {
+                    messages[ei].send_start_s = ss;
+                    messages[ei].send_end_s = send_end;
+                    messages[ei].arrival_s = arrival[ei];
+                }
+                if net.is_some() && r != q {
+                    starts.push(Reverse(Start(send_end, ei)));
+                } else {
+                    let w = e.to;
+                    remaining[w] -= 1;
+                    if remaining[w] == 0 && host_next[placement.host[w]] == pos[w] {
+                        ready.push(w);
+                    }
+                }
+            }
+            host_free[q] = t;
+            busy[q] += used;
+            host_next[q] += 1;
+            if host_next[q] < host_off[q + 1] - host_off[q] {
+                let w = order[host_off[q] + host_next[q]];
+                if remaining[w] == 0 {
+                    ready.push(w);
+                }
             }
         }
-        host_free[q] = t;
-        busy[q] += used;
-        for &ei in dag.out_edges(v) {
-            let w = edges[ei].to;
-            remaining[w] -= 1;
-            if remaining[w] == 0 && host_next[placement.host[w]] == pos[w] {
-                ready.push(w);
+        let Some(net) = net.as_mut() else { break };
+        let next_start = starts.peek().map(|Reverse(s)| s.0);
+        match (next_start, net.next_finish()) {
+            (None, None) => break,
+            (_, Some(fin)) if !fin.is_finite() => {
+                return Err(SimError::NoCapacity(
+                    "a flow has no bandwidth left on its path (a capacity of 0?)".to_string(),
+                ))
             }
-        }
-        host_next[q] += 1;
-        if host_next[q] < host_off[q + 1] - host_off[q] {
-            let w = order[host_off[q] + host_next[q]];
-            if remaining[w] == 0 {
-                ready.push(w);
+            (s, Some(fin)) if s.is_none_or(|s| fin <= s) => {
+                finished.clear();
+                net.finish_until(fin, &mut finished);
+                for d in &finished {
+                    let ei = d.key;
+                    arrival[ei] += d.delay;
+                    if opts.record_messages {
+                        messages[ei].arrival_s = arrival[ei];
+                    }
+                    let w = edges[ei].to;
+                    remaining[w] -= 1;
+                    if remaining[w] == 0 && host_next[placement.host[w]] == pos[w] {
+                        ready.push(w);
+                    }
+                }
+            }
+            _ => {
+                if let Some(Reverse(Start(at, ei))) = starts.pop() {
+                    let e = edges[ei];
+                    net.start(
+                        ei,
+                        placement.host[e.from],
+                        placement.host[e.to],
+                        e.bytes,
+                        at,
+                    );
+                }
             }
         }
     }

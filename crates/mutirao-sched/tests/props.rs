@@ -76,6 +76,7 @@ fn sim(dag: &Dag, p: &Platform, pl: &Placement, comm: CommMode, wait: WaitMode) 
             comm,
             wait,
             record_messages: true,
+            contention: false,
         },
     )
     .unwrap()

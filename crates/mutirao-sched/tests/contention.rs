@@ -1,0 +1,320 @@
+//! The contention model in the simulator and the schedulers: a message alone is HLogP's; messages
+//! in flight together share NICs and site links; contention never makes anything earlier; with
+//! capacities too large to matter it changes nothing; schedulers that know it do better.
+
+use mutirao_model::{
+    Capacity, Host, Link, LinkClass, Model, NicCapacity, Piecewise, SiteLinkCapacity,
+};
+use mutirao_sched::dag::{Dag, Edge, Task};
+use mutirao_sched::gen::{self, RandomParams};
+use mutirao_sched::platform::Platform;
+use mutirao_sched::sched::{schedule_with, Algorithm, SchedOptions};
+use mutirao_sched::sim::{simulate, CommMode, Placement, SimOptions, WaitMode};
+use proptest::prelude::*;
+
+/// Hosts `a0..` in site a and `b0..` in site b; L = 100 µs + bytes / link rate (bytes/s),
+/// Os = Or = 5 µs; NICs `nic_mbit`, WAN `wan_mbit`.
+fn two_sites(na: usize, nb: usize, nic_mbit: f64, wan_mbit: f64) -> Model {
+    let mut hosts = Vec::new();
+    for (site, n) in [("a", na), ("b", nb)] {
+        for i in 0..n {
+            hosts.push(Host {
+                name: format!("{site}{i}"),
+                site: site.into(),
+                speed: 1.0,
+                addr: None,
+            });
+        }
+    }
+    let link = |class, mbit: f64| Link {
+        class,
+        site: None,
+        sites: None,
+        src: None,
+        dst: None,
+        os: Piecewise::linear(5.0, 0.0),
+        or: Piecewise::linear(5.0, 0.0),
+        l: Piecewise::linear(100.0, 8.0 / mbit),
+    };
+    let mut m = Model::new(
+        hosts.clone(),
+        vec![
+            link(LinkClass::SameHost, 1e6),
+            link(LinkClass::IntraSite, nic_mbit),
+            link(LinkClass::InterSite, wan_mbit),
+        ],
+    )
+    .unwrap();
+    m.capacity = Some(Capacity {
+        source: Some("test".into()),
+        nics: hosts
+            .iter()
+            .map(|h| NicCapacity {
+                host: h.name.clone(),
+                out_mbit: nic_mbit,
+                in_mbit: nic_mbit,
+            })
+            .collect(),
+        site_links: vec![
+            SiteLinkCapacity {
+                from: "a".into(),
+                to: "b".into(),
+                mbit: wan_mbit,
+            },
+            SiteLinkCapacity {
+                from: "b".into(),
+                to: "a".into(),
+                mbit: wan_mbit,
+            },
+        ],
+    });
+    m.validate().unwrap();
+    m
+}
+
+fn opts(contention: bool) -> SimOptions {
+    SimOptions {
+        contention,
+        ..SimOptions::default()
+    }
+}
+
+/// A root on host 0 sending `bytes` to `k` children, child i on host `hosts[i]`.
+fn fan_out(k: usize, bytes: u64, hosts: &[usize]) -> (Dag, Placement) {
+    let mut tasks = vec![Task {
+        id: "root".into(),
+        work: 0.01,
+    }];
+    let mut edges = Vec::new();
+    for i in 0..k {
+        tasks.push(Task {
+            id: format!("c{i}"),
+            work: 0.01,
+        });
+        edges.push(Edge {
+            from: 0,
+            to: i + 1,
+            bytes,
+        });
+    }
+    let dag = Dag::new(tasks, edges).unwrap();
+    let mut host = vec![0];
+    host.extend_from_slice(hosts);
+    let n = k + 1;
+    let placement = Placement {
+        host,
+        start: (0..n).map(|i| i as f64).collect(),
+        seq: (0..n).collect(),
+    };
+    (dag, placement)
+}
+
+#[test]
+fn a_message_alone_arrives_as_in_hlogp() {
+    let p = Platform::from_model(&two_sites(2, 2, 400.0, 30.0)).unwrap();
+    // One message per hop of a chain a0 -> b0 -> a1: never two in flight.
+    let (dag, mut pl) = fan_out(1, 1 << 20, &[2]);
+    pl.host = vec![0, 2];
+    let with = simulate(&dag, &p, &pl, opts(true)).unwrap();
+    let without = simulate(&dag, &p, &pl, opts(false)).unwrap();
+    assert!(
+        (with.makespan_s - without.makespan_s).abs() < 1e-9,
+        "{with:?} {without:?}"
+    );
+}
+
+#[test]
+fn four_wan_messages_share_the_wan() {
+    // The case: 256 KiB to four hosts of the other site over a 30 Mbit/s WAN.
+    let p = Platform::from_model(&two_sites(1, 4, 400.0, 30.0)).unwrap();
+    let (dag, pl) = fan_out(4, 256 << 10, &[1, 2, 3, 4]);
+    let with = simulate(&dag, &p, &pl, opts(true)).unwrap();
+    let without = simulate(&dag, &p, &pl, opts(false)).unwrap();
+    let wire = (256 << 10) as f64 * 8.0 / 30e6; // 70 ms alone
+                                                // Alone each child starts ~one wire time after the root; sharing the WAN, the last one
+                                                // gets its data only after all four have crossed: three more wire times.
+    let last = |r: &mutirao_sched::SimResult| {
+        r.tasks[1..]
+            .iter()
+            .map(|t| t.start_s)
+            .fold(0.0f64, f64::max)
+    };
+    let extra = last(&with) - last(&without);
+    assert!(
+        (extra - 3.0 * wire).abs() < 0.01 * wire,
+        "extra {extra}, wire {wire}"
+    );
+    for (a, b) in with.tasks.iter().zip(&without.tasks) {
+        assert!(a.start_s + 1e-12 >= b.start_s);
+    }
+}
+
+#[test]
+fn inside_a_site_two_messages_share_the_sender_nic_only() {
+    // a0 sends 1 MiB to a1 and 1 MiB to b0: NIC out of a0 is 100 Mbit/s, the WAN 50 Mbit/s
+    // caps the second to 50, so the first gets the other 50: both take twice their alone time
+    // for the a1 message (100 -> 50 Mbit/s) and the WAN one is unchanged at 50.
+    let m = two_sites(2, 1, 100.0, 50.0);
+    let p = Platform::from_model(&m).unwrap();
+    let (dag, pl) = fan_out(2, 1 << 20, &[1, 2]);
+    let with = simulate(
+        &dag,
+        &p,
+        &pl,
+        SimOptions {
+            record_messages: true,
+            ..opts(true)
+        },
+    )
+    .unwrap();
+    let without = simulate(
+        &dag,
+        &p,
+        &pl,
+        SimOptions {
+            record_messages: true,
+            ..opts(false)
+        },
+    )
+    .unwrap();
+    let bits = (1u64 << 20) as f64 * 8.0;
+    let d_local = with.messages[0].arrival_s - without.messages[0].arrival_s;
+    let d_wan = with.messages[1].arrival_s - without.messages[1].arrival_s;
+    // Local: alone 100 Mbit/s (bits/100e6); shared at 50 until done: bits/50e6. Delay = bits/100e6.
+    assert!((d_local - bits / 100e6).abs() < 1e-5, "{d_local}");
+    assert!(d_wan.abs() < 1e-6 + 5e-6, "{d_wan}");
+}
+
+#[test]
+fn missing_capacities_are_named() {
+    let mut m = two_sites(1, 1, 100.0, 10.0);
+    if let Some(c) = m.capacity.as_mut() {
+        c.site_links.retain(|l| l.from != "b");
+    }
+    let p = Platform::from_model(&m).unwrap();
+    let (dag, pl) = fan_out(1, 10, &[1]);
+    let e = simulate(&dag, &p, &pl, opts(true)).unwrap_err().to_string();
+    assert!(
+        e.contains("\"b\" -> \"a\"") && e.contains("--no-contention"),
+        "{e}"
+    );
+    // The thesis's mode needs no capacity.
+    simulate(&dag, &p, &pl, opts(false)).unwrap();
+    m.capacity = None;
+    let p = Platform::from_model(&m).unwrap();
+    let e = simulate(&dag, &p, &pl, opts(true)).unwrap_err().to_string();
+    assert!(e.contains("NIC of host \"a0\""), "{e}");
+}
+
+#[test]
+fn contention_aware_hlogp_heft_beats_the_blind_one_under_contention() {
+    // A root with eight 1 MiB children, four hosts per site over a 100 Mbit/s WAN (84 ms per
+    // message alone, less than a child's 0.2 s: the blind scheduler sends four across it, which
+    // then take 4 × 84 ms in turn).
+    let m = two_sites(4, 4, 1000.0, 100.0);
+    let p = Platform::from_model(&m).unwrap();
+    let mut tasks = vec![Task {
+        id: "root".into(),
+        work: 0.01,
+    }];
+    let mut edges = Vec::new();
+    for i in 0..8 {
+        tasks.push(Task {
+            id: format!("c{i}"),
+            work: 0.2,
+        });
+        edges.push(Edge {
+            from: 0,
+            to: i + 1,
+            bytes: 1 << 20,
+        });
+    }
+    let dag = Dag::new(tasks, edges).unwrap();
+    let blind = schedule_with(&dag, &p, Algorithm::HlogpHeft, SchedOptions::default()).unwrap();
+    let aware = schedule_with(
+        &dag,
+        &p,
+        Algorithm::HlogpHeft,
+        SchedOptions { contention: true },
+    )
+    .unwrap();
+    let (b, a) = (
+        blind.predicted_s.unwrap().contention.unwrap(),
+        aware.predicted_s.unwrap().contention.unwrap(),
+    );
+    assert!(a < b, "aware {a} vs blind {b}");
+    // The aware schedule's own figure is its contention replay.
+    assert!((aware.makespan_s - a).abs() < 1e-9);
+    // Both models are reported.
+    assert!(aware.predicted_s.unwrap().no_contention <= a + 1e-12);
+}
+
+fn random_case() -> impl Strategy<Value = (Dag, Model, u64)> {
+    (
+        2usize..40,
+        0.1f64..5.0,
+        1usize..4,
+        1usize..4,
+        1usize..4,
+        any::<u64>(),
+    )
+        .prop_map(|(n, ccr, deg, na, nb, seed)| {
+            let dag = gen::random(&RandomParams {
+                n,
+                ccr,
+                alpha: 1.0,
+                out_degree: deg,
+                mean_work: 0.05,
+                bytes_per_s: 4.0e6,
+                seed,
+            })
+            .unwrap();
+            (dag, two_sites(na, nb, 200.0, 20.0), seed)
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    #[test]
+    fn contention_never_makes_anything_earlier((dag, model, seed) in random_case()) {
+        let p = Platform::from_model(&model).unwrap();
+        let np = p.len();
+        let n = dag.len();
+        let pl = Placement {
+            host: (0..n).map(|t| (t + seed as usize % np) % np).collect(),
+            start: (0..n).map(|t| t as f64).collect(),
+            seq: (0..n).collect(),
+        };
+        for wait in [WaitMode::Block, WaitMode::Poll] {
+            for comm in [CommMode::HLogP, CommMode::LatencyOnly] {
+                let o = SimOptions { comm, wait, record_messages: false, contention: false };
+                let without = simulate(&dag, &p, &pl, o).unwrap();
+                let with = simulate(&dag, &p, &pl, SimOptions { contention: true, ..o }).unwrap();
+                for (a, b) in with.tasks.iter().zip(&without.tasks) {
+                    prop_assert!(a.start_s + 1e-9 >= b.start_s);
+                }
+                prop_assert!(with.makespan_s + 1e-9 >= without.makespan_s);
+            }
+        }
+    }
+
+    #[test]
+    fn capacities_too_large_to_matter_change_nothing((dag, mut model, _seed) in random_case()) {
+        if let Some(c) = model.capacity.as_mut() {
+            for n in &mut c.nics { n.out_mbit = 1e12; n.in_mbit = 1e12; }
+            for l in &mut c.site_links { l.mbit = 1e12; }
+        }
+        let p = Platform::from_model(&model).unwrap();
+        for algo in [Algorithm::HlogpHeft, Algorithm::Heft, Algorithm::RoundRobin] {
+            let s = schedule_with(&dag, &p, algo, SchedOptions { contention: true }).unwrap();
+            let pl = s.placement(&dag, &p).unwrap();
+            let with = simulate(&dag, &p, &pl, opts(true)).unwrap();
+            let without = simulate(&dag, &p, &pl, opts(false)).unwrap();
+            prop_assert!((with.makespan_s - without.makespan_s).abs() < 1e-6 * (1.0 + without.makespan_s));
+            let blind = schedule_with(&dag, &p, algo, SchedOptions::default()).unwrap();
+            prop_assert_eq!(&blind.tasks.iter().map(|t| &t.host).collect::<Vec<_>>(),
+                            &s.tasks.iter().map(|t| &t.host).collect::<Vec<_>>());
+        }
+    }
+}
