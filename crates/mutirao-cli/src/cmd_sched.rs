@@ -9,7 +9,7 @@ use clap::{Args, Subcommand};
 use mutirao_model::Model;
 use mutirao_sched::gen::{self, RandomParams};
 use mutirao_sched::platform::Platform;
-use mutirao_sched::sched::{self, Algorithm, Schedule};
+use mutirao_sched::sched::{self, Algorithm, SchedOptions, Schedule};
 use mutirao_sched::sim::{self, CommMode, SimOptions, WaitMode};
 use mutirao_sched::{gantt, Dag};
 use serde::Serialize;
@@ -52,6 +52,15 @@ pub struct SimulateArgs {
     /// Busy-poll contention: co-located unfinished tasks share their host's CPU.
     #[arg(long)]
     poll: bool,
+    /// The thesis's HLogP without contention: every message crosses the wire as if alone.
+    /// By default messages in flight together share the NICs and site links they cross
+    /// (max–min fair), with the model's capacities (measured by `mutirao calibrate`).
+    #[arg(long)]
+    no_contention: bool,
+    /// A mεμ resource spec (e.g. the testbed's NAME.meu) giving the capacities the model
+    /// lacks: `nic_mbit` of each host, `wan.A.B` between sites.
+    #[arg(long, value_name = "FILE")]
+    resources: Option<PathBuf>,
 }
 
 /// `mutirao schedule`.
@@ -75,6 +84,15 @@ pub struct ScheduleArgs {
     /// Also write an Open MPI-style rankfile (`rank i=host slot=0`).
     #[arg(long)]
     rankfile_out: Option<PathBuf>,
+    /// The thesis's HLogP without contention: every message crosses the wire as if alone.
+    /// By default messages in flight together share the NICs and site links they cross
+    /// (max–min fair), with the model's capacities (measured by `mutirao calibrate`).
+    #[arg(long)]
+    no_contention: bool,
+    /// A mεμ resource spec (e.g. the testbed's NAME.meu) giving the capacities the model
+    /// lacks: `nic_mbit` of each host, `wan.A.B` between sites.
+    #[arg(long, value_name = "FILE")]
+    resources: Option<PathBuf>,
 }
 
 /// `mutirao dag …`.
@@ -244,7 +262,7 @@ fn read_dag(path: &Path) -> anyhow::Result<Dag> {
     Dag::from_json(&read(path, "task graph")?).with_context(|| format!("in {}", path.display()))
 }
 
-fn load_model(spec: &str) -> anyhow::Result<(Model, Platform)> {
+fn load_model(spec: &str, resources: Option<&Path>) -> anyhow::Result<(Model, Platform)> {
     let model = if let Some(name) = spec.strip_prefix("preset:") {
         match name {
             "gridrio2004" => mutirao_model::presets::gridrio2004(),
@@ -254,6 +272,10 @@ fn load_model(spec: &str) -> anyhow::Result<(Model, Platform)> {
         let path = Path::new(spec);
         Model::from_json(&read(path, "model")?).with_context(|| format!("in {}", path.display()))?
     };
+    let mut model = model;
+    if let Some(r) = resources {
+        crate::capacity_spec::apply_file(&mut model, r)?;
+    }
     let platform = Platform::from_model(&model).with_context(|| format!("in model {spec}"))?;
     Ok((model, platform))
 }
@@ -309,6 +331,7 @@ struct MessageOut<'a> {
 struct SimOut<'a> {
     format: &'static str,
     mode: &'static str,
+    contention: bool,
     wait: &'static str,
     makespan_s: f64,
     hosts: Vec<HostOut<'a>>,
@@ -317,7 +340,7 @@ struct SimOut<'a> {
 }
 
 fn simulate(a: SimulateArgs) -> anyhow::Result<ExitCode> {
-    let (_, platform) = load_model(&a.model)?;
+    let (_, platform) = load_model(&a.model, a.resources.as_deref())?;
     let dag = read_dag(&a.dag)?;
     let s = Schedule::from_json(&read(&a.schedule, "schedule")?)
         .with_context(|| format!("in {}", a.schedule.display()))?;
@@ -336,6 +359,7 @@ fn simulate(a: SimulateArgs) -> anyhow::Result<ExitCode> {
             WaitMode::Block
         },
         record_messages: true,
+        contention: !a.no_contention,
     };
     let r = sim::simulate(&dag, &platform, &placement, opts)
         .with_context(|| format!("simulating {}", a.schedule.display()))?;
@@ -355,6 +379,7 @@ fn simulate(a: SimulateArgs) -> anyhow::Result<ExitCode> {
             } else {
                 "hlogp"
             },
+            contention: !a.no_contention,
             wait: if a.poll { "poll" } else { "block" },
             makespan_s: r.makespan_s,
             hosts: r
@@ -399,9 +424,14 @@ fn simulate(a: SimulateArgs) -> anyhow::Result<ExitCode> {
         emit(&format!("{}\n", serde_json::to_string_pretty(&out)?))?;
     } else {
         let mut text = format!(
-            "makespan_s {:.6} ({} model, {} wait; schedule by {} predicted {:.6})\n{:<28} {:>14} {:>14}\n",
+            "makespan_s {:.6} ({} model{}, {} wait; schedule by {} predicted {:.6})\n{:<28} {:>14} {:>14}\n",
             r.makespan_s,
             if a.latency_only { "latency" } else { "HLogP" },
+            if a.no_contention {
+                ", no contention"
+            } else {
+                " with contention"
+            },
             if a.poll { "poll" } else { "block" },
             s.algorithm,
             s.makespan_s,
@@ -422,9 +452,10 @@ fn simulate(a: SimulateArgs) -> anyhow::Result<ExitCode> {
 
 fn schedule(a: ScheduleArgs) -> anyhow::Result<ExitCode> {
     let algo: Algorithm = a.algo.parse()?;
-    let (_, platform) = load_model(&a.model)?;
+    let (_, platform) = load_model(&a.model, a.resources.as_deref())?;
     let dag = read_dag(&a.dag)?;
-    let s = sched::schedule(&dag, &platform, algo)?;
+    let contention = !a.no_contention;
+    let s = sched::schedule_with(&dag, &platform, algo, SchedOptions { contention })?;
     let placement = s.placement(&dag, &platform)?;
     let run = |comm| {
         sim::simulate(
@@ -433,6 +464,7 @@ fn schedule(a: ScheduleArgs) -> anyhow::Result<ExitCode> {
             &placement,
             SimOptions {
                 comm,
+                contention,
                 ..Default::default()
             },
         )
@@ -456,9 +488,22 @@ fn schedule(a: ScheduleArgs) -> anyhow::Result<ExitCode> {
         s.algorithm,
         s.makespan_s
     );
+    if let Some(p) = s.predicted_s {
+        match p.contention {
+            Some(c) => println!(
+                "this schedule under the HLogP simulator: {c:.6} s with contention, {:.6} s without",
+                p.no_contention
+            ),
+            None => println!(
+                "this schedule under the HLogP simulator: {:.6} s without contention (the model has no capacities)",
+                p.no_contention
+            ),
+        }
+    }
     println!(
-        "this schedule under the HLogP simulator: {:.6} s; under the latency model: {:.6} s",
-        hlogp.makespan_s, latency.makespan_s
+        "under the latency model{}: {:.6} s",
+        if contention { " with contention" } else { "" },
+        latency.makespan_s
     );
     println!(
         "HLogP-simulated SLR {:.4}, speedup {:.4}, efficiency {:.4}",
@@ -566,6 +611,8 @@ mod tests {
         gen_diamond(&d.path("d.json"));
         for algo in ["hlogp-heft", "heft", "peft", "round-robin"] {
             schedule(ScheduleArgs {
+                no_contention: true,
+                resources: None,
                 model: "preset:gridrio2004".into(),
                 dag: d.path("d.json"),
                 algo: algo.into(),
@@ -582,6 +629,8 @@ mod tests {
             assert_eq!(hosts.lines().count(), 25);
             assert!(hosts.lines().all(|l| l.ends_with(".br slots=1")), "{hosts}");
             simulate(SimulateArgs {
+                no_contention: true,
+                resources: None,
                 model: "preset:gridrio2004".into(),
                 dag: d.path("d.json"),
                 schedule: d.path("s.json"),
@@ -613,6 +662,8 @@ mod tests {
         )
         .unwrap();
         let e = schedule(ScheduleArgs {
+            no_contention: true,
+            resources: None,
             model: "preset:gridrio2004".into(),
             dag: d.path("cyc.json"),
             algo: "heft".into(),
@@ -634,6 +685,8 @@ mod tests {
         .unwrap();
         gen_diamond(&d.path("d.json"));
         let e = schedule(ScheduleArgs {
+            no_contention: true,
+            resources: None,
             model: d.path("m.json").to_string_lossy().into_owned(),
             dag: d.path("d.json"),
             algo: "hlogp-heft".into(),
@@ -651,6 +704,8 @@ mod tests {
 
         // A schedule naming an unknown host: simulate fails and writes no SVG.
         schedule(ScheduleArgs {
+            no_contention: true,
+            resources: None,
             model: "preset:gridrio2004".into(),
             dag: d.path("d.json"),
             algo: "heft".into(),
@@ -660,8 +715,10 @@ mod tests {
         })
         .unwrap();
         let text = std::fs::read_to_string(d.path("s.json")).unwrap();
-        std::fs::write(d.path("s2.json"), text.replacen(".br\"", ".invalid\"", 1)).unwrap();
+        std::fs::write(d.path("s2.json"), text.replace(".br\"", ".invalid\"")).unwrap();
         let e = simulate(SimulateArgs {
+            no_contention: true,
+            resources: None,
             model: "preset:gridrio2004".into(),
             dag: d.path("d.json"),
             schedule: d.path("s2.json"),
@@ -678,7 +735,7 @@ mod tests {
         );
         assert!(!d.path("g.svg").exists());
 
-        let e = load_model("preset:nope").unwrap_err();
+        let e = load_model("preset:nope", None).unwrap_err();
         assert!(e.to_string().contains("gridrio2004"));
         let e = dag_gen(DagGenArgs {
             kind: GenKind::Fft { points: 6 },

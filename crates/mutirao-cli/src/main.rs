@@ -4,6 +4,7 @@
 use clap::{Parser, Subcommand};
 
 mod agent_proto;
+mod capacity_spec;
 mod cmd_agent;
 mod cmd_calibrate;
 mod cmd_dir;
