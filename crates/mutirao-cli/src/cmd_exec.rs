@@ -17,8 +17,9 @@ use std::time::Instant;
 /// runtime every millisecond so that messages already sent keep flowing; every edge
 /// between tasks on different hosts sends `bytes` bytes through the runtime (the payloads are
 /// made before the clock starts, as an application's data would already exist). Each distinct host
-/// of the schedule becomes one rank, in order of first appearance; with --hostfile, rank i runs
-/// on the i-th slot, so give each host `slots=1` in the schedule's host order.
+/// of the schedule becomes one rank. With --hostfile (or --testbed), each rank runs on the
+/// hostfile entry named like its schedule host, or like the address the host was calibrated at
+/// (the schedule's `hosts` table, or the testbed's resource spec): any order, any extra lines.
 ///
 /// Examples:
 ///   mutirao dag gen diamond --k 5 --work 0.01 --bytes 65536 -o d.json
@@ -34,12 +35,17 @@ pub struct ExecArgs {
     /// The schedule (mutirao-schedule/1): which host runs each task, in which order.
     #[arg(long, value_name = "FILE")]
     pub schedule: PathBuf,
-    /// Run on these hosts through their agents (default: all ranks on this machine).
-    #[arg(long, value_name = "FILE")]
+    /// Run on these hosts through their agents (default: all ranks on this machine). Entries
+    /// are matched to the schedule's hosts by name or address.
+    #[arg(long, value_name = "FILE", conflicts_with = "testbed")]
     pub hostfile: Option<PathBuf>,
     /// The agents' token file (with --hostfile).
     #[arg(long, value_name = "FILE")]
     pub token_file: Option<PathBuf>,
+    /// Run on the hosts of a running testbed (`mutirao testbed up … --name NAME`): its
+    /// hostfile, token and host names.
+    #[arg(long, value_name = "NAME")]
+    pub testbed: Option<String>,
     /// Print the whole trace as JSON (same shape as `simulate --json`).
     #[arg(long)]
     pub json: bool,
@@ -117,6 +123,8 @@ struct ExecOut<'a> {
 struct Plan {
     dag: Dag,
     hosts: Vec<String>,
+    /// Address of each host from the schedule's hosts table, when it has one.
+    addrs: Vec<Option<String>>,
     /// Rank of each task.
     rank_of: Vec<usize>,
     /// Per rank, its tasks in scheduled order.
@@ -186,12 +194,86 @@ fn load(dag: &Path, schedule: &Path) -> anyhow::Result<Plan> {
             }
         }
     }
+    let addrs = hosts
+        .iter()
+        .map(|h| {
+            s.hosts
+                .iter()
+                .find(|x| x.name == *h)
+                .and_then(|x| x.addr.clone())
+        })
+        .collect();
     Ok(Plan {
         dag: dag_v,
         hosts,
+        addrs,
         rank_of,
         order,
     })
+}
+
+/// Host name → address pairs of a resource spec (domains with an `addr` property).
+fn spec_addresses(path: &Path) -> anyhow::Result<Vec<(String, String)>> {
+    use mutirao_dir::meu::props::PropValue;
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read resource spec {}", path.display()))?;
+    let sp = mutirao_dir::meu::spec::parse(&text)
+        .with_context(|| format!("resource spec {}", path.display()))?;
+    Ok(sp
+        .domains
+        .iter()
+        .filter_map(|d| {
+            d.props
+                .iter()
+                .find(|p| p.name == "addr")
+                .and_then(|p| match &p.value {
+                    PropValue::Exact(a) => Some((d.name.clone(), a.clone())),
+                    _ => None,
+                })
+        })
+        .collect())
+}
+
+/// The hostfile for the run: rank i on the entry of `hostfile` that names schedule host i, or
+/// its address (from the schedule, or `aliases`). Errors list what the hostfile has.
+fn rank_hostfile(
+    plan: &Plan,
+    hostfile: &str,
+    aliases: &[(String, String)],
+) -> anyhow::Result<String> {
+    let entries = crate::hostfile::parse(hostfile).map_err(anyhow::Error::msg)?;
+    let mut out = String::new();
+    for (h, addr) in plan.hosts.iter().zip(&plan.addrs) {
+        let mut names = vec![h.as_str()];
+        names.extend(addr.as_deref());
+        names.extend(
+            aliases
+                .iter()
+                .filter(|(n, _)| n == h)
+                .map(|(_, a)| a.as_str()),
+        );
+        names.extend(
+            aliases
+                .iter()
+                .filter(|(_, a)| a == h)
+                .map(|(n, _)| n.as_str()),
+        );
+        let Some(e) = entries.iter().find(|e| names.contains(&e.host.as_str())) else {
+            bail!(
+                "the schedule's host {h:?}{} is not in the hostfile, which has: {}",
+                addr.as_deref()
+                    .map(|a| format!(" (address {a})"))
+                    .unwrap_or_default(),
+                entries
+                    .iter()
+                    .map(|e| e.host.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        };
+        out.push_str(&format!("{} slots=1 port={}\n", e.host, e.port));
+    }
+    Ok(out)
 }
 
 pub fn run(a: ExecArgs) -> anyhow::Result<ExitCode> {
@@ -206,6 +288,32 @@ pub fn run(a: ExecArgs) -> anyhow::Result<ExitCode> {
     };
     let abs = |p: &Path| std::fs::canonicalize(p).with_context(|| format!("{}", p.display()));
     let out = std::env::temp_dir().join(format!("mutirao-exec-{}.json", std::process::id()));
+    // Where each rank runs.
+    let (source, token, aliases) = match (&a.testbed, &a.hostfile) {
+        (Some(name), _) => {
+            let f = crate::cmd_testbed::testbed_files(name)?;
+            let aliases = spec_addresses(&f.meu)?;
+            (
+                Some(f.hosts),
+                a.token_file.clone().or(Some(f.token)),
+                aliases,
+            )
+        }
+        (None, Some(h)) => (Some(h.clone()), a.token_file.clone(), Vec::new()),
+        (None, None) => (None, a.token_file.clone(), Vec::new()),
+    };
+    let ranks_file = match &source {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read hostfile {}", path.display()))?;
+            let body = rank_hostfile(&plan, &text, &aliases)
+                .with_context(|| format!("in {}", path.display()))?;
+            let p = std::env::temp_dir().join(format!("mutirao-exec-{}.hosts", std::process::id()));
+            crate::fsutil::write_atomic(&p, body.as_bytes())?;
+            Some(p)
+        }
+        None => None,
+    };
     let exe = std::env::current_exe().context("cannot find the mutirao binary")?;
     let command = vec![
         exe.display().to_string(),
@@ -222,14 +330,18 @@ pub fn run(a: ExecArgs) -> anyhow::Result<ExitCode> {
     ];
     let code = cmd_run::run(RunArgs {
         n: plan.hosts.len(),
-        hostfile: a.hostfile.clone(),
+        hostfile: ranks_file.clone(),
         tag_output: false,
         bind_to: cmd_run::BindTo::None,
         timeout: Some(a.timeout),
         env: Vec::new(),
-        token_file: a.token_file.clone(),
+        token_file: token,
         command,
-    })?;
+    });
+    if let Some(p) = &ranks_file {
+        let _ = std::fs::remove_file(p);
+    }
+    let code = code?;
     let result = std::fs::read_to_string(&out);
     let _ = std::fs::remove_file(&out);
     let runs: Vec<Vec<TaskRun>> = match result {
@@ -398,4 +510,48 @@ fn worker(a: &ExecArgs) -> anyhow::Result<ExitCode> {
     }
     world.finalize()?;
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mutirao_sched::dag::Task;
+
+    fn plan() -> Plan {
+        let tasks = (0..3)
+            .map(|i| Task {
+                id: format!("t{i}"),
+                work: 0.1,
+            })
+            .collect();
+        Plan {
+            dag: Dag::new(tasks, vec![]).unwrap(),
+            hosts: vec!["b1".into(), "a1".into(), "10.213.0.3".into()],
+            addrs: vec![Some("10.213.1.2".into()), None, None],
+            rank_of: vec![0, 1, 2],
+            order: vec![vec![0], vec![1], vec![2]],
+        }
+    }
+
+    #[test]
+    fn ranks_find_their_hosts_by_name_or_address_in_any_order() {
+        let hostfile = "10.213.0.3 slots=1 port=7300\n10.213.0.2 slots=2\n10.213.1.2 slots=1\n";
+        // a1's address comes from the testbed's resource spec; b1's from the schedule.
+        let aliases = vec![("a1".to_string(), "10.213.0.2".to_string())];
+        let out = rank_hostfile(&plan(), hostfile, &aliases).unwrap();
+        assert_eq!(
+            out,
+            "10.213.1.2 slots=1 port=7207\n10.213.0.2 slots=1 port=7207\n10.213.0.3 slots=1 port=7300\n"
+        );
+    }
+
+    #[test]
+    fn a_host_missing_from_the_hostfile_is_named_with_what_the_file_has() {
+        let e = rank_hostfile(&plan(), "10.213.0.3\n10.213.1.2\n", &[]).unwrap_err();
+        let msg = e.to_string();
+        assert!(
+            msg.contains("\"a1\"") && msg.contains("10.213.0.3, 10.213.1.2"),
+            "{msg}"
+        );
+    }
 }

@@ -63,6 +63,38 @@ pub enum TestbedCommand {
     },
 }
 
+/// The files a running testbed's users need: its hostfile, its agents' token and its resource
+/// spec (`mutirao calibrate --testbed`, `mutirao exec-dag --testbed`).
+pub struct TestbedFiles {
+    pub hosts: PathBuf,
+    pub token: PathBuf,
+    pub meu: PathBuf,
+}
+
+/// The files of testbed `name` in the default state directory; an error says how to bring it
+/// up when it is not.
+pub fn testbed_files(name: &str) -> anyhow::Result<TestbedFiles> {
+    let dir = Path::new(DEFAULT_STATE_DIR);
+    let f = TestbedFiles {
+        hosts: dir.join(format!("{name}.hosts")),
+        token: dir.join(format!("{name}.token")),
+        meu: dir.join(format!("{name}.meu")),
+    };
+    for (what, p) in [
+        ("hostfile", &f.hosts),
+        ("agent token", &f.token),
+        ("resource spec", &f.meu),
+    ] {
+        if !p.exists() {
+            anyhow::bail!(
+                "testbed {name:?} is not up (no {what} {}): bring it up with `mutirao testbed up SPEC.toml --name {name}`; `mutirao testbed status` lists the running ones",
+                p.display()
+            );
+        }
+    }
+    Ok(f)
+}
+
 /// What `up` keeps in `STATE_DIR/NAME.json`.
 #[derive(Serialize, Deserialize)]
 struct StateFile {

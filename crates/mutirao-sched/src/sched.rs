@@ -257,7 +257,7 @@ impl Schedule {
     }
 
     /// A hostfile for `mutirao run`: one `host slots=1` line per rank, rank `i` being task `i`
-    /// of the graph (task order in the graph file).
+    /// of the graph (task order in the graph file). `exec-dag --hostfile` accepts it as is.
     pub fn hostfile(&self, dag: &Dag) -> String {
         self.rank_hosts(dag)
             .iter()
@@ -274,12 +274,19 @@ impl Schedule {
         s
     }
 
+    /// Host of each task, by rank: the address the host was calibrated at when the schedule
+    /// has one (that is where its agent listens), else its name.
     fn rank_hosts<'a>(&'a self, dag: &Dag) -> Vec<&'a str> {
         let ids = dag.id_index();
         let mut out = vec![""; dag.len()];
         for st in &self.tasks {
             if let Some(&t) = ids.get(st.id.as_str()) {
-                out[t] = st.host.as_str();
+                out[t] = self
+                    .hosts
+                    .iter()
+                    .find(|h| h.name == st.host)
+                    .and_then(|h| h.addr.as_deref())
+                    .unwrap_or(st.host.as_str());
             }
         }
         out
