@@ -19,8 +19,8 @@ use anyhow::{bail, Context};
 use indicatif::{ProgressBar, ProgressStyle};
 use mutirao::{Comm, ANY_TAG};
 use mutirao_model::calib::{
-    CalibHost, Calibration, LinkProbe, LoadInfo, PLogPSample, PairRef, PingPongSample, SendMode,
-    SpeedMeasurement, SpeedSample, StrategyKind,
+    CalibHost, Calibration, CapacityKind, CapacityMeasurement, LinkProbe, LoadInfo, PLogPSample,
+    PairRef, PingPongSample, SendMode, SpeedMeasurement, SpeedSample, StrategyKind,
 };
 use mutirao_model::strategy::{plan, Plan, PlanHost, PlanOptions};
 use serde::{Deserialize, Serialize};
@@ -51,6 +51,8 @@ const TAG_END_SWEEP: i32 = 12;
 const TAG_STREAM: i32 = 13;
 /// Messages in PLogP's g(0) stream.
 const STREAM_K: u32 = 32;
+/// Capacity fans: data and the one-byte ready / ack messages around it.
+const TAG_FAN: i32 = 14;
 /// Largest message size accepted by `--sizes` (1 GiB).
 const MAX_SIZE: u64 = 1 << 30;
 /// The failed "host" recorded when no host is to blame (a timeout, an interruption).
@@ -87,6 +89,18 @@ pub struct CalibrateArgs {
     /// Hosts to measure (`HOST [slots=N] [port=P]` lines; slots are ignored).
     #[arg(long, value_name = "FILE")]
     hostfile: Option<PathBuf>,
+    /// Measure a running testbed (`mutirao testbed up SPEC --name NAME`): its hostfile, agent
+    /// token, and host and site names from its resource spec, as if given with --hostfile,
+    /// --token-file and --resources.
+    #[arg(long, value_name = "NAME", conflicts_with_all = ["hostfile", "token_file", "resources", "sites_file"])]
+    testbed: Option<String>,
+    /// Do not measure link capacities. By default, after the sweeps, each host sends to (and
+    /// receives from) its same-site peers at once, and one host of each site sends to every
+    /// host of each other site at once: the aggregate rates become the model's NIC and site-link
+    /// capacities, which the contention model of `simulate` and `schedule` shares among
+    /// messages in flight.
+    #[arg(long)]
+    no_capacity: bool,
     /// Without --hostfile: number of hosts emulated on this machine (`local0`, `local1`, …).
     #[arg(short = 'n', long = "hosts", default_value_t = 2, value_name = "N")]
     n: usize,
@@ -160,10 +174,12 @@ pub struct CalibrateArgs {
     /// processor), per repetition; see docs/calibration.md.
     #[arg(long, default_value_t = 5)]
     speed_runs: u32,
-    /// Eager limit of the calibration job (bytes, K/M suffixes), or `runtime` to keep the
-    /// runtime's (`MUTIRAO_EAGER_LIMIT`, default 64K). Default: the largest size, so that every
-    /// message is eager and its wire time shows in L as in the thesis's version II; with
-    /// rendezvous the receiver's probe returns before the data moves, so the transfer lands in Or.
+    /// Eager limit of the calibration job (bytes, K/M suffixes), or `runtime`. Default:
+    /// `runtime`, the runtime's own (`MUTIRAO_EAGER_LIMIT` if set, else 64 KiB to TCP peers and
+    /// the ring size to shared-memory peers): the model then describes messages as programs
+    /// send them. A byte count above the largest size makes every message eager, so that its
+    /// wire time shows in L as in the thesis's version II; with rendezvous the receiver's probe
+    /// returns before the data moves, so the transfer lands in Or.
     #[arg(long, value_name = "BYTES|runtime")]
     eager_limit: Option<String>,
     /// The agents' shared secret (as for `mutirao run`).
@@ -210,6 +226,9 @@ struct WorkerConfig {
     speed_runs: u32,
     fault_kill: Option<(usize, u32)>,
     plogp: bool,
+    /// Measure link capacities with concurrent streams after the sweeps.
+    #[serde(default)]
+    capacity: bool,
 }
 
 /// One pass over the planned pairs.
@@ -264,6 +283,9 @@ enum Record {
     Probe {
         probe: LinkProbe,
     },
+    Capacity {
+        capacity: CapacityMeasurement,
+    },
     Sweep {
         src: String,
         dst: String,
@@ -307,6 +329,15 @@ enum Ctrl {
     Mirror {
         peer: usize,
         pass: Pass,
+    },
+    /// Concurrent streams between `center` and each of `peers` (`out`: center sends), `bytes`
+    /// each, `reps` times; the center times each repetition.
+    Fan {
+        center: usize,
+        peers: Vec<usize>,
+        out: bool,
+        bytes: u64,
+        reps: u32,
     },
     Done,
 }
@@ -354,6 +385,8 @@ enum Report {
     Measure(Result<MeasureOut, Failure>),
     /// Per size: (Or, Os) of every repetition.
     Mirror(Result<Vec<Vec<(f64, f64)>>, Failure>),
+    /// Seconds per repetition (the center), or nothing (a peer).
+    Fan(Result<Vec<f64>, Failure>),
 }
 
 fn failure(e: &mutirao::Error) -> Failure {
@@ -560,6 +593,13 @@ pub fn run(a: CalibrateArgs) -> anyhow::Result<ExitCode> {
         return worker(cfg);
     }
     let output = a.output.clone().context("-o/--output is required")?;
+    let mut a = a;
+    if let Some(name) = &a.testbed {
+        let f = crate::cmd_testbed::testbed_files(name)?;
+        a.hostfile = Some(f.hosts);
+        a.token_file = Some(f.token);
+        a.resources = Some(f.meu);
+    }
     let sizes = parse_sizes(&a.sizes)?;
     if a.reps == 0 || a.min_reps == 0 || a.min_reps > a.reps {
         bail!(
@@ -689,6 +729,7 @@ pub fn run(a: CalibrateArgs) -> anyhow::Result<ExitCode> {
         speed_runs: a.speed_runs,
         fault_kill,
         plogp: a.plogp,
+        capacity: !a.no_capacity,
     };
     // A plan with placeholder speeds checks the strategy's input before anything starts.
     let probe_hosts: Vec<PlanHost> = hosts
@@ -715,7 +756,7 @@ pub fn run(a: CalibrateArgs) -> anyhow::Result<ExitCode> {
                     format!("--eager-limit {t:?}: expected a byte count (e.g. 4M) or `runtime`")
                 })?,
         ),
-        None => Some(cfg.sizes.last().copied().unwrap_or(0).max(64 * 1024)),
+        None => None,
     };
     let exe = std::env::current_exe().context("cannot find this program's path")?;
     let nranks = hosts.len() * cfg.ranks_per_host();
@@ -819,6 +860,7 @@ pub fn run(a: CalibrateArgs) -> anyhow::Result<ExitCode> {
         p.record_in(&mut c);
     }
     c.provenance.link_probes = outcome.probes.clone();
+    c.capacity = outcome.capacity.clone();
     let mut failed = outcome.failed.clone();
     if !outcome.done && failed.is_empty() {
         // Rank 0 could not say why: take the launcher's words, and the host they name.
@@ -856,6 +898,17 @@ pub fn run(a: CalibrateArgs) -> anyhow::Result<ExitCode> {
     for (h, r) in &failed {
         c.mark_partial(h, r);
     }
+    if !cfg.same_host && failed.is_empty() {
+        // One rank per host measures no same-host pair: measure two ranks on this machine
+        // through the runtime's shared memory, so the model gets a same-host class.
+        eprintln!("mutirao calibrate: measuring two ranks on this host (same-host class)");
+        match launcher_same_host(&exe, &a, eager) {
+            Ok(sw) => c.launcher_same_host = Some(sw),
+            Err(e) => eprintln!(
+                "mutirao calibrate: warning: could not measure the same-host class on this host: {e:#}; `mutirao fit` will refuse the calibration"
+            ),
+        }
+    }
     c.finalize(now_ms());
     c.validate()
         .context("internal error: the calibration built from the measurements is invalid")?;
@@ -883,6 +936,75 @@ pub fn run(a: CalibrateArgs) -> anyhow::Result<ExitCode> {
         );
         Ok(ExitCode::from(1))
     }
+}
+
+/// A sweep between two ranks on the launcher's host, with the main calibration's sizes, modes
+/// and eager limit (a nested `mutirao calibrate -n 1`), named after this host.
+fn launcher_same_host(
+    exe: &std::path::Path,
+    a: &CalibrateArgs,
+    eager: Option<u64>,
+) -> anyhow::Result<mutirao_model::calib::PairSweep> {
+    let out = std::env::temp_dir().join(format!(
+        "mutirao-calibrate-{}-same.json",
+        std::process::id()
+    ));
+    let mut cmd = Command::new(exe);
+    cmd.arg("calibrate")
+        .arg("-n")
+        .arg("1")
+        .arg("--no-capacity")
+        .arg("--speed-runs")
+        .arg("1")
+        .arg("--sizes")
+        .arg(&a.sizes)
+        .arg("--reps")
+        .arg(a.reps.to_string())
+        .arg("--min-reps")
+        .arg(a.min_reps.to_string())
+        .arg("--precision")
+        .arg(a.precision.to_string())
+        .arg("--eager-limit")
+        .arg(eager.map_or("runtime".to_string(), |e| e.to_string()))
+        .arg("-o")
+        .arg(&out);
+    for m in &a.mode {
+        cmd.arg("--mode").arg(match m {
+            ModeArg::Send => "send",
+            ModeArg::Isend => "isend",
+        });
+    }
+    let st = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .output()
+        .context("cannot start the same-host calibration")?;
+    let text = std::fs::read_to_string(&out);
+    let _ = std::fs::remove_file(&out);
+    if !st.status.success() {
+        bail!(
+            "the same-host calibration failed: {}",
+            String::from_utf8_lossy(&st.stderr).trim()
+        );
+    }
+    let c = Calibration::from_json(&text.context("the same-host calibration wrote nothing")?)?;
+    let mut sw = c
+        .pairs
+        .into_iter()
+        .find(|p| p.src == p.dst)
+        .context("the same-host calibration measured no same-host pair")?;
+    let me = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_default();
+    let me = if me.is_empty() {
+        "launcher".to_string()
+    } else {
+        me
+    };
+    sw.src = me.clone();
+    sw.dst = me;
+    Ok(sw)
 }
 
 /// The rank a launcher message (`rank 3 on HOST exited …`) is about.
@@ -925,6 +1047,7 @@ struct Outcome {
     hosts: BTreeMap<usize, CalibHost>,
     plan: Option<Plan>,
     probes: Vec<LinkProbe>,
+    capacity: Vec<CapacityMeasurement>,
     sweeps: Vec<SweepRec>,
     plogp: Vec<PlogpRec>,
     failed: Vec<(String, String)>,
@@ -972,6 +1095,7 @@ fn coordinate(
         hosts: BTreeMap::new(),
         plan: None,
         probes: Vec::new(),
+        capacity: Vec::new(),
         sweeps: Vec::new(),
         plogp: Vec::new(),
         failed: Vec::new(),
@@ -1001,6 +1125,7 @@ fn coordinate(
             }
             Record::Plan { plan } => out.plan = Some(plan),
             Record::Probe { probe } => out.probes.push(probe),
+            Record::Capacity { capacity } => out.capacity.push(capacity),
             Record::Sweep {
                 src,
                 dst,
@@ -1093,6 +1218,13 @@ fn worker(cfg_text: &str) -> anyhow::Result<ExitCode> {
                 fault_check(&cfg, me, comm.rank(), &mut sweeps);
                 Report::Mirror(mirror(&comm, peer, pass).map_err(|e| failure(&e)))
             }
+            Ctrl::Fan {
+                center,
+                peers,
+                out,
+                bytes,
+                reps,
+            } => Report::Fan(fan(&comm, center, &peers, out, bytes, reps).map_err(|e| failure(&e))),
             Ctrl::Done => break,
         };
         match comm.send_obj(&report, 0, TAG_REPORT) {
@@ -1354,6 +1486,20 @@ fn leader(comm: &Comm, cfg: &WorkerConfig) -> anyhow::Result<ExitCode> {
             done += 1;
         }
     }
+    if cfg.capacity && n >= 2 {
+        for job in capacity_jobs(cfg) {
+            emit(&Record::Progress {
+                done,
+                total,
+                what: format!("capacity: {}", job.label),
+            });
+            match capacity_job(comm, cfg, &job) {
+                Ok(Some(c)) => emit(&Record::Capacity { capacity: c }),
+                Ok(None) => {}
+                Err((host, why)) => return fail(host, why),
+            }
+        }
+    }
     emit(&Record::Progress {
         done,
         total,
@@ -1365,6 +1511,249 @@ fn leader(comm: &Comm, cfg: &WorkerConfig) -> anyhow::Result<ExitCode> {
     emit(&Record::Done);
     comm.clone().finalize()?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// One capacity measurement to make: a center host and its peers (host indices).
+struct CapJob {
+    label: String,
+    kind: CapacityKind,
+    center: usize,
+    peers: Vec<usize>,
+    out: bool,
+    from_site: Option<String>,
+    to_site: Option<String>,
+}
+
+/// What to measure: per host, NIC out (to its same-site peers, else to every other host) and NIC
+/// in (from the same); per ordered pair of sites, one host of the first sending to every host of
+/// the second at once.
+fn capacity_jobs(cfg: &WorkerConfig) -> Vec<CapJob> {
+    let n = cfg.hosts.len();
+    let mut jobs = Vec::new();
+    for (i, h) in cfg.hosts.iter().enumerate() {
+        let same: Vec<usize> = (0..n)
+            .filter(|&j| j != i && cfg.hosts[j].site == h.site)
+            .collect();
+        let peers = if same.is_empty() {
+            (0..n).filter(|&j| j != i).collect()
+        } else {
+            same
+        };
+        for out in [true, false] {
+            jobs.push(CapJob {
+                label: format!("NIC {} of {}", if out { "out" } else { "in" }, h.name),
+                kind: if out {
+                    CapacityKind::NicOut
+                } else {
+                    CapacityKind::NicIn
+                },
+                center: i,
+                peers: peers.clone(),
+                out,
+                from_site: None,
+                to_site: None,
+            });
+        }
+    }
+    let mut sites: Vec<&str> = Vec::new();
+    for h in &cfg.hosts {
+        if !sites.contains(&h.site.as_str()) {
+            sites.push(&h.site);
+        }
+    }
+    for a in &sites {
+        for b in &sites {
+            if a == b {
+                continue;
+            }
+            let Some(center) = cfg.hosts.iter().position(|h| h.site == *a) else {
+                continue;
+            };
+            let peers: Vec<usize> = (0..n).filter(|&j| cfg.hosts[j].site == *b).collect();
+            jobs.push(CapJob {
+                label: format!("site link {a} -> {b}"),
+                kind: CapacityKind::SiteLink,
+                center,
+                peers,
+                out: true,
+                from_site: Some(a.to_string()),
+                to_site: Some(b.to_string()),
+            });
+        }
+    }
+    jobs
+}
+
+/// Seconds one capacity measurement aims at, and its repetitions.
+const CAP_TARGET_S: f64 = 0.3;
+const CAP_REPS: u32 = 3;
+
+/// Run one fan on the hosts' primary ranks; `Ok(None)` when it has no peer.
+fn capacity_job(
+    comm: &Comm,
+    cfg: &WorkerConfig,
+    job: &CapJob,
+) -> Result<Option<CapacityMeasurement>, (usize, String)> {
+    if job.peers.is_empty() {
+        return Ok(None);
+    }
+    let k = job.peers.len() as f64;
+    // A short probe sizes the real run to about CAP_TARGET_S.
+    let probe_bytes = 256u64 << 10;
+    let t = run_fan(comm, cfg, job, probe_bytes, 1)?;
+    let rate = k * probe_bytes as f64 / t.iter().copied().fold(f64::INFINITY, f64::min).max(1e-6);
+    let bytes = ((rate * CAP_TARGET_S / k) as u64).clamp(256 << 10, 64 << 20);
+    let times = run_fan(comm, cfg, job, bytes, CAP_REPS)?;
+    let samples_mbit: Vec<f64> = times
+        .iter()
+        .map(|t| k * bytes as f64 * 8.0 / t.max(1e-9) / 1e6)
+        .collect();
+    let name = |i: usize| cfg.hosts[i].name.clone();
+    Ok(Some(CapacityMeasurement {
+        kind: job.kind,
+        host: match job.kind {
+            CapacityKind::SiteLink => None,
+            _ => Some(name(job.center)),
+        },
+        from_site: job.from_site.clone(),
+        to_site: job.to_site.clone(),
+        streams: job
+            .peers
+            .iter()
+            .map(|&p| {
+                if job.out {
+                    PairRef::new(&name(job.center), &name(p))
+                } else {
+                    PairRef::new(&name(p), &name(job.center))
+                }
+            })
+            .collect(),
+        bytes_per_stream: bytes,
+        median_mbit: median(samples_mbit.iter().copied()).unwrap_or(0.0),
+        samples_mbit,
+    }))
+}
+
+/// Order the fan on every rank involved (the leader takes its own part), collect the center's
+/// times.
+fn run_fan(
+    comm: &Comm,
+    cfg: &WorkerConfig,
+    job: &CapJob,
+    bytes: u64,
+    reps: u32,
+) -> Result<Vec<f64>, (usize, String)> {
+    let center = cfg.primary(job.center);
+    let peers: Vec<usize> = job.peers.iter().map(|&h| cfg.primary(h)).collect();
+    let ctrl = || Ctrl::Fan {
+        center,
+        peers: peers.clone(),
+        out: job.out,
+        bytes,
+        reps,
+    };
+    let mut ranks = vec![center];
+    ranks.extend(&peers);
+    let host_of = |r: usize| cfg.host_of_rank(r);
+    for &r in &ranks {
+        if r != 0 {
+            comm.send_obj(&ctrl(), r, TAG_CTRL)
+                .map_err(|e| (host_of(r), format!("during {}: {e}", job.label)))?;
+        }
+    }
+    let mut times = None;
+    if ranks.contains(&0) {
+        let t = fan(comm, center, &peers, job.out, bytes, reps)
+            .map_err(|e| (0, format!("during {}: {e}", job.label)))?;
+        if center == 0 {
+            times = Some(t);
+        }
+    }
+    for &r in &ranks {
+        if r == 0 {
+            continue;
+        }
+        match comm.recv_obj::<Report>(r, TAG_REPORT) {
+            Ok((Report::Fan(Ok(t)), _)) => {
+                if r == center {
+                    times = Some(t);
+                }
+            }
+            Ok((Report::Fan(Err((rank, why))), _)) => {
+                return Err((
+                    rank.map(host_of).unwrap_or(host_of(r)),
+                    format!("during {}: {why}", job.label),
+                ))
+            }
+            Ok(_) => {
+                return Err((
+                    host_of(r),
+                    format!("answered the {} order with something else", job.label),
+                ))
+            }
+            Err(e) => return Err((host_of(r), format!("during {}: {e}", job.label))),
+        }
+    }
+    times.ok_or_else(|| (job.center, format!("{}: no timing came back", job.label)))
+}
+
+/// This rank's part of a fan. Out: each peer posts its receive and says ready; the center starts
+/// its clock, sends to every peer at once and stops it at the last acknowledgement. In: the
+/// center posts its receives, starts its clock and tells every peer to go; it stops at the last
+/// arrival. Returns the center's seconds per repetition (empty for a peer).
+fn fan(
+    comm: &Comm,
+    center: usize,
+    peers: &[usize],
+    out: bool,
+    bytes: u64,
+    reps: u32,
+) -> Result<Vec<f64>, mutirao::Error> {
+    let me = comm.rank();
+    let len = bytes as usize;
+    let mut times = Vec::new();
+    let mut one = [0u8; 1];
+    for _ in 0..reps {
+        if me == center {
+            if out {
+                for &p in peers {
+                    comm.recv(&mut one, p, TAG_FAN)?;
+                }
+                let t = Instant::now();
+                let reqs = peers
+                    .iter()
+                    .map(|&p| comm.isend(vec![0u8; len], p, TAG_FAN))
+                    .collect::<Result<Vec<_>, _>>()?;
+                mutirao::wait_all(reqs)?;
+                for &p in peers {
+                    comm.recv(&mut one, p, TAG_FAN)?;
+                }
+                times.push(t.elapsed().as_secs_f64());
+            } else {
+                let reqs = peers
+                    .iter()
+                    .map(|&p| comm.irecv_into(vec![0u8; len], p, TAG_FAN))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let t = Instant::now();
+                for &p in peers {
+                    comm.send(&one, p, TAG_FAN)?;
+                }
+                mutirao::wait_all(reqs)?;
+                times.push(t.elapsed().as_secs_f64());
+            }
+        } else if peers.contains(&me) {
+            if out {
+                let req = comm.irecv_into(vec![0u8; len], center, TAG_FAN)?;
+                comm.send(&one, center, TAG_FAN)?;
+                req.wait()?;
+                comm.send(&one, center, TAG_FAN)?;
+            } else {
+                comm.recv(&mut one, center, TAG_FAN)?;
+                comm.send(&vec![0u8; len], center, TAG_FAN)?;
+            }
+        }
+    }
+    Ok(times)
 }
 
 /// Bytes of a type-sampled link probe.

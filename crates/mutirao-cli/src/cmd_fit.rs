@@ -34,7 +34,7 @@ pub struct FitArgs {
     #[arg(long, value_name = "HOST")]
     speed_reference: Option<String>,
     /// Most segments per fitted function.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 6)]
     max_segments: usize,
     /// Emit a pair link when the class function misses a pair by more than this relative error.
     #[arg(long, default_value_t = 0.10, conflicts_with = "no_pair_links")]
@@ -42,6 +42,15 @@ pub struct FitArgs {
     /// Never emit pair links (class links only).
     #[arg(long)]
     no_pair_links: bool,
+    /// Write the model even when a fitted function misses a measured median by more than 10%
+    /// (and by more than 5 µs and 2% of that size's one-way time); the misses are listed in the
+    /// model's `poor_fit`. Without it such a fit names each miss and exits 1, writing nothing.
+    #[arg(long)]
+    allow_poor_fit: bool,
+    /// A mεμ resource spec (e.g. a testbed's NAME.meu) for link capacities the calibration did
+    /// not measure (`nic_mbit` per host, `wan.A.B` between sites).
+    #[arg(long, value_name = "FILE")]
+    resources: Option<PathBuf>,
 }
 
 /// A send mode on the command line.
@@ -211,8 +220,68 @@ pub fn run_fit(a: FitArgs) -> anyhow::Result<ExitCode> {
     if a.max_segments == 0 {
         bail!("--max-segments must be at least 1");
     }
-    let (model, report) =
+    let (mut model, report) =
         fit(&calib, &opts).with_context(|| format!("fitting {}", a.calib.display()))?;
+    // Hosts keep the address they were calibrated at (without the agent port).
+    for h in &mut model.hosts {
+        if let Some(ch) = calib.host(&h.name) {
+            let addr = match ch.address.rsplit_once(':') {
+                Some((a, p)) if p.parse::<u16>().is_ok() && !a.contains(':') => a,
+                _ => ch.address.as_str(),
+            };
+            if !addr.is_empty() && addr != h.name {
+                h.addr = Some(addr.to_string());
+            }
+        }
+    }
+    // A same-host class for every host: measured on the hosts, else from the launcher's own
+    // shared memory (calibrate measures it when it runs one rank per host), else refuse.
+    let mut notes = Vec::new();
+    if !has_same_host(&model) {
+        match &calib.launcher_same_host {
+            Some(sw) => {
+                let l = launcher_same_host_link(&calib, sw, &opts)
+                    .context("fitting the launcher's same-host sweep")?;
+                notes.push(format!(
+                    "same-host class from the launcher host {} (one rank per calibrated host)",
+                    sw.src
+                ));
+                model.links.push(l);
+            }
+            None => bail!(
+                "{}: the calibration measured no two ranks on one host, so the model would have no \
+                 same-host class and `schedule` could not place two tasks on one host; re-run \
+                 `mutirao calibrate` (it measures the launcher's shared memory when it runs one \
+                 rank per host) or calibrate without --no-same-host",
+                a.calib.display()
+            ),
+        }
+    }
+    if let Some(c) = mutirao_model::capacity::estimate(&calib) {
+        model.capacity = Some(c);
+    }
+    if let Some(r) = &a.resources {
+        crate::capacity_spec::apply_file(&mut model, r)?;
+    }
+    let misses = mutirao_model::fit::poor_fits(&calib, &model, &report, 0.10, 5.0);
+    if !misses.is_empty() {
+        if !a.allow_poor_fit {
+            for m in &misses {
+                eprintln!("mutirao fit: poor fit: {m}");
+            }
+            bail!(
+                "{}: {} measured medians are missed by more than 10% (listed above); nothing \
+                 written. Measure more sizes around the misses (calibrate --sizes), or write the \
+                 model anyway with --allow-poor-fit (the misses are recorded in its poor_fit)",
+                a.calib.display(),
+                misses.len()
+            );
+        }
+        model.poor_fit = misses.clone();
+    }
+    model
+        .validate()
+        .context("internal error: the fitted model is invalid")?;
     if let Some(p) = &a.report_json {
         let text = serde_json::to_string_pretty(&report).context("serialising the report")?;
         write_atomic(p, &text)?;
@@ -221,11 +290,24 @@ pub fn run_fit(a: FitArgs) -> anyhow::Result<ExitCode> {
     if a.report {
         print!("{}", report.to_text());
     }
+    for n in &notes {
+        eprintln!("mutirao fit: {n}");
+    }
+    for m in &model.poor_fit {
+        eprintln!("mutirao fit: warning: poor fit written anyway: {m}");
+    }
     if let Some(p) = &report.partial {
         eprintln!("mutirao: warning: the calibration is partial ({p}); the model covers what was measured");
     }
-    for u in &report.uncovered {
-        eprintln!("mutirao: warning: uncovered pair {u}");
+    for a in &model.hosts {
+        for b in &model.hosts {
+            if let Err(e) = model.link_for(&a.name, &b.name) {
+                eprintln!(
+                    "mutirao: warning: uncovered pair {} -> {}: {e}",
+                    a.name, b.name
+                );
+            }
+        }
     }
     eprintln!(
         "{}: {} hosts, {} links ({} mode)",
@@ -235,6 +317,44 @@ pub fn run_fit(a: FitArgs) -> anyhow::Result<ExitCode> {
         report.mode.as_str()
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// Whether every host of `model` has a same-host link.
+fn has_same_host(model: &mutirao_model::Model) -> bool {
+    model.hosts.iter().all(|h| {
+        model
+            .link_for(&h.name, &h.name)
+            .is_ok_and(|l| l.class == mutirao_model::LinkClass::SameHost)
+    })
+}
+
+/// The class-wide same-host link fitted from the launcher's two-rank sweep.
+fn launcher_same_host_link(
+    calib: &Calibration,
+    sw: &mutirao_model::calib::PairSweep,
+    opts: &FitOptions,
+) -> anyhow::Result<mutirao_model::Link> {
+    let mut mini = Calibration::new(StrategyKind::AllPairs, "launcher", 0);
+    let mut host = mutirao_model::calib::CalibHost::new(&sw.src, "launcher", &sw.src);
+    // The fit needs a speed for the host; any calibrated host's serves (only links are kept).
+    host.speed = calib.hosts.iter().find_map(|h| h.speed.clone());
+    mini.add_host(host)?;
+    let mut sweep = sw.clone();
+    sweep.dst = sweep.src.clone();
+    mini.pairs.push(sweep);
+    let o = FitOptions {
+        speed_reference: SpeedReference::Fastest,
+        pair_threshold: None,
+        ..opts.clone()
+    };
+    let (m, _) = fit(&mini, &o)?;
+    let mut l = m
+        .links
+        .into_iter()
+        .find(|l| l.class == mutirao_model::LinkClass::SameHost)
+        .context("the launcher's sweep gave no same-host link")?;
+    l.site = None;
+    Ok(l)
 }
 
 fn plan_hosts(path: &Path, map: &[(String, String)]) -> anyhow::Result<Vec<PlanHost>> {

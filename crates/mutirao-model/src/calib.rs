@@ -647,6 +647,41 @@ pub struct Calibration {
     /// model's class-wide `same-host` link. `src` and `dst` name the launcher's host.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub launcher_same_host: Option<PairSweep>,
+    /// Concurrent-stream measurements of link capacities (`mutirao calibrate`, after the
+    /// sweeps): what [`crate::capacity::estimate`] turns into the model's capacities.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub capacity: Vec<CapacityMeasurement>,
+}
+
+/// Which shared resource a capacity measurement loads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CapacityKind {
+    /// One host sending to several peers at once.
+    NicOut,
+    /// Several peers sending to one host at once.
+    NicIn,
+    /// One host of `from_site` sending to every host of `to_site` at once.
+    SiteLink,
+}
+
+/// One concurrent-stream measurement: `streams` ran at the same time, `bytes_per_stream` each;
+/// each sample is the aggregate rate of one repetition (all bytes over the time from the first
+/// byte sent to the last received), Mbit/s (10⁶ bit/s).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CapacityMeasurement {
+    pub kind: CapacityKind,
+    /// The host whose NIC is measured (NIC kinds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_site: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub to_site: Option<String>,
+    pub streams: Vec<PairRef>,
+    pub bytes_per_stream: u64,
+    pub samples_mbit: Vec<f64>,
+    pub median_mbit: f64,
 }
 
 impl Calibration {
@@ -670,6 +705,7 @@ impl Calibration {
             },
             partial: None,
             launcher_same_host: None,
+            capacity: Vec::new(),
         }
     }
 

@@ -10,7 +10,7 @@
 //! use mutirao_model::compare::compare;
 //! use mutirao_model::{Host, Link, LinkClass, Model, Piecewise};
 //!
-//! let host = |n: &str, s: f64| Host { name: n.into(), site: "a".into(), speed: s };
+//! let host = |n: &str, s: f64| Host { name: n.into(), site: "a".into(), speed: s, addr: None };
 //! let link = |class: LinkClass, l_us: f64| Link {
 //!     class, site: None, sites: None, src: None, dst: None,
 //!     os: Piecewise::linear(1.0, 0.0), or: Piecewise::linear(1.0, 0.0),

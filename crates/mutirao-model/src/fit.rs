@@ -96,9 +96,12 @@ pub enum SpeedReference {
 /// Options of the segmented least-squares fit of one function.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct SegOptions {
-    /// Most segments a function may have. Default 4.
+    /// Most segments a function may have. Default 6.
     pub max_segments: usize,
-    /// Fewest distinct message sizes in a segment. Default 3.
+    /// Fewest distinct message sizes in a segment. Default 2: a short size list (e.g. 0, 1K,
+    /// 64K, 256K, 1M) can then end in a segment through its two largest sizes, whose slope is
+    /// the measured bandwidth (with 3, five sizes allowed one line whose slope the small sizes
+    /// set: 2.7x–68x the measured bandwidth).
     pub min_sizes_per_segment: usize,
     /// Floor of |y| in the relative part of a point's σ, µs. Default 0.5.
     pub weight_floor_us: f64,
@@ -159,8 +162,8 @@ impl FitPoint {
 impl Default for SegOptions {
     fn default() -> Self {
         SegOptions {
-            max_segments: 4,
-            min_sizes_per_segment: 3,
+            max_segments: 6,
+            min_sizes_per_segment: 2,
             weight_floor_us: 0.5,
             max_candidates: 200,
             rel_tolerance: default_rel_tolerance(),
@@ -534,8 +537,10 @@ pub fn segmented_fit_points(points: &[FitPoint], opts: &SegOptions) -> Option<Se
             .filter_map(|(q, e)| {
                 // Precise, and large enough for a relative miss to mean something (L, Os and
                 // Or of a few µs sit on timer noise and may be negative).
+                // Every median of at least 10 × the floor missed by more than 10 × the floor
+                // (5 µs by default) counts: `fit` promises no such miss (`poor_fits`).
                 let y = pts[q].1.abs();
-                (y >= 50.0 * floor && ses[q] <= 0.02 * y).then(|| e.abs() / y)
+                (y >= 10.0 * floor && e.abs() > 10.0 * floor).then(|| e.abs() / y)
             })
             .fold(0.0f64, f64::max);
         Some(worst)
@@ -1029,8 +1034,21 @@ pub fn fit(calib: &Calibration, opts: &FitOptions) -> Result<(Model, FitReport),
             if classes.get(key).map(|c| c.pairs.len()) == Some(1) {
                 continue; // the class is this pair
             }
+            // A parameter gets the pair's own fit when the class misses the pair on average,
+            // or at any size by more than the threshold and more than `poor_fits`' slack
+            // (10 × the floor, 2% of the pair's one-way time there).
             let misses: Vec<bool> = (0..3)
-                .map(|i| mean_rel_miss(&cf[i], &pd.pts[i], floor) > th)
+                .map(|i| {
+                    mean_rel_miss(&cf[i], &pd.pts[i], floor) > th
+                        || pd.pts[i].iter().enumerate().any(|(k, p)| {
+                            let one_way: f64 = (0..3)
+                                .filter_map(|j| pd.pts[j].get(k))
+                                .map(|q| q.value_us.max(0.0))
+                                .sum();
+                            let err = (cf[i].value(p.bytes) - p.value_us).abs();
+                            err > th * p.value_us.abs() && err > (10.0 * floor).max(0.02 * one_way)
+                        })
+                })
                 .collect();
             if !misses.iter().any(|&m| m) {
                 continue;
@@ -1271,4 +1289,58 @@ pub fn refresh_intercepts(
     }
     out.validate()?;
     Ok((out, shifts))
+}
+
+/// The measured medians the model misses: for every measured pair (in `report.mode`), at every
+/// measured size, each of L, Os and Or as the model gives them for that pair (its pair link, or
+/// the class link that covers it) against the pair's median. A miss is off by more than `rel` of
+/// the median, and by more than `abs_us` microseconds and 2% of the pair's measured one-way time
+/// (Os + L + Or) at that size — so that a 3 µs latency measured with 1 µs of noise, or a send
+/// overhead off by 20 µs in a 250 ms transfer, is not a "miss": neither changes a prediction.
+pub fn poor_fits(
+    calib: &Calibration,
+    model: &Model,
+    report: &FitReport,
+    rel: f64,
+    abs_us: f64,
+) -> Vec<String> {
+    let mut out = Vec::new();
+    for sw in calib.pairs.iter().filter(|p| p.mode == report.mode) {
+        if sw.method == Method::Plogp
+            && calib.sweep(&sw.src, &sw.dst, report.mode).map(|p| p.method)
+                == Some(Method::PingPong)
+        {
+            continue;
+        }
+        let Ok(link) = model.link_for(&sw.src, &sw.dst) else {
+            continue;
+        };
+        for sz in &sw.sizes {
+            let Some(st) = sz.stats.or_else(|| sz.derive(sw.method)) else {
+                continue;
+            };
+            let v = values(sw.method, sz.bytes, &st);
+            let one_way: f64 = v.iter().map(|p| p.value_us.max(0.0)).sum();
+            let slack = abs_us.max(0.02 * one_way);
+            for (i, f) in [&link.l, &link.os, &link.or].into_iter().enumerate() {
+                let measured = v[i].value_us;
+                let modelled = f.value(sz.bytes);
+                let err = modelled - measured;
+                if measured > 0.0 && err.abs() > slack && err.abs() > rel * measured {
+                    out.push(format!(
+                        "{} -> {} {} ({} link): at {} B measured {:.1} us, modelled {:.1} us ({:+.0}%)",
+                        sw.src,
+                        sw.dst,
+                        PARAMS[i],
+                        link.class.as_str(),
+                        sz.bytes,
+                        measured,
+                        modelled,
+                        100.0 * err / measured
+                    ));
+                }
+            }
+        }
+    }
+    out
 }

@@ -24,6 +24,7 @@
 //! This crate is pure: no I/O beyond parsing strings the caller read.
 
 pub mod calib;
+pub mod capacity;
 pub mod compare;
 pub mod fit;
 pub mod hcap;

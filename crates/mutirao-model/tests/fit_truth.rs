@@ -664,6 +664,10 @@ fn precise_points_are_not_missed_by_more_than_the_guard() {
         &pts,
         &SegOptions {
             max_precise_miss: 0.0,
+            // The options of the time (segments of ≥ 3 sizes, at most 4), where BIC alone
+            // missed; the defaults now allow two-size segments and rarely need the guard.
+            min_sizes_per_segment: 3,
+            max_segments: 4,
             ..SegOptions::default()
         },
     )
