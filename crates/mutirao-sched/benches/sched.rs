@@ -2,7 +2,7 @@
 //! * `simulate_1e6_tasks`: HLogP simulation of a 10⁶-task random layered graph on 64 hosts
 //!   (target < 5 s);
 //! * `simulate_1e6_tasks_contention`: the same with link contention, the 64 hosts in 4 sites
-//!   (1 Gbit/s NICs, 100 Mbit/s site links; issue 11 target < 5 s);
+//!   (1 Gbit/s NICs and site links, about the model's 800 Mbit/s links; issue 11 target < 5 s);
 //! * `hlogp_heft_1e4_tasks_64_hosts`: the thesis's scheduler on 10⁴ tasks (target < 10 s);
 //! * `predict_200_tasks_32_hosts`: resolve the model, check the schedule and simulate
 //!   (target < 50 ms).
@@ -31,7 +31,7 @@ fn round_robin_placement(dag: &mutirao_sched::Dag, hosts: usize) -> Placement {
 }
 
 /// Spread a model's hosts over `sites` sites, add an inter-site link class (the intra-site one's
-/// parameters) and capacities: 1 Gbit/s NICs, 100 Mbit/s between sites.
+/// parameters) and capacities: 1 Gbit/s NICs and site links.
 fn with_sites_and_capacities(mut m: Model, sites: usize) -> Model {
     for (i, h) in m.hosts.iter_mut().enumerate() {
         h.site = format!("s{}", i % sites);
@@ -58,7 +58,7 @@ fn with_sites_and_capacities(mut m: Model, sites: usize) -> Model {
             .map(|(a, b)| SiteLinkCapacity {
                 from: format!("s{a}"),
                 to: format!("s{b}"),
-                mbit: 100.0,
+                mbit: 1000.0,
             })
             .collect(),
     });

@@ -15,7 +15,8 @@
 //!
 //! Pure: no I/O, time is passed in.
 
-use std::collections::{HashMap, VecDeque};
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, VecDeque};
 
 /// Capacities of a platform's shared resources, bytes per second, resolved per host.
 #[derive(Debug, Clone, PartialEq)]
@@ -126,6 +127,9 @@ pub struct Network {
     cap_left: Vec<f64>,
     users: Vec<u32>,
     touched: Vec<usize>,
+    members: Vec<Vec<usize>>,
+    heap: BinaryHeap<Reverse<Share>>,
+    fixed: Vec<bool>,
 }
 
 impl Network {
@@ -141,6 +145,9 @@ impl Network {
             cap_left: vec![0.0; r],
             users: vec![0; r],
             touched: Vec::new(),
+            members: vec![Vec::new(); r],
+            heap: BinaryHeap::new(),
+            fixed: Vec::new(),
         }
     }
 
@@ -251,55 +258,84 @@ impl Network {
 
     /// Max–min fair rates by progressive filling: repeatedly saturate the resource with the
     /// smallest fair share among the flows not yet fixed, fixing those flows at that share.
+    /// O(F · path · log R) with a lazy heap of resource shares.
     fn rates(&mut self) {
         for &r in &self.touched {
             self.users[r] = 0;
+            self.members[r].clear();
         }
         self.touched.clear();
-        for f in &self.active {
+        for (i, f) in self.active.iter().enumerate() {
             for &r in f.path.ids() {
                 if self.users[r] == 0 {
                     self.touched.push(r);
                     self.cap_left[r] = self.caps.capacity(r);
                 }
                 self.users[r] += 1;
+                self.members[r].push(i);
             }
         }
-        let mut fixed = vec![false; self.active.len()];
-        let mut left = self.active.len();
-        while left > 0 {
-            let mut best = (f64::INFINITY, usize::MAX);
-            for &r in &self.touched {
-                if self.users[r] > 0 {
-                    let share = self.cap_left[r] / self.users[r] as f64;
-                    if share < best.0 {
-                        best = (share, r);
-                    }
-                }
+        self.heap.clear();
+        for &r in &self.touched {
+            let share = self.cap_left[r] / self.users[r] as f64;
+            if share.is_finite() {
+                self.heap.push(Reverse(Share(share, r)));
             }
-            let (share, r) = best;
-            if r == usize::MAX {
-                // Only infinite resources left: the remaining flows are unbounded.
-                for (i, f) in self.active.iter_mut().enumerate() {
-                    if !fixed[i] {
-                        f.rate = f64::INFINITY;
-                    }
-                }
-                break;
+        }
+        self.fixed.clear();
+        self.fixed.resize(self.active.len(), false);
+        while let Some(Reverse(Share(share, r))) = self.heap.pop() {
+            if self.users[r] == 0 {
+                continue;
             }
-            for i in 0..self.active.len() {
-                if fixed[i] || !self.active[i].path.ids().contains(&r) {
+            let now = self.cap_left[r] / self.users[r] as f64;
+            if now != share {
+                continue; // stale entry: a fresher one is in the heap
+            }
+            for k in 0..self.members[r].len() {
+                let i = self.members[r][k];
+                if self.fixed[i] {
                     continue;
                 }
-                fixed[i] = true;
-                left -= 1;
+                self.fixed[i] = true;
                 self.active[i].rate = share.max(0.0);
-                for &q in self.active[i].path.ids() {
+                let path = self.active[i].path;
+                for &q in path.ids() {
                     self.cap_left[q] -= share;
                     self.users[q] -= 1;
+                    if q != r && self.users[q] > 0 {
+                        let s = self.cap_left[q] / self.users[q] as f64;
+                        if s.is_finite() {
+                            self.heap.push(Reverse(Share(s, q)));
+                        }
+                    }
                 }
             }
         }
+        // Flows crossing only infinite resources are unbounded.
+        for (i, f) in self.active.iter_mut().enumerate() {
+            if !self.fixed[i] {
+                f.rate = f64::INFINITY;
+            }
+        }
+    }
+}
+
+/// A resource's fair share, ordered by share then resource.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Share(f64, usize);
+
+impl Eq for Share {}
+
+impl PartialOrd for Share {
+    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+
+impl Ord for Share {
+    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
+        self.0.total_cmp(&o.0).then(self.1.cmp(&o.1))
     }
 }
 
