@@ -42,12 +42,23 @@ pub fn prefix_of(name: &str) -> Option<&str> {
     (is_prefix(p) && ours).then_some(p)
 }
 
+/// A full Ethernet frame (1500 B MTU + header).
+pub const FRAME_BYTES: u64 = 1514;
+
+/// `ip link set dev DEV …` arguments applied to every shaped interface before its qdisc: no
+/// GSO/TSO super-packets reach the token bucket, so it can be a few frames deep.
+pub const GSO_ARGS: [&str; 4] = ["gso_max_size", "1500", "gso_max_segs", "1"];
+
 /// Token-bucket parameters for one shaped interface.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Tbf {
     /// Rate in kbit/s (tc's `kbit` is 1000 bit/s).
     pub rate_kbit: u64,
-    /// Bucket size in bytes: at least two 64 KiB GSO packets and 2 ms of traffic.
+    /// Bucket size in bytes: three full-size frames, or 0.2 ms of traffic on fast links. The
+    /// shaped interfaces send no GSO super-packets (`gso_max_segs 1`, see [`GSO_ARGS`]), so the
+    /// bucket need not hold 64 KiB: a message larger than the bucket (all from 16 KiB) takes
+    /// latency + size / rate, a straight line; a 128 KiB bucket let messages of up to ~256 KiB
+    /// pass at up to twice the rate after an idle spell, and the calibrated model bent there.
     pub burst_bytes: u64,
     /// Queue size in bytes: 25 ms of traffic, at least 4 MiB. The queue holds a whole message
     /// of up to ~4 MiB, so the link never drops: with a 25 ms queue (125 KB at 40 Mbit/s) the
@@ -63,7 +74,7 @@ impl Tbf {
         let bytes_per_s = rate_kbit * 1000 / 8;
         Tbf {
             rate_kbit,
-            burst_bytes: (bytes_per_s / 500).max(2 * 65536),
+            burst_bytes: (bytes_per_s / 5000).max(3 * FRAME_BYTES),
             limit_bytes: (bytes_per_s / 40).max(4 << 20),
         }
     }
@@ -451,12 +462,14 @@ hosts = [ { name = "a1", cpu = 1.0 }, { name = "a2", cpu = 1.0, nic_mbit = 100 }
     }
 
     #[test]
-    fn tbf_burst_covers_gso_packets_and_two_ms() {
+    fn tbf_burst_is_three_frames_or_a_fifth_of_a_millisecond() {
         let slow = Tbf::for_mbit(40.0);
         assert_eq!(slow.rate_kbit, 40_000);
-        assert_eq!(slow.burst_bytes, 131_072);
+        assert_eq!(slow.burst_bytes, 3 * 1514);
         let fast = Tbf::for_mbit(800.0);
-        assert_eq!(fast.burst_bytes, 200_000);
+        assert_eq!(fast.burst_bytes, 20_000);
+        // Below the smallest size calibrated on a line (16 KiB) at every rate up to 640 Mbit/s.
+        assert!(Tbf::for_mbit(640.0).burst_bytes <= 16 << 10);
         assert_eq!(fast.tc_args()[2], "800000kbit");
         // The queue holds 25 ms of traffic, and never less than a 4 MiB message.
         assert_eq!(slow.limit_bytes, 4 << 20);

@@ -685,6 +685,9 @@ impl Drop for Testbed {
 }
 
 fn shape(r: &mut Runner, ns: &str, dev: &str, tbf: &Tbf) -> Result<(), Error> {
+    let mut gso = vec!["-n", ns, "link", "set", "dev", dev];
+    gso.extend(plan::GSO_ARGS);
+    r.run("ip", &gso)?;
     let mut args: Vec<String> = ["-n", ns, "qdisc", "add", "dev", dev, "root"]
         .iter()
         .map(|s| s.to_string())
