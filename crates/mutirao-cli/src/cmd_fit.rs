@@ -319,13 +319,12 @@ pub fn run_fit(a: FitArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Whether every host of `model` has a same-host link.
+/// Whether every host of `model` has a link to itself (a same-host class, or a pair link).
 fn has_same_host(model: &mutirao_model::Model) -> bool {
-    model.hosts.iter().all(|h| {
-        model
-            .link_for(&h.name, &h.name)
-            .is_ok_and(|l| l.class == mutirao_model::LinkClass::SameHost)
-    })
+    model
+        .hosts
+        .iter()
+        .all(|h| model.link_for(&h.name, &h.name).is_ok())
 }
 
 /// The class-wide same-host link fitted from the launcher's two-rank sweep.
