@@ -601,6 +601,14 @@ pub fn run(a: CalibrateArgs) -> anyhow::Result<ExitCode> {
         a.resources = Some(f.meu);
     }
     let sizes = parse_sizes(&a.sizes)?;
+    if sizes.len() < 3 {
+        bail!(
+            "--sizes {:?} has {} distinct size(s); `fit` needs at least 3 per link (an \
+             intercept, a slope and a size to check them), e.g. --sizes 0,64K,1M",
+            a.sizes,
+            sizes.len()
+        );
+    }
     if a.reps == 0 || a.min_reps == 0 || a.min_reps > a.reps {
         bail!(
             "--reps ({}) and --min-reps ({}) must be at least 1, with --min-reps <= --reps",

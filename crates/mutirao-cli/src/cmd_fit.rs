@@ -566,7 +566,9 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
-    fn tiny_calibration() -> Calibration {
+    /// Two hosts, four sizes, one sample each; `bend` adds 20 ms to the round trip from 64 KiB
+    /// on (a protocol switch one straight line cannot follow).
+    fn tiny_calibration_with(bend: bool) -> Calibration {
         use mutirao_model::calib::{CalibHost, PingPongSample, SpeedMeasurement, SpeedSample};
         let mut c = Calibration::new(StrategyKind::AllPairs, "test", 0);
         for (n, w) in [("x", 100.0), ("y", 400.0)] {
@@ -584,7 +586,9 @@ mod tests {
         for (a, b) in [("x", "y"), ("y", "x"), ("x", "x"), ("y", "y")] {
             for m in [64u64, 1024, 65536, 1 << 20] {
                 let s = PingPongSample {
-                    rtt_us: 40.0 + 0.02 * m as f64,
+                    rtt_us: 40.0
+                        + 0.02 * m as f64
+                        + if bend && m >= 65536 { 20_000.0 } else { 0.0 },
                     os_src_us: 5.0,
                     or_dst_us: 5.0,
                     os_dst_us: 5.0,
@@ -598,6 +602,10 @@ mod tests {
         }
         c.finalize(1);
         c
+    }
+
+    fn tiny_calibration() -> Calibration {
+        tiny_calibration_with(false)
     }
 
     #[test]
@@ -618,6 +626,8 @@ mod tests {
             max_segments: 4,
             pair_threshold: 0.1,
             no_pair_links: false,
+            allow_poor_fit: false,
+            resources: None,
         };
         run_fit(args(&calib)).unwrap();
         let m = mutirao_model::Model::from_json(&std::fs::read_to_string(&model).unwrap()).unwrap();
@@ -647,6 +657,51 @@ mod tests {
         let text = std::fs::read_to_string(&out).unwrap();
         let (o, _) = parse_output(&text, CommaStyle::Thousands).unwrap();
         assert_eq!(o.hosts.len(), 2);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_poor_fit_fails_and_writes_nothing_unless_allowed() {
+        let dir = std::env::temp_dir().join(format!("mutirao-cmdfit-poor-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let calib = dir.join("calib.json");
+        let model = dir.join("model.json");
+        std::fs::write(&calib, tiny_calibration_with(true).to_json()).unwrap();
+        // One segment per function cannot follow the bend at 64 KiB.
+        let args = |allow: bool| FitArgs {
+            calib: calib.clone(),
+            output: model.clone(),
+            report: false,
+            report_json: None,
+            mode: None,
+            speed_reference: None,
+            max_segments: 1,
+            pair_threshold: 0.1,
+            no_pair_links: true,
+            allow_poor_fit: allow,
+            resources: None,
+        };
+        let e = format!("{:#}", run_fit(args(false)).unwrap_err());
+        assert!(
+            e.contains("missed by more than 10%") && e.contains("--allow-poor-fit"),
+            "{e}"
+        );
+        assert!(!model.exists(), "a poor fit was written");
+        run_fit(args(true)).unwrap();
+        let m = mutirao_model::Model::from_json(&std::fs::read_to_string(&model).unwrap()).unwrap();
+        assert!(!m.poor_fit.is_empty());
+        assert!(
+            m.poor_fit.iter().any(|l| l.contains("B measured")),
+            "{:?}",
+            m.poor_fit
+        );
+        // With the default segments the same calibration fits.
+        std::fs::remove_file(&model).unwrap();
+        let mut a = args(false);
+        a.max_segments = 6;
+        run_fit(a).unwrap();
+        let m = mutirao_model::Model::from_json(&std::fs::read_to_string(&model).unwrap()).unwrap();
+        assert!(m.poor_fit.is_empty());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -207,7 +207,7 @@ fn site_sampled_with_sites_inherits() {
         "site-sampled",
         "--no-same-host",
         "--sizes",
-        "0,4K",
+        "0,64,4K",
         "-o",
         calib.to_str().unwrap(),
     ];
@@ -233,7 +233,7 @@ fn a_host_dying_leaves_a_partial_file_naming_it() {
         "2",
         "--no-same-host",
         "--sizes",
-        "0,1K",
+        "0,64,1K",
         "--both-directions",
         "--fault-kill",
         "local1:1",
@@ -264,7 +264,7 @@ fn the_leader_host_dying_is_named_too() {
         "-n",
         "3",
         "--sizes",
-        "0",
+        "0,64,256",
         "--both-directions",
         "--fault-kill",
         "local0:2",
@@ -357,7 +357,7 @@ fn hostfile_calibration_goes_through_the_agents() {
         "--sites",
         "127.0.0.2=b",
         "--sizes",
-        "0,2K",
+        "0,64,2K",
         "-o",
         calib.to_str().unwrap(),
     ];
@@ -434,7 +434,7 @@ fn type_sampled_records_clusters() {
         "--no-same-host",
         "--plogp",
         "--sizes",
-        "0,16K",
+        "0,64,16K",
         "-o",
         calib.to_str().unwrap(),
     ];
@@ -462,7 +462,7 @@ fn type_sampled_records_clusters() {
         assert_eq!(sw.mode, SendMode::Send);
         assert_eq!(
             sw.sizes.iter().map(|z| z.bytes).collect::<Vec<_>>(),
-            [0, 16384]
+            [0, 64, 16384]
         );
         for z in &sw.sizes {
             assert!(z.samples.is_empty() && (3..=6).contains(&z.plogp.len()));
@@ -514,6 +514,7 @@ fn bad_input_is_refused_and_writes_nothing() {
         (&["--strategy", "random"], "random"),
         (&["--sizes", "0,abc"], "abc"),
         (&["--sizes", "0,4G"], "not a byte count"),
+        (&["--sizes", "0,1K"], "at least 3"),
         (&["--mode", "rdma"], "rdma"),
         (&["--sites", "nohost=a"], "unknown host \"nohost\""),
         (&["--reps", "2", "--min-reps", "5"], "--min-reps"),

@@ -513,7 +513,8 @@ fn tests() -> Vec<Trial> {
             let model = r#"{"format":"mutirao-model/1",
               "hosts":[{"name":"h1","site":"s","speed":1.0},{"name":"h2","site":"s","speed":1.0}],
               "links":[{"class":"same-host","os":[{"from":0,"base_us":0,"per_byte_us":0}],"or":[{"from":0,"base_us":0,"per_byte_us":0}],"l":[{"from":0,"base_us":0,"per_byte_us":0}]},
-                       {"class":"intra-site","os":[{"from":0,"base_us":2,"per_byte_us":0.0001}],"or":[{"from":0,"base_us":2,"per_byte_us":0.0001}],"l":[{"from":0,"base_us":5,"per_byte_us":0.0002}]}]}"#;
+                       {"class":"intra-site","os":[{"from":0,"base_us":2,"per_byte_us":0.0001}],"or":[{"from":0,"base_us":2,"per_byte_us":0.0001}],"l":[{"from":0,"base_us":5,"per_byte_us":0.0002}]}],
+              "capacity":{"source":"test","nics":[{"host":"h1","out_mbit":1000,"in_mbit":1000},{"host":"h2","out_mbit":1000,"in_mbit":1000}],"site_links":[]}}"#;
             std::fs::write(d.join("m.json"), model).map_err(|e| e.to_string())?;
             for args in [
                 vec![

@@ -220,6 +220,18 @@ pub enum FitError {
         /// Modes found.
         present: String,
     },
+    /// No sweep has three measured sizes: a line through two sizes cannot be checked.
+    #[error(
+        "the calibration's {mode} sweeps have at most {sizes} measured size(s); a fit needs at \
+         least 3 (the intercept, the slope and one size to check them). Calibrate again with \
+         more sizes, e.g. `mutirao calibrate --sizes 0,1024,65536,262144,1048576`"
+    )]
+    TooFewSizes {
+        /// Mode fitted.
+        mode: &'static str,
+        /// Most distinct sizes with statistics in one sweep.
+        sizes: usize,
+    },
     /// Fitting produced a non-finite coefficient.
     #[error(
         "fitting {what} produced a non-finite coefficient; check its samples for extreme values"
@@ -897,6 +909,26 @@ pub fn fit(calib: &Calibration, opts: &FitOptions) -> Result<(Model, FitReport),
             },
         });
     }
+    let most_sizes = calib
+        .pairs
+        .iter()
+        .filter(|p| p.mode == mode)
+        .map(|p| {
+            p.sizes
+                .iter()
+                .filter(|s| s.stats.is_some() || s.derive(p.method).is_some())
+                .map(|s| s.bytes)
+                .collect::<HashSet<u64>>()
+                .len()
+        })
+        .max()
+        .unwrap_or(0);
+    if most_sizes < 3 {
+        return Err(FitError::TooFewSizes {
+            mode: mode.as_str(),
+            sizes: most_sizes,
+        });
+    }
     let mut warnings = Vec::new();
     // Hosts and speeds.
     let mut excluded = Vec::new();
@@ -1313,7 +1345,8 @@ pub fn poor_fits(
     let mut out = Vec::new();
     for sw in calib.pairs.iter().filter(|p| p.mode == report.mode) {
         if sw.method == Method::Plogp
-            && calib.sweep(&sw.src, &sw.dst, report.mode).map(|p| p.method) == Some(Method::PingPong)
+            && calib.sweep(&sw.src, &sw.dst, report.mode).map(|p| p.method)
+                == Some(Method::PingPong)
         {
             continue;
         }
@@ -1326,7 +1359,8 @@ pub fn poor_fits(
             };
             let v = values(sw.method, sz.bytes, &st);
             let measured: f64 = v.iter().map(|p| p.value_us).sum();
-            let modelled = link.l.value(sz.bytes) + link.os.value(sz.bytes) + link.or.value(sz.bytes);
+            let modelled =
+                link.l.value(sz.bytes) + link.os.value(sz.bytes) + link.or.value(sz.bytes);
             let err = modelled - measured;
             // The band where the middle 80% of each parameter's samples lie, summed: a model
             // inside it is as close as the measurement can tell (a bimodal link, a CPU quota

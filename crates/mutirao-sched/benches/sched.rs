@@ -36,7 +36,12 @@ fn with_sites_and_capacities(mut m: Model, sites: usize) -> Model {
     for (i, h) in m.hosts.iter_mut().enumerate() {
         h.site = format!("s{}", i % sites);
     }
-    if let Some(intra) = m.links.iter().find(|l| l.class == LinkClass::IntraSite).cloned() {
+    if let Some(intra) = m
+        .links
+        .iter()
+        .find(|l| l.class == LinkClass::IntraSite)
+        .cloned()
+    {
         m.links.push(Link {
             class: LinkClass::InterSite,
             ..intra

@@ -14,7 +14,7 @@ const PROBE: &str = env!("CARGO_BIN_EXE_mutirao-testbed-probe");
 const TWO_SITES: &str = r#"
 [[site]]
 name = "a"
-nic_mbit = 800
+nic_mbit = 400
 hosts = [ { name = "a1", cpu = 1.0 }, { name = "a2", cpu = 0.5 } ]
 
 [[site]]
@@ -158,13 +158,15 @@ fn two_site_testbed_has_the_spec_rates_and_cpu_shares() {
     let ab = throughput(&tb, "a1", "b1", 6 << 20, 5001);
     let ba = throughput(&tb, "b1", "a1", 6 << 20, 5002);
     println!("a1->b1 {ab:.1} Mbit/s, b1->a1 {ba:.1} Mbit/s (shaped 40)");
-    // Inside site a (800 Mbit): shaped too (an unshaped veth carries several Gbit/s). Looser
-    // bound: at this rate the two processes need a good part of a core each.
+    // Inside site a (400 Mbit): shaped too (an unshaped veth carries several Gbit/s). Looser
+    // bound: with no GSO super-packets (frames of 1514 B, ~33k per second) the two processes
+    // need a good part of their quota; on this 2-core machine a host of one core tops out near
+    // 550–620 Mbit/s, so the test keeps its site below that.
     let aa = throughput(&tb, "a1", "a2", 32 << 20, 5003);
-    println!("a1->a2 {aa:.1} Mbit/s (shaped 800)");
+    println!("a1->a2 {aa:.1} Mbit/s (shaped 400)");
     assert!(
-        (680.0..=840.0).contains(&aa),
-        "site rate {aa:.1} Mbit/s not within 15% of 800"
+        (340.0..=420.0).contains(&aa),
+        "site rate {aa:.1} Mbit/s not within 15% of 400"
     );
     for r in [ab, ba] {
         assert!(
@@ -383,4 +385,108 @@ fn agents_start_in_every_host_and_a_failing_agent_cleans_up() {
         other => panic!("expected an agent error, got {other:?}"),
     }
     assert_gone(&prefix);
+}
+
+/// Median round trip (seconds) of a message of each size from `src` to `dst` and a one-byte
+/// echo, `idle_ms` after the previous one (0: back to back, the link's bucket drained).
+fn pingpong(
+    tb: &Testbed,
+    src: &str,
+    dst: &str,
+    sizes: &[u64],
+    idle_ms: u64,
+    port: u16,
+) -> Vec<(u64, f64)> {
+    let to = SocketAddr::from((tb.host(dst).expect("dst").addr, port)).to_string();
+    let server = tb
+        .spawn(dst, probe(&["echo", &to, "60000"]))
+        .expect("spawn echo");
+    let list = sizes
+        .iter()
+        .map(u64::to_string)
+        .collect::<Vec<_>>()
+        .join(",");
+    let client = tb
+        .spawn(
+            src,
+            probe(&["pingpong", &to, &list, "3", &idle_ms.to_string(), "60000"]),
+        )
+        .expect("spawn pingpong");
+    let out = finish(client, "pingpong");
+    finish(server, "echo");
+    out.lines()
+        .filter_map(|l| {
+            let mut w = l.split_whitespace();
+            (w.next() == Some("pingpong")).then_some(())?;
+            Some((w.next()?.parse().ok()?, w.next()?.parse().ok()?))
+        })
+        .collect()
+}
+
+/// Issue 11, item 4: a shaped link behaves like a link — a message's time is latency +
+/// size / rate at every size from 16 KiB to 4 MiB, after an idle spell (the token bucket full)
+/// and back to back (the bucket drained), within 5% + 0.1 ms; on links above
+/// `PEAKRATE_MAX_MBIT` (no peak-rate bucket) the three frames of the bucket may pass at once
+/// (measured: 16 KiB at 200 Mbit/s after a pause 0.25 ms, −25%, early).
+#[test]
+fn shaped_links_take_latency_plus_size_over_rate() {
+    if !require_root() {
+        return;
+    }
+    // Hosts of a whole core each, so that the CPU does not pace the transfer.
+    let links = r#"
+[[site]]
+name = "a"
+nic_mbit = 200
+hosts = [ { name = "a1", cpu = 1.0 }, { name = "a2", cpu = 1.0 } ]
+
+[[site]]
+name = "b"
+nic_mbit = 200
+hosts = [ { name = "b1", cpu = 1.0 } ]
+
+[[wan]]
+sites = ["a", "b"]
+mbit = 30
+"#;
+    let tb = Testbed::up(&spec(links), UpOptions::default()).expect("testbed up");
+    let sizes = [1u64, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20];
+    let mut worst = Vec::new();
+    // Across the WAN (30 Mbit/s, the bottleneck), and inside site a (200 Mbit/s).
+    for (src, dst, mbit, port) in [("a1", "b1", 30.0, 5101u16), ("a1", "a2", 200.0, 5111)] {
+        for (idle, p) in [(150u64, port), (0, port + 1)] {
+            let r = pingpong(&tb, src, dst, &sizes, idle, p);
+            assert_eq!(r.len(), sizes.len(), "{src}->{dst}: {r:?}");
+            let base = r[0].1;
+            for &(m, t) in &r[1..] {
+                // The rate shapes whole frames (1514 B carry 1448 B of TCP payload).
+                let want = base + m as f64 * 8.0 / (mbit * 1e6 * 1448.0 / 1514.0);
+                let err = t / want - 1.0;
+                println!(
+                    "{src}->{dst} ({mbit} Mbit/s) idle {idle} ms: {m} B {:.3} ms, latency + size/rate {:.3} ms ({:+.1}%)",
+                    t * 1e3,
+                    want * 1e3,
+                    100.0 * err
+                );
+                // 5%, plus 0.1 ms of timer slack, plus — on links too fast for a peak-rate
+                // bucket — the few frames of the token bucket that pass at once after a pause.
+                let tbf = mutirao_testbed::plan::Tbf::for_mbit(mbit);
+                let bucket_s = if tbf.peakrate_kbit.is_some() {
+                    0.0
+                } else {
+                    tbf.burst_bytes as f64 * 8.0 / (mbit * 1e6)
+                };
+                if (t - want).abs() > 0.05 * want + 1e-4 + bucket_s {
+                    worst.push(format!(
+                        "{src}->{dst} idle {idle} ms {m} B: {:+.1}%",
+                        100.0 * err
+                    ));
+                }
+            }
+        }
+    }
+    assert!(
+        worst.is_empty(),
+        "messages off latency + size/rate by more than 5%: {worst:?}"
+    );
 }

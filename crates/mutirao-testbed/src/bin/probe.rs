@@ -10,6 +10,12 @@
 //!     connect (retrying until TIMEOUT_MS), write BYTES, close; print `sent BYTES SECONDS`
 //! mutirao-testbed-probe spin ITERATIONS
 //!     a CPU-bound loop; print `spin WALL_SECONDS CPU_SECONDS`
+//! mutirao-testbed-probe echo ADDR:PORT TIMEOUT_MS
+//!     accept one connection; answer every message (8-byte length, then that many bytes) with
+//!     one byte, until EOF
+//! mutirao-testbed-probe pingpong ADDR:PORT SIZES REPS IDLE_MS TIMEOUT_MS
+//!     for each size of the comma list, REPS times: wait IDLE_MS, send a message, wait for the
+//!     echo's byte; print `pingpong BYTES MEDIAN_SECONDS` per size
 //! ```
 
 use std::io::{Read, Write};
@@ -21,7 +27,9 @@ fn usage() -> ExitCode {
     eprintln!(
         "usage: mutirao-testbed-probe serve ADDR:PORT COUNT TIMEOUT_MS\n       \
          mutirao-testbed-probe send ADDR:PORT BYTES TIMEOUT_MS\n       \
-         mutirao-testbed-probe spin ITERATIONS"
+         mutirao-testbed-probe spin ITERATIONS\n       \
+         mutirao-testbed-probe echo ADDR:PORT TIMEOUT_MS\n       \
+         mutirao-testbed-probe pingpong ADDR:PORT SIZES REPS IDLE_MS TIMEOUT_MS"
     );
     ExitCode::from(2)
 }
@@ -112,6 +120,98 @@ fn send(a: SocketAddr, bytes: u64, timeout: Duration) -> Result<(), String> {
     Ok(())
 }
 
+fn connect(a: SocketAddr, deadline: Instant) -> Result<TcpStream, String> {
+    loop {
+        match TcpStream::connect_timeout(&a, Duration::from_millis(200)) {
+            Ok(s) => return Ok(s),
+            Err(e) if Instant::now() > deadline => return Err(format!("connect to {a}: {e}")),
+            Err(_) => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+}
+
+fn echo(a: SocketAddr, timeout: Duration) -> Result<(), String> {
+    let deadline = Instant::now() + timeout;
+    let l = TcpListener::bind(a).map_err(|e| format!("cannot listen on {a}: {e}"))?;
+    l.set_nonblocking(true).map_err(|e| e.to_string())?;
+    let mut s = loop {
+        match l.accept() {
+            Ok((s, _)) => break s,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if Instant::now() > deadline {
+                    return Err(format!("timed out waiting for a connection on {a}"));
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(e) => return Err(format!("accept on {a}: {e}")),
+        }
+    };
+    s.set_nonblocking(false).map_err(|e| e.to_string())?;
+    s.set_nodelay(true).map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(timeout))
+        .map_err(|e| e.to_string())?;
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let mut len = [0u8; 8];
+        match s.read_exact(&mut len) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
+            Err(e) => return Err(format!("read: {e}")),
+        }
+        let mut left = u64::from_le_bytes(len);
+        while left > 0 {
+            let n = left.min(buf.len() as u64) as usize;
+            s.read_exact(&mut buf[..n])
+                .map_err(|e| format!("read: {e}"))?;
+            left -= n as u64;
+        }
+        s.write_all(&[1]).map_err(|e| format!("write: {e}"))?;
+        if Instant::now() > deadline {
+            return Err("echo ran past its TIMEOUT_MS".into());
+        }
+    }
+}
+
+fn pingpong(
+    a: SocketAddr,
+    sizes: &[u64],
+    reps: usize,
+    idle: Duration,
+    timeout: Duration,
+) -> Result<(), String> {
+    let deadline = Instant::now() + timeout;
+    let mut s = connect(a, deadline)?;
+    s.set_nodelay(true).map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(timeout))
+        .map_err(|e| e.to_string())?;
+    let buf = vec![0x5au8; 1 << 16];
+    for &m in sizes {
+        let mut times = Vec::with_capacity(reps);
+        for _ in 0..reps {
+            std::thread::sleep(idle);
+            let t = Instant::now();
+            s.write_all(&m.to_le_bytes())
+                .map_err(|e| format!("write: {e}"))?;
+            let mut left = m;
+            while left > 0 {
+                let n = left.min(buf.len() as u64) as usize;
+                s.write_all(&buf[..n]).map_err(|e| format!("write: {e}"))?;
+                left -= n as u64;
+            }
+            let mut b = [0u8; 1];
+            s.read_exact(&mut b)
+                .map_err(|e| format!("read echo: {e}"))?;
+            times.push(t.elapsed().as_secs_f64());
+            if Instant::now() > deadline {
+                return Err("pingpong ran past its TIMEOUT_MS".into());
+            }
+        }
+        times.sort_by(f64::total_cmp);
+        println!("pingpong {m} {:.6}", times[times.len() / 2]);
+    }
+    Ok(())
+}
+
 fn cpu_seconds() -> f64 {
     let t = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
     t.tv_sec as f64 + t.tv_nsec as f64 * 1e-9
@@ -153,6 +253,34 @@ fn main() -> ExitCode {
             )
         })(),
         Some("spin") => num(args.get(1), "ITERATIONS").map(spin),
+        Some("echo") => (|| {
+            echo(
+                addr(args.get(1))?,
+                Duration::from_millis(num(args.get(2), "TIMEOUT_MS")?),
+            )
+        })(),
+        Some("pingpong") => (|| {
+            let sizes = args
+                .get(2)
+                .ok_or("missing SIZES")?
+                .split(',')
+                .map(|t| {
+                    t.parse::<u64>()
+                        .map_err(|_| format!("size `{t}` is not a byte count"))
+                })
+                .collect::<Result<Vec<u64>, String>>()?;
+            let reps: usize = num(args.get(3), "REPS")?;
+            if reps == 0 {
+                return Err("REPS must be at least 1".into());
+            }
+            pingpong(
+                addr(args.get(1))?,
+                &sizes,
+                reps,
+                Duration::from_millis(num(args.get(4), "IDLE_MS")?),
+                Duration::from_millis(num(args.get(5), "TIMEOUT_MS")?),
+            )
+        })(),
         _ => return usage(),
     };
     match result {
