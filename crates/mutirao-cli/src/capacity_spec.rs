@@ -26,16 +26,21 @@ pub fn from_spec(path: &str, text: &str, model: &Model) -> anyhow::Result<Capaci
     };
     let mut nics = Vec::new();
     for h in &model.hosts {
-        let found = sp.domains.iter().find(|d| {
-            let addr = match prop(d, "addr") {
-                Some(PropValue::Exact(a)) => Some(a),
-                _ => None,
-            };
-            addr.is_some()
-                && (d.name == h.name
-                    || addr.as_deref() == Some(h.name.as_str())
-                    || (h.addr.is_some() && addr == h.addr))
-        });
+        // Only domains with a NIC capacity: an alias or a site named like a host is skipped.
+        let found = sp
+            .domains
+            .iter()
+            .filter(|d| prop(d, "nic_mbit").is_some())
+            .find(|d| {
+                let addr = match prop(d, "addr") {
+                    Some(PropValue::Exact(a)) => Some(a),
+                    _ => None,
+                };
+                d.name == h.name
+                    || (addr.is_some()
+                        && (addr.as_deref() == Some(h.name.as_str())
+                            || (h.addr.is_some() && addr == h.addr)))
+            });
         if let Some(mbit) = found.and_then(|d| number(prop(d, "nic_mbit"))) {
             if mbit > 0.0 {
                 nics.push(NicCapacity {

@@ -606,6 +606,46 @@ mod tests {
     }
 
     #[test]
+    fn contention_without_capacities_names_the_link_and_a_resource_spec_fills_them() {
+        let d = TempDir::new("cap");
+        gen_diamond(&d.path("d.json"));
+        let args = |no_contention: bool, resources: Option<PathBuf>| ScheduleArgs {
+            no_contention,
+            resources,
+            model: "preset:gridrio2004".into(),
+            dag: d.path("d.json"),
+            algo: "hlogp-heft".into(),
+            output: d.path("s.json"),
+            hostfile_out: Some(d.path("hosts")),
+            rankfile_out: None,
+        };
+        // The preset has no capacities: contention (the default) cannot run, nothing is written.
+        let e = format!("{:#}", schedule(args(false, None)).unwrap_err());
+        assert!(
+            e.contains("no capacity for the NIC of host")
+                && e.contains("--resources")
+                && e.contains("--no-contention"),
+            "{e}"
+        );
+        assert!(!d.path("s.json").exists() && !d.path("hosts").exists());
+        // A resource spec with every host's NIC and the site links fills them.
+        let mut meu = String::from(
+            "g: \"gridrio\" { grid, \"wan.UFF.Sinergia\"=100, \"wan.UFF.PUC\"=30, \"wan.Sinergia.PUC\"=30 };\n",
+        );
+        for (i, (name, site, _)) in mutirao_model::presets::GRIDRIO2004_HOSTS.iter().enumerate() {
+            meu.push_str(&format!(
+                "h{i}: \"{name}\" <g> {{ host, site=\"{site}\", nic_mbit=100 }};\n"
+            ));
+        }
+        std::fs::write(d.path("g.meu"), meu).unwrap();
+        schedule(args(false, Some(d.path("g.meu")))).unwrap();
+        let s = Schedule::from_json(&std::fs::read_to_string(d.path("s.json")).unwrap()).unwrap();
+        let p = s.predicted_s.expect("both models reported");
+        let with = p.contention.expect("a makespan with contention");
+        assert!(with >= p.no_contention * (1.0 - 1e-9), "{p:?}");
+    }
+
+    #[test]
     fn generate_schedule_simulate_round_trip() {
         let d = TempDir::new("ok");
         gen_diamond(&d.path("d.json"));

@@ -126,7 +126,7 @@ fn default_rel_tolerance() -> f64 {
 }
 
 fn default_max_precise_miss() -> f64 {
-    0.10
+    0.04
 }
 
 /// One point of a segmented fit: the median of the samples of one size (of one pair), with the
@@ -371,6 +371,46 @@ pub fn segmented_fit(points: &[(u64, f64)], opts: &SegOptions) -> Option<SegFit>
 /// [`segmented_fit`] of points that carry their own standard error (see the module docs).
 /// `None` if `points` is empty or holds a non-finite value.
 pub fn segmented_fit_points(points: &[FitPoint], opts: &SegOptions) -> Option<SegFit> {
+    let fit = segmented_fit_sized(points, opts, false)?;
+    if opts.max_precise_miss <= 0.0 || opts.min_sizes_per_segment <= 1 {
+        return Some(fit);
+    }
+    let worst = worst_miss(points, &fit.function, opts.weight_floor_us);
+    if worst <= opts.max_precise_miss {
+        return Some(fit);
+    }
+    // No segmentation of `min_sizes_per_segment` sizes follows the points (three sizes across
+    // a bend, say): let inner segments hold one size — the last keeps two, so that its slope
+    // is measured — and take that if it misses less.
+    match segmented_fit_sized(points, opts, true) {
+        Some(f) if worst_miss(points, &f.function, opts.weight_floor_us) < worst => Some(f),
+        _ => Some(fit),
+    }
+}
+
+/// The largest relative miss of `function` at a point of at least 10 × the floor missed by
+/// more than 10 × the floor (what the precise-miss guard and `poor_fits` look at).
+fn worst_miss(points: &[FitPoint], function: &Piecewise, floor_us: f64) -> f64 {
+    let floor = if floor_us.is_finite() && floor_us > 0.0 {
+        floor_us
+    } else {
+        0.5
+    };
+    points
+        .iter()
+        .filter_map(|p| {
+            let (y, e) = (p.value_us.abs(), function.value(p.bytes) - p.value_us);
+            (y >= 10.0 * floor && e.abs() > (10.0 * floor).max(3.0 * p.se_us.abs()))
+                .then(|| e.abs() / y)
+        })
+        .fold(0.0f64, f64::max)
+}
+
+fn segmented_fit_sized(
+    points: &[FitPoint],
+    opts: &SegOptions,
+    inner_singles: bool,
+) -> Option<SegFit> {
     if points.is_empty()
         || points
             .iter()
@@ -447,7 +487,7 @@ pub fn segmented_fit_points(points: &[FitPoint], opts: &SegOptions) -> Option<Se
                 g += 1;
             }
             let whole = i == 0 && j == k_c;
-            if bounds[j] - g0 >= min_sizes || whole {
+            if bounds[j] - g0 >= min_sizes || whole || (inner_singles && j < k_c) {
                 cost[i][j] = sums.fit();
             }
         }
@@ -551,8 +591,10 @@ pub fn segmented_fit_points(points: &[FitPoint], opts: &SegOptions) -> Option<Se
                 // Or of a few µs sit on timer noise and may be negative).
                 // Every median of at least 10 × the floor missed by more than 10 × the floor
                 // (5 µs by default) counts: `fit` promises no such miss (`poor_fits`).
+                // A miss beyond three standard errors of the point's median is the model's.
                 let y = pts[q].1.abs();
-                (y >= 10.0 * floor && e.abs() > 10.0 * floor).then(|| e.abs() / y)
+                (y >= 10.0 * floor && e.abs() > (10.0 * floor).max(3.0 * ses[q]))
+                    .then(|| e.abs() / y)
             })
             .fold(0.0f64, f64::max);
         Some(worst)
