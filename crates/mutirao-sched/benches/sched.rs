@@ -10,7 +10,6 @@
 //! Run: `cargo bench -p mutirao-sched --bench sched`.
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use mutirao_model::{Capacity, Link, LinkClass, Model, NicCapacity, SiteLinkCapacity};
 use mutirao_sched::gen::{self, RandomParams};
 use mutirao_sched::platform::Platform;
 use mutirao_sched::sched::{schedule, Algorithm};
@@ -28,46 +27,6 @@ fn round_robin_placement(dag: &mutirao_sched::Dag, hosts: usize) -> Placement {
         start: pos.iter().map(|&p| p as f64).collect(),
         seq: pos,
     }
-}
-
-/// Spread a model's hosts over `sites` sites, add an inter-site link class (the intra-site one's
-/// parameters) and capacities: 1 Gbit/s NICs and site links.
-fn with_sites_and_capacities(mut m: Model, sites: usize) -> Model {
-    for (i, h) in m.hosts.iter_mut().enumerate() {
-        h.site = format!("s{}", i % sites);
-    }
-    if let Some(intra) = m
-        .links
-        .iter()
-        .find(|l| l.class == LinkClass::IntraSite)
-        .cloned()
-    {
-        m.links.push(Link {
-            class: LinkClass::InterSite,
-            ..intra
-        });
-    }
-    m.capacity = Some(Capacity {
-        source: Some("bench".into()),
-        nics: m
-            .hosts
-            .iter()
-            .map(|h| NicCapacity {
-                host: h.name.clone(),
-                out_mbit: 1000.0,
-                in_mbit: 1000.0,
-            })
-            .collect(),
-        site_links: (0..sites)
-            .flat_map(|a| (0..sites).filter(move |&b| b != a).map(move |b| (a, b)))
-            .map(|(a, b)| SiteLinkCapacity {
-                from: format!("s{a}"),
-                to: format!("s{b}"),
-                mbit: 1000.0,
-            })
-            .collect(),
-    });
-    m
 }
 
 fn benches(c: &mut Criterion) {
@@ -89,10 +48,7 @@ fn benches(c: &mut Criterion) {
     g.bench_function("simulate_1e6_tasks", |b| {
         b.iter(|| simulate(black_box(&big), &p64, &pl, SimOptions::default()).expect("simulate"))
     });
-    let p64c = Platform::from_model(&with_sites_and_capacities(
-        gen::random_model(64, 0.5, 1e8, 1).expect("model"),
-        4,
-    ))
+    let p64c = Platform::from_model(&gen::with_sites_and_capacities(gen::random_model(64, 0.5, 1e8, 1).expect("model"), 4, 1000.0))
     .expect("platform");
     g.bench_function("simulate_1e6_tasks_contention", |b| {
         b.iter(|| {

@@ -80,6 +80,46 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             s.makespan_s
         );
     }
+    // Contention: the bench's platform (64 hosts on 4 sites, 1 Gbit/s NICs and site links), a
+    // round-robin placement, growing graphs until one takes over 5 s.
+    let pc = Platform::from_model(&gen::with_sites_and_capacities(gen::random_model(64, 0.5, 1e8, 1)?, 4, 1000.0))?;
+    for n in [1_000usize, 10_000, 100_000, 1_000_000] {
+        let g = gen::random(&RandomParams {
+            n,
+            out_degree: 3,
+            seed: 1,
+            ..Default::default()
+        })?;
+        let mut pos = vec![0usize; n];
+        for (i, &v) in g.topo_order().iter().enumerate() {
+            pos[v] = i;
+        }
+        let pl = Placement {
+            host: (0..n).map(|v| v % 64).collect(),
+            start: pos.iter().map(|&p| p as f64).collect(),
+            seq: pos,
+        };
+        let t = Clock::start();
+        let r = simulate(
+            &g,
+            &pc,
+            &pl,
+            SimOptions {
+                contention: true,
+                ..SimOptions::default()
+            },
+        )?;
+        let wall = t.0.elapsed().as_secs_f64();
+        println!(
+            "simulate {n} tasks with contention, 64 hosts on 4 sites: {} (makespan {:.1} s)",
+            t.show(),
+            r.makespan_s
+        );
+        if wall > 5.0 {
+            println!("  (stopping: over 5 s)");
+            break;
+        }
+    }
     let small = gen::random(&RandomParams {
         n: 200,
         seed: 3,
