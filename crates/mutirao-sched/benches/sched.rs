@@ -48,7 +48,11 @@ fn benches(c: &mut Criterion) {
     g.bench_function("simulate_1e6_tasks", |b| {
         b.iter(|| simulate(black_box(&big), &p64, &pl, SimOptions::default()).expect("simulate"))
     });
-    let p64c = Platform::from_model(&gen::with_sites_and_capacities(gen::random_model(64, 0.5, 1e8, 1).expect("model"), 4, 1000.0))
+    let p64c = Platform::from_model(&gen::with_sites_and_capacities(
+        gen::random_model(64, 0.5, 1e8, 1).expect("model"),
+        4,
+        1000.0,
+    ))
     .expect("platform");
     g.bench_function("simulate_1e6_tasks_contention", |b| {
         b.iter(|| {

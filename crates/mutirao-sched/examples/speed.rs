@@ -82,7 +82,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     // Contention: the bench's platform (64 hosts on 4 sites, 1 Gbit/s NICs and site links), a
     // round-robin placement, growing graphs until one takes over 5 s.
-    let pc = Platform::from_model(&gen::with_sites_and_capacities(gen::random_model(64, 0.5, 1e8, 1)?, 4, 1000.0))?;
+    let pc = Platform::from_model(&gen::with_sites_and_capacities(
+        gen::random_model(64, 0.5, 1e8, 1)?,
+        4,
+        1000.0,
+    ))?;
     for n in [1_000usize, 10_000, 100_000, 1_000_000] {
         let g = gen::random(&RandomParams {
             n,

@@ -440,6 +440,48 @@ pub fn random_model(
     )?)
 }
 
+/// `model`'s hosts spread round-robin over `sites` sites `s0 …`, an inter-site link class with
+/// the intra-site one's parameters, and capacities of `mbit` Mbit/s for every NIC (both
+/// directions) and every directed site link: a platform for contention benchmarks.
+pub fn with_sites_and_capacities(mut model: Model, sites: usize, mbit: f64) -> Model {
+    let sites = sites.max(1);
+    for (i, h) in model.hosts.iter_mut().enumerate() {
+        h.site = format!("s{}", i % sites);
+    }
+    if let Some(intra) = model
+        .links
+        .iter()
+        .find(|l| l.class == LinkClass::IntraSite)
+        .cloned()
+    {
+        model.links.push(Link {
+            class: LinkClass::InterSite,
+            ..intra
+        });
+    }
+    model.capacity = Some(Capacity {
+        source: Some("gen::with_sites_and_capacities".into()),
+        nics: model
+            .hosts
+            .iter()
+            .map(|h| NicCapacity {
+                host: h.name.clone(),
+                out_mbit: mbit,
+                in_mbit: mbit,
+            })
+            .collect(),
+        site_links: (0..sites)
+            .flat_map(|a| (0..sites).filter(move |&b| b != a).map(move |b| (a, b)))
+            .map(|(a, b)| SiteLinkCapacity {
+                from: format!("s{a}"),
+                to: format!("s{b}"),
+                mbit,
+            })
+            .collect(),
+    });
+    model
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -519,46 +561,4 @@ mod tests {
         assert!(m0.hosts.iter().all(|h| h.speed == 1.0));
         m.check_complete().unwrap();
     }
-}
-
-/// `model`'s hosts spread round-robin over `sites` sites `s0 …`, an inter-site link class with
-/// the intra-site one's parameters, and capacities of `mbit` Mbit/s for every NIC (both
-/// directions) and every directed site link: a platform for contention benchmarks.
-pub fn with_sites_and_capacities(mut model: Model, sites: usize, mbit: f64) -> Model {
-    let sites = sites.max(1);
-    for (i, h) in model.hosts.iter_mut().enumerate() {
-        h.site = format!("s{}", i % sites);
-    }
-    if let Some(intra) = model
-        .links
-        .iter()
-        .find(|l| l.class == LinkClass::IntraSite)
-        .cloned()
-    {
-        model.links.push(Link {
-            class: LinkClass::InterSite,
-            ..intra
-        });
-    }
-    model.capacity = Some(Capacity {
-        source: Some("gen::with_sites_and_capacities".into()),
-        nics: model
-            .hosts
-            .iter()
-            .map(|h| NicCapacity {
-                host: h.name.clone(),
-                out_mbit: mbit,
-                in_mbit: mbit,
-            })
-            .collect(),
-        site_links: (0..sites)
-            .flat_map(|a| (0..sites).filter(move |&b| b != a).map(move |b| (a, b)))
-            .map(|(a, b)| SiteLinkCapacity {
-                from: format!("s{a}"),
-                to: format!("s{b}"),
-                mbit,
-            })
-            .collect(),
-    });
-    model
 }
