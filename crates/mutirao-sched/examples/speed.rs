@@ -18,6 +18,20 @@ fn cpu_ns() -> Option<u64> {
     s.split_whitespace().next()?.parse().ok()
 }
 
+/// Task `i` on host `i mod hosts`, each host running its tasks in topological order.
+fn round_robin(dag: &mutirao_sched::Dag, hosts: usize) -> Placement {
+    let n = dag.len();
+    let mut pos = vec![0usize; n];
+    for (i, &v) in dag.topo_order().iter().enumerate() {
+        pos[v] = i;
+    }
+    Placement {
+        host: (0..n).map(|v| v % hosts).collect(),
+        start: pos.iter().map(|&p| p as f64).collect(),
+        seq: pos,
+    }
+}
+
 struct Clock(Instant, Option<u64>);
 
 impl Clock {
@@ -47,16 +61,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         big.edges().len(),
         t.show()
     );
-    let n = big.len();
-    let mut pos = vec![0usize; n];
-    for (i, &v) in big.topo_order().iter().enumerate() {
-        pos[v] = i;
-    }
-    let pl = Placement {
-        host: (0..n).map(|v| v % 64).collect(),
-        start: pos.iter().map(|&p| p as f64).collect(),
-        seq: pos,
-    };
+    let pl = round_robin(&big, 64);
     let t = Clock::start();
     let r = simulate(&big, &p64, &pl, SimOptions::default())?;
     println!(
@@ -94,15 +99,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             seed: 1,
             ..Default::default()
         })?;
-        let mut pos = vec![0usize; n];
-        for (i, &v) in g.topo_order().iter().enumerate() {
-            pos[v] = i;
-        }
-        let pl = Placement {
-            host: (0..n).map(|v| v % 64).collect(),
-            start: pos.iter().map(|&p| p as f64).collect(),
-            seq: pos,
-        };
+        let pl = round_robin(&g, 64);
         let t = Clock::start();
         let r = simulate(
             &g,

@@ -46,6 +46,24 @@ fn addr(s: Option<&String>) -> Result<SocketAddr, String> {
         .map_err(|_| format!("`{s}` is not an ADDR:PORT socket address"))
 }
 
+/// The next connection on the non-blocking listener `l`, as a blocking stream, by `deadline`.
+fn accept(l: &TcpListener, a: SocketAddr, deadline: Instant) -> Result<TcpStream, String> {
+    let s = loop {
+        match l.accept() {
+            Ok((s, _)) => break s,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if Instant::now() > deadline {
+                    return Err(format!("timed out waiting for a connection on {a}"));
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(e) => return Err(format!("accept on {a}: {e}")),
+        }
+    };
+    s.set_nonblocking(false).map_err(|e| e.to_string())?;
+    Ok(s)
+}
+
 fn serve(a: SocketAddr, count: usize, timeout: Duration) -> Result<(), String> {
     let deadline = Instant::now() + timeout;
     let l = TcpListener::bind(a).map_err(|e| format!("cannot listen on {a}: {e}"))?;
@@ -54,19 +72,7 @@ fn serve(a: SocketAddr, count: usize, timeout: Duration) -> Result<(), String> {
     std::io::stdout().flush().map_err(|e| e.to_string())?;
     let mut buf = vec![0u8; 1 << 20];
     for _ in 0..count {
-        let mut s = loop {
-            match l.accept() {
-                Ok((s, _)) => break s,
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    if Instant::now() > deadline {
-                        return Err(format!("timed out waiting for a connection on {a}"));
-                    }
-                    std::thread::sleep(Duration::from_millis(5));
-                }
-                Err(e) => return Err(format!("accept on {a}: {e}")),
-            }
-        };
-        s.set_nonblocking(false).map_err(|e| e.to_string())?;
+        let mut s = accept(&l, a, deadline)?;
         let left = deadline.saturating_duration_since(Instant::now());
         s.set_read_timeout(Some(left.max(Duration::from_millis(1))))
             .map_err(|e| e.to_string())?;
@@ -134,19 +140,7 @@ fn echo(a: SocketAddr, timeout: Duration) -> Result<(), String> {
     let deadline = Instant::now() + timeout;
     let l = TcpListener::bind(a).map_err(|e| format!("cannot listen on {a}: {e}"))?;
     l.set_nonblocking(true).map_err(|e| e.to_string())?;
-    let mut s = loop {
-        match l.accept() {
-            Ok((s, _)) => break s,
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                if Instant::now() > deadline {
-                    return Err(format!("timed out waiting for a connection on {a}"));
-                }
-                std::thread::sleep(Duration::from_millis(5));
-            }
-            Err(e) => return Err(format!("accept on {a}: {e}")),
-        }
-    };
-    s.set_nonblocking(false).map_err(|e| e.to_string())?;
+    let mut s = accept(&l, a, deadline)?;
     s.set_nodelay(true).map_err(|e| e.to_string())?;
     s.set_read_timeout(Some(timeout))
         .map_err(|e| e.to_string())?;
