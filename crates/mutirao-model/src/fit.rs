@@ -375,7 +375,8 @@ pub fn segmented_fit_points(points: &[FitPoint], opts: &SegOptions) -> Option<Se
     if opts.max_precise_miss <= 0.0 || opts.min_sizes_per_segment <= 1 {
         return Some(fit);
     }
-    let worst = worst_miss(points, &fit.function, opts.weight_floor_us);
+    let floor = floor_of(opts);
+    let worst = worst_miss(points, &fit.function, floor);
     if worst <= opts.max_precise_miss {
         return Some(fit);
     }
@@ -383,25 +384,40 @@ pub fn segmented_fit_points(points: &[FitPoint], opts: &SegOptions) -> Option<Se
     // a bend, say): let inner segments hold one size — the last keeps two, so that its slope
     // is measured — and take that if it misses less.
     match segmented_fit_sized(points, opts, true) {
-        Some(f) if worst_miss(points, &f.function, opts.weight_floor_us) < worst => Some(f),
+        Some(f) if worst_miss(points, &f.function, floor) < worst => Some(f),
         _ => Some(fit),
     }
 }
 
-/// The largest relative miss of `function` at a point of at least 10 × the floor missed by
-/// more than 10 × the floor (what the precise-miss guard and `poor_fits` look at).
-fn worst_miss(points: &[FitPoint], function: &Piecewise, floor_us: f64) -> f64 {
-    let floor = if floor_us.is_finite() && floor_us > 0.0 {
-        floor_us
+/// The relative miss of a point of value `y` (µs) with standard error `se` by an error `e`, if
+/// it counts: the value is at least 10 × the floor (L, Os and Or of a few µs sit on timer noise
+/// and may be negative) and the error is beyond both 10 × the floor (5 µs by default) and three
+/// standard errors of the point's median. The precise-miss guard looks at these.
+fn counted_miss(y: f64, se: f64, e: f64, floor: f64) -> Option<f64> {
+    let y = y.abs();
+    (y >= 10.0 * floor && e.abs() > (10.0 * floor).max(3.0 * se.abs())).then(|| e.abs() / y)
+}
+
+/// `SegOptions::weight_floor_us`, or its default 0.5 µs when it is not a positive number.
+fn floor_of(opts: &SegOptions) -> f64 {
+    if opts.weight_floor_us.is_finite() && opts.weight_floor_us > 0.0 {
+        opts.weight_floor_us
     } else {
         0.5
-    };
+    }
+}
+
+/// The largest counted miss (`counted_miss`) of `function` at `points`.
+fn worst_miss(points: &[FitPoint], function: &Piecewise, floor: f64) -> f64 {
     points
         .iter()
         .filter_map(|p| {
-            let (y, e) = (p.value_us.abs(), function.value(p.bytes) - p.value_us);
-            (y >= 10.0 * floor && e.abs() > (10.0 * floor).max(3.0 * p.se_us.abs()))
-                .then(|| e.abs() / y)
+            counted_miss(
+                p.value_us,
+                p.se_us,
+                function.value(p.bytes) - p.value_us,
+                floor,
+            )
         })
         .fold(0.0f64, f64::max)
 }
@@ -418,11 +434,7 @@ fn segmented_fit_sized(
     {
         return None;
     }
-    let floor = if opts.weight_floor_us.is_finite() && opts.weight_floor_us > 0.0 {
-        opts.weight_floor_us
-    } else {
-        0.5
-    };
+    let floor = floor_of(opts);
     let r = if opts.rel_tolerance.is_finite() && opts.rel_tolerance > 0.0 {
         opts.rel_tolerance
     } else {
@@ -586,16 +598,7 @@ fn segmented_fit_sized(
         let cuts = backtrack(k)?;
         let worst = residuals(&cuts)
             .into_iter()
-            .filter_map(|(q, e)| {
-                // Precise, and large enough for a relative miss to mean something (L, Os and
-                // Or of a few µs sit on timer noise and may be negative).
-                // Every median of at least 10 × the floor missed by more than 10 × the floor
-                // (5 µs by default) counts: `fit` promises no such miss (`poor_fits`).
-                // A miss beyond three standard errors of the point's median is the model's.
-                let y = pts[q].1.abs();
-                (y >= 10.0 * floor && e.abs() > (10.0 * floor).max(3.0 * ses[q]))
-                    .then(|| e.abs() / y)
-            })
+            .filter_map(|(q, e)| counted_miss(pts[q].1, ses[q], e, floor))
             .fold(0.0f64, f64::max);
         Some(worst)
     };
