@@ -96,6 +96,28 @@ struct TaskRun {
     finish_s: f64,
 }
 
+/// What one rank saw: its tasks, when it handed each outgoing message to the runtime, and when
+/// each incoming receive was posted and completed (edge index, seconds since the origin).
+#[derive(Serialize, Deserialize, Default)]
+struct RankRun {
+    tasks: Vec<TaskRun>,
+    sends: Vec<(usize, f64)>,
+    recvs: Vec<(usize, f64, f64)>,
+}
+
+/// One message between two hosts, as measured. `send_start_s` is when the sender handed it to
+/// the runtime (a nonblocking send), `recv_start_s` when the receiver posted its blocking
+/// receive and `recv_end_s` when that returned with the data.
+#[derive(Serialize)]
+struct MessageOut<'a> {
+    from: &'a str,
+    to: &'a str,
+    bytes: u64,
+    send_start_s: f64,
+    recv_start_s: f64,
+    recv_end_s: f64,
+}
+
 #[derive(Serialize)]
 struct HostOut<'a> {
     name: &'a str,
@@ -118,6 +140,7 @@ struct ExecOut<'a> {
     rate: f64,
     hosts: Vec<HostOut<'a>>,
     tasks: Vec<TaskOut<'a>>,
+    messages: Vec<MessageOut<'a>>,
 }
 
 struct Plan {
@@ -344,7 +367,7 @@ pub fn run(a: ExecArgs) -> anyhow::Result<ExitCode> {
     let code = code?;
     let result = std::fs::read_to_string(&out);
     let _ = std::fs::remove_file(&out);
-    let runs: Vec<Vec<TaskRun>> = match result {
+    let runs: Vec<RankRun> = match result {
         Ok(t) => serde_json::from_str(&t).context("the workers' trace is malformed")?,
         Err(_) => {
             eprintln!("mutirao exec-dag: the run did not complete; no measurement");
@@ -359,12 +382,27 @@ pub fn run(a: ExecArgs) -> anyhow::Result<ExitCode> {
     Ok(code)
 }
 
-fn report(plan: &Plan, rate: f64, runs: &[Vec<TaskRun>], json: bool) -> anyhow::Result<()> {
+fn report(plan: &Plan, rate: f64, runs: &[RankRun], json: bool) -> anyhow::Result<()> {
     let tasks = plan.dag.tasks();
+    let edges = plan.dag.edges();
     let mut times = vec![(0.0f64, 0.0f64); tasks.len()];
     let mut busy = vec![0.0f64; plan.hosts.len()];
-    for (r, rs) in runs.iter().enumerate() {
-        for tr in rs {
+    let mut sent = vec![f64::NAN; edges.len()];
+    let mut received = vec![(f64::NAN, f64::NAN); edges.len()];
+    for rr in runs {
+        for &(e, t) in &rr.sends {
+            if let Some(x) = sent.get_mut(e) {
+                *x = t;
+            }
+        }
+        for &(e, a, b) in &rr.recvs {
+            if let Some(x) = received.get_mut(e) {
+                *x = (a, b);
+            }
+        }
+    }
+    for (r, rr) in runs.iter().enumerate() {
+        for tr in &rr.tasks {
             if tr.task < times.len() {
                 times[tr.task] = (tr.start_s, tr.finish_s);
                 if let Some(b) = busy.get_mut(r) {
@@ -397,6 +435,19 @@ fn report(plan: &Plan, rate: f64, runs: &[Vec<TaskRun>], json: bool) -> anyhow::
                     host: &plan.hosts[plan.rank_of[t]],
                     start_s: times[t].0,
                     finish_s: times[t].1,
+                })
+                .collect(),
+            messages: edges
+                .iter()
+                .enumerate()
+                .filter(|(e, _)| sent[*e].is_finite() && received[*e].0.is_finite())
+                .map(|(e, edge)| MessageOut {
+                    from: &tasks[edge.from].id,
+                    to: &tasks[edge.to].id,
+                    bytes: edge.bytes,
+                    send_start_s: sent[e],
+                    recv_start_s: received[e].0,
+                    recv_end_s: received[e].1,
                 })
                 .collect(),
         };
@@ -448,13 +499,15 @@ fn worker(a: &ExecArgs) -> anyhow::Result<ExitCode> {
     let since = |o: f64| epoch_s() - o;
     let t0 = origin[0];
     let mut pending: Vec<mutirao::Request<u8>> = Vec::new();
-    let mut runs = Vec::new();
+    let mut runs = RankRun::default();
     for &t in &plan.order[me] {
         for &e in dag.in_edges(t) {
             let edge = dag.edges()[e];
             let src = plan.rank_of[edge.from];
             if src != me {
+                let posted = since(t0);
                 let (v, _) = world.recv_vec::<u8>(src, e as i32)?;
+                runs.recvs.push((e, posted, since(t0)));
                 if v.len() as u64 != edge.bytes {
                     bail!(
                         "edge {e}: received {} bytes, expected {}",
@@ -483,7 +536,7 @@ fn worker(a: &ExecArgs) -> anyhow::Result<ExitCode> {
             }
         }
         let finish = since(t0);
-        runs.push(TaskRun {
+        runs.tasks.push(TaskRun {
             task: t,
             start_s: start,
             finish_s: finish,
@@ -495,6 +548,7 @@ fn worker(a: &ExecArgs) -> anyhow::Result<ExitCode> {
                 let payload = payloads
                     .remove(&e)
                     .with_context(|| format!("edge {e}: its payload was not prepared"))?;
+                runs.sends.push((e, since(t0)));
                 pending.push(world.isend(payload, dst, e as i32)?);
             }
         }
@@ -503,7 +557,7 @@ fn worker(a: &ExecArgs) -> anyhow::Result<ExitCode> {
     if me == 0 {
         let mut all = vec![runs];
         for r in 1..world.size() {
-            let (v, _): (Vec<TaskRun>, _) = world.recv_obj(r, i32::MAX)?;
+            let (v, _): (RankRun, _) = world.recv_obj(r, i32::MAX)?;
             all.push(v);
         }
         if let Some(out) = &a.out {

@@ -110,6 +110,41 @@ impl Tbf {
         args.extend(["limit".into(), self.limit_bytes.to_string()]);
         args
     }
+
+    /// `tc` invocations (each after `tc -n NS`) that put, under a root tbf with handle `1:`,
+    /// a two-band child that sends small packets first: TCP segments under 128 bytes (pure
+    /// acknowledgements, small control frames) ahead of bulk data, which waits in a byte FIFO
+    /// of `limit_bytes`. Without it, the acknowledgements of a flow in one direction queue
+    /// behind the other direction's data (up to `limit_bytes`, over a second on a slow link),
+    /// and a 265 KB message across a 30 Mbit/s WAN took 286 ms instead of 74 while traffic
+    /// flowed the other way. A router with flow queueing (fq_codel, Linux's default) behaves the
+    /// same way; this kernel offers only fifo, tbf and htb, so htb's priority bands stand in.
+    pub fn ack_first_args(&self, dev: &str) -> Vec<Vec<String>> {
+        let v = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<String>>();
+        let limit = self.limit_bytes.to_string();
+        vec![
+            v(&[
+                "qdisc", "add", "dev", dev, "parent", "1:1", "handle", "2:", "htb", "default", "20",
+            ]),
+            v(&[
+                "class", "add", "dev", dev, "parent", "2:", "classid", "2:10", "htb", "rate",
+                "10gbit", "quantum", "1514", "prio", "0",
+            ]),
+            v(&[
+                "class", "add", "dev", dev, "parent", "2:", "classid", "2:20", "htb", "rate",
+                "10gbit", "quantum", "1514", "prio", "1",
+            ]),
+            v(&[
+                "qdisc", "add", "dev", dev, "parent", "2:20", "bfifo", "limit", &limit,
+            ]),
+            // IPv4, protocol 6 (TCP), total length (16 bits at offset 2) below 128.
+            v(&[
+                "filter", "add", "dev", dev, "parent", "2:", "protocol", "ip", "prio", "1", "u32",
+                "match", "ip", "protocol", "6", "0xff", "match", "u16", "0x0000", "0xff80", "at",
+                "2", "flowid", "2:10",
+            ]),
+        ]
+    }
 }
 
 /// CFS settings giving a cgroup `cpu` cores: `quota_us / period_us = cpu` caps it, and a large
@@ -501,6 +536,35 @@ hosts = [ { name = "a1", cpu = 1.0 }, { name = "a2", cpu = 1.0, nic_mbit = 100 }
         assert_eq!(slow.limit_bytes, 4 << 20);
         assert_eq!(Tbf::for_mbit(10_000.0).limit_bytes, 31_250_000);
         assert_eq!(&fast.tc_args()[5..], ["limit", "4194304"]);
+    }
+
+    #[test]
+    fn small_tcp_segments_go_first_and_bulk_waits_in_the_links_queue() {
+        let t = Tbf::for_mbit(30.0);
+        let cmds = t.ack_first_args("w0");
+        // Under the root tbf (1:1), an htb whose default band is the bulk one.
+        assert_eq!(
+            &cmds[0][4..],
+            ["parent", "1:1", "handle", "2:", "htb", "default", "20"]
+        );
+        // Band 2:10 has priority over 2:20.
+        assert!(cmds[1].windows(2).any(|w| w == ["classid", "2:10"]));
+        assert_eq!(cmds[1].last().map(String::as_str), Some("0"));
+        assert!(cmds[2].windows(2).any(|w| w == ["classid", "2:20"]));
+        assert_eq!(cmds[2].last().map(String::as_str), Some("1"));
+        // Bulk data queues in a byte FIFO as deep as the tbf's own queue.
+        assert_eq!(
+            &cmds[3][4..],
+            ["parent", "2:20", "bfifo", "limit", "4194304"]
+        );
+        // TCP segments with an IP total length under 128 bytes go to band 2:10.
+        let f = cmds[4].join(" ");
+        assert!(f.contains("match ip protocol 6 0xff"), "{f}");
+        assert!(f.contains("match u16 0x0000 0xff80 at 2"), "{f}");
+        assert!(f.ends_with("flowid 2:10"), "{f}");
+        assert!(cmds
+            .iter()
+            .all(|c| c.windows(2).any(|w| w == ["dev", "w0"])));
     }
 
     #[test]

@@ -688,13 +688,34 @@ fn shape(r: &mut Runner, ns: &str, dev: &str, tbf: &Tbf) -> Result<(), Error> {
     let mut gso = vec!["-n", ns, "link", "set", "dev", dev];
     gso.extend(plan::GSO_ARGS);
     r.run("ip", &gso)?;
-    let mut args: Vec<String> = ["-n", ns, "qdisc", "add", "dev", dev, "root"]
+    let mut args: Vec<String> = ["-n", ns, "qdisc", "add", "dev", dev, "root", "handle", "1:"]
         .iter()
         .map(|s| s.to_string())
         .collect();
     args.extend(tbf.tc_args());
     let refs: Vec<&str> = args.iter().map(String::as_str).collect();
-    r.run("tc", &refs).map(|_| ())
+    r.run("tc", &refs)?;
+    // Acknowledgements ahead of bulk data (see `Tbf::ack_first_args`). A kernel without htb or
+    // u32 keeps the tbf's plain FIFO: the link still has its rate, with a warning.
+    for cmd in tbf.ack_first_args(dev) {
+        let mut a = vec!["-n", ns];
+        a.extend(cmd.iter().map(String::as_str));
+        if let Err(e) = r.run("tc", &a) {
+            if matches!(e, Error::Injected(_)) {
+                return Err(e); // a test's injected failure must stop the bring-up
+            }
+            eprintln!(
+                "mutirao-testbed: warning: {ns} {dev}: small packets cannot go ahead of bulk \
+                 data ({e}); traffic in one direction will slow acknowledgements of the other"
+            );
+            let _ = r.run(
+                "tc",
+                &["-n", ns, "qdisc", "del", "dev", dev, "parent", "1:1"],
+            );
+            break;
+        }
+    }
+    Ok(())
 }
 
 fn disable_ipv6_root(link: &str) {

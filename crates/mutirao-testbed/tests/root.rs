@@ -492,3 +492,66 @@ mbit = 30
         "messages off latency + size/rate by more than 5%: {worst:?}"
     );
 }
+
+/// Small packets cross a link ahead of the data queued on it: a rendezvous handshake
+/// (request, clear-to-send) or a TCP acknowledgement does not wait behind the other direction's
+/// bulk data (`Tbf::ack_first_args`). With one FIFO per direction they waited for up to a
+/// second of queued data, and a 265 KB message across a 30 Mbit/s WAN took 286 ms instead of
+/// 74 while traffic flowed the other way.
+#[test]
+fn small_messages_go_ahead_of_bulk_data_on_a_busy_link() {
+    if !require_root() {
+        return;
+    }
+    let links = r#"
+[[site]]
+name = "a"
+nic_mbit = 200
+hosts = [ { name = "a1", cpu = 1.0 } ]
+
+[[site]]
+name = "b"
+nic_mbit = 200
+hosts = [ { name = "b1", cpu = 1.0 } ]
+
+[[wan]]
+sites = ["a", "b"]
+mbit = 30
+"#;
+    let tb = Testbed::up(&spec(links), UpOptions::default()).expect("testbed up");
+    // Bulk data from b1 to a1: three connections of 2 MB, over 1.5 s at 30 Mbit/s.
+    let to_a = SocketAddr::from((tb.host("a1").expect("a1").addr, 5201)).to_string();
+    let server = tb
+        .spawn("a1", probe(&["serve", &to_a, "3", "10000"]))
+        .expect("spawn serve");
+    let bulk: Vec<_> = (0..3)
+        .map(|_| {
+            tb.spawn("b1", probe(&["send", &to_a, "2000000", "10000"]))
+                .expect("spawn send")
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    // Meanwhile, small messages a1 -> b1 and their echoes b1 -> a1, behind the bulk data.
+    let r = pingpong(&tb, "a1", "b1", &[1, 64], 0, 5211);
+    let got = recvs(&finish(server, "serve"));
+    for b in bulk {
+        finish(b, "send");
+    }
+    assert_eq!(got.len(), 3);
+    for (bytes, secs) in &got {
+        assert_eq!(*bytes, 2_000_000, "all the bulk data arrived");
+        assert!(
+            *secs > 0.3 + 0.05,
+            "a bulk transfer ended before the small messages: {got:?}"
+        );
+    }
+    assert_eq!(r.len(), 2, "{r:?}");
+    for (m, t) in r {
+        println!("{m} B one-way while b1->a1 is full: {:.3} ms", t * 1e3);
+        assert!(
+            t < 0.0015,
+            "a {m} B message took {:.1} ms one way behind bulk data (alone: well under 1 ms)",
+            t * 1e3
+        );
+    }
+}
