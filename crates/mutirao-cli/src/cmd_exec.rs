@@ -8,12 +8,13 @@ use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Execute a task graph for real and print the measured makespan.
 ///
-/// Every task computes for `work` seconds of a reference host (speed 1.0: this machine,
-/// unthrottled, measured at start), so slower hosts take longer by themselves, calling into the
+/// Every task computes for `work` seconds of the reference host (speed 1.0: the fastest host of
+/// the run, as `fit` takes it; each host times the kernel in turn at start), so slower hosts
+/// take longer by themselves, calling into the
 /// runtime every millisecond so that messages already sent keep flowing; every edge
 /// between tasks on different hosts sends `bytes` bytes through the runtime (the payloads are
 /// made before the clock starts, as an application's data would already exist). Each distinct host
@@ -49,7 +50,9 @@ pub struct ExecArgs {
     /// Print the whole trace as JSON (same shape as `simulate --json`).
     #[arg(long)]
     pub json: bool,
-    /// Kernel iterations per second of the reference host (default: measured now).
+    /// Kernel iterations per second of the reference host (default: measured at start on every
+    /// host in turn, the fastest taken, as `fit` takes the fastest host as speed 1.0). The
+    /// trace (`--json`) reports the rate used: pass it back to time several runs alike.
     #[arg(long, value_name = "N")]
     pub rate: Option<f64>,
     /// End the run if it takes longer than S seconds.
@@ -60,6 +63,9 @@ pub struct ExecArgs {
     #[arg(long, hide = true)]
     pub out: Option<PathBuf>,
 }
+
+/// How far after the barrier the graph starts, so that every rank has the start time by then.
+const START_DELAY_S: f64 = 0.1;
 
 /// The fixed computation: dependent multiply-adds the compiler cannot remove.
 fn kernel(iters: u64) -> u64 {
@@ -77,16 +83,23 @@ fn epoch_s() -> f64 {
         .map_or(0.0, |d| d.as_secs_f64())
 }
 
-/// Iterations per second of the kernel on this host, now (best of 3 short runs).
+/// Iterations per second of the kernel on this host, now: the median of 3 runs of at least
+/// 0.15 s each. A host throttled by a CPU quota runs in bursts of its quota per period (10 ms on
+/// the testbed); 15 periods or more keep the rate within a few percent of its average, where
+/// a 30 ms run erred by up to ±9% at 0.6 of a core.
 pub fn measure_rate() -> f64 {
-    let n = 20_000_000u64;
-    (0..3)
-        .map(|_| {
-            let t = Instant::now();
-            std::hint::black_box(kernel(n));
-            n as f64 / t.elapsed().as_secs_f64().max(1e-9)
-        })
-        .fold(0.0, f64::max)
+    let time = |n: u64| {
+        let t = Instant::now();
+        std::hint::black_box(kernel(n));
+        t.elapsed().as_secs_f64().max(1e-9)
+    };
+    let mut n = 2_000_000u64;
+    while time(n) < 0.15 && n < 1 << 40 {
+        n *= 2;
+    }
+    let mut rates: Vec<f64> = (0..3).map(|_| n as f64 / time(n)).collect();
+    rates.sort_by(f64::total_cmp);
+    rates[1]
 }
 
 #[derive(Serialize, Deserialize)]
@@ -100,6 +113,8 @@ struct TaskRun {
 /// each incoming receive was posted and completed (edge index, seconds since the origin).
 #[derive(Serialize, Deserialize, Default)]
 struct RankRun {
+    /// The reference rate every rank used (kernel iterations per second at speed 1.0).
+    rate: f64,
     tasks: Vec<TaskRun>,
     sends: Vec<(usize, f64)>,
     recvs: Vec<(usize, f64, f64)>,
@@ -304,11 +319,11 @@ pub fn run(a: ExecArgs) -> anyhow::Result<ExitCode> {
         return worker(&a);
     }
     let plan = load(&a.dag, &a.schedule)?;
-    let rate = match a.rate {
-        Some(r) if r.is_finite() && r > 0.0 => r,
-        Some(r) => bail!("--rate {r}: must be a positive number"),
-        None => measure_rate(),
-    };
+    if let Some(r) = a.rate {
+        if !(r.is_finite() && r > 0.0) {
+            bail!("--rate {r}: must be a positive number");
+        }
+    }
     let abs = |p: &Path| std::fs::canonicalize(p).with_context(|| format!("{}", p.display()));
     let out = std::env::temp_dir().join(format!("mutirao-exec-{}.json", std::process::id()));
     // Where each rank runs.
@@ -338,7 +353,7 @@ pub fn run(a: ExecArgs) -> anyhow::Result<ExitCode> {
         None => None,
     };
     let exe = std::env::current_exe().context("cannot find the mutirao binary")?;
-    let command = vec![
+    let mut command = vec![
         exe.display().to_string(),
         "exec-dag".into(),
         "--worker".into(),
@@ -346,11 +361,12 @@ pub fn run(a: ExecArgs) -> anyhow::Result<ExitCode> {
         abs(&a.dag)?.display().to_string(),
         "--schedule".into(),
         abs(&a.schedule)?.display().to_string(),
-        "--rate".into(),
-        format!("{rate}"),
         "--out".into(),
         out.display().to_string(),
     ];
+    if let Some(r) = a.rate {
+        command.extend(["--rate".into(), format!("{r}")]);
+    }
     let code = cmd_run::run(RunArgs {
         n: plan.hosts.len(),
         hostfile: ranks_file.clone(),
@@ -378,6 +394,7 @@ pub fn run(a: ExecArgs) -> anyhow::Result<ExitCode> {
             });
         }
     };
+    let rate = runs.first().map_or(f64::NAN, |r| r.rate);
     report(&plan, rate, &runs, a.json)?;
     Ok(code)
 }
@@ -467,7 +484,6 @@ fn report(plan: &Plan, rate: f64, runs: &[RankRun], json: bool) -> anyhow::Resul
 
 fn worker(a: &ExecArgs) -> anyhow::Result<ExitCode> {
     let plan = load(&a.dag, &a.schedule)?;
-    let rate = a.rate.context("--rate is required in worker mode")?;
     let world = mutirao::init()?;
     let me = world.rank();
     if world.size() != plan.hosts.len() {
@@ -477,6 +493,23 @@ fn worker(a: &ExecArgs) -> anyhow::Result<ExitCode> {
             plan.hosts.len()
         );
     }
+    // The reference rate: given, or the fastest host's. Hosts time the kernel one after the
+    // other, so that none of them shares the machine's cores with another's measurement.
+    let rate = match a.rate {
+        Some(r) => r,
+        None => {
+            let mut mine = 0.0f64;
+            for r in 0..world.size() {
+                world.barrier()?;
+                if r == me {
+                    mine = measure_rate();
+                }
+            }
+            let mut best = [0.0f64];
+            world.allreduce(&[mine], &mut best, &mutirao::op::Max)?;
+            best[0]
+        }
+    };
     let dag = &plan.dag;
     // The payloads exist before the clock starts, written once so that their pages are mapped:
     // the model charges a send for moving data, not for creating it.
@@ -491,15 +524,24 @@ fn worker(a: &ExecArgs) -> anyhow::Result<ExitCode> {
         }
     }
     world.barrier()?;
-    // One time origin for every rank: rank 0's wall clock just after the barrier. Ranks of one
-    // machine (local or testbed) share that clock exactly; real hosts agree as well as NTP does.
-    // (Per-rank barrier exits can differ by milliseconds on a loaded machine.)
-    let mut origin = [epoch_s()];
+    // One time origin for every rank, a little after rank 0's wall clock at the barrier, and
+    // every rank waits for it: the graph starts at one instant everywhere, as the model has it.
+    // (Barrier exits and the broadcast reach ranks milliseconds apart on a loaded machine, tens
+    // of milliseconds on a host throttled to a quarter of a core.) Ranks of one machine (local
+    // or testbed) share that clock exactly; real hosts agree as well as NTP does.
+    let mut origin = [epoch_s() + START_DELAY_S];
     world.bcast(&mut origin, 0)?;
     let since = |o: f64| epoch_s() - o;
     let t0 = origin[0];
+    let ahead = -since(t0);
+    if ahead > 0.0 {
+        std::thread::sleep(Duration::from_secs_f64(ahead));
+    }
     let mut pending: Vec<mutirao::Request<u8>> = Vec::new();
-    let mut runs = RankRun::default();
+    let mut runs = RankRun {
+        rate,
+        ..RankRun::default()
+    };
     for &t in &plan.order[me] {
         for &e in dag.in_edges(t) {
             let edge = dag.edges()[e];

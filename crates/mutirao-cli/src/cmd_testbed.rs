@@ -179,6 +179,19 @@ fn up(
     let ncores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let spec = Spec::parse(&text, ncores).with_context(|| format!("in {}", spec_path.display()))?;
     need_root("bring a testbed up")?;
+    let cpu: f64 = spec
+        .sites
+        .iter()
+        .flat_map(|s| &s.hosts)
+        .map(|h| h.cpu)
+        .sum();
+    if cpu > ncores as f64 {
+        eprintln!(
+            "mutirao testbed: warning: the hosts' cpu add up to {cpu:.2} cores on a machine of \
+             {ncores}: when all are busy, each gets less than its quota and runs slower than its \
+             `cpu` says (measurements and predictions disagree); keep the sum under {ncores}"
+        );
+    }
     let prefix = tb::sys::random_prefix()?;
     let name = name.unwrap_or_else(|| prefix.clone());
     check_name(&name)?;

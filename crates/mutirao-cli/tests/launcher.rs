@@ -592,6 +592,45 @@ fn tests() -> Vec<Trial> {
                     .into());
                 }
             }
+            // Every message between tasks on different hosts is in the trace, received after
+            // it was sent, and the reference rate measured at start is reported.
+            let host: std::collections::HashMap<&str, &str> = tasks
+                .iter()
+                .map(|t| {
+                    (
+                        t["id"].as_str().unwrap_or(""),
+                        t["host"].as_str().unwrap_or(""),
+                    )
+                })
+                .collect();
+            let remote = dag["edges"]
+                .as_array()
+                .ok_or("no edges")?
+                .iter()
+                .filter(|e| {
+                    host[e["from"].as_str().unwrap_or("")] != host[e["to"].as_str().unwrap_or("")]
+                })
+                .count();
+            let msgs = v["messages"].as_array().ok_or("no messages")?;
+            if remote == 0 || msgs.len() != remote {
+                return Err(format!(
+                    "{remote} messages between hosts, trace has {}: {j}",
+                    msgs.len()
+                )
+                .into());
+            }
+            for m in msgs {
+                let f = |k: &str| m[k].as_f64().unwrap_or(f64::NAN);
+                if !(f("recv_end_s") >= f("send_start_s") && f("recv_end_s") >= f("recv_start_s")) {
+                    return Err(format!("message received before it was sent: {m}").into());
+                }
+                if m["bytes"].as_u64() != Some(100000) {
+                    return Err(format!("message of the wrong size: {m}").into());
+                }
+            }
+            if v["rate"].as_f64().is_none_or(|r| r <= 0.0) {
+                return Err(format!("no reference rate: {j}").into());
+            }
             let makespan = v["makespan_s"].as_f64().ok_or("no makespan")?;
             if makespan < 0.002 * 5.0 {
                 return Err(format!(
