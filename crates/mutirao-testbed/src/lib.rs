@@ -3,7 +3,7 @@
 //! Each host is a network namespace with its own address, joined by a veth pair to its site's
 //! bridge; both ends of every host link are shaped with `tc tbf` at the site's `nic_mbit`; sites
 //! are joined by veth pairs shaped at the WAN's `mbit`; each host's processes run in a cgroup-v1
-//! CPU quota (`cpu` cores, 10 ms period). Optionally one agent runs in each host. Everything made
+//! CPU quota (`cpu` cores; 5 ms period below a core, 10 ms from one core). Optionally one agent runs in each host. Everything made
 //! carries a unique name prefix (`mtb` + 6 hex digits) and is removed when the [`Testbed`] is
 //! dropped, when [`Testbed::down`] or [`teardown`] runs, and when [`Testbed::up`] fails half-way.
 //! See `docs/testbed.md` for the layout, the addresses and the hostfile form.
@@ -27,7 +27,7 @@
 //! "#, 2)?;
 //! let plan = Plan::new(&spec, "mtb00ab12", 0);
 //! assert_eq!(plan.hosts[2].addr.to_string(), "10.213.1.1");
-//! assert_eq!(plan.hosts[2].quota.quota_us, 2500); // 0.25 of a 10 ms period
+//! assert_eq!(plan.hosts[2].quota.quota_us, 1250); // 0.25 of a 5 ms period
 //! # Ok::<(), mutirao_testbed::SpecError>(())
 //! ```
 //!

@@ -153,7 +153,14 @@ impl Tbf {
 pub struct CpuQuota {
     /// `cpu.shares`: 16 × 1024 per core of quota (a nice-0 task weighs 1024), at most 262144.
     pub shares: u64,
-    /// `cpu.cfs_period_us`: 10 ms, longer only where the quota would fall under the kernel's 1 ms minimum.
+    /// `cpu.cfs_period_us`: 10 ms for hosts of a core or more; 5 ms for fractional hosts, longer
+    /// only where the quota would fall under the kernel's 1 ms minimum. After an idle spell a
+    /// throttled host runs at full speed until its period's quota is spent, so a task's speed
+    /// depends on its length, the more so the longer the period: at `cpu = 0.6` with a 10 ms
+    /// period, 20 ms of full-speed work ran at 0.81 and 300 ms at 0.60 (a task graph's 40 ms
+    /// tasks took a third less time than the calibrated speed predicted); with 5 ms, 0.63 and
+    /// 0.57 (medians of 7 after 100 ms idle; docs/testbed.md). Shorter periods cost more in
+    /// throttling overhead (3 ms: 0.51 sustained), which calibration measures.
     pub period_us: u64,
     /// `cpu.cfs_quota_us`.
     pub quota_us: u64,
@@ -169,10 +176,10 @@ pub struct CpuQuota {
 impl CpuQuota {
     /// The quota for a share of `cpu` cores (validated: at least [`crate::spec::MIN_CPU`]).
     pub fn for_cpu(cpu: f64) -> CpuQuota {
-        let period_us = if cpu * 10_000.0 >= 1000.0 {
+        let period_us = if cpu >= 1.0 {
             10_000
         } else {
-            ((1000.0 / cpu).ceil() as u64).min(1_000_000)
+            ((1000.0 / cpu).ceil() as u64).clamp(5_000, 1_000_000)
         };
         let quota_us = ((cpu * period_us as f64).round() as u64).max(1000);
         CpuQuota {
@@ -497,16 +504,22 @@ hosts = [ { name = "a1", cpu = 1.0 }, { name = "a2", cpu = 1.0, nic_mbit = 100 }
     }
 
     #[test]
-    fn quotas_use_a_10ms_period_and_respect_the_1ms_minimum() {
+    fn quotas_use_a_5ms_period_below_a_core_and_respect_the_1ms_minimum() {
         assert_eq!(
             CpuQuota::for_cpu(0.25),
             CpuQuota {
                 shares: 4096,
-                period_us: 10_000,
-                quota_us: 2500,
+                period_us: 5_000,
+                quota_us: 1250,
                 burst_us: 0
             }
         );
+        assert_eq!(CpuQuota::for_cpu(0.6).period_us, 5_000);
+        assert_eq!(CpuQuota::for_cpu(0.6).quota_us, 3_000);
+        // 1 ms of quota at least: a tenth of a core gets a 10 ms period.
+        assert_eq!(CpuQuota::for_cpu(0.1).period_us, 10_000);
+        assert_eq!(CpuQuota::for_cpu(0.1).quota_us, 1_000);
+        assert_eq!(CpuQuota::for_cpu(1.0).period_us, 10_000);
         assert_eq!(CpuQuota::for_cpu(1.5).quota_us, 15_000);
         assert_eq!(CpuQuota::for_cpu(1.0).burst_us, 10_000);
         assert_eq!(CpuQuota::for_cpu(1.5).burst_us, 15_000);
