@@ -98,9 +98,34 @@ struct Flow {
     path: Path,
     start: f64,
     bytes: f64,
+    /// Bytes left at `since` (the flow moves at `rate` from then on).
     left: f64,
+    since: f64,
     rate: f64,
     alone: f64,
+    /// Bumped whenever `rate` or `left` changes: older heap entries are stale.
+    ver: u32,
+}
+
+impl Flow {
+    fn left_at(&self, t: f64) -> f64 {
+        if self.rate.is_infinite() {
+            0.0
+        } else {
+            (self.left - self.rate * (t - self.since)).max(0.0)
+        }
+    }
+
+    /// When it ends at its current rate.
+    fn finish(&self) -> f64 {
+        if self.left <= 0.0 || self.rate.is_infinite() {
+            self.since
+        } else if self.rate > 0.0 {
+            self.since + self.left / self.rate
+        } else {
+            f64::INFINITY
+        }
+    }
 }
 
 /// A flow that has finished.
@@ -115,14 +140,31 @@ pub struct Done {
 }
 
 /// Flows in progress and their max–min fair rates.
+///
+/// Cost: the rates depend only on the set of paths in flight, so they are recomputed (progressive
+/// filling, O(F · path · log R)) only when that set changes — a connection starts or goes idle —
+/// and at most once per instant, however many flows start or end then. When a flow ends and
+/// the next message on its connection takes its place, the set is the same: the successor
+/// inherits the rate and nothing else moves. The next finish comes from a heap of finish times
+/// (stale entries skipped by a version stamp), and a flow's progress is kept as (bytes left,
+/// since when), so moving time on costs nothing.
 #[derive(Debug, Clone)]
 pub struct Network {
     caps: Capacities,
     now: f64,
-    active: Vec<Flow>,
+    /// Flows in progress, by slot; `None` for a free slot.
+    flows: Vec<Option<Flow>>,
+    free: Vec<usize>,
+    /// Slots of the flows in progress, and each slot's index in it.
+    active: Vec<usize>,
+    at: Vec<usize>,
     // Per connection (src, dst): flows waiting behind the active one.
     waiting: HashMap<(usize, usize), VecDeque<Flow>>,
     busy_conn: HashMap<(usize, usize), usize>,
+    /// The set of paths in flight changed since the rates were computed.
+    dirty: bool,
+    /// (finish time, slot, version), earliest first.
+    finishes: BinaryHeap<Reverse<Finish>>,
     // Scratch for progressive filling.
     cap_left: Vec<f64>,
     users: Vec<u32>,
@@ -130,6 +172,8 @@ pub struct Network {
     members: Vec<Vec<usize>>,
     heap: BinaryHeap<Reverse<Share>>,
     fixed: Vec<bool>,
+    rate: Vec<f64>,
+    recomputes: u64,
 }
 
 impl Network {
@@ -139,15 +183,22 @@ impl Network {
         Network {
             caps,
             now: 0.0,
+            flows: Vec::new(),
+            free: Vec::new(),
             active: Vec::new(),
+            at: Vec::new(),
             waiting: HashMap::new(),
             busy_conn: HashMap::new(),
+            dirty: false,
+            finishes: BinaryHeap::new(),
             cap_left: vec![0.0; r],
             users: vec![0; r],
             touched: Vec::new(),
             members: vec![Vec::new(); r],
             heap: BinaryHeap::new(),
             fixed: Vec::new(),
+            rate: Vec::new(),
+            recomputes: 0,
         }
     }
 
@@ -161,10 +212,25 @@ impl Network {
         self.active.len()
     }
 
+    /// How many times the max–min rates were computed (for benchmarks and tests).
+    pub fn recomputes(&self) -> u64 {
+        self.recomputes
+    }
+
+    /// Move time to `t` (≥ now): rates that changed at the current instant are settled first.
+    fn move_to(&mut self, t: f64) {
+        if t > self.now {
+            if self.dirty {
+                self.rates();
+            }
+            self.now = t;
+        }
+    }
+
     /// Start a flow of `bytes` from `src` to `dst` (different hosts) at time `at` (≥ the last
     /// event): it moves now, or after the flows already on its connection.
     pub fn start(&mut self, key: usize, src: usize, dst: usize, bytes: u64, at: f64) {
-        self.advance(at);
+        self.move_to(at);
         let Some(path) = self.caps.path(src, dst) else {
             return;
         };
@@ -177,11 +243,13 @@ impl Network {
         let f = Flow {
             key,
             path,
-            start: at,
+            start: self.now,
             bytes: bytes as f64,
             left: bytes as f64,
+            since: self.now,
             rate: 0.0,
             alone,
+            ver: 0,
         };
         let conn = (src, dst);
         let n = self.busy_conn.entry(conn).or_insert(0);
@@ -189,83 +257,115 @@ impl Network {
             self.waiting.entry(conn).or_default().push_back(f);
         } else {
             *n = 1;
-            self.active.push(f);
-            self.rates();
+            self.insert(f);
+            self.dirty = true;
+        }
+    }
+
+    fn insert(&mut self, f: Flow) -> usize {
+        let slot = match self.free.pop() {
+            Some(s) => s,
+            None => {
+                self.flows.push(None);
+                self.at.push(0);
+                self.flows.len() - 1
+            }
+        };
+        self.flows[slot] = Some(f);
+        self.at[slot] = self.active.len();
+        self.active.push(slot);
+        slot
+    }
+
+    fn remove(&mut self, slot: usize) -> Option<Flow> {
+        let f = self.flows[slot].take()?;
+        let i = self.at[slot];
+        self.active.swap_remove(i);
+        if let Some(&moved) = self.active.get(i) {
+            self.at[moved] = i;
+        }
+        self.free.push(slot);
+        Some(f)
+    }
+
+    fn push_finish(&mut self, slot: usize) {
+        if let Some(f) = &self.flows[slot] {
+            self.finishes.push(Reverse(Finish(f.finish(), slot, f.ver)));
         }
     }
 
     /// When the next flow in progress finishes at the current rates (`None` when idle).
-    pub fn next_finish(&self) -> Option<f64> {
-        self.active
-            .iter()
-            .map(|f| {
-                if f.left <= 0.0 {
-                    self.now
-                } else if f.rate > 0.0 {
-                    self.now + f.left / f.rate
-                } else {
-                    f64::INFINITY
+    pub fn next_finish(&mut self) -> Option<f64> {
+        if self.dirty {
+            self.rates();
+        }
+        while let Some(&Reverse(Finish(t, slot, ver))) = self.finishes.peek() {
+            match &self.flows[slot] {
+                Some(f) if f.ver == ver => return Some(t),
+                _ => {
+                    self.finishes.pop();
                 }
-            })
-            .min_by(f64::total_cmp)
+            }
+        }
+        None
     }
 
     /// Move time to `t` and finish every flow done by then (at most until the next finish:
     /// call with `t = next_finish()`), appending them to `out`.
     pub fn finish_until(&mut self, t: f64, out: &mut Vec<Done>) {
-        self.advance(t);
-        let mut any = false;
-        let mut i = 0;
-        while i < self.active.len() {
-            let f = &self.active[i];
-            // A flow is done when what is left would take under a nanosecond.
-            if f.left <= f.bytes * 1e-12 || (f.rate > 0.0 && f.left / f.rate < 1e-9) {
-                let f = self.active.swap_remove(i);
-                out.push(Done {
-                    key: f.key,
-                    at: self.now,
-                    delay: (self.now - f.start - f.alone).max(0.0),
-                });
-                let np = self.caps.nic_out.len();
-                let src = f.path.res[0];
-                let dst = f.path.res[1] - np;
-                let conn = (src, dst);
-                match self.waiting.get_mut(&conn).and_then(VecDeque::pop_front) {
-                    Some(next) => self.active.push(next),
-                    None => {
-                        self.busy_conn.remove(&conn);
-                    }
-                }
-                any = true;
-            } else {
-                i += 1;
-            }
-        }
-        if any {
+        if self.dirty {
             self.rates();
         }
-    }
-
-    fn advance(&mut self, t: f64) {
-        let dt = t - self.now;
-        if dt > 0.0 {
-            for f in &mut self.active {
-                f.left = (f.left - f.rate * dt).max(0.0);
+        self.move_to(t);
+        // A flow is done when what is left would take under a nanosecond.
+        while let Some(&Reverse(Finish(ft, slot, ver))) = self.finishes.peek() {
+            if ft > self.now + 1e-9 {
+                break;
             }
-            self.now = t;
+            self.finishes.pop();
+            if !matches!(&self.flows[slot], Some(f) if f.ver == ver) {
+                continue;
+            }
+            let Some(f) = self.remove(slot) else { continue };
+            out.push(Done {
+                key: f.key,
+                at: self.now,
+                delay: (self.now - f.start - f.alone).max(0.0),
+            });
+            let np = self.caps.nic_out.len();
+            let conn = (f.path.res[0], f.path.res[1] - np);
+            match self.waiting.get_mut(&conn).and_then(VecDeque::pop_front) {
+                Some(mut next) => {
+                    // Same path, so the same set of paths in flight: the same rates.
+                    next.rate = f.rate;
+                    next.since = self.now;
+                    next.left = next.bytes;
+                    let s = self.insert(next);
+                    self.push_finish(s);
+                }
+                None => {
+                    self.busy_conn.remove(&conn);
+                    self.dirty = true;
+                }
+            }
         }
     }
 
     /// Max–min fair rates by progressive filling: repeatedly saturate the resource with the
     /// smallest fair share among the flows not yet fixed, fixing those flows at that share.
-    /// O(F · path · log R) with a lazy heap of resource shares.
+    /// O(F · path · log R) with a lazy heap of resource shares. Settles every flow's progress
+    /// at the current instant and rebuilds the heap of finish times.
     fn rates(&mut self) {
+        self.dirty = false;
+        self.recomputes += 1;
+        let now = self.now;
         for &r in &self.touched {
             self.users[r] = 0;
             self.members[r].clear();
         }
         self.touched.clear();
-        for (i, f) in self.active.iter().enumerate() {
+        for (i, &slot) in self.active.iter().enumerate() {
+            let Some(f) = &self.flows[slot] else { continue };
             for &r in f.path.ids() {
                 if self.users[r] == 0 {
                     self.touched.push(r);
@@ -282,14 +382,16 @@ impl Network {
                 self.heap.push(Reverse(Share(share, r)));
             }
         }
+        self.rate.clear();
+        self.rate.resize(self.active.len(), f64::INFINITY);
         self.fixed.clear();
         self.fixed.resize(self.active.len(), false);
         while let Some(Reverse(Share(share, r))) = self.heap.pop() {
             if self.users[r] == 0 {
                 continue;
             }
-            let now = self.cap_left[r] / self.users[r] as f64;
-            if now != share {
+            let cur = self.cap_left[r] / self.users[r] as f64;
+            if cur != share {
                 continue; // stale entry: a fresher one is in the heap
             }
             for k in 0..self.members[r].len() {
@@ -298,8 +400,11 @@ impl Network {
                     continue;
                 }
                 self.fixed[i] = true;
-                self.active[i].rate = share.max(0.0);
-                let path = self.active[i].path;
+                self.rate[i] = share.max(0.0);
+                let Some(f) = &self.flows[self.active[i]] else {
+                    continue;
+                };
+                let path = f.path;
                 for &q in path.ids() {
                     self.cap_left[q] -= share;
                     self.users[q] -= 1;
@@ -312,12 +417,40 @@ impl Network {
                 }
             }
         }
-        // Flows crossing only infinite resources are unbounded.
-        for (i, f) in self.active.iter_mut().enumerate() {
-            if !self.fixed[i] {
-                f.rate = f64::INFINITY;
-            }
+        // Settle progress at the old rates, switch to the new ones (flows crossing only
+        // infinite resources are unbounded), and rebuild the finish heap.
+        self.finishes.clear();
+        for (i, &slot) in self.active.iter().enumerate() {
+            let Some(f) = self.flows[slot].as_mut() else {
+                continue;
+            };
+            f.left = f.left_at(now);
+            f.since = now;
+            f.rate = self.rate[i];
+            f.ver = f.ver.wrapping_add(1);
+            self.finishes.push(Reverse(Finish(f.finish(), slot, f.ver)));
         }
+    }
+}
+
+/// A finish time, ordered by time then slot.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Finish(f64, usize, u32);
+
+impl Eq for Finish {}
+
+impl PartialOrd for Finish {
+    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+
+impl Ord for Finish {
+    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
+        self.0
+            .total_cmp(&o.0)
+            .then(self.1.cmp(&o.1))
+            .then(self.2.cmp(&o.2))
     }
 }
 

@@ -1,0 +1,276 @@
+//! The incremental network (`mutirao_sched::net::Network`: rates recomputed only when the set of
+//! paths in flight changes, a heap of finish times) gives the same finishes and delays as the
+//! straightforward one it replaced: every start and every finish recomputes every rate, every
+//! step scans every flow. That reference is kept here, unchanged but for its interface.
+
+use mutirao_sched::net::{Capacities, Done, Network, Path};
+use proptest::prelude::*;
+use std::collections::{HashMap, VecDeque};
+
+/// The reference: progressive filling over all flows at every event.
+struct Reference {
+    caps: Capacities,
+    now: f64,
+    active: Vec<RefFlow>,
+    waiting: HashMap<(usize, usize), VecDeque<RefFlow>>,
+}
+
+#[derive(Clone)]
+struct RefFlow {
+    key: usize,
+    conn: (usize, usize),
+    path: Path,
+    start: f64,
+    bytes: f64,
+    left: f64,
+    rate: f64,
+    alone: f64,
+}
+
+impl Reference {
+    fn new(caps: Capacities) -> Self {
+        Reference {
+            caps,
+            now: 0.0,
+            active: Vec::new(),
+            waiting: HashMap::new(),
+        }
+    }
+
+    fn advance(&mut self, t: f64) {
+        let dt = t - self.now;
+        if dt > 0.0 {
+            for f in &mut self.active {
+                f.left = (f.left - f.rate * dt).max(0.0);
+            }
+            self.now = t;
+        }
+    }
+
+    fn start(&mut self, key: usize, src: usize, dst: usize, bytes: u64, at: f64) {
+        self.advance(at);
+        let Some(path) = self.caps.path(src, dst) else {
+            return;
+        };
+        let b = self.caps.bottleneck(&path);
+        let f = RefFlow {
+            key,
+            conn: (src, dst),
+            path,
+            start: at,
+            bytes: bytes as f64,
+            left: bytes as f64,
+            rate: 0.0,
+            alone: if b.is_finite() && b > 0.0 {
+                bytes as f64 / b
+            } else {
+                0.0
+            },
+        };
+        if self.active.iter().any(|a| a.conn == f.conn) {
+            self.waiting.entry(f.conn).or_default().push_back(f);
+        } else {
+            self.active.push(f);
+            self.rates();
+        }
+    }
+
+    fn next_finish(&self) -> Option<f64> {
+        self.active
+            .iter()
+            .map(|f| {
+                if f.left <= 0.0 || f.rate.is_infinite() {
+                    self.now
+                } else if f.rate > 0.0 {
+                    self.now + f.left / f.rate
+                } else {
+                    f64::INFINITY
+                }
+            })
+            .min_by(f64::total_cmp)
+    }
+
+    fn finish_until(&mut self, t: f64, out: &mut Vec<Done>) {
+        self.advance(t);
+        let mut i = 0;
+        let mut any = false;
+        while i < self.active.len() {
+            let f = &self.active[i];
+            if f.left <= f.bytes * 1e-12 || f.rate.is_infinite() || f.left / f.rate < 1e-9 {
+                let f = self.active.swap_remove(i);
+                out.push(Done {
+                    key: f.key,
+                    at: self.now,
+                    delay: (self.now - f.start - f.alone).max(0.0),
+                });
+                if let Some(next) = self.waiting.get_mut(&f.conn).and_then(VecDeque::pop_front) {
+                    self.active.push(next);
+                }
+                any = true;
+            } else {
+                i += 1;
+            }
+        }
+        if any {
+            self.rates();
+        }
+    }
+
+    /// Progressive filling, one resource at a time, the plain way.
+    fn rates(&mut self) {
+        let r = self.caps.resources();
+        let mut cap: Vec<f64> = (0..r).map(|i| self.caps.capacity(i)).collect();
+        let mut fixed = vec![false; self.active.len()];
+        loop {
+            let mut users = vec![0u32; r];
+            for (i, f) in self.active.iter().enumerate() {
+                if !fixed[i] {
+                    for &q in f.path.ids() {
+                        users[q] += 1;
+                    }
+                }
+            }
+            let best = (0..r)
+                .filter(|&q| users[q] > 0 && cap[q].is_finite())
+                .map(|q| (cap[q] / users[q] as f64, q))
+                .min_by(|a, b| a.0.total_cmp(&b.0));
+            let Some((share, q)) = best else { break };
+            for i in 0..self.active.len() {
+                if !fixed[i] && self.active[i].path.ids().contains(&q) {
+                    fixed[i] = true;
+                    self.active[i].rate = share.max(0.0);
+                    for &p in self.active[i].path.ids() {
+                        cap[p] -= share;
+                    }
+                }
+            }
+        }
+        for (i, f) in self.active.iter_mut().enumerate() {
+            if !fixed[i] {
+                f.rate = f64::INFINITY;
+            }
+        }
+    }
+}
+
+/// Four hosts on two sites; capacities from the case (a site link may be absent: infinite).
+fn caps(nic: [f64; 4], wan_ab: Option<f64>, wan_ba: Option<f64>) -> Capacities {
+    Capacities {
+        nic_out: nic.to_vec(),
+        nic_in: nic.iter().map(|c| c * 1.5).collect(),
+        site_of: vec![0, 0, 1, 1],
+        sites: 2,
+        site_link: vec![None, wan_ab, wan_ba, None],
+    }
+}
+
+/// Runs both with the same starts (time, src, dst, bytes), interleaving starts and finishes as
+/// the simulator does: a start at `t` goes in before finishes after `t`.
+fn run_both(c: &Capacities, flows: &[(f64, usize, usize, u64)]) -> (Vec<Done>, Vec<Done>) {
+    let mut starts: Vec<(f64, usize)> = flows.iter().enumerate().map(|(i, f)| (f.0, i)).collect();
+    starts.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+    let mut new = Network::new(c.clone());
+    let mut old = Reference::new(c.clone());
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    let mut k = 0;
+    loop {
+        let next_start = starts.get(k).map(|s| s.0);
+        match (next_start, new.next_finish()) {
+            (None, None) => break,
+            (s, Some(fin)) if s.is_none_or(|s| fin <= s) => new.finish_until(fin, &mut a),
+            _ => {
+                let (t, i) = starts[k];
+                let (_, src, dst, bytes) = flows[i];
+                new.start(i, src, dst, bytes, t);
+                k += 1;
+            }
+        }
+    }
+    k = 0;
+    loop {
+        let next_start = starts.get(k).map(|s| s.0);
+        match (next_start, old.next_finish()) {
+            (None, None) => break,
+            (s, Some(fin)) if s.is_none_or(|s| fin <= s) => old.finish_until(fin, &mut b),
+            _ => {
+                let (t, i) = starts[k];
+                let (_, src, dst, bytes) = flows[i];
+                old.start(i, src, dst, bytes, t);
+                k += 1;
+            }
+        }
+    }
+    (a, b)
+}
+
+fn close(x: f64, y: f64) -> bool {
+    (x - y).abs() <= 1e-9 * x.abs().max(y.abs()).max(1.0)
+}
+
+fn flow() -> impl Strategy<Value = (f64, usize, usize, u64)> {
+    (
+        // Start times on a coarse grid, so that many flows start at the same instant.
+        (0u32..40).prop_map(|t| t as f64 * 0.05),
+        0usize..4,
+        1usize..4,
+        prop_oneof![Just(0u64), 1u64..2_000, 1_000u64..5_000_000],
+    )
+        .prop_map(|(t, s, d, b)| (t, s, (s + d) % 4, b))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    #[test]
+    fn the_incremental_network_finishes_every_flow_as_the_reference_does(
+        nic in prop::array::uniform4(1e5f64..1e8),
+        wan_ab in prop::option::of(1e4f64..1e8),
+        wan_ba in prop::option::of(1e4f64..1e8),
+        flows in prop::collection::vec(flow(), 1..60),
+    ) {
+        let c = caps(nic, wan_ab, wan_ba);
+        let (new, old) = run_both(&c, &flows);
+        prop_assert_eq!(new.len(), flows.len());
+        prop_assert_eq!(old.len(), flows.len());
+        let by_key = |v: &[Done]| {
+            let mut m = vec![None; flows.len()];
+            for d in v {
+                m[d.key] = Some(*d);
+            }
+            m
+        };
+        let (n, o) = (by_key(&new), by_key(&old));
+        for k in 0..flows.len() {
+            let (Some(x), Some(y)) = (n[k], o[k]) else {
+                return Err(TestCaseError::fail(format!("flow {k} did not finish in both")));
+            };
+            prop_assert!(close(x.at, y.at), "flow {}: finish {} vs reference {}", k, x.at, y.at);
+            prop_assert!(
+                (x.delay - y.delay).abs() <= 1e-9 * x.at.abs().max(1.0),
+                "flow {}: delay {} vs reference {}", k, x.delay, y.delay
+            );
+        }
+    }
+}
+
+#[test]
+fn a_successor_on_a_busy_connection_costs_no_recompute() {
+    // Ten messages on one connection, back to back: the set of paths in flight never changes
+    // between the first start and the last finish.
+    let c = caps([100.0; 4], Some(10.0), Some(10.0));
+    let mut net = Network::new(c);
+    for k in 0..10 {
+        net.start(k, 0, 2, 10, 0.0);
+    }
+    let mut out = Vec::new();
+    while let Some(t) = net.next_finish() {
+        net.finish_until(t, &mut out);
+    }
+    assert_eq!(out.len(), 10);
+    for (i, d) in out.iter().enumerate() {
+        assert_eq!(d.key, i);
+        assert!(close(d.at, (i + 1) as f64), "{out:?}");
+    }
+    // Once when the connection started, once when it went idle.
+    assert_eq!(net.recomputes(), 2);
+}
