@@ -135,11 +135,11 @@ impl Reference {
                 .map(|q| (cap[q] / users[q] as f64, q))
                 .min_by(|a, b| a.0.total_cmp(&b.0));
             let Some((share, q)) = best else { break };
-            for i in 0..self.active.len() {
-                if !fixed[i] && self.active[i].path.ids().contains(&q) {
-                    fixed[i] = true;
-                    self.active[i].rate = share.max(0.0);
-                    for &p in self.active[i].path.ids() {
+            for (f, done) in self.active.iter_mut().zip(fixed.iter_mut()) {
+                if !*done && f.path.ids().contains(&q) {
+                    *done = true;
+                    f.rate = share.max(0.0);
+                    for &p in f.path.ids() {
                         cap[p] -= share;
                     }
                 }
