@@ -826,6 +826,13 @@ pub fn run(a: CalibrateArgs) -> anyhow::Result<ExitCode> {
         concat!("mutirao ", env!("CARGO_PKG_VERSION")),
         started,
     );
+    c.provenance.eager_limit_bytes = Some(match eager {
+        Some(e) => e,
+        None => std::env::var("MUTIRAO_EAGER_LIMIT")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(mutirao::config::DEFAULT_EAGER_LIMIT as u64),
+    });
     let eager_text = match (eager, std::env::var("MUTIRAO_EAGER_LIMIT")) {
         (Some(e), _) => format!("eager limit {e} B"),
         (None, Ok(v)) => format!("eager limit {v} B (MUTIRAO_EAGER_LIMIT)"),

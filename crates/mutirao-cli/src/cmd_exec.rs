@@ -543,20 +543,23 @@ fn worker(a: &ExecArgs) -> anyhow::Result<ExitCode> {
         ..RankRun::default()
     };
     for &t in &plan.order[me] {
+        // Every receive of the task is posted at once (large messages go by rendezvous: their
+        // transfers then move together, as an application posting MPI_Irecv for all its
+        // inputs and waiting for all would have them); then each is waited for.
+        let posted = since(t0);
+        let mut incoming = Vec::new();
         for &e in dag.in_edges(t) {
             let edge = dag.edges()[e];
             let src = plan.rank_of[edge.from];
             if src != me {
-                let posted = since(t0);
-                let (v, _) = world.recv_vec::<u8>(src, e as i32)?;
-                runs.recvs.push((e, posted, since(t0)));
-                if v.len() as u64 != edge.bytes {
-                    bail!(
-                        "edge {e}: received {} bytes, expected {}",
-                        v.len(),
-                        edge.bytes
-                    );
-                }
+                incoming.push((e, edge.bytes, world.irecv::<u8>(src, e as i32)?));
+            }
+        }
+        for (e, bytes, req) in incoming {
+            let (v, _) = req.wait()?;
+            runs.recvs.push((e, posted, since(t0)));
+            if v.len() as u64 != bytes {
+                bail!("edge {e}: received {} bytes, expected {bytes}", v.len());
             }
         }
         let start = since(t0);

@@ -260,6 +260,7 @@ pub fn run_fit(a: FitArgs) -> anyhow::Result<ExitCode> {
     if let Some(c) = mutirao_model::capacity::estimate(&calib) {
         model.capacity = Some(c);
     }
+    model.eager_limit_bytes = calib.provenance.eager_limit_bytes;
     if let Some(r) = &a.resources {
         crate::capacity_spec::apply_file(&mut model, r)?;
     }

@@ -603,6 +603,10 @@ pub struct Provenance {
     /// Clock used for the timings.
     #[serde(default = "default_clock")]
     pub clock: String,
+    /// The runtime's eager limit between hosts during the sweeps (bytes): messages above it
+    /// went by rendezvous. `fit` copies it into the model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eager_limit_bytes: Option<u64>,
 }
 
 fn default_clock() -> String {
@@ -702,6 +706,7 @@ impl Calibration {
                 tool_version: tool_version.to_string(),
                 transport: String::new(),
                 clock: default_clock(),
+                eager_limit_bytes: None,
             },
             partial: None,
             launcher_same_host: None,

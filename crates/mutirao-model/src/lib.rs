@@ -268,6 +268,12 @@ pub struct Model {
     /// median it covers by more than 10% (class, size, measured, modelled).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub poor_fit: Vec<String>,
+    /// The runtime's eager limit between hosts when it was calibrated (bytes): larger messages
+    /// go by rendezvous, so their transfer starts only once the receiver has posted its
+    /// receive. The contention simulator uses it; absent (older models), every message is
+    /// taken to leave at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eager_limit_bytes: Option<u64>,
 }
 
 impl Model {
@@ -279,6 +285,7 @@ impl Model {
             links,
             capacity: None,
             poor_fit: Vec::new(),
+            eager_limit_bytes: None,
         };
         m.validate()?;
         Ok(m)

@@ -244,6 +244,7 @@ pub fn gridrio2004() -> Model {
         links,
         capacity: None,
         poor_fit: Vec::new(),
+        eager_limit_bytes: None,
     }
 }
 

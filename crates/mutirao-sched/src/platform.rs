@@ -46,6 +46,8 @@ pub struct Platform {
     offdiag_count: Vec<usize>,
     // Link capacities for the contention model: complete, or what is missing.
     caps: Result<Capacities, String>,
+    // The runtime's eager limit between hosts, if the model records it.
+    eager_limit: Option<u64>,
 }
 
 impl Platform {
@@ -71,6 +73,7 @@ impl Platform {
         }
         let mut p = Self::from_parts(model.hosts.clone(), links, pair)?;
         p.caps = resolve_capacities(model);
+        p.eager_limit = model.eager_limit_bytes;
         Ok(p)
     }
 
@@ -158,7 +161,20 @@ impl Platform {
             row_links,
             offdiag_count,
             caps: Err("the platform was built without capacities".to_string()),
+            eager_limit: None,
         })
+    }
+
+    /// Whether a message of `bytes` between two different hosts goes by rendezvous: its
+    /// transfer waits for the receiver to post its receive. Only when the model records the
+    /// runtime's eager limit (`eager_limit_bytes`); otherwise every message leaves at once.
+    pub fn rendezvous(&self, bytes: u64, src: usize, dst: usize) -> bool {
+        src != dst && self.eager_limit.is_some_and(|e| bytes > e)
+    }
+
+    /// Set the eager limit (bytes) above which messages between hosts go by rendezvous.
+    pub fn set_eager_limit(&mut self, bytes: Option<u64>) {
+        self.eager_limit = bytes;
     }
 
     /// Number of hosts.

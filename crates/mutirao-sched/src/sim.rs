@@ -22,7 +22,7 @@ use crate::net::{Done, Network};
 use crate::platform::Platform;
 use serde::Serialize;
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::{BinaryHeap, HashMap};
 
 /// A flow start event: (time, edge), ordered by time then edge.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -40,6 +40,20 @@ impl Ord for Start {
     fn cmp(&self, o: &Self) -> std::cmp::Ordering {
         self.0.total_cmp(&o.0).then(self.1.cmp(&o.1))
     }
+}
+
+/// A task waiting for its rendezvous transfers.
+struct Parked {
+    /// When its receives end so far (the eager ones, then each transfer as it ends).
+    t: f64,
+    /// When its eager receives ended.
+    t_eager: f64,
+    /// CPU used so far.
+    used: f64,
+    /// Its slowdown factor (polling).
+    f: f64,
+    /// Transfers not yet ended.
+    pending: u32,
 }
 
 /// How communication is charged.
@@ -282,33 +296,86 @@ pub fn simulate(
     };
     let mut starts: BinaryHeap<Reverse<Start>> = BinaryHeap::new();
     let mut finished: Vec<Done> = Vec::new();
+    // Rendezvous (contention with HLogP, when the model records the eager limit): tasks waiting
+    // for their transfers, when each transfer's receive was posted, tasks ready to go on.
+    let rdv_flows = net.is_some() && hlogp;
+    let mut parked: HashMap<usize, Parked> = HashMap::new();
+    let mut recv_post: Vec<f64> = if rdv_flows {
+        vec![0.0; edges.len()]
+    } else {
+        Vec::new()
+    };
+    let mut resume: Vec<usize> = Vec::new();
     loop {
-        while let Some(v) = ready.pop() {
-            done += 1;
-            let q = placement.host[v];
-            let f = match opts.wait {
-                WaitMode::Block => 1.0,
-                WaitMode::Poll => (host_off[q + 1] - host_off[q] - pos[v]) as f64,
+        loop {
+            // A task whose rendezvous transfers have all ended goes on; else the next ready task.
+            let (v, mut t, mut used, f) = if let Some(v) = resume.pop() {
+                let Some(p) = parked.remove(&v) else { continue };
+                (v, p.t, p.used + (p.t - p.t_eager).max(0.0), p.f)
+            } else if let Some(v) = ready.pop() {
+                (v, 0.0, 0.0, 0.0)
+            } else {
+                break;
             };
-            let mut t = host_free[q];
-            let mut used = 0.0;
-            // Receive overheads in arrival order.
-            buf.clear();
-            buf.extend(dag.in_edges(v).iter().map(|&ei| (arrival[ei], ei)));
-            buf.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
-            for &(a, ei) in &buf {
-                let rs = t.max(a);
-                if hlogp {
-                    let p = placement.host[edges[ei].from];
-                    let or = platform.or_s(edges[ei].bytes, p, q) * f;
-                    t = rs + or;
-                    used += or;
-                } else {
-                    t = rs;
+            let q = placement.host[v];
+            let resumed = f > 0.0;
+            let f = if resumed {
+                f
+            } else {
+                match opts.wait {
+                    WaitMode::Block => 1.0,
+                    WaitMode::Poll => (host_off[q + 1] - host_off[q] - pos[v]) as f64,
                 }
-                if opts.record_messages {
-                    messages[ei].recv_start_s = rs;
-                    messages[ei].recv_end_s = t;
+            };
+            if !resumed {
+                done += 1;
+                t = host_free[q];
+                let post = t;
+                let mut pending = 0u32;
+                // Receive overheads in arrival order; rendezvous receives are all posted when
+                // the host reaches the task, and each transfer is a flow from then (or from its
+                // request's arrival, if later): the task waits for the last (contention only).
+                buf.clear();
+                buf.extend(dag.in_edges(v).iter().map(|&ei| (arrival[ei], ei)));
+                buf.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+                for &(a, ei) in &buf {
+                    let p = placement.host[edges[ei].from];
+                    if rdv_flows && platform.rendezvous(edges[ei].bytes, p, q) {
+                        let rs = post.max(a);
+                        recv_post[ei] = rs;
+                        starts.push(Reverse(Start(rs, ei)));
+                        pending += 1;
+                        if opts.record_messages {
+                            messages[ei].recv_start_s = rs;
+                        }
+                        continue;
+                    }
+                    let rs = t.max(a);
+                    if hlogp {
+                        let p = placement.host[edges[ei].from];
+                        let or = platform.or_s(edges[ei].bytes, p, q) * f;
+                        t = rs + or;
+                        used += or;
+                    } else {
+                        t = rs;
+                    }
+                    if opts.record_messages {
+                        messages[ei].recv_start_s = rs;
+                        messages[ei].recv_end_s = t;
+                    }
+                }
+                if pending > 0 {
+                    parked.insert(
+                        v,
+                        Parked {
+                            t,
+                            t_eager: t,
+                            used,
+                            f,
+                            pending,
+                        },
+                    );
+                    continue;
                 }
             }
             let exec = platform.exec_s(dag.tasks()[v].work, q) * f;
@@ -353,7 +420,7 @@ pub fn simulate(
                     messages[ei].send_end_s = send_end;
                     messages[ei].arrival_s = arrival[ei];
                 }
-                if net.is_some() && r != q {
+                if net.is_some() && r != q && !(rdv_flows && platform.rendezvous(e.bytes, q, r)) {
                     starts.push(Reverse(Start(send_end, ei)));
                 } else {
                     let w = e.to;
@@ -387,6 +454,24 @@ pub fn simulate(
                 net.finish_until(fin, &mut finished);
                 for d in &finished {
                     let ei = d.key;
+                    let e = edges[ei];
+                    let (p, r) = (placement.host[e.from], placement.host[e.to]);
+                    if rdv_flows && platform.rendezvous(e.bytes, p, r) {
+                        // A rendezvous transfer ended: its receive ends Or after it was posted
+                        // (Or carries the transfer alone), plus what sharing cost it.
+                        if let Some(w) = parked.get_mut(&e.to) {
+                            let end = recv_post[ei] + platform.or_s(e.bytes, p, r) * w.f + d.delay;
+                            w.t = w.t.max(end);
+                            w.pending -= 1;
+                            if opts.record_messages {
+                                messages[ei].recv_end_s = end;
+                            }
+                            if w.pending == 0 {
+                                resume.push(e.to);
+                            }
+                        }
+                        continue;
+                    }
                     arrival[ei] += d.delay;
                     if opts.record_messages {
                         messages[ei].arrival_s = arrival[ei];

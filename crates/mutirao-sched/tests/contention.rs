@@ -318,3 +318,151 @@ proptest! {
         }
     }
 }
+
+/// `two_sites` as the runtime behaves with an eager limit of 64 KiB: above it the transfer
+/// shows in Or (the receiver's rendezvous), not in L, as a calibration of the runtime fits it.
+fn two_sites_rendezvous(na: usize, nb: usize, nic_mbit: f64, wan_mbit: f64) -> Model {
+    use mutirao_model::Segment;
+    let mut m = two_sites(na, nb, nic_mbit, wan_mbit);
+    let eager = 64 << 10;
+    for l in &mut m.links {
+        let per_byte = l.l.0[0].per_byte_us;
+        l.l = Piecewise(vec![
+            Segment {
+                from: 0,
+                base_us: 100.0,
+                per_byte_us: per_byte,
+            },
+            Segment {
+                from: eager + 1,
+                base_us: 100.0,
+                per_byte_us: 0.0,
+            },
+        ]);
+        l.or = Piecewise(vec![
+            Segment {
+                from: 0,
+                base_us: 5.0,
+                per_byte_us: 0.0,
+            },
+            // A segment's time is base + per_byte × (bytes − from).
+            Segment {
+                from: eager + 1,
+                base_us: 105.0 + per_byte * (eager + 1) as f64,
+                per_byte_us: per_byte,
+            },
+        ]);
+    }
+    m.eager_limit_bytes = Some(eager);
+    m.validate().unwrap();
+    m
+}
+
+/// A rendezvous transfer moves only once its receiver has posted the receive: a large message
+/// to a host still busy with an earlier task does not share the WAN with one to an idle host
+/// sent at the same moment. With the eager limit unknown, both move at once and share it.
+#[test]
+fn a_rendezvous_transfer_waits_for_its_receiver() {
+    let rdv = two_sites_rendezvous(1, 2, 400.0, 30.0);
+    // root on a0 sends 1 MiB to x on b0 (busy with y for 1 s first) and to z on b1 (idle).
+    let tasks = ["root", "y", "x", "z"]
+        .iter()
+        .zip([0.01, 1.0, 0.01, 0.01])
+        .map(|(id, work)| Task {
+            id: id.to_string(),
+            work,
+        })
+        .collect();
+    let mb = 1 << 20;
+    let edges = vec![
+        Edge {
+            from: 0,
+            to: 2,
+            bytes: mb,
+        },
+        Edge {
+            from: 0,
+            to: 3,
+            bytes: mb,
+        },
+    ];
+    let dag = Dag::new(tasks, edges).unwrap();
+    let pl = Placement {
+        host: vec![0, 1, 1, 2],
+        start: vec![0.0, 0.0, 1.0, 0.1],
+        seq: vec![0, 1, 2, 3],
+    };
+    let wire = mb as f64 * 8.0 / 30e6; // 0.28 s across the WAN alone
+    let p = Platform::from_model(&rdv).unwrap();
+    let with = simulate(&dag, &p, &pl, opts(true)).unwrap();
+    let without = simulate(&dag, &p, &pl, opts(false)).unwrap();
+    // z's transfer runs alone: exactly the HLogP time.
+    assert!(
+        (with.tasks[3].start_s - without.tasks[3].start_s).abs() < 1e-9,
+        "z: {:?} vs {:?}",
+        with.tasks[3],
+        without.tasks[3]
+    );
+    // x's transfer starts when b0 is done with y (1 s) and then takes a wire time alone.
+    assert!(
+        (with.tasks[2].start_s - (with.tasks[1].finish_s + wire)).abs() < 0.001,
+        "x: {:?}, y ended {}",
+        with.tasks[2],
+        with.tasks[1].finish_s
+    );
+    // Without the eager limit, both transfers leave with the sends and share the WAN: z waits
+    // for half of x's bytes too.
+    let mut blind = rdv.clone();
+    blind.eager_limit_bytes = None;
+    let pb = Platform::from_model(&blind).unwrap();
+    let shared = simulate(&dag, &pb, &pl, opts(true)).unwrap();
+    assert!(
+        shared.tasks[3].start_s > without.tasks[3].start_s + 0.9 * wire,
+        "z with both transfers at once: {:?}, alone {:?}",
+        shared.tasks[3],
+        without.tasks[3]
+    );
+}
+
+/// Two rendezvous transfers into one host share its NIC and the WAN while both move: the
+/// receiver posts both receives when it reaches the task, and the task waits for the last.
+#[test]
+fn a_tasks_rendezvous_inputs_move_together_and_it_waits_for_the_last() {
+    let rdv = two_sites_rendezvous(2, 1, 400.0, 30.0);
+    let mb = 1 << 20;
+    let tasks = ["p0", "p1", "sink"]
+        .iter()
+        .map(|id| Task {
+            id: id.to_string(),
+            work: 0.01,
+        })
+        .collect();
+    let edges = vec![
+        Edge {
+            from: 0,
+            to: 2,
+            bytes: mb,
+        },
+        Edge {
+            from: 1,
+            to: 2,
+            bytes: mb,
+        },
+    ];
+    let dag = Dag::new(tasks, edges).unwrap();
+    let pl = Placement {
+        host: vec![0, 1, 2],
+        start: vec![0.0, 0.0, 0.1],
+        seq: vec![0, 1, 2],
+    };
+    let p = Platform::from_model(&rdv).unwrap();
+    let with = simulate(&dag, &p, &pl, opts(true)).unwrap();
+    let wire = mb as f64 * 8.0 / 30e6;
+    // Both cross the WAN together: the sink starts two wire times after the senders end.
+    let sent = with.tasks[0].finish_s.max(with.tasks[1].finish_s);
+    let waited = with.tasks[2].start_s - sent;
+    assert!(
+        (waited - 2.0 * wire).abs() < 0.01 * wire + 0.001,
+        "waited {waited}, wire {wire}"
+    );
+}

@@ -25,6 +25,9 @@ fn env_usize(name: &str) -> Result<Option<usize>, String> {
     }
 }
 
+/// The eager limit towards TCP peers when `MUTIRAO_EAGER_LIMIT` is not set, bytes.
+pub const DEFAULT_EAGER_LIMIT: usize = 64 * 1024;
+
 /// Settings read from the environment.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -70,7 +73,7 @@ impl Config {
             .unwrap_or(2 << 20)
             .clamp(4096, 1 << 30);
         Ok(Config {
-            eager_limit: eager.unwrap_or(64 * 1024),
+            eager_limit: eager.unwrap_or(DEFAULT_EAGER_LIMIT),
             shm_eager_limit: shm_eager_limit(
                 env_usize("MUTIRAO_SHM_EAGER_LIMIT")?,
                 eager,
