@@ -10,6 +10,12 @@
 //!   message in order of arrival, each no earlier than its arrival and after the host's previous
 //!   activity; the task starts after the last one;
 //! * messages between tasks on the same host use the model's same-host class (never zero);
+//! * with contention ([`SimOptions::contention`]), messages between hosts are flows sharing
+//!   NICs and site links ([`crate::net`]); a message above the model's eager limit (when it
+//!   records one) is a rendezvous: its receive is posted when the host reaches the task (all of
+//!   a task's such receives at once), its transfer is a flow from max(post, arrival of its
+//!   request), its receive ends `Or` plus what sharing cost after the post, and the task
+//!   starts after the last of them;
 //! * [`CommMode::LatencyOnly`] is the thesis's latency-model baseline: no CPU occupation,
 //!   a message between different hosts takes `Os + L + Or`, one within a host takes 0;
 //! * [`WaitMode::Poll`] models busy-polling MPI libraries (MPICH-G2): every task mapped to a
