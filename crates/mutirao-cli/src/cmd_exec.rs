@@ -121,8 +121,8 @@ struct RankRun {
 }
 
 /// One message between two hosts, as measured. `send_start_s` is when the sender handed it to
-/// the runtime (a nonblocking send), `recv_start_s` when the receiver posted its blocking
-/// receive and `recv_end_s` when that returned with the data.
+/// the runtime (a nonblocking send), `recv_start_s` when the receiver posted its receive (all of
+/// a task's at once) and `recv_end_s` when its wait returned with the data.
 #[derive(Serialize)]
 struct MessageOut<'a> {
     from: &'a str,

@@ -164,43 +164,66 @@ fn caps(nic: [f64; 4], wan_ab: Option<f64>, wan_ba: Option<f64>) -> Capacities {
     }
 }
 
-/// Runs both with the same starts (time, src, dst, bytes), interleaving starts and finishes as
-/// the simulator does: a start at `t` goes in before finishes after `t`.
-fn run_both(c: &Capacities, flows: &[(f64, usize, usize, u64)]) -> (Vec<Done>, Vec<Done>) {
+/// What both networks offer the simulator.
+trait Net {
+    fn start(&mut self, key: usize, src: usize, dst: usize, bytes: u64, at: f64);
+    fn next_finish(&mut self) -> Option<f64>;
+    fn finish_until(&mut self, t: f64, out: &mut Vec<Done>);
+}
+
+impl Net for Network {
+    fn start(&mut self, key: usize, src: usize, dst: usize, bytes: u64, at: f64) {
+        Network::start(self, key, src, dst, bytes, at)
+    }
+    fn next_finish(&mut self) -> Option<f64> {
+        Network::next_finish(self)
+    }
+    fn finish_until(&mut self, t: f64, out: &mut Vec<Done>) {
+        Network::finish_until(self, t, out)
+    }
+}
+
+impl Net for Reference {
+    fn start(&mut self, key: usize, src: usize, dst: usize, bytes: u64, at: f64) {
+        Reference::start(self, key, src, dst, bytes, at)
+    }
+    fn next_finish(&mut self) -> Option<f64> {
+        Reference::next_finish(self)
+    }
+    fn finish_until(&mut self, t: f64, out: &mut Vec<Done>) {
+        Reference::finish_until(self, t, out)
+    }
+}
+
+/// Feeds `net` the starts (time, src, dst, bytes), interleaving starts and finishes as the
+/// simulator does: a start at `t` goes in before finishes after `t`.
+fn drive(net: &mut impl Net, flows: &[(f64, usize, usize, u64)]) -> Vec<Done> {
     let mut starts: Vec<(f64, usize)> = flows.iter().enumerate().map(|(i, f)| (f.0, i)).collect();
     starts.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
-    let mut new = Network::new(c.clone());
-    let mut old = Reference::new(c.clone());
-    let (mut a, mut b) = (Vec::new(), Vec::new());
+    let mut out = Vec::new();
     let mut k = 0;
     loop {
         let next_start = starts.get(k).map(|s| s.0);
-        match (next_start, new.next_finish()) {
+        match (next_start, net.next_finish()) {
             (None, None) => break,
-            (s, Some(fin)) if s.is_none_or(|s| fin <= s) => new.finish_until(fin, &mut a),
+            (s, Some(fin)) if s.is_none_or(|s| fin <= s) => net.finish_until(fin, &mut out),
             _ => {
                 let (t, i) = starts[k];
                 let (_, src, dst, bytes) = flows[i];
-                new.start(i, src, dst, bytes, t);
+                net.start(i, src, dst, bytes, t);
                 k += 1;
             }
         }
     }
-    k = 0;
-    loop {
-        let next_start = starts.get(k).map(|s| s.0);
-        match (next_start, old.next_finish()) {
-            (None, None) => break,
-            (s, Some(fin)) if s.is_none_or(|s| fin <= s) => old.finish_until(fin, &mut b),
-            _ => {
-                let (t, i) = starts[k];
-                let (_, src, dst, bytes) = flows[i];
-                old.start(i, src, dst, bytes, t);
-                k += 1;
-            }
-        }
-    }
-    (a, b)
+    out
+}
+
+/// Runs both networks on the same flows.
+fn run_both(c: &Capacities, flows: &[(f64, usize, usize, u64)]) -> (Vec<Done>, Vec<Done>) {
+    (
+        drive(&mut Network::new(c.clone()), flows),
+        drive(&mut Reference::new(c.clone()), flows),
+    )
 }
 
 fn close(x: f64, y: f64) -> bool {
