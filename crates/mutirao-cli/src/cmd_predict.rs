@@ -5,6 +5,8 @@
 //! * `mutirao predict shares --weights 1,0.4,0.2 --tasks 128 [--fraction F]`
 //! * `mutirao predict flow FILE.pas [--card c2=4 …]`
 //! * `mutirao predict generate FILE.pas --source TASKS.rs --task T2=work … [-o MODEL]`
+//! * `mutirao predict machine [-n N | --hostfile F | --testbed NAME] -o MACHINES` (CRES,
+//!   in `cmd_predict_machine`)
 
 use crate::fsutil::write_atomic;
 use anyhow::{bail, Context};
@@ -33,7 +35,8 @@ Examples:
   mutirao predict shares --weights 1.0,0.4,0.2 --tasks 128
   mutirao predict flow app.pas --card c2=4 --card c3=4
   mutirao predict generate app.pas --source tasks.rs --task T1=split --task T2=work \
-      --task T3=gather -o app.pamela";
+      --task T3=gather -o app.pamela
+  mutirao predict machine --testbed g1 -o g1.txt     # measure the machine model (CRES)";
 
 /// Arguments of `mutirao predict`.
 #[derive(Args)]
@@ -104,6 +107,29 @@ fn policy(p: PolicyArg, q: Option<f64>) -> anyhow::Result<Policy> {
 
 #[derive(Subcommand)]
 enum PredictCommand {
+    /// Measure the machine model (CRES): op × type costs, W and send costs on every host,
+    /// one rank per host through the launcher; writes the Appendix-B text (or JSON).
+    Machine(crate::cmd_predict_machine::MachineArgs),
+    /// Score measured run times against a predicted interval: the thesis's interval error
+    /// per run (Eq. 5.2), its mean |E| (Eq. 5.3) and the runs inside the interval.
+    #[command(after_help = "\
+Example:
+  mutirao predict error --interval 714,807 726 706 774 758
+  -> E = 0 -1.052 0 0 %   mean |E| = 0.263 %   inside 3/4   centre 760.5, mean run 741.0000 (-2.56 %)
+
+E is 0 inside [t_min; t_max], else the distance to the nearest bound over the interval's
+centre (positive: slower than predicted).")]
+    Error {
+        /// The predicted interval, T_MIN,T_MAX (seconds).
+        #[arg(long, value_name = "T_MIN,T_MAX")]
+        interval: String,
+        /// Measured run times (seconds).
+        #[arg(required = true, value_name = "T")]
+        runs: Vec<f64>,
+        /// Print as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Count the operations of a Rust task function (op × type), through constant-bound loops,
     /// branches and inlined calls.
     #[command(after_help = "\
@@ -434,13 +460,85 @@ pub fn run(a: PredictArgs) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
+        Some(PredictCommand::Machine(m)) => crate::cmd_predict_machine::run(m),
+        Some(PredictCommand::Error {
+            interval,
+            runs,
+            json,
+        }) => score(&interval, &runs, json),
         None => predict(a),
     }
 }
 
+/// `predict error`: Eq. 5.2 per run, Eq. 5.3 over the runs, hits, and the centre's error.
+fn score(interval: &str, runs: &[f64], json: bool) -> anyhow::Result<ExitCode> {
+    let (lo, hi) = interval
+        .split_once(',')
+        .with_context(|| format!("--interval `{interval}` must be T_MIN,T_MAX"))?;
+    let num = |x: &str| -> anyhow::Result<f64> {
+        x.trim()
+            .parse::<f64>()
+            .ok()
+            .filter(|v| v.is_finite() && *v >= 0.0)
+            .with_context(|| format!("--interval `{interval}`: `{x}` is not a time in seconds"))
+    };
+    let iv = mutirao_predict::interval::Interval::new(num(lo)?, num(hi)?)
+        .with_context(|| format!("--interval `{interval}`"))?;
+    if iv.mid() <= 0.0 {
+        bail!("--interval `{interval}`: the interval's centre must be above 0");
+    }
+    if let Some(t) = runs.iter().find(|t| !(t.is_finite() && **t >= 0.0)) {
+        bail!("run time {t} is not a time in seconds");
+    }
+    let errors: Vec<f64> = runs
+        .iter()
+        .map(|&t| mutirao_predict::harness::run_error(iv, t))
+        .collect();
+    let mean_abs = mutirao_predict::harness::mean_abs_error(iv, runs);
+    let hits = errors.iter().filter(|e| **e == 0.0).count();
+    let mean_run = runs.iter().sum::<f64>() / runs.len() as f64;
+    let centre_error = (mean_run - iv.mid()) / iv.mid();
+    if json {
+        let v = serde_json::json!({
+            "t_min_s": iv.lo,
+            "t_max_s": iv.hi,
+            "centre_s": iv.mid(),
+            "runs_s": runs,
+            "errors": errors,
+            "mean_abs_error": mean_abs,
+            "inside": hits,
+            "runs": runs.len(),
+            "mean_run_s": mean_run,
+            "centre_error": centre_error,
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        let es: Vec<String> = errors
+            .iter()
+            .map(|e| {
+                if *e == 0.0 {
+                    "0".to_string()
+                } else {
+                    format!("{:.3}", e * 100.0)
+                }
+            })
+            .collect();
+        println!(
+            "E = {} %   mean |E| = {:.3} %   inside {hits}/{}   centre {}, mean run {:.4} ({:+.2} %)",
+            es.join(" "),
+            mean_abs * 100.0,
+            runs.len(),
+            iv.mid(),
+            mean_run,
+            centre_error * 100.0
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 fn predict(a: PredictArgs) -> anyhow::Result<ExitCode> {
     let (Some(app), Some(machines)) = (&a.app, &a.machines) else {
-        bail!("give --app MODEL and --machines MACHINES (or a subcommand: analyse, shares, flow); see `mutirao predict --help`");
+        bail!("give --app MODEL and --machines MACHINES (or a subcommand: analyse, shares, flow, generate, machine); see `mutirao predict --help`");
     };
     let pol = policy(a.policy, a.q)?;
     let text = read(app, "application model")?;

@@ -12,6 +12,7 @@ mod cmd_exec;
 mod cmd_fit;
 mod cmd_model;
 mod cmd_predict;
+mod cmd_predict_machine;
 mod cmd_run;
 mod cmd_sched;
 mod cmd_testbed;

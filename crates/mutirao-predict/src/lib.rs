@@ -3,7 +3,8 @@
 //! Predicts, without running it, how long a JoiN-style parallel application takes on a chosen
 //! set of unequal machines, as an interval `[t_min; t_max]`:
 //! * [`interval`]: the interval type and its construction from benchmark samples;
-//! * [`machine`]: the op × type machine model (CRES) and its Appendix-B text format;
+//! * [`machine`]: the op × type machine model and its Appendix-B text format;
+//! * [`cres`]: the machine model from measurements on each host (op × type, W, sends);
 //! * [`pamela`]: the Extended-PAMELA model language (parse and print);
 //! * [`pasl`]: JoiN's flow-specification language, the batch DAG and its series-parallel form;
 //! * [`amgen`]: the application model of a batch DAG (Extended PAMELA, thesis Figs 4.10–4.16);
@@ -38,6 +39,7 @@
 pub mod amgen;
 pub mod analyse;
 pub mod analytic;
+pub mod cres;
 pub mod harness;
 pub mod interval;
 pub mod machine;
