@@ -98,18 +98,27 @@ struct Flow {
     path: Path,
     start: f64,
     bytes: f64,
-    /// Bytes left at `since` (the flow moves at `rate` from then on).
+    /// Bytes left at `since` (the flow moves at `rate` from then on; `rate` is NaN until the
+    /// first recompute after it joins).
     left: f64,
     since: f64,
     rate: f64,
     alone: f64,
-    /// Bumped whenever `rate` or `left` changes: older heap entries are stale.
-    ver: u32,
+    /// A network-wide stamp, renewed whenever `rate` or `left` changes: heap entries with
+    /// another stamp (older, or of an earlier flow in the same slot) are stale.
+    ver: u64,
+    /// Index of this flow in `members[r]` of each resource `r` of its path.
+    pos: [usize; 3],
+    /// The rate found by the last progressive filling, and in which one (`fill`).
+    new_rate: f64,
+    fixed_in: u64,
 }
 
 impl Flow {
     fn left_at(&self, t: f64) -> f64 {
-        if self.rate.is_infinite() {
+        if self.rate.is_nan() {
+            self.left // not moving yet: it has never had a rate
+        } else if self.rate.is_infinite() {
             0.0
         } else {
             (self.left - self.rate * (t - self.since)).max(0.0)
@@ -141,13 +150,16 @@ pub struct Done {
 
 /// Flows in progress and their max–min fair rates.
 ///
-/// Cost: the rates depend only on the set of paths in flight, so they are recomputed (progressive
-/// filling, O(F · path · log R)) only when that set changes — a connection starts or goes idle —
-/// and at most once per instant, however many flows start or end then. When a flow ends and
-/// the next message on its connection takes its place, the set is the same: the successor
-/// inherits the rate and nothing else moves. The next finish comes from a heap of finish times
-/// (stale entries skipped by a version stamp), and a flow's progress is kept as (bytes left,
-/// since when), so moving time on costs nothing.
+/// Cost: the rates depend only on the set of paths in flight, so they are recomputed only when
+/// that set changes — a connection starts or goes idle — and at most once per instant, however
+/// many flows start or end then. When a flow ends and the next message on its connection takes
+/// its place, the set is the same: the successor takes over its slot and rate and nothing else
+/// moves (O(log F)). A recompute is progressive filling over the resources' member lists, which
+/// are kept up to date as flows come and go: O(F · path) array updates plus O(R log R) for a
+/// heap of resource shares (a share only grows while filling, so a stale entry is pushed back
+/// when it surfaces rather than on every update). Only flows whose rate changed get a new
+/// entry in the heap of finish times (stale entries skipped by a version stamp), and a flow's
+/// progress is kept as (bytes left, since when), so moving time on costs nothing.
 #[derive(Debug, Clone)]
 pub struct Network {
     caps: Capacities,
@@ -155,9 +167,14 @@ pub struct Network {
     /// Flows in progress, by slot; `None` for a free slot.
     flows: Vec<Option<Flow>>,
     free: Vec<usize>,
-    /// Slots of the flows in progress, and each slot's index in it.
-    active: Vec<usize>,
-    at: Vec<usize>,
+    in_flight: usize,
+    /// Slots of the flows in progress crossing each resource.
+    members: Vec<Vec<usize>>,
+    /// Resources with at least one member, and each one's index in it.
+    live: Vec<usize>,
+    live_at: Vec<usize>,
+    /// Slots of the flows in progress whose path has only infinite resources.
+    unbounded: Vec<usize>,
     // Per connection (src, dst): flows waiting behind the active one.
     waiting: HashMap<(usize, usize), VecDeque<Flow>>,
     busy_conn: HashMap<(usize, usize), usize>,
@@ -168,12 +185,10 @@ pub struct Network {
     // Scratch for progressive filling.
     cap_left: Vec<f64>,
     users: Vec<u32>,
-    touched: Vec<usize>,
-    members: Vec<Vec<usize>>,
     heap: BinaryHeap<Reverse<Share>>,
-    fixed: Vec<bool>,
-    rate: Vec<f64>,
     recomputes: u64,
+    /// The last stamp given to a flow (`Flow::ver`).
+    stamp: u64,
 }
 
 impl Network {
@@ -185,20 +200,20 @@ impl Network {
             now: 0.0,
             flows: Vec::new(),
             free: Vec::new(),
-            active: Vec::new(),
-            at: Vec::new(),
+            in_flight: 0,
+            members: vec![Vec::new(); r],
+            live: Vec::new(),
+            live_at: vec![usize::MAX; r],
+            unbounded: Vec::new(),
             waiting: HashMap::new(),
             busy_conn: HashMap::new(),
             dirty: false,
             finishes: BinaryHeap::new(),
             cap_left: vec![0.0; r],
             users: vec![0; r],
-            touched: Vec::new(),
-            members: vec![Vec::new(); r],
             heap: BinaryHeap::new(),
-            fixed: Vec::new(),
-            rate: Vec::new(),
             recomputes: 0,
+            stamp: 0,
         }
     }
 
@@ -209,7 +224,7 @@ impl Network {
 
     /// Flows in progress (not counting those waiting behind another on their connection).
     pub fn in_flight(&self) -> usize {
-        self.active.len()
+        self.in_flight
     }
 
     /// How many times the max–min rates were computed (for benchmarks and tests).
@@ -228,7 +243,8 @@ impl Network {
     }
 
     /// Start a flow of `bytes` from `src` to `dst` (different hosts) at time `at` (≥ the last
-    /// event): it moves now, or after the flows already on its connection.
+    /// event): it moves now, or after the flows already on its connection. (A start before the
+    /// network's current time moves from that time on; its delay still counts from `at`.)
     pub fn start(&mut self, key: usize, src: usize, dst: usize, bytes: u64, at: f64) {
         self.move_to(at);
         let Some(path) = self.caps.path(src, dst) else {
@@ -243,13 +259,16 @@ impl Network {
         let f = Flow {
             key,
             path,
-            start: self.now,
+            start: at,
             bytes: bytes as f64,
             left: bytes as f64,
             since: self.now,
-            rate: 0.0,
+            rate: f64::NAN,
             alone,
             ver: 0,
+            pos: [usize::MAX; 3],
+            new_rate: f64::INFINITY,
+            fixed_in: 0,
         };
         let conn = (src, dst);
         let n = self.busy_conn.entry(conn).or_insert(0);
@@ -262,29 +281,64 @@ impl Network {
         }
     }
 
-    fn insert(&mut self, f: Flow) -> usize {
+    /// A flow joins the network: a slot, and a place in the member list of each resource of
+    /// its path (or among the unbounded flows).
+    fn insert(&mut self, mut f: Flow) -> usize {
         let slot = match self.free.pop() {
             Some(s) => s,
             None => {
                 self.flows.push(None);
-                self.at.push(0);
                 self.flows.len() - 1
             }
         };
+        let mut bounded = false;
+        for (k, &r) in f.path.ids().iter().enumerate() {
+            if self.caps.capacity(r).is_finite() {
+                bounded = true;
+            }
+            if self.members[r].is_empty() {
+                self.live_at[r] = self.live.len();
+                self.live.push(r);
+            }
+            f.pos[k] = self.members[r].len();
+            self.members[r].push(slot);
+        }
+        if !bounded {
+            self.unbounded.push(slot);
+        }
         self.flows[slot] = Some(f);
-        self.at[slot] = self.active.len();
-        self.active.push(slot);
+        self.in_flight += 1;
         slot
     }
 
+    /// A flow leaves the network: out of its resources' member lists, its slot freed.
     fn remove(&mut self, slot: usize) -> Option<Flow> {
         let f = self.flows[slot].take()?;
-        let i = self.at[slot];
-        self.active.swap_remove(i);
-        if let Some(&moved) = self.active.get(i) {
-            self.at[moved] = i;
+        for (k, &r) in f.path.ids().iter().enumerate() {
+            let i = f.pos[k];
+            let m = &mut self.members[r];
+            m.swap_remove(i);
+            if let Some(&moved) = m.get(i) {
+                if let Some(g) = self.flows[moved].as_mut() {
+                    if let Some(kk) = g.path.ids().iter().position(|&q| q == r) {
+                        g.pos[kk] = i;
+                    }
+                }
+            }
+            if m.is_empty() {
+                let at = self.live_at[r];
+                self.live.swap_remove(at);
+                if let Some(&moved) = self.live.get(at) {
+                    self.live_at[moved] = at;
+                }
+                self.live_at[r] = usize::MAX;
+            }
+        }
+        if let Some(i) = self.unbounded.iter().position(|&s| s == slot) {
+            self.unbounded.swap_remove(i);
         }
         self.free.push(slot);
+        self.in_flight -= 1;
         Some(f)
     }
 
@@ -323,10 +377,12 @@ impl Network {
                 break;
             }
             self.finishes.pop();
-            if !matches!(&self.flows[slot], Some(f) if f.ver == ver) {
+            let Some(f) = self.flows[slot].as_mut() else {
+                continue;
+            };
+            if f.ver != ver {
                 continue;
             }
-            let Some(f) = self.remove(slot) else { continue };
             out.push(Done {
                 key: f.key,
                 at: self.now,
@@ -335,15 +391,21 @@ impl Network {
             let np = self.caps.nic_out.len();
             let conn = (f.path.res[0], f.path.res[1] - np);
             match self.waiting.get_mut(&conn).and_then(VecDeque::pop_front) {
-                Some(mut next) => {
-                    // Same path, so the same set of paths in flight: the same rates.
-                    next.rate = f.rate;
-                    next.since = self.now;
-                    next.left = next.bytes;
-                    let s = self.insert(next);
-                    self.push_finish(s);
+                Some(next) => {
+                    // Same path, so the same set of paths in flight: the same rates. The
+                    // successor takes over the slot (and its places in the member lists).
+                    f.key = next.key;
+                    f.start = next.start;
+                    f.bytes = next.bytes;
+                    f.alone = next.alone;
+                    f.left = next.bytes;
+                    f.since = self.now;
+                    self.stamp += 1;
+                    f.ver = self.stamp;
+                    self.push_finish(slot);
                 }
                 None => {
+                    self.remove(slot);
                     self.busy_conn.remove(&conn);
                     self.dirty = true;
                 }
@@ -353,89 +415,114 @@ impl Network {
 
     /// Max–min fair rates by progressive filling: repeatedly saturate the resource with the
     /// smallest fair share among the flows not yet fixed, fixing those flows at that share.
-    /// O(F · path · log R) with a lazy heap of resource shares. Settles every flow's progress
-    /// at the current instant and rebuilds the heap of finish times.
+    /// Settles the progress of the flows whose rate changed at the current instant and gives
+    /// them a new finish time.
     fn rates(&mut self) {
         self.dirty = false;
         self.recomputes += 1;
+        let fill = self.recomputes;
         let now = self.now;
-        for &r in &self.touched {
-            self.users[r] = 0;
-            self.members[r].clear();
-        }
-        self.touched.clear();
-        for (i, &slot) in self.active.iter().enumerate() {
-            let Some(f) = &self.flows[slot] else { continue };
-            for &r in f.path.ids() {
-                if self.users[r] == 0 {
-                    self.touched.push(r);
-                    self.cap_left[r] = self.caps.capacity(r);
-                }
-                self.users[r] += 1;
-                self.members[r].push(i);
-            }
-        }
         self.heap.clear();
-        for &r in &self.touched {
-            let share = self.cap_left[r] / self.users[r] as f64;
+        for &r in &self.live {
+            let c = self.caps.capacity(r);
+            self.cap_left[r] = c;
+            self.users[r] = self.members[r].len() as u32;
+            let share = c / self.users[r] as f64;
             if share.is_finite() {
                 self.heap.push(Reverse(Share(share, r)));
             }
         }
-        self.rate.clear();
-        self.rate.resize(self.active.len(), f64::INFINITY);
-        self.fixed.clear();
-        self.fixed.resize(self.active.len(), false);
         while let Some(Reverse(Share(share, r))) = self.heap.pop() {
             if self.users[r] == 0 {
                 continue;
             }
             let cur = self.cap_left[r] / self.users[r] as f64;
             if cur != share {
-                continue; // stale entry: a fresher one is in the heap
+                // Flows fixed elsewhere since this entry: the share grew; back in the heap.
+                self.heap.push(Reverse(Share(cur, r)));
+                continue;
             }
+            let rate = share.max(0.0);
             for k in 0..self.members[r].len() {
-                let i = self.members[r][k];
-                if self.fixed[i] {
-                    continue;
-                }
-                self.fixed[i] = true;
-                self.rate[i] = share.max(0.0);
-                let Some(f) = &self.flows[self.active[i]] else {
+                let slot = self.members[r][k];
+                let Some(f) = self.flows[slot].as_mut() else {
                     continue;
                 };
-                let path = f.path;
-                for &q in path.ids() {
+                if f.fixed_in == fill {
+                    continue;
+                }
+                f.fixed_in = fill;
+                f.new_rate = rate;
+                for &q in f.path.ids() {
                     self.cap_left[q] -= share;
                     self.users[q] -= 1;
-                    if q != r && self.users[q] > 0 {
-                        let s = self.cap_left[q] / self.users[q] as f64;
-                        if s.is_finite() {
-                            self.heap.push(Reverse(Share(s, q)));
-                        }
-                    }
                 }
             }
         }
-        // Settle progress at the old rates, switch to the new ones (flows crossing only
-        // infinite resources are unbounded), and rebuild the finish heap.
-        self.finishes.clear();
-        for (i, &slot) in self.active.iter().enumerate() {
-            let Some(f) = self.flows[slot].as_mut() else {
-                continue;
-            };
-            f.left = f.left_at(now);
-            f.since = now;
-            f.rate = self.rate[i];
-            f.ver = f.ver.wrapping_add(1);
-            self.finishes.push(Reverse(Finish(f.finish(), slot, f.ver)));
+        // Flows crossing only infinite resources are unbounded.
+        for &slot in &self.unbounded {
+            if let Some(f) = self.flows[slot].as_mut() {
+                f.fixed_in = fill;
+                f.new_rate = f64::INFINITY;
+            }
         }
+        // Settle progress at the old rate and switch to the new one where it changed. Every
+        // flow in progress is a member of some live resource.
+        let mut stale = 0usize;
+        for &r in &self.live {
+            for &slot in &self.members[r] {
+                let Some(f) = self.flows[slot].as_mut() else {
+                    continue;
+                };
+                // Visit each flow once: through the first resource of its path.
+                if f.path.res[0] != r || f.new_rate == f.rate {
+                    continue;
+                }
+                f.left = f.left_at(now);
+                f.since = now;
+                f.rate = f.new_rate;
+                self.stamp += 1;
+                f.ver = self.stamp;
+                self.finishes.push(Reverse(Finish(f.finish(), slot, f.ver)));
+                stale += 1;
+            }
+        }
+        // Drop the stale entries once they outnumber the live ones.
+        if stale > 0 && self.finishes.len() > 2 * self.in_flight + 64 {
+            let flows = &self.flows;
+            self.finishes
+                .retain(|Reverse(Finish(_, s, v))| matches!(&flows[*s], Some(f) if f.ver == *v));
+        }
+    }
+}
+
+/// What the simulator asks of a flow network ([`Network`]; tests plug a reference solver in
+/// through [`crate::sim::simulate_with_network`]).
+#[doc(hidden)]
+pub trait FlowNetwork {
+    /// See [`Network::start`].
+    fn start(&mut self, key: usize, src: usize, dst: usize, bytes: u64, at: f64);
+    /// See [`Network::next_finish`].
+    fn next_finish(&mut self) -> Option<f64>;
+    /// See [`Network::finish_until`].
+    fn finish_until(&mut self, t: f64, out: &mut Vec<Done>);
+}
+
+impl FlowNetwork for Network {
+    fn start(&mut self, key: usize, src: usize, dst: usize, bytes: u64, at: f64) {
+        Network::start(self, key, src, dst, bytes, at)
+    }
+    fn next_finish(&mut self) -> Option<f64> {
+        Network::next_finish(self)
+    }
+    fn finish_until(&mut self, t: f64, out: &mut Vec<Done>) {
+        Network::finish_until(self, t, out)
     }
 }
 
 /// A finish time, ordered by time then slot.
 #[derive(Debug, Clone, Copy, PartialEq)]
-struct Finish(f64, usize, u32);
+struct Finish(f64, usize, u64);
 
 impl Eq for Finish {}
 

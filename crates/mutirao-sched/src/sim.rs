@@ -24,7 +24,7 @@
 //!   one host take 30 s, the thesis measured 31 s; with [`WaitMode::Block`] they take 15 s).
 
 use crate::dag::Dag;
-use crate::net::{Done, Network};
+use crate::net::{Capacities, Done, FlowNetwork, Network};
 use crate::platform::Platform;
 use serde::Serialize;
 use std::cmp::Reverse;
@@ -210,6 +210,19 @@ pub fn simulate(
     placement: &Placement,
     opts: SimOptions,
 ) -> Result<SimResult, SimError> {
+    simulate_with_network(dag, platform, placement, opts, |c| Network::new(c.clone()))
+}
+
+/// [`simulate`] with another flow network for contention (tests compare [`Network`] with a
+/// straightforward reference solver through this).
+#[doc(hidden)]
+pub fn simulate_with_network<N: FlowNetwork>(
+    dag: &Dag,
+    platform: &Platform,
+    placement: &Placement,
+    opts: SimOptions,
+    network: impl FnOnce(&Capacities) -> N,
+) -> Result<SimResult, SimError> {
     let n = dag.len();
     let np = platform.len();
     for (found, _) in [
@@ -296,7 +309,7 @@ pub fn simulate(
         let caps = platform
             .capacities()
             .map_err(|e| SimError::NoCapacity(e.to_string()))?;
-        Some(Network::new(caps.clone()))
+        Some(network(caps))
     } else {
         None
     };
