@@ -17,7 +17,11 @@ Each host (rank i = machine index i; rank 0, the first host, is the coordinator)
   * every op × type (sum_int, mpy_double, shift_long, …) on its CPU clock, Huerta intervals,
     scaled by its share of a core (wall ÷ CPU time of a fixed kernel, ≥ 15 quota periods);
   * W (Eq. 3.5): the kernel's speed relative to the fastest worker (fastest = 1);
-  * send costs to and from the coordinator: half ping-pong round trips at --sizes, in ms.
+  * send costs to and from the coordinator: half ping-pong round trips at --sizes, in ms;
+  * a reference kernel (a generic scalar loop, its op counts from its own source) on its CPU
+    clock: measured ÷ op-model time is printed as `ref ratio`; with --calibrate-ops every op
+    cost of the host is multiplied by it (compiled code keeps values in registers and
+    overlaps operations, which ops timed one at a time do not show).
 All hosts measure at once (as an application's workers run at once); ping-pongs go one host
 at a time. The model's text form (Appendix B + `W[i]=`, `name[i]=`) is read by `mutirao
 predict --machines`; a name ending in .json gets the native JSON form.
@@ -26,6 +30,8 @@ Examples:
   mutirao predict machine -n 3 -o local.txt                 # 3 ranks on this machine
   mutirao predict machine --testbed g1 -o g1.txt            # one rank per testbed host
   mutirao predict machine --hostfile hosts --token-file t -o lab.txt
+  mutirao predict machine --testbed g1 -o raw.txt --save-raw g1.json   # keep the samples
+  mutirao predict machine --from-raw g1.json --calibrate-ops -o cal.txt  # no new measurement
   mutirao predict --app pi.pamela --machines g1.txt -p 4")]
 pub struct MachineArgs {
     /// Write the machine model here (atomically; `.json` for the native form).
@@ -68,6 +74,15 @@ pub struct MachineArgs {
         value_name = "B,…"
     )]
     sizes: Vec<usize>,
+    /// Scale each host's op costs so that the op model reproduces its reference kernel's time.
+    #[arg(long)]
+    calibrate_ops: bool,
+    /// Also write every host's raw samples (JSON) here, for --from-raw.
+    #[arg(long, value_name = "FILE")]
+    save_raw: Option<PathBuf>,
+    /// Build the model from samples saved by --save-raw instead of measuring.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["n", "hostfile", "testbed", "save_raw"])]
+    from_raw: Option<PathBuf>,
     /// End the measurement if it takes longer than S seconds.
     #[arg(long, default_value_t = 600.0, value_name = "S")]
     timeout: f64,
@@ -153,6 +168,22 @@ pub fn run(a: MachineArgs) -> anyhow::Result<ExitCode> {
         bail!("--sizes: give one or more message sizes of at least 1 byte");
     }
     check_writable(&output)?;
+    if let Some(p) = &a.save_raw {
+        check_writable(p)?;
+    }
+    let calibration = if a.calibrate_ops {
+        cres::Calibration::ReferenceKernel
+    } else {
+        cres::Calibration::None
+    };
+    let started = Instant::now();
+    if let Some(raw) = &a.from_raw {
+        let text = std::fs::read_to_string(raw)
+            .with_context(|| format!("cannot read raw samples {}", raw.display()))?;
+        let hosts: Vec<HostMeasure> = serde_json::from_str(&text)
+            .with_context(|| format!("{} is not a --save-raw file", raw.display()))?;
+        return write_model(&a, &output, &hosts, calibration, started);
+    }
     let (hostfile, token, names) = match (&a.testbed, &a.hostfile) {
         (Some(name), _) => {
             let f = crate::cmd_testbed::testbed_files(name)?;
@@ -228,7 +259,6 @@ pub fn run(a: MachineArgs) -> anyhow::Result<ExitCode> {
         "--sizes".into(),
         sizes.join(","),
     ];
-    let started = Instant::now();
     let code = cmd_run::run(RunArgs {
         n,
         hostfile: ranks_file.clone(),
@@ -253,32 +283,50 @@ pub fn run(a: MachineArgs) -> anyhow::Result<ExitCode> {
     };
     let hosts: Vec<HostMeasure> =
         serde_json::from_str(&text).context("the ranks' measurements are malformed")?;
-    let (mm, summary) = cres::build_model(&hosts, a.keep)?;
+    if let Some(p) = &a.save_raw {
+        crate::fsutil::write_atomic(p, text.as_bytes())?;
+    }
+    write_model(&a, &output, &hosts, calibration, started)
+}
+
+fn write_model(
+    a: &MachineArgs,
+    output: &Path,
+    hosts: &[HostMeasure],
+    calibration: cres::Calibration,
+    started: Instant,
+) -> anyhow::Result<ExitCode> {
+    let (mm, summary) = cres::build_model(hosts, a.keep, calibration)?;
     let body = if output.extension().is_some_and(|e| e == "json") {
         mm.to_json()
     } else {
         mm.to_appendix_b().to_string()
     };
-    crate::fsutil::write_atomic(&output, body.as_bytes())?;
+    crate::fsutil::write_atomic(output, body.as_bytes())?;
+    let size0 = hosts
+        .iter()
+        .find_map(|h| h.pingpong.first().map(|p| p.0))
+        .unwrap_or(f64::NAN);
     eprintln!(
-        "{:<5} {:<16} {:>8} {:>17} {:>14}  send({}) ms",
-        "index", "name", "W", "wall/cpu", "kernel it/s", a.sizes[0]
+        "{:<5} {:<16} {:>8} {:>17} {:>14} {:>9}  send({size0}) ms",
+        "index", "name", "W", "wall/cpu", "kernel it/s", "ref ratio"
     );
     for s in &summary {
         let send = mm
             .sends
             .iter()
-            .find(|p| p.from == s.index && p.to == 0 && p.size == a.sizes[0] as f64)
+            .find(|p| p.from == s.index && p.to == 0 && p.size == size0)
             .map_or("-".to_string(), |p| {
                 format!("[{:.3};{:.3}]", p.cost.lo, p.cost.hi)
             });
         eprintln!(
-            "{:<5} {:<16} {:>8} {:>17} {:>14.4e}  {send}",
+            "{:<5} {:<16} {:>8} {:>17} {:>14.4e} {:>9}  {send}",
             s.index,
             s.name.as_deref().unwrap_or("-"),
             s.w.map_or("-".into(), |w| format!("{w:.4}")),
             format!("[{:.3};{:.3}]", s.availability.lo, s.availability.hi),
-            s.kernel_rate
+            s.kernel_rate,
+            s.reference_ratio.map_or("-".into(), |r| format!("{r:.3}"))
         );
     }
     eprintln!(
@@ -299,6 +347,7 @@ fn worker(a: &MachineArgs) -> anyhow::Result<ExitCode> {
     let cpu = thread_cpu_s;
     world.barrier()?;
     let ops = cres::measure_ops(a.iterations, a.samples, &cpu);
+    let reference = cres::measure_reference(a.samples, &cpu);
     world.barrier()?;
     let kernel = cres::measure_kernel(a.samples.clamp(3, 7), a.kernel_s, &wall, &cpu);
     world.barrier()?;
@@ -336,6 +385,7 @@ fn worker(a: &MachineArgs) -> anyhow::Result<ExitCode> {
         ops,
         kernel,
         pingpong: Vec::new(),
+        reference,
     };
     if me != 0 {
         let bytes = serde_json::to_vec(&mine)?;

@@ -22,6 +22,7 @@
 //! speed; sends in milliseconds (`send_unit_s = 1e-3`, the Appendix-B unit). Everything but
 //! the timing loops is pure and tested.
 
+use crate::analytic::Policy;
 use crate::interval::{from_samples, Interval, IntervalError};
 use crate::machine::{CostKey, DataType, Machine, MachineModel, Op, SendPoint};
 use serde::{Deserialize, Serialize};
@@ -327,6 +328,62 @@ pub fn measure_ops(n: u64, samples: usize, clock: Clock<'_>) -> Vec<(CostKey, Ve
     out
 }
 
+mod reference_kernel {
+    include!("cres_kernel.rs");
+}
+pub use reference_kernel::{reference, REF_ITERS};
+
+/// The source text of [`reference`] (the file it is compiled from), for the analyser.
+pub const REFERENCE_SOURCE: &str = include_str!("cres_kernel.rs");
+
+/// The op × type counts of one [`reference`] run, from its source (worst-case conditionals,
+/// as `mutirao predict` costs them by default).
+pub fn reference_counts() -> Result<BTreeMap<CostKey, f64>, CresError> {
+    let an = crate::analyse::analyse(REFERENCE_SOURCE, "reference", &[])
+        .map_err(|e| CresError::Input(format!("internal: the reference kernel: {e}")))?;
+    let counts = an
+        .counts(Policy::Worst)
+        .map_err(|e| CresError::Input(format!("internal: the reference kernel: {e}")))?;
+    counts
+        .into_iter()
+        .map(|(k, n)| {
+            k.parse::<CostKey>()
+                .map(|k| (k, n))
+                .map_err(|e| CresError::Input(format!("internal: reference kernel key {k}: {e}")))
+        })
+        .collect()
+}
+
+/// Σ count × cost over `counts`, each cost from `costs` (no fallback: every key must be
+/// there), as an interval.
+pub fn op_model_time(
+    counts: &BTreeMap<CostKey, f64>,
+    costs: &BTreeMap<CostKey, Interval>,
+) -> Result<Interval, CresError> {
+    let mut t = Interval { lo: 0.0, hi: 0.0 };
+    for (k, n) in counts {
+        let c = costs
+            .get(k)
+            .ok_or_else(|| CresError::Input(format!("no measured cost for `{k}`")))?;
+        t = Interval {
+            lo: t.lo + n * c.lo,
+            hi: t.hi + n * c.hi,
+        };
+    }
+    Ok(t)
+}
+
+/// Time [`reference`] `samples` times on `clock` (seconds per run).
+pub fn measure_reference(samples: usize, clock: Clock<'_>) -> Vec<f64> {
+    (0..samples)
+        .map(|i| {
+            let t = clock();
+            black_box(reference(black_box(i as u64 + 1)));
+            clock() - t
+        })
+        .collect()
+}
+
 /// The fixed kernel of the W benchmark: dependent multiply-adds the compiler cannot remove.
 pub fn kernel(iters: u64) -> u64 {
     let mut x = 0x9E37_79B9_7F4A_7C15u64;
@@ -387,6 +444,21 @@ pub struct HostMeasure {
     /// bytes, samples). Empty for the coordinator.
     #[serde(default)]
     pub pingpong: Vec<(f64, Vec<f64>)>,
+    /// CPU seconds of [`reference`] runs (for [`Calibration::ReferenceKernel`]).
+    #[serde(default)]
+    pub reference: Vec<f64>,
+}
+
+/// How [`build_model`] treats the op costs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Calibration {
+    /// As measured, one op at a time (the thesis's CRES).
+    None,
+    /// Scaled per host so that the op model reproduces the measured CPU time of the
+    /// [`reference`] kernel (its counts from its source): compiled code keeps values in
+    /// registers and overlaps independent operations, which ops timed one by one through
+    /// `black_box` do not show.
+    ReferenceKernel,
 }
 
 /// What [`build_model`] derived per host, besides the model (for a report).
@@ -402,6 +474,9 @@ pub struct HostSummary {
     pub kernel_rate: f64,
     /// W (workers only).
     pub w: Option<f64>,
+    /// Measured ÷ op-model CPU time of the reference kernel (op costs were multiplied by it
+    /// with [`Calibration::ReferenceKernel`]; reported either way when measured).
+    pub reference_ratio: Option<f64>,
 }
 
 fn median(v: &[f64]) -> f64 {
@@ -470,6 +545,7 @@ pub fn scale_costs(
 pub fn build_model(
     hosts: &[HostMeasure],
     keep_percent: f64,
+    calibration: Calibration,
 ) -> Result<(MachineModel, Vec<HostSummary>), CresError> {
     if hosts.is_empty() {
         return Err(CresError::Input("no host measured".into()));
@@ -528,6 +604,31 @@ pub fn build_model(
         for (k, s) in &h.ops {
             cpu.insert(*k, iv(i, &k.to_string(), s)?);
         }
+        let reference_ratio = if h.reference.is_empty() {
+            None
+        } else {
+            let model = op_model_time(&reference_counts()?, &cpu)
+                .map_err(|e| CresError::Input(format!("host {i}: reference kernel: {e}")))?;
+            let measured = median(&h.reference);
+            if !(model.mid() > 0.0 && measured.is_finite() && measured > 0.0) {
+                return Err(CresError::Input(format!(
+                    "host {i}: reference kernel measured {measured} s against an op model of {} s; both must be > 0",
+                    model.mid()
+                )));
+            }
+            Some(measured / model.mid())
+        };
+        let cpu = match (calibration, reference_ratio) {
+            (Calibration::None, _) => cpu,
+            (Calibration::ReferenceKernel, Some(r)) => {
+                scale_costs(&cpu, Interval { lo: r, hi: r })?
+            }
+            (Calibration::ReferenceKernel, None) => {
+                return Err(CresError::Input(format!(
+                    "host {i} has no reference-kernel run to calibrate its op costs with"
+                )))
+            }
+        };
         let costs = scale_costs(&cpu, avail)?;
         let w = if i == 0 { None } else { Some(ws[i - 1]) };
         for (size, s) in &h.pingpong {
@@ -556,6 +657,7 @@ pub fn build_model(
             availability: avail,
             kernel_rate: rates[i],
             w,
+            reference_ratio,
         });
         machines.push(Machine {
             index: i,
@@ -605,6 +707,7 @@ mod tests {
                     (1024.0, vec![2.0 * one_way_s; 5]),
                 ]
             },
+            reference: Vec::new(),
         }
     }
 
@@ -615,7 +718,7 @@ mod tests {
             host(1, 2e8, 2.0, 1e-4),
             host(2, 1e8, 4.0, 2e-4),
         ];
-        let (mm, sum) = build_model(&hosts, 80.0).unwrap();
+        let (mm, sum) = build_model(&hosts, 80.0, Calibration::None).unwrap();
         assert_eq!(mm.machines[0].w, None);
         assert_eq!(mm.machines[1].w, Some(1.0));
         assert_eq!(mm.machines[2].w, Some(0.5));
@@ -640,12 +743,55 @@ mod tests {
     }
 
     #[test]
+    fn reference_calibration_scales_op_costs_so_the_kernel_time_is_reproduced() {
+        let counts = reference_counts().unwrap();
+        // Every counted key is benchmarked, and the loop dominates the count.
+        let benched: Vec<CostKey> = op_benches().iter().map(|b| b.key).collect();
+        for k in counts.keys() {
+            assert!(benched.contains(k), "{k} is counted but not benchmarked");
+        }
+        let total: f64 = counts.values().sum();
+        assert!(total > 10.0 * REF_ITERS as f64, "{total}");
+        // Host 0: every op 1 ns on the CPU clock; the kernel measured at a quarter of the op
+        // model, on a host at half a core.
+        let ops: Vec<(CostKey, Vec<f64>)> = benched.iter().map(|k| (*k, vec![1e-9; 5])).collect();
+        let cpu: BTreeMap<CostKey, Interval> = benched
+            .iter()
+            .map(|k| (*k, Interval { lo: 1e-9, hi: 1e-9 }))
+            .collect();
+        let model = op_model_time(&counts, &cpu).unwrap();
+        assert!((model.mid() - total * 1e-9).abs() < 1e-12);
+        let mut h = host(0, 1e8, 2.0, 0.0);
+        h.ops = ops;
+        h.reference = vec![model.mid() / 4.0; 5];
+        let (raw, s) = build_model(std::slice::from_ref(&h), 80.0, Calibration::None).unwrap();
+        let (cal, _) =
+            build_model(std::slice::from_ref(&h), 80.0, Calibration::ReferenceKernel).unwrap();
+        assert!((s[0].reference_ratio.unwrap() - 0.25).abs() < 1e-12);
+        let k = CostKey::typed(Op::Sum, DataType::Long);
+        assert!((raw.machines[0].costs[&k].lo - 2e-9).abs() < 1e-18);
+        assert!((cal.machines[0].costs[&k].lo - 0.5e-9).abs() < 1e-18);
+        // Without reference runs, calibration is an error naming the host.
+        h.reference.clear();
+        let e = build_model(&[h], 80.0, Calibration::ReferenceKernel).unwrap_err();
+        assert!(
+            e.to_string().contains("host 0 has no reference-kernel run"),
+            "{e}"
+        );
+        // A missing cost is named.
+        let e = op_model_time(&counts, &BTreeMap::new()).unwrap_err();
+        assert!(e.to_string().contains("no measured cost"), "{e}");
+        // The compiled kernel runs and depends on its seed.
+        assert_ne!(reference(1), reference(2));
+    }
+
+    #[test]
     fn availability_below_one_is_clock_granularity_and_clamped() {
         let mut h = host(0, 1e8, 1.0, 0.0);
         for r in &mut h.kernel {
             r.cpu_s = r.wall_s * 1.01;
         }
-        let (_, sum) = build_model(&[h], 80.0).unwrap();
+        let (_, sum) = build_model(&[h], 80.0, Calibration::None).unwrap();
         assert_eq!(sum[0].availability, Interval { lo: 1.0, hi: 1.0 });
     }
 
@@ -653,15 +799,15 @@ mod tests {
     fn bad_measurements_are_errors_naming_the_host() {
         let mut h1 = host(1, 1e8, 1.0, 1e-4);
         h1.pingpong.clear();
-        let e = build_model(&[host(0, 1e8, 1.0, 0.0), h1], 80.0).unwrap_err();
+        let e = build_model(&[host(0, 1e8, 1.0, 0.0), h1], 80.0, Calibration::None).unwrap_err();
         assert!(e.to_string().contains("host 1 has no send-cost"), "{e}");
-        let e = build_model(&[host(1, 1e8, 1.0, 1e-4)], 80.0).unwrap_err();
+        let e = build_model(&[host(1, 1e8, 1.0, 1e-4)], 80.0, Calibration::None).unwrap_err();
         assert!(e.to_string().contains("index order"), "{e}");
         let mut h0 = host(0, 1e8, 1.0, 0.0);
         h0.ops[0].1 = vec![f64::NAN];
-        let e = build_model(&[h0], 80.0).unwrap_err();
+        let e = build_model(&[h0], 80.0, Calibration::None).unwrap_err();
         assert!(e.to_string().contains("sum_int"), "{e}");
-        assert!(build_model(&[], 80.0).is_err());
+        assert!(build_model(&[], 80.0, Calibration::None).is_err());
         let e = w_factors(&[1.0, 0.0]).unwrap_err();
         assert!(e.to_string().contains("worker 2"), "{e}");
         assert!(scale_costs(&BTreeMap::new(), Interval { lo: 0.0, hi: 1.0 }).is_err());

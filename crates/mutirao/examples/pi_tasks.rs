@@ -23,7 +23,7 @@
 //!         --task T1=distribute --task T2=task:in=8:out=16:code=0 --task T3=gather -o pi.pamela
 
 /// Darts per task.
-const SAMPLES: u64 = 600_000;
+const SAMPLES: u64 = 1_200_000;
 /// 2^-53: a 53-bit integer times this is uniform in [0, 1).
 const SCALE: f64 = 1.0 / 9007199254740992.0;
 
