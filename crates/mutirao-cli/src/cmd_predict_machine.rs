@@ -353,7 +353,7 @@ fn worker(a: &MachineArgs) -> anyhow::Result<ExitCode> {
     world.barrier()?;
     // Ping-pong, one worker at a time with the coordinator: half the round trip is one send.
     let mut pingpongs: Vec<Vec<(f64, Vec<f64>)>> = vec![Vec::new(); size];
-    for peer in 1..size {
+    for (peer, slot) in pingpongs.iter_mut().enumerate().skip(1) {
         if me == 0 || me == peer {
             for &sz in &a.sizes {
                 let mut buf = vec![0u8; sz];
@@ -373,7 +373,7 @@ fn worker(a: &MachineArgs) -> anyhow::Result<ExitCode> {
                     }
                 }
                 if me == 0 {
-                    pingpongs[peer].push((sz as f64, samples));
+                    slot.push((sz as f64, samples));
                 }
             }
         }
@@ -395,14 +395,14 @@ fn worker(a: &MachineArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     let mut all = vec![mine];
-    for peer in 1..size {
+    for (peer, pp) in pingpongs.iter_mut().enumerate().skip(1) {
         let mut len = [0u64];
         world.recv(&mut len, peer, 8)?;
         let mut bytes = vec![0u8; usize::try_from(len[0]).context("report too large")?];
         world.recv(&mut bytes, peer, 9)?;
         let mut h: HostMeasure = serde_json::from_slice(&bytes)
             .with_context(|| format!("rank {peer}'s measurements are malformed"))?;
-        h.pingpong = std::mem::take(&mut pingpongs[peer]);
+        h.pingpong = std::mem::take(pp);
         all.push(h);
     }
     let out = a.out.as_ref().context("--worker needs --out")?;

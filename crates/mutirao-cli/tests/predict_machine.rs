@@ -53,7 +53,7 @@ fn local_two_ranks_write_a_model_that_predict_accepts() {
     for want in [
         "name[0]=",
         "name[1]=",
-        "W[1]=1.0",
+        "\nW[1]=1\n",
         "inter_sum_long[1]=[",
         "inter_shift_long[1]=[",
         "inter_send[1][0](16)=[",
@@ -102,10 +102,17 @@ fn local_two_ranks_write_a_model_that_predict_accepts() {
         String::from_utf8_lossy(&out.stderr)
     );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("prediction JSON");
-    let (lo, hi) = (v["t_min_s"].as_f64().unwrap(), v["t_max_s"].as_f64().unwrap());
+    let (lo, hi) = (
+        v["t_min_s"].as_f64().unwrap(),
+        v["t_max_s"].as_f64().unwrap(),
+    );
     assert!(lo > 0.0 && lo <= hi, "{v}");
     // Every key the π task uses was measured: no fallback.
-    assert_eq!(v["prediction"]["fallbacks"].as_array().map(Vec::len), Some(0), "{v}");
+    assert_eq!(
+        v["prediction"]["fallbacks"].as_array().map(Vec::len),
+        Some(0),
+        "{v}"
+    );
     let _ = std::fs::remove_dir_all(&d);
 }
 
@@ -125,7 +132,11 @@ fn an_unknown_testbed_is_named_and_nothing_is_written() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("\"no-such-testbed-xyz\" is not up"), "{err}");
     assert!(!m.exists());
-    assert_eq!(std::fs::read_dir(&d).unwrap().count(), 0, "scratch files left");
+    assert_eq!(
+        std::fs::read_dir(&d).unwrap().count(),
+        0,
+        "scratch files left"
+    );
     let _ = std::fs::remove_dir_all(&d);
 }
 

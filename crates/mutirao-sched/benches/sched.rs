@@ -2,12 +2,14 @@
 //! * `simulate_1e6_tasks`: HLogP simulation of a 10⁶-task random layered graph on 64 hosts
 //!   (target < 5 s);
 //! * `simulate_1e6_tasks_contention`: the same with link contention, the 64 hosts in 4 sites
-//!   (1 Gbit/s NICs and site links, about the model's 800 Mbit/s links; issue 11 target < 5 s);
+//!   (1 Gbit/s NICs and site links, about the model's 800 Mbit/s links; issue 11 target < 5 s;
+//!   about a minute per iteration today, so ten samples take over ten minutes);
+//! * `simulate_1e5_tasks_contention`: the same graph shape at 10⁵ tasks (seconds per iteration);
 //! * `hlogp_heft_1e4_tasks_64_hosts`: the thesis's scheduler on 10⁴ tasks (target < 10 s);
 //! * `predict_200_tasks_32_hosts`: resolve the model, check the schedule and simulate
 //!   (target < 50 ms).
 //!
-//! Run: `cargo bench -p mutirao-sched --bench sched`.
+//! Run: `cargo bench -p mutirao-sched --bench sched` (one: `... -- sched/simulate_1e5`).
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use mutirao_sched::gen::{self, RandomParams};
@@ -69,6 +71,33 @@ fn benches(c: &mut Criterion) {
         })
     });
     drop(big);
+    // The same at 10⁵ tasks: one iteration takes seconds, not a minute, so this one can be run
+    // before and after a change in a few minutes.
+    let g5 = gen::random(&RandomParams {
+        n: 100_000,
+        ccr: 1.0,
+        alpha: 1.0,
+        out_degree: 3,
+        seed: 1,
+        ..Default::default()
+    })
+    .expect("generate 1e5 tasks");
+    let pl5 = round_robin_placement(&g5, 64);
+    g.bench_function("simulate_1e5_tasks_contention", |b| {
+        b.iter(|| {
+            simulate(
+                black_box(&g5),
+                &p64c,
+                &pl5,
+                SimOptions {
+                    contention: true,
+                    ..SimOptions::default()
+                },
+            )
+            .expect("simulate")
+        })
+    });
+    drop(g5);
 
     let mid = gen::random(&RandomParams {
         n: 10_000,
