@@ -32,6 +32,35 @@ enum Msg {
     FenceDone { all: Vec<Kvs> },
 }
 
+/// Where the launcher keeps the ranks' checkpoints (issue 12). The PMI server hands every
+/// checkpoint operation a rank asks for to this sink; the launch library implements it over
+/// the checkpoint stores of `mutirao-ckpt` (a local directory, replicas on agents, S3).
+///
+/// Contract:
+/// * `put` returns only once `blob` is durable (written, fsynced, replicated as configured);
+///   a second `put` of the same (epoch, rank) replaces the first;
+/// * `get` returns exactly the bytes `put` stored, or an error naming what is missing or
+///   corrupt (a checksum mismatch is an error, never data);
+/// * `commit(epoch)` is called once every rank's blob of `epoch` is durable; it records the
+///   epoch committed (atomically, durably) and may then delete every older epoch;
+/// * `last_committed` is the newest committed epoch, `None` before the first commit.
+///
+/// Environment the launcher gives ranks for checkpointing (read by `JobEnv::from_env`):
+/// `MUTIRAO_CKPT_INTERVAL` (seconds between waves; absent or 0 = no waves),
+/// `MUTIRAO_CKPT_MODE` (`blocking`, the default, or `nonblocking`),
+/// `MUTIRAO_RESTART_EPOCH` (the committed epoch to restore; absent = a fresh start),
+/// `MUTIRAO_INCARNATION` (0 on the first start, +1 at every recovery).
+pub trait CheckpointSink: Send + Sync {
+    /// Store `rank`'s checkpoint of `epoch` durably.
+    fn put(&self, epoch: u64, rank: u32, blob: &[u8]) -> Result<(), String>;
+    /// Read back `rank`'s checkpoint of `epoch`.
+    fn get(&self, epoch: u64, rank: u32) -> Result<Vec<u8>, String>;
+    /// Every rank's checkpoint of `epoch` is durable: mark it committed, collect older ones.
+    fn commit(&self, epoch: u64) -> Result<(), String>;
+    /// The newest committed epoch.
+    fn last_committed(&self) -> Result<Option<u64>, String>;
+}
+
 /// Longest line a PMI peer may send (a rank's KVS is small).
 const MAX_LINE: usize = 1 << 20;
 
