@@ -678,3 +678,65 @@ fn precise_points_are_not_missed_by_more_than_the_guard() {
         unguarded.function
     );
 }
+
+#[test]
+fn modelled_round_trip_is_the_median_round_trip_when_overheads_are_lumpy() {
+    // A receiver held to part of a core: in a third of the samples its `or` carries an extra
+    // stall J (a1 receiving in samples 0, 3, 6…; a2 receiving in samples 1, 4, 7…). The median
+    // round trip then holds one stall; every parameter's median holds none. The model must
+    // give back the median round trip, not the sum of the medians (which misses J).
+    let hosts = [("a1", "a", 1.0), ("a2", "a", 1.0)];
+    let mut c = Calibration::new(StrategyKind::AllPairs, "test", 1);
+    for &(n, s, h) in &hosts {
+        let mut host = CalibHost::new(n, s, "127.0.0.1:0");
+        host.speed = Some(SpeedMeasurement {
+            kernel: "inc+matmul+gauss".into(),
+            reps: 100,
+            samples: (0..5)
+                .map(|_| SpeedSample {
+                    wall_us: h * 100.0,
+                    cpu_us: h * 100.0,
+                })
+                .collect(),
+        });
+        c.add_host(host).unwrap();
+    }
+    let sizes: Vec<u64> = (0..12).map(|k| 1024u64 << k).collect();
+    let stall = |m: u64| 0.3 * (20.0 + m as f64 * 0.01);
+    for (s, d) in [("a1", "a2"), ("a2", "a1")] {
+        for &m in &sizes {
+            let samples: Vec<PingPongSample> = (0..9)
+                .map(|k| {
+                    let (os, or, l) = (5.0 + m as f64 * 1e-4, 10.0 + m as f64 * 0.01, 20.0);
+                    let orb = or + if k % 3 == 0 { stall(m) } else { 0.0 };
+                    let ora = or + if k % 3 == 1 { stall(m) } else { 0.0 };
+                    PingPongSample {
+                        rtt_us: os + orb + os + ora + 2.0 * l,
+                        os_src_us: os,
+                        or_dst_us: orb,
+                        os_dst_us: os,
+                        or_src_us: ora,
+                        probe_us: None,
+                        wait_src_us: None,
+                    }
+                })
+                .collect();
+            c.record_pingpong(s, d, SendMode::Isend, m, 3, &samples)
+                .unwrap();
+        }
+    }
+    c.finalize(2);
+    let (model, _) = fit_default(&c).unwrap();
+    let there = model.link_params("a1", "a2").unwrap();
+    let back = model.link_params("a2", "a1").unwrap();
+    for &m in &sizes {
+        let one_way = |p: &mutirao_model::LinkParams| p.os.value(m) + p.l.value(m) + p.or.value(m);
+        let modelled = one_way(&there) + one_way(&back);
+        let base = 2.0 * (5.0 + m as f64 * 1e-4) + 2.0 * (10.0 + m as f64 * 0.01) + 40.0;
+        let median_rtt = base + stall(m);
+        assert!(
+            rel(modelled, median_rtt) < 0.02,
+            "{m} B: modelled round trip {modelled:.1} us, median {median_rtt:.1} us (sum of medians {base:.1})"
+        );
+    }
+}
