@@ -18,12 +18,15 @@
 //!   proposes `TAM_BLOCO` and thresholds from it;
 //! * [`choose`]: which candidate host to add, by predicted makespan (speed, spawn cost,
 //!   remaining work);
-//! * [`sim`]: a discrete-event master/worker simulator to compare policies without hosts.
+//! * [`sim`]: a discrete-event master/worker simulator to compare policies without hosts;
+//! * [`driver`] (the one module that does I/O): the same policies over real ranks of the
+//!   `mutirao` runtime — rank 0 the master, the others workers.
 
 #![forbid(unsafe_code)]
 
 pub mod choose;
 pub mod config;
+pub mod driver;
 pub mod hnow;
 pub mod ledger;
 pub mod log;

@@ -325,7 +325,8 @@ impl Comm {
 
     // ------------------------------------------------------------ probe
 
-    /// Is a matching message waiting? Never blocks.
+    /// Is a matching message waiting? Never blocks. With a specific source that has failed or
+    /// finalized and left nothing to receive, the error a receive would return.
     pub fn iprobe(&self, src: usize, tag: i32) -> Result<Option<Status>, Error> {
         let (s, t) = (self.src_filter(src)?, Self::tag_filter(tag)?);
         let mut e = self.inner.eng.borrow_mut();
@@ -333,7 +334,14 @@ impl Comm {
             return Ok(Some(self.to_local(st)));
         }
         e.poke()?;
-        Ok(e.iprobe(self.inner.ctx, s, t).map(|st| self.to_local(st)))
+        match e.iprobe(self.inner.ctx, s, t) {
+            Some(st) => Ok(Some(self.to_local(st))),
+            // Nothing here and nothing can come: say so, as a receive would.
+            None => match e.source_gone(s) {
+                Some(err) => Err(err),
+                None => Ok(None),
+            },
+        }
     }
 
     /// Wait until a matching message is here and describe it (it stays to be received).

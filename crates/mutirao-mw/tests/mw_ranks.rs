@@ -1,0 +1,184 @@
+//! The master/worker driver over real ranks: every trial starts N copies of this binary as the
+//! ranks of one job (an in-test bootstrap server, as in the runtime's own tests), rank 0 the
+//! master. Each task t contributes t² to a sum the master checks; every policy must give the
+//! exact sum (every task exactly once), also when a worker dies mid-run.
+
+use libtest_mimic::{Arguments, Failed, Trial};
+use mutirao::pmi::{hex, new_token, PmiServer};
+use mutirao_mw::{driver, Config, PolicyKind};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn scenario() -> Result<(), String> {
+    let policy: PolicyKind = std::env::var("MW_POLICY")
+        .map_err(|e| e.to_string())?
+        .parse()
+        .map_err(|e: mutirao_mw::Error| e.to_string())?;
+    let total: u64 = 5_000;
+    let die_after: Option<u64> = std::env::var("MW_DIE_AFTER")
+        .ok()
+        .and_then(|v| v.parse().ok());
+    let world = mutirao::init().map_err(|e| e.to_string())?;
+    let cfg = Config {
+        tam_bloco: 37,
+        ..Config::default()
+    };
+    if world.rank() == 0 {
+        let mut p = policy.build(&cfg).map_err(|e| e.to_string())?;
+        let mut sum = 0u128;
+        let mut log = Vec::new();
+        let rep = driver::master(
+            &world,
+            p.as_mut(),
+            total,
+            &mut |_, _, b: &[u8]| {
+                sum += u128::from_le_bytes(b.try_into().expect("16 bytes"));
+            },
+            Some(&mut log),
+        )
+        .map_err(|e| format!("master: {e}"))?;
+        let want: u128 = (0..total as u128).map(|t| t * t).sum();
+        if sum != want || rep.tasks != total {
+            return Err(format!("sum {sum} want {want}; {rep:?}"));
+        }
+        let records = mutirao_mw::log::parse(std::str::from_utf8(&log).unwrap())
+            .map_err(|e| e.to_string())?;
+        if die_after.is_some() && rep.lost.is_empty() {
+            return Err(format!("a worker died but the master lost none: {rep:?}"));
+        }
+        if records.is_empty() {
+            return Err("empty repository log".into());
+        }
+    } else {
+        let mut blocks = 0u64;
+        let me = world.rank();
+        driver::worker(&world, &mut |start, len| {
+            blocks += 1;
+            if me == 2 && die_after == Some(blocks) {
+                // A crash mid-block: no result, no finalize.
+                std::process::exit(9);
+            }
+            std::thread::sleep(Duration::from_micros(50 * len * me as u64));
+            (start..start + len)
+                .map(|t| (t as u128) * (t as u128))
+                .sum::<u128>()
+                .to_le_bytes()
+                .to_vec()
+        })
+        .map_err(|e| format!("worker: {e}"))?;
+    }
+    match world.finalize() {
+        Ok(()) => Ok(()),
+        // With a dead rank, finalize reports it; that rank's death is this scenario's point.
+        Err(mutirao::Error::PeerFailed { rank: 2, .. }) if die_after.is_some() => Ok(()),
+        Err(e) => Err(format!("finalize: {e}")),
+    }
+}
+
+fn launch(policy: &str, n: usize, die_after: Option<u64>, transport: &str) -> Result<(), Failed> {
+    let token = new_token().map_err(|e| e.to_string())?;
+    let pmi = PmiServer::start(
+        "127.0.0.1:0".parse().unwrap(),
+        n as u32,
+        token,
+        Duration::from_secs(30),
+    )
+    .map_err(|e| e.to_string())?;
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let job = format!("mw{}{}", std::process::id(), &hex(&token)[..8]);
+    let mut kids = Vec::new();
+    for r in 0..n {
+        let mut c = Command::new(&exe);
+        c.env("MW_SCENARIO", "1")
+            .env("MW_POLICY", policy)
+            .env("MUTIRAO_RANK", r.to_string())
+            .env("MUTIRAO_SIZE", n.to_string())
+            .env("MUTIRAO_PMI_ADDR", pmi.addr().to_string())
+            .env("MUTIRAO_JOB_TOKEN", hex(&token))
+            .env("MUTIRAO_JOB_ID", &job)
+            .env("MUTIRAO_LOCAL_RANKS", n.to_string())
+            .env("MUTIRAO_TRANSPORT", transport)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        if let Some(d) = die_after {
+            c.env("MW_DIE_AFTER", d.to_string());
+        }
+        kids.push(c.spawn().map_err(|e| e.to_string())?);
+    }
+    let start = Instant::now();
+    let mut codes = vec![None; n];
+    while codes.iter().any(|c| c.is_none()) {
+        for (i, k) in kids.iter_mut().enumerate() {
+            if codes[i].is_none() {
+                if let Ok(Some(st)) = k.try_wait() {
+                    codes[i] = Some(st.code());
+                }
+            }
+        }
+        if start.elapsed() > Duration::from_secs(60) {
+            for k in kids.iter_mut() {
+                let _ = k.kill();
+                let _ = k.wait();
+            }
+            return Err(format!("{policy} on {n} ranks did not finish within 60 s").into());
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let errs: Vec<String> = kids
+        .into_iter()
+        .map(|k| {
+            let mut s = String::new();
+            if let Some(mut e) = k.stderr {
+                use std::io::Read;
+                let _ = e.read_to_string(&mut s);
+            }
+            s
+        })
+        .collect();
+    let ok = codes.iter().enumerate().all(|(r, c)| match (r, die_after) {
+        (2, Some(_)) => *c == Some(Some(9)),
+        _ => *c == Some(Some(0)),
+    });
+    if ok {
+        Ok(())
+    } else {
+        Err(format!("exit codes {codes:?}\n{}", errs.join("\n")).into())
+    }
+}
+
+fn main() {
+    if std::env::var_os("MW_SCENARIO").is_some() {
+        match scenario() {
+            Ok(()) => std::process::exit(0),
+            Err(e) => {
+                eprintln!("rank {:?}: {e}", std::env::var("MUTIRAO_RANK"));
+                std::process::exit(1);
+            }
+        }
+    }
+    if std::env::var_os("MUTIRAO_RANK").is_some() {
+        eprintln!("started as a rank without MW_SCENARIO: refusing to run the test suite");
+        std::process::exit(1);
+    }
+    let args = Arguments::from_args();
+    let mut trials = Vec::new();
+    for p in PolicyKind::ALL {
+        let name = p.name();
+        trials.push(Trial::test(format!("every_task_once_{name}"), move || {
+            launch(name, 4, None, "auto")
+        }));
+    }
+    for (name, transport) in [
+        ("hnow", "tcp"),
+        ("join", "tcp"),
+        ("gss", "tcp"),
+        ("hnow", "auto"),
+        ("steal", "auto"),
+    ] {
+        trials.push(Trial::test(
+            format!("a_dead_worker_loses_no_task_{name}_{transport}"),
+            move || launch(name, 4, Some(3), transport),
+        ));
+    }
+    libtest_mimic::run(&args, trials).exit();
+}
