@@ -16,6 +16,7 @@
 //! * [`normalize`]: Table 2 → Table 3 (`norm_i = T_best / T_i`), Σnorm for efficiency;
 //! * [`log`] and [`measure`]: the per-iteration log and the measurement algorithm (AM) that
 //!   proposes `TAM_BLOCO` and thresholds from it;
+//! * [`awd`]: the available-workers pool (claim, release, spawn latency per host);
 //! * [`choose`]: which candidate host to add, by predicted makespan (speed, spawn cost,
 //!   remaining work);
 //! * [`sim`]: a discrete-event master/worker simulator to compare policies without hosts;
@@ -24,6 +25,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod awd;
 pub mod choose;
 pub mod config;
 pub mod driver;
