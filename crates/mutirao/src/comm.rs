@@ -326,7 +326,8 @@ impl Comm {
     // ------------------------------------------------------------ probe
 
     /// Is a matching message waiting? Never blocks. With a specific source that has failed or
-    /// finalized and left nothing to receive, the error a receive would return.
+    /// finalized and left nothing to receive, the error a receive would return (an any-source
+    /// probe never fails).
     pub fn iprobe(&self, src: usize, tag: i32) -> Result<Option<Status>, Error> {
         let (s, t) = (self.src_filter(src)?, Self::tag_filter(tag)?);
         let mut e = self.inner.eng.borrow_mut();
@@ -336,8 +337,9 @@ impl Comm {
         e.poke()?;
         match e.iprobe(self.inner.ctx, s, t) {
             Some(st) => Ok(Some(self.to_local(st))),
-            // Nothing here and nothing can come: say so, as a receive would.
-            None => match e.source_gone(s) {
+            // Nothing here and nothing can come from that source: say so, as a receive
+            // would. (Any source: others may still send; an any-source probe never fails.)
+            None => match s.and_then(|src| e.source_gone(Some(src))) {
                 Some(err) => Err(err),
                 None => Ok(None),
             },
