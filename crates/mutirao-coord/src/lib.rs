@@ -1,0 +1,83 @@
+//! # mutirao-coord: the coordinator's state (issue 14)
+//!
+//! What a grid coordinator must never lose — jobs, their states, the story of each job, the
+//! hosts and their last reports — behind a [`Store`] trait, with an SQLite implementation
+//! ([`SqliteStore`]: schema migrations, WAL, every change one transaction, fsynced). The job
+//! lifecycle is a pure state machine ([`JobState::can_become`]); the store refuses a transition
+//! the machine does not allow and journals every one it makes.
+//!
+//! ```
+//! use mutirao_coord::{JobState, NewJob, SqliteStore, Store};
+//! let s = SqliteStore::open_in_memory()?;
+//! let j = s.create_job(&NewJob { owner: "ana".into(), ranks: 8, program: "matmul".into(),
+//!     args: vec!["2000".into()], require: Some("cpu>=2".into()), checkpoint_interval_s: None })?;
+//! assert_eq!(j.state, JobState::Waiting);
+//! s.transition(j.id, JobState::Running, "placed on 8 hosts")?;
+//! assert!(s.transition(j.id, JobState::Waiting, "again").is_err()); // not a legal move
+//! s.transition(j.id, JobState::Finished, "exit 0")?;
+//! let story: Vec<String> = s.events(j.id)?.into_iter().map(|e| e.detail).collect();
+//! assert_eq!(story, ["submitted", "placed on 8 hosts", "exit 0"]);
+//! # Ok::<(), mutirao_coord::Error>(())
+//! ```
+
+#![forbid(unsafe_code)]
+
+mod model;
+mod sqlite;
+
+pub use model::{Event, Host, HostReport, Job, JobState, NewJob};
+pub use sqlite::SqliteStore;
+
+/// Errors of the coordinator's store.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// No such job.
+    #[error("job {0} does not exist")]
+    NoJob(i64),
+    /// The state machine does not allow this move.
+    #[error("job {job} is {from}; it cannot become {to}")]
+    Transition {
+        /// The job.
+        job: i64,
+        /// Its state.
+        from: JobState,
+        /// The refused state.
+        to: JobState,
+    },
+    /// A request that makes no sense (0 ranks, an empty program…).
+    #[error("invalid: {0}")]
+    Invalid(String),
+    /// The database failed or is not one of ours.
+    #[error("database: {0}")]
+    Db(String),
+}
+
+impl From<rusqlite::Error> for Error {
+    fn from(e: rusqlite::Error) -> Self {
+        Error::Db(e.to_string())
+    }
+}
+
+/// `Result` with [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Where the coordinator keeps jobs, events and hosts. Every method is one atomic change:
+/// after it returns, a crash of the coordinator loses nothing it did.
+pub trait Store: Send {
+    /// Record a submitted job (state `waiting`, event "submitted").
+    fn create_job(&self, j: &NewJob) -> Result<Job>;
+    /// One job.
+    fn job(&self, id: i64) -> Result<Job>;
+    /// Jobs, newest first; only `owner`'s if given.
+    fn jobs(&self, owner: Option<&str>) -> Result<Vec<Job>>;
+    /// Move a job to `to` if the state machine allows it, journalling `detail`.
+    fn transition(&self, id: i64, to: JobState, detail: &str) -> Result<Job>;
+    /// Journal an event that changes no state (placement chosen, host refused, …).
+    fn note(&self, id: i64, kind: &str, detail: &str) -> Result<Event>;
+    /// The job's journal, oldest first.
+    fn events(&self, id: i64) -> Result<Vec<Event>>;
+    /// Record a host's heartbeat and resource report.
+    fn report_host(&self, r: &HostReport) -> Result<Host>;
+    /// Every host known, by name.
+    fn hosts(&self) -> Result<Vec<Host>>;
+}

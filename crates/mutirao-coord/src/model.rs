@@ -1,0 +1,176 @@
+//! Jobs, their states and events, hosts.
+
+use serde::{Deserialize, Serialize};
+
+/// A job's state (issue 14: waiting, running, checkpointing, recovering, suspended, finished,
+/// failed, cancelled).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum JobState {
+    /// Submitted, not placed yet (or re-queued).
+    Waiting,
+    /// Its ranks run.
+    Running,
+    /// A checkpoint wave is under way.
+    Checkpointing,
+    /// A rank or host was lost; ranks restart from the last committed epoch.
+    Recovering,
+    /// An owner came back: its processes are stopped, not yet vacated.
+    Suspended,
+    /// Ended with the program's success.
+    Finished,
+    /// Ended with an error it could not recover from.
+    Failed,
+    /// Cancelled by its owner.
+    Cancelled,
+}
+
+impl JobState {
+    /// Every state.
+    pub const ALL: [JobState; 8] = [
+        JobState::Waiting,
+        JobState::Running,
+        JobState::Checkpointing,
+        JobState::Recovering,
+        JobState::Suspended,
+        JobState::Finished,
+        JobState::Failed,
+        JobState::Cancelled,
+    ];
+
+    /// The name stored and shown.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobState::Waiting => "waiting",
+            JobState::Running => "running",
+            JobState::Checkpointing => "checkpointing",
+            JobState::Recovering => "recovering",
+            JobState::Suspended => "suspended",
+            JobState::Finished => "finished",
+            JobState::Failed => "failed",
+            JobState::Cancelled => "cancelled",
+        }
+    }
+
+    /// Parse a stored name.
+    pub fn parse(s: &str) -> Option<JobState> {
+        JobState::ALL.into_iter().find(|x| x.as_str() == s)
+    }
+
+    /// Finished, failed or cancelled: nothing follows.
+    pub fn is_final(self) -> bool {
+        matches!(
+            self,
+            JobState::Finished | JobState::Failed | JobState::Cancelled
+        )
+    }
+
+    /// The state machine: may a job in `self` become `to`?
+    ///
+    /// waiting → running; running ↔ checkpointing; running/checkpointing → recovering →
+    /// running (or waiting when it must be placed again); running/checkpointing → suspended →
+    /// running (owner gone) or waiting (vacated, re-queued) or recovering (vacated, resumed
+    /// from a checkpoint elsewhere); running/checkpointing/recovering → finished or failed;
+    /// any state but a final one → cancelled.
+    pub fn can_become(self, to: JobState) -> bool {
+        use JobState::*;
+        if self.is_final() {
+            return false;
+        }
+        matches!(
+            (self, to),
+            (_, Cancelled)
+                | (Waiting, Running)
+                | (Waiting, Failed)
+                | (Running, Checkpointing)
+                | (Checkpointing, Running)
+                | (Running | Checkpointing, Recovering)
+                | (Recovering, Running | Waiting)
+                | (Running | Checkpointing, Suspended)
+                | (Suspended, Running | Waiting | Recovering)
+                | (Running | Checkpointing | Recovering, Finished | Failed)
+        )
+    }
+}
+
+impl std::fmt::Display for JobState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A submission.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NewJob {
+    /// The submitting user.
+    pub owner: String,
+    /// Ranks.
+    pub ranks: u32,
+    /// The program (a content digest in the application repository, or a path).
+    pub program: String,
+    /// Its arguments.
+    pub args: Vec<String>,
+    /// A requirement on hosts (`cpu>=2 & site=north`).
+    pub require: Option<String>,
+    /// Seconds between checkpoint waves.
+    pub checkpoint_interval_s: Option<f64>,
+}
+
+/// A job as stored.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Job {
+    /// Its id.
+    pub id: i64,
+    /// What was submitted.
+    pub spec: NewJob,
+    /// Its state.
+    pub state: JobState,
+    /// Submission time, ms since the epoch.
+    pub created_ms: i64,
+    /// Last change, ms since the epoch.
+    pub updated_ms: i64,
+}
+
+/// One line of a job's journal.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Event {
+    /// The job.
+    pub job: i64,
+    /// Position in the journal, from 1.
+    pub seq: i64,
+    /// When, ms since the epoch.
+    pub at_ms: i64,
+    /// `state` for a transition (then `detail` follows the new state's name in `to`), or a
+    /// free kind (`placement`, `refused`, `checkpoint`, …).
+    pub kind: String,
+    /// The new state, for a transition.
+    pub to: Option<JobState>,
+    /// What happened, for a person.
+    pub detail: String,
+}
+
+/// What an agent reports with its heartbeat.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HostReport {
+    /// Host name.
+    pub name: String,
+    /// Where its agent listens.
+    pub addr: String,
+    /// Idle CPU, in cores.
+    pub idle_cpu: f64,
+    /// Free memory, MiB.
+    pub free_mem_mib: u64,
+    /// 1-minute load.
+    pub load: f64,
+    /// Its owner is active (keyboard, own load): no grid work now.
+    pub owner_active: bool,
+}
+
+/// A host as stored.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Host {
+    /// The last report.
+    pub report: HostReport,
+    /// When it came, ms since the epoch.
+    pub last_seen_ms: i64,
+}

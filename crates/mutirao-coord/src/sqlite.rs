@@ -1,0 +1,344 @@
+//! [`Store`] on SQLite: one file, WAL, `synchronous=FULL` (a commit is on disk when it
+//! returns), every method one transaction, the schema versioned by `PRAGMA user_version` and
+//! migrated forward on open.
+
+use crate::model::{Event, Host, HostReport, Job, JobState, NewJob};
+use crate::{Error, Result, Store};
+use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
+use std::path::Path;
+use std::sync::Mutex;
+
+/// Schema migrations, in order; `user_version` is how many have been applied.
+const MIGRATIONS: &[&str] = &[
+    // 1: jobs, their journal, hosts.
+    "CREATE TABLE jobs (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        owner TEXT NOT NULL,
+        spec TEXT NOT NULL,
+        state TEXT NOT NULL,
+        created_ms INTEGER NOT NULL,
+        updated_ms INTEGER NOT NULL
+     );
+     CREATE TABLE events (
+        job INTEGER NOT NULL REFERENCES jobs(id),
+        seq INTEGER NOT NULL,
+        at_ms INTEGER NOT NULL,
+        kind TEXT NOT NULL,
+        to_state TEXT,
+        detail TEXT NOT NULL,
+        PRIMARY KEY (job, seq)
+     );
+     CREATE TABLE hosts (
+        name TEXT PRIMARY KEY,
+        report TEXT NOT NULL,
+        last_seen_ms INTEGER NOT NULL
+     );",
+    // 2: a user's jobs are listed often.
+    "CREATE INDEX jobs_owner ON jobs(owner, id);",
+];
+
+/// The SQLite store.
+pub struct SqliteStore {
+    conn: Mutex<Connection>,
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+impl SqliteStore {
+    /// Open (or create) the database at `path` and migrate it to this version's schema.
+    pub fn open(path: &Path) -> Result<SqliteStore> {
+        let conn = Connection::open(path)
+            .map_err(|e| Error::Db(format!("cannot open {}: {e}", path.display())))?;
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        Self::setup(conn)
+    }
+
+    /// A private in-memory database (tests, dry runs).
+    pub fn open_in_memory() -> Result<SqliteStore> {
+        Self::setup(Connection::open_in_memory()?)
+    }
+
+    fn setup(mut conn: Connection) -> Result<SqliteStore> {
+        conn.pragma_update(None, "synchronous", "FULL")?;
+        conn.pragma_update(None, "foreign_keys", "ON")?;
+        conn.busy_timeout(std::time::Duration::from_secs(10))?;
+        let have: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
+        if have < 0 || have as usize > MIGRATIONS.len() {
+            return Err(Error::Db(format!(
+                "schema version {have} is newer than this mutirão knows ({}); use a newer coordinator",
+                MIGRATIONS.len()
+            )));
+        }
+        for (i, m) in MIGRATIONS.iter().enumerate().skip(have as usize) {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Exclusive)?;
+            tx.execute_batch(m)
+                .map_err(|e| Error::Db(format!("migration {}: {e}", i + 1)))?;
+            tx.pragma_update(None, "user_version", (i + 1) as i64)?;
+            tx.commit()?;
+        }
+        Ok(SqliteStore {
+            conn: Mutex::new(conn),
+        })
+    }
+
+    /// The schema version (migrations applied).
+    pub fn schema_version(&self) -> Result<i64> {
+        Ok(self
+            .lock()
+            .pragma_query_value(None, "user_version", |r| r.get(0))?)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Connection> {
+        // rusqlite rolls back an unfinished transaction when it is dropped, so a panic in
+        // another thread leaves the database consistent: a poisoned lock is still usable.
+        self.conn.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+fn job_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<(i64, String, String, i64, i64)> {
+    Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+}
+
+fn to_job(row: (i64, String, String, i64, i64)) -> Result<Job> {
+    let (id, spec, state, created_ms, updated_ms) = row;
+    Ok(Job {
+        id,
+        spec: serde_json::from_str(&spec)
+            .map_err(|e| Error::Db(format!("job {id}: stored spec is malformed: {e}")))?,
+        state: JobState::parse(&state)
+            .ok_or_else(|| Error::Db(format!("job {id}: unknown stored state {state:?}")))?,
+        created_ms,
+        updated_ms,
+    })
+}
+
+fn append(
+    tx: &rusqlite::Transaction<'_>,
+    job: i64,
+    at: i64,
+    kind: &str,
+    to: Option<JobState>,
+    detail: &str,
+) -> Result<Event> {
+    let seq: i64 = tx.query_row(
+        "SELECT COALESCE(MAX(seq), 0) + 1 FROM events WHERE job = ?1",
+        [job],
+        |r| r.get(0),
+    )?;
+    tx.execute(
+        "INSERT INTO events (job, seq, at_ms, kind, to_state, detail) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        params![job, seq, at, kind, to.map(JobState::as_str), detail],
+    )?;
+    Ok(Event {
+        job,
+        seq,
+        at_ms: at,
+        kind: kind.to_string(),
+        to,
+        detail: detail.to_string(),
+    })
+}
+
+impl Store for SqliteStore {
+    fn create_job(&self, j: &NewJob) -> Result<Job> {
+        if j.ranks == 0 {
+            return Err(Error::Invalid("a job needs at least 1 rank".into()));
+        }
+        if j.program.trim().is_empty() {
+            return Err(Error::Invalid("a job needs a program".into()));
+        }
+        if j.owner.trim().is_empty() {
+            return Err(Error::Invalid("a job needs an owner".into()));
+        }
+        if let Some(s) = j.checkpoint_interval_s {
+            if !(s.is_finite() && s > 0.0) {
+                return Err(Error::Invalid(format!(
+                    "checkpoint interval {s} s must be a positive number"
+                )));
+            }
+        }
+        let spec = serde_json::to_string(j).map_err(|e| Error::Invalid(e.to_string()))?;
+        let mut c = self.lock();
+        let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let at = now_ms();
+        tx.execute(
+            "INSERT INTO jobs (owner, spec, state, created_ms, updated_ms) VALUES (?1, ?2, ?3, ?4, ?4)",
+            params![j.owner, spec, JobState::Waiting.as_str(), at],
+        )?;
+        let id = tx.last_insert_rowid();
+        append(&tx, id, at, "state", Some(JobState::Waiting), "submitted")?;
+        tx.commit()?;
+        Ok(Job {
+            id,
+            spec: j.clone(),
+            state: JobState::Waiting,
+            created_ms: at,
+            updated_ms: at,
+        })
+    }
+
+    fn job(&self, id: i64) -> Result<Job> {
+        let c = self.lock();
+        let row = c
+            .query_row(
+                "SELECT id, spec, state, created_ms, updated_ms FROM jobs WHERE id = ?1",
+                [id],
+                job_row,
+            )
+            .optional()?
+            .ok_or(Error::NoJob(id))?;
+        to_job(row)
+    }
+
+    fn jobs(&self, owner: Option<&str>) -> Result<Vec<Job>> {
+        let c = self.lock();
+        let mut st = c.prepare(
+            "SELECT id, spec, state, created_ms, updated_ms FROM jobs
+             WHERE ?1 IS NULL OR owner = ?1 ORDER BY id DESC",
+        )?;
+        let rows = st.query_map([owner], job_row)?;
+        rows.map(|r| to_job(r?)).collect()
+    }
+
+    fn transition(&self, id: i64, to: JobState, detail: &str) -> Result<Job> {
+        let mut c = self.lock();
+        let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let row = tx
+            .query_row(
+                "SELECT id, spec, state, created_ms, updated_ms FROM jobs WHERE id = ?1",
+                [id],
+                job_row,
+            )
+            .optional()?
+            .ok_or(Error::NoJob(id))?;
+        let mut job = to_job(row)?;
+        if !job.state.can_become(to) {
+            return Err(Error::Transition {
+                job: id,
+                from: job.state,
+                to,
+            });
+        }
+        let at = now_ms();
+        tx.execute(
+            "UPDATE jobs SET state = ?1, updated_ms = ?2 WHERE id = ?3",
+            params![to.as_str(), at, id],
+        )?;
+        append(&tx, id, at, "state", Some(to), detail)?;
+        tx.commit()?;
+        job.state = to;
+        job.updated_ms = at;
+        Ok(job)
+    }
+
+    fn note(&self, id: i64, kind: &str, detail: &str) -> Result<Event> {
+        if kind == "state" {
+            return Err(Error::Invalid(
+                "kind \"state\" is for transitions; use transition()".into(),
+            ));
+        }
+        let mut c = self.lock();
+        let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let exists: bool = tx
+            .query_row("SELECT 1 FROM jobs WHERE id = ?1", [id], |_| Ok(true))
+            .optional()?
+            .unwrap_or(false);
+        if !exists {
+            return Err(Error::NoJob(id));
+        }
+        let e = append(&tx, id, now_ms(), kind, None, detail)?;
+        tx.commit()?;
+        Ok(e)
+    }
+
+    fn events(&self, id: i64) -> Result<Vec<Event>> {
+        let c = self.lock();
+        let mut st = c.prepare(
+            "SELECT job, seq, at_ms, kind, to_state, detail FROM events WHERE job = ?1 ORDER BY seq",
+        )?;
+        let rows = st.query_map([id], |r| {
+            Ok((
+                r.get::<_, i64>(0)?,
+                r.get::<_, i64>(1)?,
+                r.get::<_, i64>(2)?,
+                r.get::<_, String>(3)?,
+                r.get::<_, Option<String>>(4)?,
+                r.get::<_, String>(5)?,
+            ))
+        })?;
+        let mut out = Vec::new();
+        for r in rows {
+            let (job, seq, at_ms, kind, to, detail) = r?;
+            let to = match to {
+                Some(s) => Some(JobState::parse(&s).ok_or_else(|| {
+                    Error::Db(format!("job {job} event {seq}: unknown state {s:?}"))
+                })?),
+                None => None,
+            };
+            out.push(Event {
+                job,
+                seq,
+                at_ms,
+                kind,
+                to,
+                detail,
+            });
+        }
+        if out.is_empty() {
+            // Every job has its "submitted" event: no events means no job.
+            return Err(Error::NoJob(id));
+        }
+        Ok(out)
+    }
+
+    fn report_host(&self, r: &HostReport) -> Result<Host> {
+        if r.name.trim().is_empty() {
+            return Err(Error::Invalid("a host report needs a host name".into()));
+        }
+        if !(r.idle_cpu.is_finite() && r.idle_cpu >= 0.0 && r.load.is_finite() && r.load >= 0.0) {
+            return Err(Error::Invalid(format!(
+                "host {}: idle cpu {} and load {} must be non-negative numbers",
+                r.name, r.idle_cpu, r.load
+            )));
+        }
+        let at = now_ms();
+        let text = serde_json::to_string(r).map_err(|e| Error::Invalid(e.to_string()))?;
+        self.lock().execute(
+            "INSERT INTO hosts (name, report, last_seen_ms) VALUES (?1, ?2, ?3)
+             ON CONFLICT(name) DO UPDATE SET report = excluded.report, last_seen_ms = excluded.last_seen_ms",
+            params![r.name, text, at],
+        )?;
+        Ok(Host {
+            report: r.clone(),
+            last_seen_ms: at,
+        })
+    }
+
+    fn hosts(&self) -> Result<Vec<Host>> {
+        let c = self.lock();
+        let mut st = c.prepare("SELECT name, report, last_seen_ms FROM hosts ORDER BY name")?;
+        let rows = st.query_map([], |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, i64>(2)?,
+            ))
+        })?;
+        let mut out = Vec::new();
+        for r in rows {
+            let (name, text, last_seen_ms) = r?;
+            out.push(Host {
+                report: serde_json::from_str(&text).map_err(|e| {
+                    Error::Db(format!("host {name}: stored report is malformed: {e}"))
+                })?,
+                last_seen_ms,
+            });
+        }
+        Ok(out)
+    }
+}
