@@ -43,6 +43,7 @@
 //! Threading: a communicator is used from one thread (it is `!Send`), like MPI at
 //! `MPI_THREAD_FUNNELED`.
 
+pub mod ckpt;
 pub mod coll;
 mod comm;
 pub mod config;
