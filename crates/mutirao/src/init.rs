@@ -131,7 +131,7 @@ impl JobEnv {
                     let x: f64 = v.trim().parse().map_err(|_| {
                         Error::Init(format!("{k}={v:?} is not a number of seconds"))
                     })?;
-                    if !x.is_finite() || x < 0.0 || x > 1e9 {
+                    if !x.is_finite() || !(0.0..=1e9).contains(&x) {
                         return Err(Error::Init(format!(
                             "{k}={v:?} must be between 0 and 1e9 seconds"
                         )));
