@@ -20,6 +20,7 @@
 //!    newer epoch also closes an older unfinished one (the coordinator starts `e+1` only once `e`
 //!    is committed or aborted).
 
+use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
 use std::time::Duration;
 
@@ -442,6 +443,101 @@ impl<M: Clone> Wave<M> {
     }
 }
 
+// ------------------------------------------------------------------ the stored blob
+
+/// A message kept in a checkpoint: received but not matched at the snapshot (unexpected), or
+/// late (channel state, nonblocking mode). Re-injected, in order, before anything new on a
+/// restore. Ranks are world ranks; `ctx` is the communicator context id.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SavedMessage {
+    pub source: u32,
+    pub ctx: u64,
+    pub tag: i32,
+    pub bytes: Vec<u8>,
+}
+
+/// One rank's checkpoint of one epoch: the program's state and the runtime's. Nothing in it is
+/// host-specific (no addresses, pids or paths), so it restores on another host.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RankCheckpoint {
+    pub epoch: u64,
+    pub rank: u32,
+    pub size: u32,
+    /// The communicator table: the next context id `split`/`dup` hand out.
+    pub next_ctx: u64,
+    /// Received, unmatched messages at the snapshot, in arrival order.
+    pub unexpected: Vec<SavedMessage>,
+    /// Channel state (nonblocking mode), in arrival order.
+    pub late: Vec<SavedMessage>,
+    /// The program's state, serialized by the program's serde value (bincode).
+    pub app: Vec<u8>,
+}
+
+/// First bytes of every checkpoint blob.
+pub const BLOB_MAGIC: [u8; 8] = *b"MUTICKP\0";
+/// Version of the blob layout.
+pub const BLOB_VERSION: u32 = 1;
+
+/// FNV-1a, 64 bits: detects truncation and corruption of a blob (not an adversary: blobs travel
+/// over the job's authenticated connections and the stores checksum them too).
+fn fnv1a(b: &[u8]) -> u64 {
+    b.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, x| {
+        (h ^ u64::from(*x)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+impl RankCheckpoint {
+    /// `magic | version u32 | body length u64 | checksum u64 | body (bincode)`, little-endian.
+    pub fn encode(&self) -> Result<Vec<u8>, String> {
+        let body = bincode::serialize(self)
+            .map_err(|e| format!("cannot encode the checkpoint of epoch {}: {e}", self.epoch))?;
+        let mut out = Vec::with_capacity(28 + body.len());
+        out.extend_from_slice(&BLOB_MAGIC);
+        out.extend_from_slice(&BLOB_VERSION.to_le_bytes());
+        out.extend_from_slice(&(body.len() as u64).to_le_bytes());
+        out.extend_from_slice(&fnv1a(&body).to_le_bytes());
+        out.extend_from_slice(&body);
+        Ok(out)
+    }
+
+    /// Decode a blob and check it is `rank`'s (of `size` ranks) checkpoint of `epoch`; a
+    /// corrupt, truncated or foreign blob is an error saying which, never data.
+    pub fn decode(b: &[u8], epoch: u64, rank: u32, size: u32) -> Result<RankCheckpoint, String> {
+        let what = format!("the checkpoint of rank {rank} at epoch {epoch}");
+        if b.len() < 28 || b[..8] != BLOB_MAGIC {
+            return Err(format!("{what} is not a mutirão checkpoint (bad header)"));
+        }
+        let u32_at = |o: usize| u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
+        let u64_at = |o: usize| u64::from(u32_at(o)) | (u64::from(u32_at(o + 4)) << 32);
+        let version = u32_at(8);
+        if version != BLOB_VERSION {
+            return Err(format!(
+                "{what} has layout version {version}, this runtime reads {BLOB_VERSION}: restart with the mutirão build that wrote it"
+            ));
+        }
+        let body = &b[28..];
+        if u64_at(12) != body.len() as u64 {
+            return Err(format!(
+                "{what} is truncated or padded: {} body bytes, the header says {}",
+                body.len(),
+                u64_at(12)
+            ));
+        }
+        if u64_at(20) != fnv1a(body) {
+            return Err(format!("{what} is corrupt (checksum mismatch)"));
+        }
+        let c: RankCheckpoint =
+            bincode::deserialize(body).map_err(|e| format!("{what} is corrupt: {e}"))?;
+        if (c.epoch, c.rank, c.size) != (epoch, rank, size) {
+            return Err(format!(
+                "{what} holds rank {} of {} at epoch {} instead: a checkpoint of another job or epoch",
+                c.rank, c.size, c.epoch
+            ));
+        }
+        Ok(c)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -557,6 +653,36 @@ mod tests {
         w.take_complete().unwrap();
         assert_eq!(w.stored(1, ms(12)).commit, None);
         assert_eq!(w.on_marker(1, Marker::Done(1), ms(13)).commit, Some(1));
+    }
+
+    #[test]
+    fn blobs_round_trip_and_bad_ones_are_named_errors() {
+        let c = RankCheckpoint {
+            epoch: 3,
+            rank: 1,
+            size: 4,
+            next_ctx: 9,
+            unexpected: vec![SavedMessage {
+                source: 2,
+                ctx: 0,
+                tag: 5,
+                bytes: vec![1, 2, 3],
+            }],
+            late: vec![],
+            app: vec![7; 100],
+        };
+        let b = c.encode().unwrap();
+        assert_eq!(RankCheckpoint::decode(&b, 3, 1, 4).unwrap(), c);
+        let e = RankCheckpoint::decode(&b[..b.len() - 1], 3, 1, 4).unwrap_err();
+        assert!(e.contains("truncated"), "{e}");
+        let mut flip = b.clone();
+        *flip.last_mut().unwrap() ^= 1;
+        let e = RankCheckpoint::decode(&flip, 3, 1, 4).unwrap_err();
+        assert!(e.contains("checksum"), "{e}");
+        let e = RankCheckpoint::decode(&b, 4, 1, 4).unwrap_err();
+        assert!(e.contains("another job or epoch"), "{e}");
+        let e = RankCheckpoint::decode(b"hello world, not a checkpoint", 3, 1, 4).unwrap_err();
+        assert!(e.contains("not a mutirão checkpoint"), "{e}");
     }
 
     // ----------------------------------------------------------- §15.6.5 property test
