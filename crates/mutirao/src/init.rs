@@ -404,6 +404,46 @@ pub fn init_with(env: &JobEnv) -> Result<Comm, Error> {
             cma: cfg.cma,
         },
     )?;
+    if env.ckpt_interval.is_some() || env.restart_epoch.is_some() {
+        if env.ckpt_mode == Mode::Nonblocking {
+            return Err(Error::Init(
+                "MUTIRAO_CKPT_MODE=nonblocking is not supported by this runtime yet; use blocking"
+                    .into(),
+            ));
+        }
+        let pmi_timeout = cfg.connect_timeout.max(env.ckpt_timeout());
+        let mut restored_app = None;
+        if let Some(epoch) = env.restart_epoch {
+            let blob = pmi
+                .ckpt_get(epoch, pmi_timeout)
+                .map_err(|e| Error::Init(format!("restart from epoch {epoch}: {e}")))?;
+            let c =
+                crate::ckpt::RankCheckpoint::decode(&blob, epoch, env.rank as u32, env.size as u32)
+                    .map_err(|e| Error::Init(format!("restart: {e}")))?;
+            let mut msgs = c.unexpected;
+            msgs.extend(c.late);
+            engine.restore_unexpected(msgs);
+            restored_app = Some(c.app);
+        }
+        let clock0 = Instant::now();
+        engine.ckpt = Some(crate::engine::CkptRt {
+            wave: crate::ckpt::Wave::new(
+                env.rank,
+                env.size,
+                env.ckpt_mode,
+                env.restart_epoch.unwrap_or(0),
+                env.ckpt_interval.unwrap_or_default(),
+                env.ckpt_timeout(),
+                Duration::ZERO,
+            ),
+            clock0,
+            pmi_timeout,
+            restored_app,
+            recovery: env.restart_epoch.map(|e| (e, env.incarnation)),
+            aborted: Vec::new(),
+            committed: Vec::new(),
+        });
+    }
     engine._pmi = Some(pmi);
     Ok(Comm::world(engine))
 }

@@ -55,7 +55,7 @@ pub mod shm;
 mod transport;
 pub mod wire;
 
-pub use comm::{wait_all, wait_any, Comm, Completion, Request};
+pub use comm::{wait_all, wait_any, Comm, Completion, Recovery, Request};
 pub use init::{init, init_with, JobEnv};
 
 /// Receive from any source.

@@ -162,12 +162,13 @@ impl Header {
 }
 
 impl Header {
-    /// A checkpoint marker frame (issue 12): sub-kind in `tag`, epoch in `id`, no payload.
+    /// A checkpoint marker frame (issue 12): sub-kind in `tag`, epoch in `id`, the safe point
+    /// to cut at in `ctx`, no payload.
     pub fn marker(m: crate::ckpt::Marker) -> Header {
         Header {
             kind: Kind::Marker,
             tag: i32::from(m.code()),
-            ctx: 0,
+            ctx: m.at(),
             len: 0,
             id: m.epoch(),
         }
@@ -187,7 +188,7 @@ impl Header {
                 self.tag
             )
         })?;
-        crate::ckpt::Marker::from_parts(code, self.id)
+        crate::ckpt::Marker::from_parts(code, self.id, self.ctx)
     }
 }
 
@@ -354,8 +355,8 @@ mod tests {
     fn marker_frames_round_trip_and_reject_bad_sub_kinds() {
         use crate::ckpt::Marker;
         for m in [
-            Marker::Announce(1),
-            Marker::Cut(u64::MAX),
+            Marker::Announce(1, 2),
+            Marker::Cut(u64::MAX, 7),
             Marker::Done(0),
             Marker::Abort(9),
         ] {
@@ -363,7 +364,7 @@ mod tests {
             assert_eq!(h.payload_len(), 0);
             assert_eq!(h.to_marker(), Ok(m));
         }
-        let mut h = Header::marker(Marker::Cut(3));
+        let mut h = Header::marker(Marker::Cut(3, 7));
         h.tag = 300;
         assert!(h.to_marker().unwrap_err().contains("out of range"));
         h.tag = 7;
