@@ -139,9 +139,23 @@ impl CheckpointSink for MapSink {
 struct Outcome {
     codes: Vec<Option<i32>>,
     stderr: Vec<String>,
+    stdout: Vec<String>,
 }
 
 fn launch(
+    n: usize,
+    sink: &Arc<MapSink>,
+    out: &Path,
+    env: &[(&str, String)],
+    limit: Duration,
+) -> Result<Outcome, Failed> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    launch_prog(&exe, &[], n, sink, out, env, limit)
+}
+
+fn launch_prog(
+    exe: &Path,
+    args: &[&str],
     n: usize,
     sink: &Arc<MapSink>,
     out: &Path,
@@ -157,13 +171,13 @@ fn launch(
         sink.clone(),
     )
     .map_err(|e| e.to_string())?;
-    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let job = format!("ck{}{}", std::process::id(), &hex(&token)[..8]);
     std::fs::create_dir_all(out).map_err(|e| e.to_string())?;
     let start = Instant::now();
     let mut kids = Vec::new();
     for r in 0..n {
-        let child = Command::new(&exe)
+        let child = Command::new(exe)
+            .args(args)
             .env("CK_SCENARIO", "loop")
             .env("CK_OUT", out)
             .env("MUTIRAO_RANK", r.to_string())
@@ -173,7 +187,7 @@ fn launch(
             .env("MUTIRAO_JOB_ID", &job)
             .env("MUTIRAO_LOCAL_RANKS", n.to_string())
             .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
-            .stdout(Stdio::null())
+            .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
             .map_err(|e| e.to_string())?;
@@ -199,18 +213,25 @@ fn launch(
         }
         std::thread::sleep(Duration::from_millis(5));
     }
-    let stderr = kids
-        .into_iter()
-        .map(|k| {
-            let mut s = String::new();
-            if let Some(mut e) = k.stderr {
-                use std::io::Read;
-                let _ = e.read_to_string(&mut s);
-            }
-            s
-        })
-        .collect();
-    Ok(Outcome { codes, stderr })
+    let mut stderr = Vec::new();
+    let mut stdout = Vec::new();
+    for k in kids {
+        use std::io::Read;
+        let (mut e, mut o) = (String::new(), String::new());
+        if let Some(mut p) = k.stderr {
+            let _ = p.read_to_string(&mut e);
+        }
+        if let Some(mut p) = k.stdout {
+            let _ = p.read_to_string(&mut o);
+        }
+        stderr.push(e);
+        stdout.push(o);
+    }
+    Ok(Outcome {
+        codes,
+        stderr,
+        stdout,
+    })
 }
 
 fn results(out: &Path, n: usize) -> Result<Vec<String>, Failed> {
@@ -246,8 +267,8 @@ fn ckpt_env() -> Vec<(&'static str, String)> {
     ]
 }
 
-fn reference() -> Result<Vec<String>, Failed> {
-    let out = scratch("ref");
+fn reference(name: &str) -> Result<Vec<String>, Failed> {
+    let out = scratch(name);
     let sink = Arc::new(MapSink::default());
     let o = launch(
         N,
@@ -291,7 +312,7 @@ fn restart_matches(
 }
 
 fn waves_commit_and_restart() -> Result<(), Failed> {
-    let want = reference()?;
+    let want = reference("ref-waves")?;
     let sink = Arc::new(MapSink::default());
     let out = scratch("waves");
     let o = launch(N, &sink, &out, &ckpt_env(), Duration::from_secs(60))?;
@@ -327,7 +348,7 @@ fn waves_commit_and_restart() -> Result<(), Failed> {
 }
 
 fn killed_mid_wave() -> Result<(), Failed> {
-    let want = reference()?;
+    let want = reference("ref-kill")?;
     let sink = Arc::new(MapSink::default());
     let out = scratch("kill");
     let mut env = ckpt_env();
@@ -363,6 +384,73 @@ fn killed_mid_wave() -> Result<(), Failed> {
     restart_matches(&sink, last, &want, "kill-restart")
 }
 
+/// The jacobi example with waves, then restarted from its last committed epoch: both print the
+/// checksum of a run without checkpoints (and pass its own serial check).
+fn jacobi_restarts() -> Result<(), Failed> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let Some(jacobi) = exe
+        .parent()
+        .and_then(|d| d.parent())
+        .map(|d| d.join("examples").join("jacobi"))
+        .filter(|p| p.exists())
+    else {
+        println!("skipped: the jacobi example is not built (run `cargo test -p mutirao`, which builds it)");
+        return Ok(());
+    };
+    let args = ["--n", "48", "--iters", "400"];
+    let line = |o: &Outcome| -> String {
+        o.stdout[0]
+            .lines()
+            .find(|l| l.starts_with("jacobi "))
+            .map(|l| l.split(" elapsed_s").next().unwrap_or("").to_string())
+            .unwrap_or_default()
+    };
+    let sink = Arc::new(MapSink::default());
+    let out = scratch("jacobi");
+    let plain = launch_prog(&jacobi, &args, N, &sink, &out, &[], Duration::from_secs(60))?;
+    all_ok(&plain, "jacobi without checkpoints")?;
+    let env = vec![
+        ("MUTIRAO_CKPT_INTERVAL", "0.02".to_string()),
+        ("MUTIRAO_CKPT_TIMEOUT", "5".to_string()),
+    ];
+    let waves = launch_prog(
+        &jacobi,
+        &args,
+        N,
+        &sink,
+        &out,
+        &env,
+        Duration::from_secs(60),
+    )?;
+    all_ok(&waves, "jacobi with checkpoints")?;
+    let Some(last) = sink.committed.lock().unwrap().last().copied() else {
+        return Err(format!("jacobi committed no epoch: {:?}", waves.stderr).into());
+    };
+    let mut env2 = env.clone();
+    env2.push(("MUTIRAO_RESTART_EPOCH", last.to_string()));
+    let again = launch_prog(
+        &jacobi,
+        &args,
+        N,
+        &sink,
+        &out,
+        &env2,
+        Duration::from_secs(60),
+    )?;
+    all_ok(&again, "jacobi restarted")?;
+    let _ = std::fs::remove_dir_all(&out);
+    if !again.stderr[0].contains("resumes at iteration") {
+        return Err(format!("the restart did not resume: {:?}", again.stderr).into());
+    }
+    let (a, b, c) = (line(&plain), line(&waves), line(&again));
+    if a.is_empty() || a != b || a != c {
+        return Err(
+            format!("checksums differ: plain {a:?}, with waves {b:?}, restarted {c:?}").into(),
+        );
+    }
+    Ok(())
+}
+
 fn main() {
     if std::env::var("CK_SCENARIO").is_ok() {
         match rank_main() {
@@ -382,6 +470,10 @@ fn main() {
         Trial::test(
             "a_rank_dying_mid_wave_leaves_the_previous_epoch_committed",
             killed_mid_wave,
+        ),
+        Trial::test(
+            "jacobi_example_restarts_with_the_same_checksum",
+            jacobi_restarts,
         ),
     ];
     libtest_mimic::run(&args, trials).exit();
