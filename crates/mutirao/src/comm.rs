@@ -415,6 +415,9 @@ impl Comm {
             return Ok(());
         }
         e.quiescent()?;
+        // Look at the network once: a rank that does not otherwise communicate must still learn
+        // of a wave before it passes the safe point the wave is cut at.
+        e.poke()?;
         e.ckpt_tick();
         let Some(c) = e.ckpt.as_mut() else {
             return Ok(());

@@ -1588,9 +1588,11 @@ impl Engine {
             }
             if self.rank == 0 {
                 eprintln!(
-                    "mutirao: checkpoint wave {e} did not complete in time and was abandoned; \
-                     no checkpoint of it exists. Checkpoint points must be places no message \
-                     crosses (e.g. the end of an iteration) and every rank must keep reaching them"
+                    "mutirao: checkpoint wave {e} was abandoned (it did not complete in time, a \
+                     rank had already passed the checkpoint point it was to be cut at, or a rank \
+                     is finishing); no checkpoint of it exists. Checkpoint points must be places \
+                     no message crosses (e.g. the end of an iteration), reached as often by every \
+                     rank, and ranks must keep reaching them"
                 );
             }
         }

@@ -384,69 +384,53 @@ fn killed_mid_wave() -> Result<(), Failed> {
     restart_matches(&sink, last, &want, "kill-restart")
 }
 
-/// The jacobi example with waves, then restarted from its last committed epoch: both print the
-/// checksum of a run without checkpoints (and pass its own serial check).
-fn jacobi_restarts() -> Result<(), Failed> {
+/// An example with waves, then restarted from its last committed epoch: both print what a run
+/// without checkpoints prints (each example also checks its own result).
+fn example_restarts(name: &str, args: &[&str], resume_note: Option<&str>) -> Result<(), Failed> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let Some(jacobi) = exe
+    let Some(prog) = exe
         .parent()
         .and_then(|d| d.parent())
-        .map(|d| d.join("examples").join("jacobi"))
+        .map(|d| d.join("examples").join(name))
         .filter(|p| p.exists())
     else {
-        println!("skipped: the jacobi example is not built (run `cargo test -p mutirao`, which builds it)");
+        println!("skipped: the {name} example is not built (run `cargo test -p mutirao`, which builds it)");
         return Ok(());
     };
-    let args = ["--n", "48", "--iters", "400"];
     let line = |o: &Outcome| -> String {
         o.stdout[0]
             .lines()
-            .find(|l| l.starts_with("jacobi "))
+            .find(|l| l.starts_with(name))
             .map(|l| l.split(" elapsed_s").next().unwrap_or("").to_string())
             .unwrap_or_default()
     };
     let sink = Arc::new(MapSink::default());
-    let out = scratch("jacobi");
-    let plain = launch_prog(&jacobi, &args, N, &sink, &out, &[], Duration::from_secs(60))?;
-    all_ok(&plain, "jacobi without checkpoints")?;
+    let out = scratch(name);
+    let limit = Duration::from_secs(60);
+    let plain = launch_prog(&prog, args, N, &sink, &out, &[], limit)?;
+    all_ok(&plain, &format!("{name} without checkpoints"))?;
     let env = vec![
         ("MUTIRAO_CKPT_INTERVAL", "0.02".to_string()),
         ("MUTIRAO_CKPT_TIMEOUT", "5".to_string()),
     ];
-    let waves = launch_prog(
-        &jacobi,
-        &args,
-        N,
-        &sink,
-        &out,
-        &env,
-        Duration::from_secs(60),
-    )?;
-    all_ok(&waves, "jacobi with checkpoints")?;
+    let waves = launch_prog(&prog, args, N, &sink, &out, &env, limit)?;
+    all_ok(&waves, &format!("{name} with checkpoints"))?;
     let Some(last) = sink.committed.lock().unwrap().last().copied() else {
-        return Err(format!("jacobi committed no epoch: {:?}", waves.stderr).into());
+        return Err(format!("{name} committed no epoch: {:?}", waves.stderr).into());
     };
     let mut env2 = env.clone();
     env2.push(("MUTIRAO_RESTART_EPOCH", last.to_string()));
-    let again = launch_prog(
-        &jacobi,
-        &args,
-        N,
-        &sink,
-        &out,
-        &env2,
-        Duration::from_secs(60),
-    )?;
-    all_ok(&again, "jacobi restarted")?;
+    let again = launch_prog(&prog, args, N, &sink, &out, &env2, limit)?;
+    all_ok(&again, &format!("{name} restarted from epoch {last}"))?;
     let _ = std::fs::remove_dir_all(&out);
-    if !again.stderr[0].contains("resumes at iteration") {
-        return Err(format!("the restart did not resume: {:?}", again.stderr).into());
+    if let Some(note) = resume_note {
+        if !again.stderr[0].contains(note) {
+            return Err(format!("the restart did not resume: {:?}", again.stderr).into());
+        }
     }
     let (a, b, c) = (line(&plain), line(&waves), line(&again));
     if a.is_empty() || a != b || a != c {
-        return Err(
-            format!("checksums differ: plain {a:?}, with waves {b:?}, restarted {c:?}").into(),
-        );
+        return Err(format!("{name}: plain run {a:?}, with waves {b:?}, restarted {c:?}").into());
     }
     Ok(())
 }
@@ -471,10 +455,19 @@ fn main() {
             "a_rank_dying_mid_wave_leaves_the_previous_epoch_committed",
             killed_mid_wave,
         ),
-        Trial::test(
-            "jacobi_example_restarts_with_the_same_checksum",
-            jacobi_restarts,
-        ),
+        Trial::test("jacobi_example_restarts_with_the_same_checksum", || {
+            example_restarts(
+                "jacobi",
+                &["--n", "48", "--iters", "400"],
+                Some("resumes at iteration"),
+            )
+        }),
+        Trial::test("ring_example_restarts_with_the_same_result", || {
+            example_restarts("ring", &["150", "64", "300"], None)
+        }),
+        Trial::test("matmul_example_restarts_with_the_same_result", || {
+            example_restarts("matmul", &["300"], None)
+        }),
     ];
     libtest_mimic::run(&args, trials).exit();
 }
