@@ -10,6 +10,12 @@
 //! - `a_rank_dying_mid_wave_leaves_the_previous_epoch_committed`: a rank stalls (so a wave
 //!   starts and the others wait for its cut) and dies; no blob of it exists above the last
 //!   committed epoch, and restarting from that epoch finishes with the uninterrupted result.
+//! - a rendezvous message crossing every checkpoint point: waves are abandoned at their
+//!   timeout, none commits, the job finishes with the right result.
+//! - the examples jacobi, ring and matmul, with waves and restarted, print the result of a run
+//!   without checkpoints. They run the example binaries `cargo test -p mutirao` builds
+//!   (`cargo test --test checkpoints` alone does not rebuild them: build with
+//!   `cargo build -p mutirao --examples` first).
 
 use libtest_mimic::{Arguments, Failed, Trial};
 use mutirao::op;
@@ -60,7 +66,14 @@ fn rank_main() -> Result<(), String> {
     std::fs::write(out.join(format!("start.{r}")), st.iter.to_string())
         .map_err(|x| x.to_string())?;
     let die = (env_u64("CK_DIE_RANK"), env_u64("CK_DIE_AT"));
+    let big = env_u64("CK_BIG") == Some(1) && n > 2;
     while st.iter < iters {
+        // A large (rendezvous) message sent before rank 0's checkpoint point and received after
+        // rank 2's: it crosses every cut, so every wave must be abandoned, never hang.
+        if big && r == 2 && st.iter > 0 {
+            let (v, _) = w.recv_vec::<u64>(0, 11).map_err(e)?;
+            st.hist.push(v.iter().sum::<u64>() % 1_000_003);
+        }
         // A message rank 0 sent before its last checkpoint point, received after ours.
         if r == 1 && st.iter > 0 {
             let mut b = [0u64];
@@ -80,6 +93,10 @@ fn rank_main() -> Result<(), String> {
         st.iter += 1;
         if r == 0 && n > 1 && st.iter < iters {
             w.send(&[st.iter], 1, 9).map_err(e)?;
+            if big {
+                let v: Vec<u64> = (0..40_000).map(|i| i * st.iter).collect();
+                w.send(&v, 2, 11).map_err(e)?;
+            }
         }
         if die == (Some(r as u64), Some(st.iter)) {
             // Stall so that a wave starts and the others wait for this rank's cut, then die.
@@ -435,6 +452,45 @@ fn example_restarts(name: &str, args: &[&str], resume_note: Option<&str>) -> Res
     Ok(())
 }
 
+fn large_message_across_checkpoint_points() -> Result<(), Failed> {
+    // Rendezvous above 4 KiB on every transport (shared memory's default limit is the ring).
+    let plain = [
+        ("CK_ITERS", "30".to_string()),
+        ("CK_BIG", "1".to_string()),
+        ("MUTIRAO_EAGER_LIMIT", "4096".to_string()),
+    ];
+    let sink = Arc::new(MapSink::default());
+    let out = scratch("big-ref");
+    let o = launch(N, &sink, &out, &plain, Duration::from_secs(60))?;
+    all_ok(&o, "large messages without checkpoints")?;
+    let want = results(&out, N)?;
+    let out = scratch("big");
+    let mut env = plain.to_vec();
+    env.push(("MUTIRAO_CKPT_INTERVAL", "0.05".into()));
+    env.push(("MUTIRAO_CKPT_TIMEOUT", "0.3".into()));
+    let t = Instant::now();
+    let o = launch(N, &sink, &out, &env, Duration::from_secs(60))?;
+    all_ok(&o, "large messages with checkpoints")?;
+    let got = results(&out, N)?;
+    let _ = std::fs::remove_dir_all(&out);
+    if got != want {
+        return Err(format!("result changed: {got:?} vs {want:?}").into());
+    }
+    if !o.stderr[0].contains("abandoned") {
+        return Err(format!(
+            "no wave was abandoned although a message crosses every checkpoint point (took {:?}): {:?}",
+            t.elapsed(),
+            o.stderr
+        )
+        .into());
+    }
+    let committed = sink.committed.lock().unwrap().clone();
+    if !committed.is_empty() {
+        return Err(format!("epochs {committed:?} committed across a message in flight").into());
+    }
+    Ok(())
+}
+
 fn main() {
     if std::env::var("CK_SCENARIO").is_ok() {
         match rank_main() {
@@ -454,6 +510,10 @@ fn main() {
         Trial::test(
             "a_rank_dying_mid_wave_leaves_the_previous_epoch_committed",
             killed_mid_wave,
+        ),
+        Trial::test(
+            "a_large_message_across_checkpoint_points_abandons_waves_and_never_hangs",
+            large_message_across_checkpoint_points,
         ),
         Trial::test("jacobi_example_restarts_with_the_same_checksum", || {
             example_restarts(
