@@ -1070,7 +1070,7 @@ impl Engine {
                 }
                 PeerState::Alive => {}
             }
-            p.state = PeerState::Failed(why);
+            p.state = PeerState::Failed(why.clone());
             p.txq.clear();
             p.rx = Rx::Header;
             if let Some(t) = p.io.as_mut() {
@@ -1078,6 +1078,13 @@ impl Engine {
                     let _ = poll.registry().deregister(s);
                 }
                 t.close_socket();
+            }
+            // Tell the launcher (digest 004 §15.4 step 1), when checkpoints make recovery
+            // possible; a launcher that is gone changes nothing here.
+            if self.ckpt.is_some() {
+                if let Some(pmi) = self._pmi.as_mut() {
+                    let _ = pmi.report_failure(peer as u32, &why, Duration::from_secs(2));
+                }
             }
         }
         self.fail_ops_of(peer);

@@ -67,7 +67,7 @@ pub enum Kind {
     /// The sender finalized: no more frames follow on this connection.
     Bye = 5,
     /// Checkpoint-wave control ([`crate::ckpt::Marker`]): sub-kind in `tag`, epoch in `id`, no
-    /// payload ([`Header::marker`]). Not yet produced by the engine.
+    /// payload ([`Header::marker`]).
     Marker = 6,
     /// Ready-to-send between processes of one host: a 16-byte payload (sender's buffer address,
     /// sender's pid) lets the receiver copy the message itself (cross-memory attach).

@@ -154,6 +154,8 @@ impl CheckpointSink for MapSink {
 }
 
 struct Outcome {
+    /// Channel failures the ranks reported to the launcher.
+    failures: Vec<mutirao::pmi::FailureReport>,
     codes: Vec<Option<i32>>,
     stderr: Vec<String>,
     stdout: Vec<String>,
@@ -245,6 +247,7 @@ fn launch_prog(
         stdout.push(o);
     }
     Ok(Outcome {
+        failures: pmi.take_failures(),
         codes,
         stderr,
         stdout,
@@ -373,6 +376,15 @@ fn killed_mid_wave() -> Result<(), Failed> {
     env.push(("CK_DIE_AT", "35".into()));
     let o = launch(N, &sink, &out, &env, Duration::from_secs(60))?;
     let _ = std::fs::remove_dir_all(&out);
+    // The survivors told the launcher which channel broke.
+    let reported: Vec<(u32, u32)> = o.failures.iter().map(|f| (f.rank, f.peer)).collect();
+    if !reported.contains(&(0, 1)) || !reported.contains(&(2, 1)) {
+        return Err(format!(
+            "ranks 0 and 2 should have reported rank 1: {:?}",
+            o.failures
+        )
+        .into());
+    }
     if o.codes[1] != Some(9) || o.codes.iter().all(|c| *c == Some(0)) {
         return Err(format!("rank 1 should have died alone with 9: {:?}", o.codes).into());
     }
