@@ -432,6 +432,20 @@ impl<M: Clone> Wave<M> {
         Some(m)
     }
 
+    /// An application frame from `from` arriving now must go through [`Wave::on_app`] before
+    /// matching: it would be held, or recorded as late (nonblocking mode).
+    pub fn diverts(&self, from: usize) -> bool {
+        self.holds(from)
+            || self.active.as_ref().is_some_and(|a| {
+                self.mode == Mode::Nonblocking && from < self.size && a.snapshot && !a.cuts_in[from]
+            })
+    }
+
+    /// The snapshot mode.
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
     /// An application frame from `from` arriving now would be held (the channel's cut is in,
     /// the local snapshot not yet taken). Lets the caller keep it away from posted receives.
     pub fn holds(&self, from: usize) -> bool {

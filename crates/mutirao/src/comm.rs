@@ -454,55 +454,19 @@ impl Comm {
         let Some(c) = e.ckpt.as_mut() else {
             return Ok(());
         };
-        let fx = c.wave.snapshot_taken();
-        let complete = c.wave.take_complete();
-        let timeout = c.pmi_timeout;
-        e.apply_ckpt(fx);
-        let Some(complete) = complete else {
-            return Ok(());
-        };
-        let late = complete
-            .late
-            .into_iter()
-            .filter_map(|(src, f)| match f {
-                crate::engine::Held::Eager(ctx, tag, bytes) => Some(crate::ckpt::SavedMessage {
-                    source: src as u32,
-                    ctx,
-                    tag,
-                    bytes,
-                }),
-                crate::engine::Held::Rts(..) => None,
-            })
-            .collect();
-        let blob = RankCheckpoint {
+        c.pending = Some(RankCheckpoint {
             epoch,
             rank,
             size,
             next_ctx,
             unexpected,
-            late,
+            late: Vec::new(),
             app,
-        }
-        .encode()
-        .map_err(Error::Codec)?;
-        let put = match e._pmi.as_mut() {
-            Some(p) => p.ckpt_put(epoch, &blob, timeout),
-            None => Err("no launcher connection".into()),
-        };
-        match put {
-            Ok(()) => {
-                let Some(c) = e.ckpt.as_mut() else {
-                    return Ok(());
-                };
-                let now = c.clock0.elapsed();
-                let fx = c.wave.stored(epoch, now);
-                e.apply_ckpt(fx);
-            }
-            // The wave cannot commit; rank 0 abandons it at its timeout. The program goes on.
-            Err(why) => eprintln!(
-                "mutirao: rank {rank}: checkpoint of epoch {epoch} not stored ({why}); this wave will not commit"
-            ),
-        }
+        });
+        let fx = c.wave.snapshot_taken();
+        e.apply_ckpt(fx);
+        // Blocking mode: complete now. Nonblocking: when the last cut comes in (in progress).
+        e.ckpt_finish();
         Ok(())
     }
 

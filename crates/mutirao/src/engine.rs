@@ -837,7 +837,7 @@ impl Engine {
         match hdr.kind {
             Kind::Eager => {
                 let len = usize::try_from(hdr.len).map_err(|_| "message too large".to_string())?;
-                let held = self.ckpt.as_ref().is_some_and(|c| c.wave.holds(peer));
+                let held = self.ckpt.as_ref().is_some_and(|c| c.wave.diverts(peer));
                 let posted = if held {
                     None
                 } else {
@@ -962,6 +962,7 @@ impl Engine {
                 let now = c.clock0.elapsed();
                 let fx = c.wave.on_marker(peer, m, now);
                 self.apply_ckpt(fx);
+                self.ckpt_finish();
             }
         }
         Ok(())
@@ -1555,6 +1556,9 @@ pub(crate) struct CkptRt {
     pub(crate) aborted: Vec<u64>,
     /// Epochs this rank (rank 0) committed.
     pub(crate) committed: Vec<u64>,
+    /// A snapshot taken whose checkpoint is not complete yet (nonblocking mode: waiting for
+    /// cuts), or not yet stored.
+    pub(crate) pending: Option<crate::ckpt::RankCheckpoint>,
 }
 
 impl Engine {
@@ -1592,6 +1596,9 @@ impl Engine {
         if let Some(e) = fx.aborted {
             if let Some(c) = self.ckpt.as_mut() {
                 c.aborted.push(e);
+                if c.pending.as_ref().is_some_and(|p| p.epoch == e) {
+                    c.pending = None;
+                }
             }
             if self.rank == 0 {
                 eprintln!(
@@ -1633,6 +1640,58 @@ impl Engine {
         let now = c.clock0.elapsed();
         let fx = c.wave.tick(now);
         self.apply_ckpt(fx);
+    }
+
+    /// If this rank's checkpoint is complete (snapshot taken, every cut in), add the channel
+    /// state, store it through the launcher, and tell rank 0.
+    pub(crate) fn ckpt_finish(&mut self) {
+        let Some(c) = self.ckpt.as_mut() else { return };
+        if c.pending.is_none() {
+            return;
+        }
+        let Some(complete) = c.wave.take_complete() else {
+            return;
+        };
+        let Some(mut cp) = c.pending.take() else {
+            return;
+        };
+        let timeout = c.pmi_timeout;
+        let (rank, epoch) = (self.rank, cp.epoch);
+        for (src, f) in complete.late {
+            match f {
+                Held::Eager(ctx, tag, bytes) => cp.late.push(crate::ckpt::SavedMessage {
+                    source: src as u32,
+                    ctx,
+                    tag,
+                    bytes,
+                }),
+                Held::Rts(_, len, _) => {
+                    eprintln!(
+                        "mutirao: rank {rank}: a {len}-byte message from rank {src} crossed the \
+                         checkpoint of epoch {epoch} by rendezvous, which nonblocking mode cannot \
+                         record; this wave will not commit (use blocking mode, or checkpoint \
+                         points no large message crosses)"
+                    );
+                    return;
+                }
+            }
+        }
+        let put = cp.encode().and_then(|blob| match self._pmi.as_mut() {
+            Some(p) => p.ckpt_put(epoch, &blob, timeout),
+            None => Err("no launcher connection".into()),
+        });
+        match put {
+            Ok(()) => {
+                let Some(c) = self.ckpt.as_mut() else { return };
+                let now = c.clock0.elapsed();
+                let fx = c.wave.stored(epoch, now);
+                self.apply_ckpt(fx);
+            }
+            // The wave cannot commit; rank 0 abandons it at its timeout. The program goes on.
+            Err(why) => eprintln!(
+                "mutirao: rank {rank}: checkpoint of epoch {epoch} not stored ({why}); this wave will not commit"
+            ),
+        }
     }
 
     /// This rank is finalizing: it takes part in no more waves.

@@ -405,12 +405,6 @@ pub fn init_with(env: &JobEnv) -> Result<Comm, Error> {
         },
     )?;
     if env.ckpt_interval.is_some() || env.restart_epoch.is_some() {
-        if env.ckpt_mode == Mode::Nonblocking {
-            return Err(Error::Init(
-                "MUTIRAO_CKPT_MODE=nonblocking is not supported by this runtime yet; use blocking"
-                    .into(),
-            ));
-        }
         let pmi_timeout = cfg.connect_timeout.max(env.ckpt_timeout());
         let mut restored_app = None;
         if let Some(epoch) = env.restart_epoch {
@@ -442,6 +436,7 @@ pub fn init_with(env: &JobEnv) -> Result<Comm, Error> {
             recovery: env.restart_epoch.map(|e| (e, env.incarnation)),
             aborted: Vec::new(),
             committed: Vec::new(),
+            pending: None,
         });
     }
     engine._pmi = Some(pmi);

@@ -280,7 +280,12 @@ const N: usize = 3;
 const ITERS: u64 = 50;
 
 fn ckpt_env() -> Vec<(&'static str, String)> {
+    ckpt_env_mode("blocking")
+}
+
+fn ckpt_env_mode(mode: &str) -> Vec<(&'static str, String)> {
     vec![
+        ("MUTIRAO_CKPT_MODE", mode.to_string()),
         ("CK_ITERS", ITERS.to_string()),
         ("MUTIRAO_CKPT_INTERVAL", "0.05".into()),
         ("MUTIRAO_CKPT_TIMEOUT", "5".into()),
@@ -331,11 +336,17 @@ fn restart_matches(
     Ok(())
 }
 
-fn waves_commit_and_restart() -> Result<(), Failed> {
-    let want = reference("ref-waves")?;
+fn waves_commit_and_restart(mode: &str) -> Result<(), Failed> {
+    let want = reference(&format!("ref-waves-{mode}"))?;
     let sink = Arc::new(MapSink::default());
-    let out = scratch("waves");
-    let o = launch(N, &sink, &out, &ckpt_env(), Duration::from_secs(60))?;
+    let out = scratch(&format!("waves-{mode}"));
+    let o = launch(
+        N,
+        &sink,
+        &out,
+        &ckpt_env_mode(mode),
+        Duration::from_secs(60),
+    )?;
     all_ok(&o, "run with checkpoints")?;
     let got = results(&out, N)?;
     let commits = std::fs::read_to_string(out.join("commits")).map_err(|e| e.to_string())?;
@@ -362,9 +373,9 @@ fn waves_commit_and_restart() -> Result<(), Failed> {
         }
     }
     let last = *committed.last().unwrap();
-    restart_matches(&sink, last, &want, "restart")?;
+    restart_matches(&sink, last, &want, &format!("restart-{mode}"))?;
     // An earlier epoch restores too.
-    restart_matches(&sink, committed[0], &want, "restart-first")
+    restart_matches(&sink, committed[0], &want, &format!("restart-first-{mode}"))
 }
 
 fn killed_mid_wave() -> Result<(), Failed> {
@@ -517,7 +528,11 @@ fn main() {
     let trials = vec![
         Trial::test(
             "waves_commit_and_a_restart_resumes_with_the_same_result",
-            waves_commit_and_restart,
+            || waves_commit_and_restart("blocking"),
+        ),
+        Trial::test(
+            "nonblocking_waves_commit_and_a_restart_resumes_with_the_same_result",
+            || waves_commit_and_restart("nonblocking"),
         ),
         Trial::test(
             "a_rank_dying_mid_wave_leaves_the_previous_epoch_committed",
