@@ -92,6 +92,11 @@ fn rank_main() -> Result<(), String> {
         st.hist.push(h[0]);
         st.iter += 1;
         if r == 0 && n > 1 && st.iter < iters {
+            if env_u64("CK_SLOW0") == Some(1) {
+                // Let rank 1 reach its checkpoint point first: in nonblocking mode this
+                // message then arrives after its snapshot and before rank 0's cut (late).
+                std::thread::sleep(Duration::from_millis(8));
+            }
             w.send(&[st.iter], 1, 9).map_err(e)?;
             if big {
                 let v: Vec<u64> = (0..40_000).map(|i| i * st.iter).collect();
@@ -286,6 +291,7 @@ fn ckpt_env() -> Vec<(&'static str, String)> {
 fn ckpt_env_mode(mode: &str) -> Vec<(&'static str, String)> {
     vec![
         ("MUTIRAO_CKPT_MODE", mode.to_string()),
+        ("CK_SLOW0", "1".to_string()),
         ("CK_ITERS", ITERS.to_string()),
         ("MUTIRAO_CKPT_INTERVAL", "0.05".into()),
         ("MUTIRAO_CKPT_TIMEOUT", "5".into()),
@@ -372,6 +378,26 @@ fn waves_commit_and_restart(mode: &str) -> Result<(), Failed> {
             }
         }
     }
+    // How much channel state (late messages) and unexpected state the committed epochs hold.
+    let (mut late, mut unexpected) = (0, 0);
+    for e in &committed {
+        for r in 0..N as u32 {
+            let blob = sink.blobs.lock().unwrap()[&(*e, r)].clone();
+            let c = mutirao::ckpt::RankCheckpoint::decode(&blob, *e, r, N as u32)?;
+            late += c.late.len();
+            unexpected += c.unexpected.len();
+        }
+    }
+    if mode == "blocking" && late > 0 {
+        return Err(format!("blocking mode recorded {late} late messages").into());
+    }
+    if mode == "nonblocking" && late == 0 {
+        return Err("nonblocking mode recorded no late message although rank 0 sends late".into());
+    }
+    println!(
+        "{mode}: {} epochs committed, {late} late and {unexpected} unexpected messages saved",
+        committed.len()
+    );
     let last = *committed.last().unwrap();
     restart_matches(&sink, last, &want, &format!("restart-{mode}"))?;
     // An earlier epoch restores too.
