@@ -65,6 +65,15 @@ fn rank_main() -> Result<(), String> {
     });
     std::fs::write(out.join(format!("start.{r}")), st.iter.to_string())
         .map_err(|x| x.to_string())?;
+    if std::env::var("MUTIRAO_CKPT_INTERVAL").is_ok() {
+        // A checkpoint point with a request in flight is refused, and counts for nothing.
+        let pending = w.irecv::<u64>(mutirao::ANY_SOURCE, 77).map_err(e)?;
+        match w.checkpoint_point(&st) {
+            Err(mutirao::Error::Invalid(m)) if m.contains("pending") => {}
+            other => return Err(format!("checkpoint point with a pending irecv: {other:?}")),
+        }
+        drop(pending);
+    }
     let die = (env_u64("CK_DIE_RANK"), env_u64("CK_DIE_AT"));
     let big = env_u64("CK_BIG") == Some(1) && n > 2;
     while st.iter < iters {
