@@ -522,7 +522,7 @@ impl<M: Clone> Wave<M> {
         fx
     }
 
-    /// Time left before the coordinator aborts the running wave (the coordinator only).
+    /// How long the coordinator lets a wave run before aborting it (the coordinator only).
     pub fn timeout(&self) -> Option<Duration> {
         self.coord.as_ref().map(|c| c.timeout)
     }
