@@ -22,6 +22,13 @@ pub(crate) struct CommInner {
     pub(crate) children: Cell<u64>,
 }
 
+/// A restart: the committed epoch the job was restored from, and how many recoveries so far.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Recovery {
+    pub epoch: u64,
+    pub incarnation: u64,
+}
+
 /// A communicator: a group of ranks and a private message space. Cheap to clone.
 #[derive(Clone)]
 pub struct Comm {
@@ -403,9 +410,113 @@ impl Comm {
         Ok(Request::new(self.clone(), id, true))
     }
 
+    // ------------------------------------------------------------ checkpoints
+
+    /// A safe point for checkpoint waves (issue 12, `docs/checkpoints.md`): when a wave is
+    /// under way, this rank's checkpoint is taken here — `state` (any serde value) plus the
+    /// runtime's unmatched messages. Blocking mode waits here until every peer has reached its
+    /// own safe point of the wave. Without `MUTIRAO_CKPT_INTERVAL` (or outside a wave) it
+    /// returns at once. Call it where no message crosses, e.g. at the end of an iteration,
+    /// with no nonblocking request pending (else [`Error::Invalid`]).
+    pub fn checkpoint_point<T: Serialize>(&self, state: &T) -> Result<(), Error> {
+        use crate::ckpt::{Effects, RankCheckpoint, SafePoint};
+        let mut e = self.inner.eng.borrow_mut();
+        if e.ckpt.is_none() {
+            return Ok(());
+        }
+        e.quiescent()?;
+        // Look at the network once: a rank that does not otherwise communicate must still learn
+        // of a wave before it passes the safe point the wave is cut at.
+        e.poke()?;
+        e.ckpt_tick();
+        let Some(c) = e.ckpt.as_mut() else {
+            return Ok(());
+        };
+        let SafePoint::Cut { epoch, send } = c.wave.at_safe_point() else {
+            return Ok(());
+        };
+        e.apply_ckpt(Effects {
+            send,
+            ..Effects::default()
+        });
+        e.wait_until(|e| {
+            e.ckpt
+                .as_ref()
+                .is_none_or(|c| c.wave.ready_to_snapshot() || c.wave.active_epoch() != Some(epoch))
+                || e.source_gone(None).is_some()
+        })?;
+        if let Some(err) = e.source_gone(None) {
+            return Err(err);
+        }
+        if !e
+            .ckpt
+            .as_ref()
+            .is_some_and(|c| c.wave.active_epoch() == Some(epoch) && c.wave.ready_to_snapshot())
+        {
+            return Ok(()); // the wave was aborted meanwhile
+        }
+        // The snapshot.
+        let unexpected = e.saved_unexpected()?;
+        let app = bincode::serialize(state)
+            .map_err(|err| Error::Codec(format!("checkpoint state: {err}")))?;
+        let (rank, size) = (e.rank as u32, e.size as u32);
+        let next_ctx = self.inner.children.get();
+        let Some(c) = e.ckpt.as_mut() else {
+            return Ok(());
+        };
+        c.pending = Some(RankCheckpoint {
+            epoch,
+            rank,
+            size,
+            next_ctx,
+            unexpected,
+            late: Vec::new(),
+            app,
+        });
+        let fx = c.wave.snapshot_taken();
+        e.apply_ckpt(fx);
+        // Blocking mode: complete now. Nonblocking: when the last cut comes in (in progress).
+        e.ckpt_finish();
+        Ok(())
+    }
+
+    /// On a restart, the program state saved at the restored epoch (once; `None` on a fresh
+    /// start or after the first call).
+    pub fn restored<T: DeserializeOwned>(&self) -> Result<Option<T>, Error> {
+        let mut e = self.inner.eng.borrow_mut();
+        let Some(bytes) = e.ckpt.as_mut().and_then(|c| c.restored_app.take()) else {
+            return Ok(None);
+        };
+        bincode::deserialize(&bytes).map(Some).map_err(|err| {
+            Error::Codec(format!(
+                "the restored checkpoint's state does not decode as the requested type ({err}): \
+                 restart the same program that wrote it"
+            ))
+        })
+    }
+
+    /// Whether this run is a restart, and from which epoch.
+    pub fn recovery(&self) -> Option<Recovery> {
+        let e = self.inner.eng.borrow();
+        e.ckpt
+            .as_ref()
+            .and_then(|c| c.recovery)
+            .map(|(epoch, incarnation)| Recovery { epoch, incarnation })
+    }
+
+    /// Epochs this rank has seen committed (rank 0) and aborted, for reports and tests.
+    pub fn checkpoint_history(&self) -> (Vec<u64>, Vec<u64>) {
+        let e = self.inner.eng.borrow();
+        e.ckpt
+            .as_ref()
+            .map(|c| (c.committed.clone(), c.aborted.clone()))
+            .unwrap_or_default()
+    }
+
     /// Finish: a barrier (so no rank leaves while others still talk to it), then goodbye to every
     /// peer. Dropping the last handle of the world communicator does the same, ignoring errors.
     pub fn finalize(self) -> Result<(), Error> {
+        self.inner.eng.borrow_mut().ckpt_leave();
         let res = self.barrier();
         let fin = self.inner.eng.borrow_mut().finalize_io();
         res.and(fin)

@@ -288,6 +288,8 @@ pub(crate) struct Engine {
     pub(crate) finalized: bool,
     /// Passes of [`Engine::poke`] so far.
     pokes: u32,
+    /// Checkpoint waves (issue 12), when the job takes them.
+    pub(crate) ckpt: Option<CkptRt>,
     /// When the sockets were last asked for events.
     last_socket_poll: Instant,
 }
@@ -342,6 +344,7 @@ impl Engine {
             finalized: false,
             pokes: 0,
             last_socket_poll: Instant::now(),
+            ckpt: None,
         })
     }
 
@@ -834,7 +837,13 @@ impl Engine {
         match hdr.kind {
             Kind::Eager => {
                 let len = usize::try_from(hdr.len).map_err(|_| "message too large".to_string())?;
-                let target = match self.match_posted(peer, hdr.ctx, hdr.tag) {
+                let held = self.ckpt.as_ref().is_some_and(|c| c.wave.diverts(peer));
+                let posted = if held {
+                    None
+                } else {
+                    self.match_posted(peer, hdr.ctx, hdr.tag)
+                };
+                let target = match posted {
                     Some(id) => {
                         let r = self.recvs.get_mut(&id).expect("posted ids are live");
                         r.status = Some(Status {
@@ -867,7 +876,7 @@ impl Engine {
             }
             Kind::Rts => {
                 let len = usize::try_from(hdr.len).map_err(|_| "message too large".to_string())?;
-                self.on_rts(peer, hdr, len, None);
+                self.arrive(peer, Held::Rts(hdr, len, None));
             }
             Kind::RtsCma => {
                 // The 16-byte payload (address, pid) follows; handled in `payload_complete`.
@@ -941,7 +950,20 @@ impl Engine {
                 self.peers[peer].state = PeerState::Finalized;
                 self.fail_ops_of(peer);
             }
-            Kind::Marker => return Err("checkpoint markers are not supported yet".into()),
+            Kind::Marker => {
+                let m = hdr.to_marker()?;
+                let Some(c) = self.ckpt.as_mut() else {
+                    return Err(
+                        "a checkpoint marker arrived but this rank takes no checkpoints: \
+                         every rank of a job must see the same MUTIRAO_CKPT_* settings"
+                            .into(),
+                    );
+                };
+                let now = c.clock0.elapsed();
+                let fx = c.wave.on_marker(peer, m, now);
+                self.apply_ckpt(fx);
+                self.ckpt_finish();
+            }
         }
         Ok(())
     }
@@ -1024,9 +1046,9 @@ impl Engine {
                 };
                 let (addr, pid) = (word(0), word(8) as i32);
                 let len = usize::try_from(hdr.len).unwrap_or(usize::MAX);
-                self.on_rts(peer, hdr, len, Some((addr, pid)));
+                self.arrive(peer, Held::Rts(hdr, len, Some((addr, pid))));
             }
-            Target::Unexpected(v, _) => self.deliver_eager(peer, hdr.ctx, hdr.tag, v),
+            Target::Unexpected(v, _) => self.arrive(peer, Held::Eager(hdr.ctx, hdr.tag, v)),
             Target::Discard => {
                 if hdr.kind == Kind::Data {
                     self.recv_done(hdr.id);
@@ -1049,7 +1071,7 @@ impl Engine {
                 }
                 PeerState::Alive => {}
             }
-            p.state = PeerState::Failed(why);
+            p.state = PeerState::Failed(why.clone());
             p.txq.clear();
             p.rx = Rx::Header;
             if let Some(t) = p.io.as_mut() {
@@ -1057,6 +1079,13 @@ impl Engine {
                     let _ = poll.registry().deregister(s);
                 }
                 t.close_socket();
+            }
+            // Tell the launcher (digest 004 §15.4 step 1), when checkpoints make recovery
+            // possible; a launcher that is gone changes nothing here.
+            if self.ckpt.is_some() {
+                if let Some(pmi) = self._pmi.as_mut() {
+                    let _ = pmi.report_failure(peer as u32, &why, Duration::from_secs(2));
+                }
             }
         }
         self.fail_ops_of(peer);
@@ -1121,6 +1150,9 @@ impl Engine {
     /// One non-blocking pass over every connection. `sockets`: also ask the kernel for socket events.
     fn progress_once(&mut self, sockets: bool) -> Result<bool, Error> {
         let mut did = false;
+        if self.ckpt.is_some() {
+            self.ckpt_tick();
+        }
         if self.n_shm > 0 {
             for i in 0..self.peers.len() {
                 let p = &self.peers[i];
@@ -1416,6 +1448,7 @@ impl Engine {
 
     /// Flush everything, say goodbye to every peer, and stop.
     pub(crate) fn finalize_io(&mut self) -> Result<(), Error> {
+        self.ckpt_leave();
         // Pending background sends must reach their peers first.
         let res = self.wait_until(|e| {
             e.sends.values().all(|s| s.state == SendState::Done)
@@ -1498,6 +1531,223 @@ fn discard_alloc(len: usize) -> Result<Box<dyn Buf>, Error> {
 
 fn matches(r: &Recv, peer: usize, ctx: u64, tag: i32) -> bool {
     r.ctx == ctx && r.src.is_none_or(|s| s == peer) && r.tag.is_none_or(|t| t == tag)
+}
+
+// ---------------------------------------------------------------- checkpoint waves
+
+/// An application frame the wave may hold back (`crate::ckpt::Wave::on_app`).
+#[derive(Clone)]
+pub(crate) enum Held {
+    Eager(u64, i32, Vec<u8>),
+    Rts(Header, usize, Option<(u64, i32)>),
+}
+
+/// The runtime's part of checkpointing: the wave machine and what a restart brought back.
+pub(crate) struct CkptRt {
+    pub(crate) wave: crate::ckpt::Wave<Held>,
+    pub(crate) clock0: Instant,
+    /// How long a PMI checkpoint operation may take.
+    pub(crate) pmi_timeout: Duration,
+    /// The program state of the restored epoch, until the program asks for it.
+    pub(crate) restored_app: Option<Vec<u8>>,
+    /// (epoch, incarnation) on a restart.
+    pub(crate) recovery: Option<(u64, u64)>,
+    /// The waves this rank saw aborted (for tests and reports).
+    pub(crate) aborted: Vec<u64>,
+    /// Epochs this rank (rank 0) committed.
+    pub(crate) committed: Vec<u64>,
+    /// A snapshot taken whose checkpoint is not complete yet (nonblocking mode: waiting for
+    /// cuts), or not yet stored.
+    pub(crate) pending: Option<crate::ckpt::RankCheckpoint>,
+}
+
+impl Engine {
+    /// An application frame arrived from `peer`: deliver it, or hold it back (after the
+    /// channel's cut, before the local snapshot).
+    fn arrive(&mut self, peer: usize, f: Held) {
+        let f = match self.ckpt.as_mut() {
+            Some(c) => match c.wave.on_app(peer, f) {
+                Some(f) => f,
+                None => return,
+            },
+            None => f,
+        };
+        self.deliver_held(peer, f);
+    }
+
+    fn deliver_held(&mut self, peer: usize, f: Held) {
+        match f {
+            Held::Eager(ctx, tag, bytes) => self.deliver_eager(peer, ctx, tag, bytes),
+            Held::Rts(hdr, len, cma) => self.on_rts(peer, hdr, len, cma),
+        }
+    }
+
+    /// Carry out what the wave machine decided.
+    pub(crate) fn apply_ckpt(&mut self, fx: crate::ckpt::Effects<Held>) {
+        for (to, m) in fx.send {
+            if to < self.peers.len() && self.peers[to].state == PeerState::Alive {
+                self.queue_frame(to, Header::marker(m), OutPayload::None);
+                self.flush(to);
+            }
+        }
+        for (src, f) in fx.release {
+            self.deliver_held(src, f);
+        }
+        if let Some(e) = fx.aborted {
+            if let Some(c) = self.ckpt.as_mut() {
+                c.aborted.push(e);
+                if c.pending.as_ref().is_some_and(|p| p.epoch == e) {
+                    c.pending = None;
+                }
+            }
+            if self.rank == 0 {
+                eprintln!(
+                    "mutirao: checkpoint wave {e} was abandoned (it did not complete in time, a \
+                     rank had already passed the checkpoint point it was to be cut at, or a rank \
+                     is finishing); no checkpoint of it exists. Checkpoint points must be places \
+                     no message crosses (e.g. the end of an iteration), reached as often by every \
+                     rank, and ranks must keep reaching them"
+                );
+            }
+        }
+        if let Some(e) = fx.commit {
+            let timeout = self
+                .ckpt
+                .as_ref()
+                .map_or(Duration::from_secs(60), |c| c.pmi_timeout);
+            match self._pmi.as_mut().map(|p| p.ckpt_commit(e, timeout)) {
+                Some(Ok(())) => {
+                    if let Some(c) = self.ckpt.as_mut() {
+                        c.committed.push(e);
+                    }
+                }
+                Some(Err(why)) => {
+                    eprintln!("mutirao: checkpoint epoch {e} could not be committed: {why}")
+                }
+                None => eprintln!(
+                    "mutirao: checkpoint epoch {e} could not be committed: no launcher connection"
+                ),
+            }
+        }
+    }
+
+    /// Rank 0's clock: start a due wave, abort an overdue one.
+    pub(crate) fn ckpt_tick(&mut self) {
+        if self.rank != 0 || self.finalized {
+            return;
+        }
+        let Some(c) = self.ckpt.as_mut() else { return };
+        let now = c.clock0.elapsed();
+        let fx = c.wave.tick(now);
+        self.apply_ckpt(fx);
+    }
+
+    /// If this rank's checkpoint is complete (snapshot taken, every cut in), add the channel
+    /// state, store it through the launcher, and tell rank 0.
+    pub(crate) fn ckpt_finish(&mut self) {
+        let Some(c) = self.ckpt.as_mut() else { return };
+        if c.pending.is_none() {
+            return;
+        }
+        let Some(complete) = c.wave.take_complete() else {
+            return;
+        };
+        let Some(mut cp) = c.pending.take() else {
+            return;
+        };
+        let timeout = c.pmi_timeout;
+        let (rank, epoch) = (self.rank, cp.epoch);
+        for (src, f) in complete.late {
+            match f {
+                Held::Eager(ctx, tag, bytes) => cp.late.push(crate::ckpt::SavedMessage {
+                    source: src as u32,
+                    ctx,
+                    tag,
+                    bytes,
+                }),
+                Held::Rts(_, len, _) => {
+                    eprintln!(
+                        "mutirao: rank {rank}: a {len}-byte message from rank {src} crossed the \
+                         checkpoint of epoch {epoch} by rendezvous, which nonblocking mode cannot \
+                         record; this wave will not commit (use blocking mode, or checkpoint \
+                         points no large message crosses)"
+                    );
+                    return;
+                }
+            }
+        }
+        let put = cp.encode().and_then(|blob| match self._pmi.as_mut() {
+            Some(p) => p.ckpt_put(epoch, &blob, timeout),
+            None => Err("no launcher connection".into()),
+        });
+        match put {
+            Ok(()) => {
+                let Some(c) = self.ckpt.as_mut() else { return };
+                let now = c.clock0.elapsed();
+                let fx = c.wave.stored(epoch, now);
+                self.apply_ckpt(fx);
+            }
+            // The wave cannot commit; rank 0 abandons it at its timeout. The program goes on.
+            Err(why) => eprintln!(
+                "mutirao: rank {rank}: checkpoint of epoch {epoch} not stored ({why}); this wave will not commit"
+            ),
+        }
+    }
+
+    /// This rank is finalizing: it takes part in no more waves.
+    pub(crate) fn ckpt_leave(&mut self) {
+        let Some(c) = self.ckpt.as_mut() else { return };
+        let now = c.clock0.elapsed();
+        let fx = c.wave.leave(now);
+        self.apply_ckpt(fx);
+    }
+
+    /// No request of the program is in flight (a checkpoint point's precondition).
+    pub(crate) fn quiescent(&self) -> Result<(), Error> {
+        if !self.recvs.is_empty() || !self.sends.is_empty() {
+            return Err(Error::Invalid(format!(
+                "checkpoint point with {} receive(s) and {} send(s) still pending: wait for \
+                 every nonblocking request before a checkpoint point",
+                self.recvs.len(),
+                self.sends.len()
+            )));
+        }
+        Ok(())
+    }
+
+    /// The unexpected queue as saved messages (the snapshot's runtime state). A rendezvous
+    /// message whose data has not come is an error: with no request pending on either side at
+    /// their checkpoint points, none can be in flight.
+    pub(crate) fn saved_unexpected(&self) -> Result<Vec<crate::ckpt::SavedMessage>, Error> {
+        self.unexpected
+            .iter()
+            .map(|u| match &u.body {
+                UnexBody::Eager(b) => Ok(crate::ckpt::SavedMessage {
+                    source: u.peer as u32,
+                    ctx: u.ctx,
+                    tag: u.tag,
+                    bytes: b.clone(),
+                }),
+                UnexBody::Rts { len, .. } => Err(Error::Invalid(format!(
+                    "a {len}-byte message from rank {} crosses the checkpoint: its sender \
+                     reached the checkpoint point with the send unfinished",
+                    u.peer
+                ))),
+            })
+            .collect()
+    }
+
+    /// Put restored unmatched messages back, before anything new.
+    pub(crate) fn restore_unexpected(&mut self, msgs: Vec<crate::ckpt::SavedMessage>) {
+        for m in msgs.into_iter().rev() {
+            self.unexpected.push_front(Unexpected {
+                peer: m.source as usize,
+                ctx: m.ctx,
+                tag: m.tag,
+                body: UnexBody::Eager(m.bytes),
+            });
+        }
+    }
 }
 
 #[cfg(test)]

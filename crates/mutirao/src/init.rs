@@ -1,6 +1,7 @@
 //! Start-up: read the launcher's environment, exchange addresses through the PMI fence, build the
 //! mesh of connections (shared memory to ranks of this host, TCP to the others).
 
+use crate::ckpt::Mode;
 use crate::config::Config;
 use crate::engine::{Engine, Peer, Tuning};
 use crate::pmi::{unhex_token, Kvs, PmiClient};
@@ -34,6 +35,17 @@ pub struct JobEnv {
     pub local_rank: usize,
     /// `MUTIRAO_BIND_TO=core` (`mutirao run --bind-to core`): pin this rank to one core.
     pub bind_to_core: bool,
+    /// `MUTIRAO_CKPT_INTERVAL`: seconds between checkpoint waves; `None` (absent or 0) = none.
+    pub ckpt_interval: Option<Duration>,
+    /// `MUTIRAO_CKPT_MODE`: `blocking` (default) or `nonblocking`.
+    pub ckpt_mode: Mode,
+    /// `MUTIRAO_CKPT_TIMEOUT`: seconds before rank 0 aborts a wave; `None` = the default,
+    /// max(60 s, 10 × interval) (see [`JobEnv::ckpt_timeout`]).
+    pub ckpt_timeout: Option<Duration>,
+    /// `MUTIRAO_RESTART_EPOCH`: the committed epoch to restore; `None` = a fresh start.
+    pub restart_epoch: Option<u64>,
+    /// `MUTIRAO_INCARNATION`: 0 on the first start, +1 at every recovery.
+    pub incarnation: u64,
 }
 
 impl std::fmt::Debug for JobEnv {
@@ -51,11 +63,17 @@ impl std::fmt::Debug for JobEnv {
 impl JobEnv {
     /// Read the environment. `Ok(None)`: no launcher (run as a single rank).
     pub fn from_env() -> Result<Option<JobEnv>, Error> {
-        let Ok(rank) = std::env::var("MUTIRAO_RANK") else {
+        Self::from_vars(&|k| std::env::var(k).ok())
+    }
+
+    /// [`JobEnv::from_env`] over any variable lookup (`vars(name)`: its value, `None` if unset).
+    pub fn from_vars(vars: &dyn Fn(&str) -> Option<String>) -> Result<Option<JobEnv>, Error> {
+        let var = |k: &str| vars(k).ok_or(());
+        let Ok(rank) = var("MUTIRAO_RANK") else {
             return Ok(None);
         };
         let get = |k: &str| {
-            std::env::var(k).map_err(|_| {
+            var(k).map_err(|_| {
                 Error::Init(format!(
                     "MUTIRAO_RANK is set but {k} is not: start the program with `mutirao run`"
                 ))
@@ -84,21 +102,21 @@ impl JobEnv {
                 "MUTIRAO_JOB_ID={job_id:?} must be non-empty letters, digits, - or _"
             )));
         }
-        let bind = match std::env::var("MUTIRAO_BIND") {
+        let bind = match var("MUTIRAO_BIND") {
             Ok(b) => b
                 .parse()
                 .map_err(|_| Error::Init(format!("MUTIRAO_BIND={b:?} is not an IP address")))?,
             Err(_) => IpAddr::from([127, 0, 0, 1]),
         };
-        let local_ranks = match std::env::var("MUTIRAO_LOCAL_RANKS") {
+        let local_ranks = match var("MUTIRAO_LOCAL_RANKS") {
             Ok(v) => num("MUTIRAO_LOCAL_RANKS", v)?,
             Err(_) => 1,
         };
-        let local_rank = match std::env::var("MUTIRAO_LOCAL_RANK") {
+        let local_rank = match var("MUTIRAO_LOCAL_RANK") {
             Ok(v) => num("MUTIRAO_LOCAL_RANK", v)?,
             Err(_) => 0,
         };
-        let bind_to_core = match std::env::var("MUTIRAO_BIND_TO").as_deref() {
+        let bind_to_core = match var("MUTIRAO_BIND_TO").as_deref() {
             Ok("core") => true,
             Ok("none") | Ok("") | Err(_) => false,
             Ok(other) => {
@@ -107,6 +125,33 @@ impl JobEnv {
                 )))
             }
         };
+        let secs = |k: &str| -> Result<Option<Duration>, Error> {
+            match var(k) {
+                Ok(v) => {
+                    let x: f64 = v.trim().parse().map_err(|_| {
+                        Error::Init(format!("{k}={v:?} is not a number of seconds"))
+                    })?;
+                    if !x.is_finite() || !(0.0..=1e9).contains(&x) {
+                        return Err(Error::Init(format!(
+                            "{k}={v:?} must be between 0 and 1e9 seconds"
+                        )));
+                    }
+                    Ok((x > 0.0).then(|| Duration::from_secs_f64(x)))
+                }
+                Err(_) => Ok(None),
+            }
+        };
+        let int =
+            |k: &str| -> Result<Option<u64>, Error> {
+                match var(k) {
+                    Ok(v) => v.trim().parse::<u64>().map(Some).map_err(|_| {
+                        Error::Init(format!("{k}={v:?} is not a non-negative integer"))
+                    }),
+                    Err(_) => Ok(None),
+                }
+            };
+        let ckpt_mode =
+            Mode::parse(&var("MUTIRAO_CKPT_MODE").unwrap_or_default()).map_err(Error::Init)?;
         Ok(Some(JobEnv {
             rank,
             size,
@@ -117,7 +162,51 @@ impl JobEnv {
             local_ranks,
             local_rank,
             bind_to_core,
+            ckpt_interval: secs("MUTIRAO_CKPT_INTERVAL")?,
+            ckpt_mode,
+            ckpt_timeout: secs("MUTIRAO_CKPT_TIMEOUT")?,
+            restart_epoch: int("MUTIRAO_RESTART_EPOCH")?,
+            incarnation: int("MUTIRAO_INCARNATION")?.unwrap_or(0),
         }))
+    }
+
+    /// The environment that [`JobEnv::from_env`] reads back as `self` (the launcher sets these
+    /// on every rank it starts). Optional settings at their default are left out.
+    pub fn to_env(&self) -> Vec<(String, String)> {
+        let mut v: Vec<(String, String)> = vec![
+            ("MUTIRAO_RANK".into(), self.rank.to_string()),
+            ("MUTIRAO_SIZE".into(), self.size.to_string()),
+            ("MUTIRAO_PMI_ADDR".into(), self.pmi_addr.clone()),
+            ("MUTIRAO_JOB_TOKEN".into(), crate::pmi::hex(&self.token)),
+            ("MUTIRAO_JOB_ID".into(), self.job_id.clone()),
+            ("MUTIRAO_BIND".into(), self.bind.to_string()),
+            ("MUTIRAO_LOCAL_RANKS".into(), self.local_ranks.to_string()),
+            ("MUTIRAO_LOCAL_RANK".into(), self.local_rank.to_string()),
+            (
+                "MUTIRAO_BIND_TO".into(),
+                if self.bind_to_core { "core" } else { "none" }.into(),
+            ),
+            ("MUTIRAO_CKPT_MODE".into(), self.ckpt_mode.as_str().into()),
+            ("MUTIRAO_INCARNATION".into(), self.incarnation.to_string()),
+        ];
+        if let Some(i) = self.ckpt_interval {
+            v.push(("MUTIRAO_CKPT_INTERVAL".into(), i.as_secs_f64().to_string()));
+        }
+        if let Some(t) = self.ckpt_timeout {
+            v.push(("MUTIRAO_CKPT_TIMEOUT".into(), t.as_secs_f64().to_string()));
+        }
+        if let Some(e) = self.restart_epoch {
+            v.push(("MUTIRAO_RESTART_EPOCH".into(), e.to_string()));
+        }
+        v
+    }
+
+    /// How long rank 0 lets a wave run before aborting it: `MUTIRAO_CKPT_TIMEOUT`, else
+    /// max(60 s, 10 × interval).
+    pub fn ckpt_timeout(&self) -> Duration {
+        self.ckpt_timeout.unwrap_or_else(|| {
+            Duration::from_secs(60).max(self.ckpt_interval.unwrap_or_default() * 10)
+        })
     }
 }
 
@@ -315,6 +404,41 @@ pub fn init_with(env: &JobEnv) -> Result<Comm, Error> {
             cma: cfg.cma,
         },
     )?;
+    if env.ckpt_interval.is_some() || env.restart_epoch.is_some() {
+        let pmi_timeout = cfg.connect_timeout.max(env.ckpt_timeout());
+        let mut restored_app = None;
+        if let Some(epoch) = env.restart_epoch {
+            let blob = pmi
+                .ckpt_get(epoch, pmi_timeout)
+                .map_err(|e| Error::Init(format!("restart from epoch {epoch}: {e}")))?;
+            let c =
+                crate::ckpt::RankCheckpoint::decode(&blob, epoch, env.rank as u32, env.size as u32)
+                    .map_err(|e| Error::Init(format!("restart: {e}")))?;
+            let mut msgs = c.unexpected;
+            msgs.extend(c.late);
+            engine.restore_unexpected(msgs);
+            restored_app = Some(c.app);
+        }
+        let clock0 = Instant::now();
+        engine.ckpt = Some(crate::engine::CkptRt {
+            wave: crate::ckpt::Wave::new(
+                env.rank,
+                env.size,
+                env.ckpt_mode,
+                env.restart_epoch.unwrap_or(0),
+                env.ckpt_interval.unwrap_or_default(),
+                env.ckpt_timeout(),
+                Duration::ZERO,
+            ),
+            clock0,
+            pmi_timeout,
+            restored_app,
+            recovery: env.restart_epoch.map(|e| (e, env.incarnation)),
+            aborted: Vec::new(),
+            committed: Vec::new(),
+            pending: None,
+        });
+    }
     engine._pmi = Some(pmi);
     Ok(Comm::world(engine))
 }
@@ -439,7 +563,61 @@ fn connect_mesh(
 
 #[cfg(test)]
 mod tests {
-    use super::core_for;
+    use super::{core_for, JobEnv, Mode};
+    use std::collections::HashMap;
+    use std::time::Duration;
+
+    fn parse(vars: &[(String, String)]) -> Result<Option<JobEnv>, crate::Error> {
+        let m: HashMap<String, String> = vars.iter().cloned().collect();
+        JobEnv::from_vars(&|k| m.get(k).cloned())
+    }
+
+    #[test]
+    fn to_env_reads_back_as_the_same_job_env() {
+        let base = [
+            ("MUTIRAO_RANK", "2"),
+            ("MUTIRAO_SIZE", "4"),
+            ("MUTIRAO_PMI_ADDR", "127.0.0.1:9"),
+            ("MUTIRAO_JOB_TOKEN", &"ab".repeat(32)),
+            ("MUTIRAO_JOB_ID", "j-1"),
+            ("MUTIRAO_CKPT_INTERVAL", "0.05"),
+            ("MUTIRAO_CKPT_MODE", "nonblocking"),
+            ("MUTIRAO_RESTART_EPOCH", "7"),
+            ("MUTIRAO_INCARNATION", "2"),
+        ]
+        .map(|(k, v)| (k.to_string(), v.to_string()));
+        let e = parse(&base).unwrap().unwrap();
+        assert_eq!(e.ckpt_interval, Some(Duration::from_millis(50)));
+        assert_eq!(e.ckpt_mode, Mode::Nonblocking);
+        assert_eq!(e.restart_epoch, Some(7));
+        assert_eq!(e.incarnation, 2);
+        assert_eq!(e.ckpt_timeout(), Duration::from_secs(60));
+        let back = parse(&e.to_env()).unwrap().unwrap();
+        assert_eq!(back.to_env(), e.to_env());
+        assert_eq!(back.restart_epoch, Some(7));
+        assert_eq!(back.ckpt_interval, e.ckpt_interval);
+        assert_eq!(back.token, e.token);
+        // A fresh start without checkpoints leaves the optional variables out.
+        let plain: Vec<_> = base[..5].to_vec();
+        let p = parse(&plain).unwrap().unwrap();
+        assert_eq!(
+            (p.ckpt_interval, p.restart_epoch, p.incarnation),
+            (None, None, 0)
+        );
+        assert!(!p.to_env().iter().any(|(k, _)| k == "MUTIRAO_RESTART_EPOCH"));
+        let mut bad = plain.clone();
+        bad.push(("MUTIRAO_CKPT_MODE".into(), "sometimes".into()));
+        assert!(parse(&bad)
+            .unwrap_err()
+            .to_string()
+            .contains("MUTIRAO_CKPT_MODE"));
+        let mut bad = plain;
+        bad.push(("MUTIRAO_CKPT_INTERVAL".into(), "-1".into()));
+        assert!(parse(&bad)
+            .unwrap_err()
+            .to_string()
+            .contains("MUTIRAO_CKPT_INTERVAL"));
+    }
 
     #[test]
     fn bind_to_core_fills_the_allowed_cores_in_blocks() {

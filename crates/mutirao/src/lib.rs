@@ -43,6 +43,7 @@
 //! Threading: a communicator is used from one thread (it is `!Send`), like MPI at
 //! `MPI_THREAD_FUNNELED`.
 
+pub mod ckpt;
 pub mod coll;
 mod comm;
 pub mod config;
@@ -54,7 +55,7 @@ pub mod shm;
 mod transport;
 pub mod wire;
 
-pub use comm::{wait_all, wait_any, Comm, Completion, Request};
+pub use comm::{wait_all, wait_any, Comm, Completion, Recovery, Request};
 pub use init::{init, init_with, JobEnv};
 
 /// Receive from any source.

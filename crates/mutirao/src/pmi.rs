@@ -8,12 +8,22 @@
 //!    ranks have fenced, with `{"op":"fence_done","all":[kvs of rank 0, kvs of rank 1, …]}`.
 //!    A fence that not every rank reaches before the server's timeout fails for everyone.
 //!
+//! 3. checkpoints (issue 12), on the same connection, which stays open for the whole job:
+//!    `{"op":"ckpt_put","epoch":E,"len":N}` followed by N raw bytes (this rank's blob of epoch E;
+//!    binary-safe, not limited by the 1 MiB line cap) → `ok` once the launcher's
+//!    [`CheckpointSink`] has it durably; `{"op":"ckpt_get","epoch":E}` → `{"op":"blob","len":N}`
+//!    and N raw bytes; `{"op":"ckpt_commit","epoch":E}` (rank 0 only, once every rank has put
+//!    its blob of E) → `ok`; `{"op":"ckpt_last"}` → `{"op":"last","epoch":E|null}`. A server
+//!    started without a sink answers each with an error saying so.
+//! 4. `{"op":"report_failure","peer":P,"reason":…}` → `ok`: the rank's channel to rank P broke
+//!    (digest 004 §15.4 step 1); the launcher reads these with [`PmiServer::take_failures`].
+//!
 //! The server side ([`PmiServer`]) is used by `mutirao run`; the client by [`crate::init`].
 
 use crate::wire::constant_time_eq;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::{Arc, Condvar, Mutex};
@@ -30,6 +40,48 @@ enum Msg {
     Error { msg: String },
     Fence { kvs: Kvs },
     FenceDone { all: Vec<Kvs> },
+    CkptPut { epoch: u64, len: u64 },
+    CkptGet { epoch: u64 },
+    Blob { len: u64 },
+    CkptCommit { epoch: u64 },
+    CkptLast,
+    Last { epoch: Option<u64> },
+    ReportFailure { peer: u32, reason: String },
+}
+
+/// Largest checkpoint blob the protocol carries (64 GiB): a larger length is a corrupt stream.
+pub const MAX_BLOB: u64 = 64 << 30;
+
+/// A rank told the launcher that its channel to another rank broke.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FailureReport {
+    /// The rank that saw the failure.
+    pub rank: u32,
+    /// The rank it can no longer reach.
+    pub peer: u32,
+    /// What went wrong, as the rank saw it.
+    pub reason: String,
+}
+
+fn read_blob(r: &mut impl std::io::Read, len: u64) -> Result<Vec<u8>, String> {
+    if len > MAX_BLOB {
+        return Err(format!(
+            "blob of {len} bytes announced, above the {MAX_BLOB}-byte maximum: the stream is corrupt"
+        ));
+    }
+    let mut buf = Vec::with_capacity(len.min(1 << 24) as usize);
+    let got = std::io::Read::take(r, len)
+        .read_to_end(&mut buf)
+        .map_err(|e| {
+            format!(
+                "reading a {len}-byte blob failed after {} bytes: {e}",
+                buf.len()
+            )
+        })?;
+    if got as u64 != len {
+        return Err(format!("connection closed after {got} of {len} blob bytes"));
+    }
+    Ok(buf)
 }
 
 /// Where the launcher keeps the ranks' checkpoints (issue 12). The PMI server hands every
@@ -174,7 +226,102 @@ impl PmiClient {
     }
 }
 
+impl PmiClient {
+    fn call(
+        &mut self,
+        m: &Msg,
+        blob: Option<&[u8]>,
+        timeout: Duration,
+        what: &str,
+    ) -> Result<Msg, String> {
+        self.set_timeout(Some(timeout));
+        let sent = write_msg(&mut self.writer, m).and_then(|_| match blob {
+            Some(b) => {
+                self.writer.write_all(b)?;
+                self.writer.flush()
+            }
+            None => Ok(()),
+        });
+        sent.map_err(|e| format!("{what}: cannot talk to the launcher: {e}"))?;
+        match read_msg(&mut self.reader) {
+            Ok(Msg::Error { msg }) => Err(format!("{what}: the launcher answered: {msg}")),
+            Ok(m) => Ok(m),
+            Err(e) => Err(format!("{what}: {e}")),
+        }
+    }
+
+    /// Store this rank's checkpoint of `epoch`; returns once the launcher has it durably.
+    pub fn ckpt_put(&mut self, epoch: u64, blob: &[u8], timeout: Duration) -> Result<(), String> {
+        let what = format!("storing the checkpoint of epoch {epoch}");
+        let m = Msg::CkptPut {
+            epoch,
+            len: blob.len() as u64,
+        };
+        match self.call(&m, Some(blob), timeout, &what)? {
+            Msg::Ok => Ok(()),
+            other => Err(format!("{what}: unexpected answer {other:?}")),
+        }
+    }
+
+    /// Fetch this rank's checkpoint of `epoch`.
+    pub fn ckpt_get(&mut self, epoch: u64, timeout: Duration) -> Result<Vec<u8>, String> {
+        let what = format!("fetching the checkpoint of epoch {epoch}");
+        match self.call(&Msg::CkptGet { epoch }, None, timeout, &what)? {
+            Msg::Blob { len } => {
+                read_blob(&mut self.reader, len).map_err(|e| format!("{what}: {e}"))
+            }
+            other => Err(format!("{what}: unexpected answer {other:?}")),
+        }
+    }
+
+    /// Rank 0: every rank's checkpoint of `epoch` is durable, commit it.
+    pub fn ckpt_commit(&mut self, epoch: u64, timeout: Duration) -> Result<(), String> {
+        let what = format!("committing epoch {epoch}");
+        match self.call(&Msg::CkptCommit { epoch }, None, timeout, &what)? {
+            Msg::Ok => Ok(()),
+            other => Err(format!("{what}: unexpected answer {other:?}")),
+        }
+    }
+
+    /// The newest committed epoch.
+    pub fn ckpt_last(&mut self, timeout: Duration) -> Result<Option<u64>, String> {
+        let what = "asking for the last committed checkpoint";
+        match self.call(&Msg::CkptLast, None, timeout, what)? {
+            Msg::Last { epoch } => Ok(epoch),
+            other => Err(format!("{what}: unexpected answer {other:?}")),
+        }
+    }
+
+    /// Tell the launcher that the channel to `peer` broke.
+    pub fn report_failure(
+        &mut self,
+        peer: u32,
+        reason: &str,
+        timeout: Duration,
+    ) -> Result<(), String> {
+        let what = format!("reporting the failure of rank {peer}");
+        let m = Msg::ReportFailure {
+            peer,
+            reason: reason.to_string(),
+        };
+        match self.call(&m, None, timeout, &what)? {
+            Msg::Ok => Ok(()),
+            other => Err(format!("{what}: unexpected answer {other:?}")),
+        }
+    }
+}
+
 // ------------------------------------------------------------------ server
+
+struct Shared {
+    fence: Mutex<FenceState>,
+    cv: Condvar,
+    sink: Option<Arc<dyn CheckpointSink>>,
+    size: u32,
+    /// Per epoch, which ranks have put their blob.
+    puts: Mutex<BTreeMap<u64, Vec<bool>>>,
+    failures: Mutex<Vec<FailureReport>>,
+}
 
 struct FenceState {
     epoch: u64,
@@ -187,7 +334,7 @@ struct FenceState {
 /// The launcher's side: accepts `size` ranks and serves their fences.
 pub struct PmiServer {
     addr: SocketAddr,
-    state: Arc<(Mutex<FenceState>, Condvar)>,
+    state: Arc<Shared>,
 }
 
 impl PmiServer {
@@ -198,18 +345,43 @@ impl PmiServer {
         token: [u8; 32],
         fence_timeout: Duration,
     ) -> std::io::Result<Self> {
+        Self::start_inner(bind, size, token, fence_timeout, None)
+    }
+
+    /// [`PmiServer::start`], and serve the ranks' checkpoint operations from `sink`.
+    pub fn start_with_checkpoints(
+        bind: SocketAddr,
+        size: u32,
+        token: [u8; 32],
+        fence_timeout: Duration,
+        sink: Arc<dyn CheckpointSink>,
+    ) -> std::io::Result<Self> {
+        Self::start_inner(bind, size, token, fence_timeout, Some(sink))
+    }
+
+    fn start_inner(
+        bind: SocketAddr,
+        size: u32,
+        token: [u8; 32],
+        fence_timeout: Duration,
+        sink: Option<Arc<dyn CheckpointSink>>,
+    ) -> std::io::Result<Self> {
         let listener = TcpListener::bind(bind)?;
         let addr = listener.local_addr()?;
-        let state = Arc::new((
-            Mutex::new(FenceState {
+        let state = Arc::new(Shared {
+            fence: Mutex::new(FenceState {
                 epoch: 0,
                 arrived: vec![None; size as usize],
                 result: None,
                 hello: vec![false; size as usize],
                 failed: None,
             }),
-            Condvar::new(),
-        ));
+            cv: Condvar::new(),
+            sink,
+            size,
+            puts: Mutex::new(BTreeMap::new()),
+            failures: Mutex::new(Vec::new()),
+        });
         let st = state.clone();
         std::thread::Builder::new()
             .name("pmi-accept".into())
@@ -232,17 +404,24 @@ impl PmiServer {
 
     /// Make every pending and later fence fail with `why` (a rank died before the fence completed).
     pub fn fail(&self, why: &str) {
-        let (m, cv) = &*self.state;
-        if let Ok(mut s) = m.lock() {
+        if let Ok(mut s) = self.state.fence.lock() {
             s.failed.get_or_insert_with(|| why.to_string());
         }
-        cv.notify_all();
+        self.state.cv.notify_all();
+    }
+
+    /// The channel failures ranks reported since the last call (oldest first).
+    pub fn take_failures(&self) -> Vec<FailureReport> {
+        match self.state.failures.lock() {
+            Ok(mut f) => std::mem::take(&mut *f),
+            Err(_) => Vec::new(),
+        }
     }
 }
 
 fn serve_conn(
     conn: TcpStream,
-    st: Arc<(Mutex<FenceState>, Condvar)>,
+    st: Arc<Shared>,
     size: u32,
     token: [u8; 32],
     fence_timeout: Duration,
@@ -273,8 +452,7 @@ fn serve_conn(
                 );
                 return;
             }
-            let (m, _) = &*st;
-            let Ok(mut s) = m.lock() else { return };
+            let Ok(mut s) = st.fence.lock() else { return };
             if s.hello[rank as usize] {
                 drop(s);
                 let _ = write_msg(
@@ -301,7 +479,7 @@ fn serve_conn(
 fn conn_loop(
     r: &mut BufReader<TcpStream>,
     w: &mut TcpStream,
-    st: &Arc<(Mutex<FenceState>, Condvar)>,
+    st: &Arc<Shared>,
     rank: usize,
     fence_timeout: Duration,
 ) {
@@ -312,16 +490,78 @@ fn conn_loop(
             Ok(m) => m,
             Err(_) => return,
         };
-        let Msg::Fence { kvs } = msg else {
-            let _ = write_msg(
-                w,
-                &Msg::Error {
-                    msg: "expected a fence".into(),
-                },
-            );
-            return;
+        let kvs = match msg {
+            Msg::Fence { kvs } => kvs,
+            Msg::CkptPut { epoch, len } => {
+                let blob = match read_blob(r, len) {
+                    Ok(b) => b,
+                    Err(_) => return,
+                };
+                let reply = answer(ckpt_put(st, rank, epoch, &blob));
+                if write_msg(w, &reply).is_err() {
+                    return;
+                }
+                continue;
+            }
+            Msg::CkptGet { epoch } => {
+                let got = with_sink(st).and_then(|s| s.get(epoch, rank as u32));
+                let sent = match got {
+                    Ok(b) => write_msg(
+                        w,
+                        &Msg::Blob {
+                            len: b.len() as u64,
+                        },
+                    )
+                    .and_then(|_| w.write_all(&b))
+                    .and_then(|_| w.flush()),
+                    Err(msg) => write_msg(w, &Msg::Error { msg }),
+                };
+                if sent.is_err() {
+                    return;
+                }
+                continue;
+            }
+            Msg::CkptCommit { epoch } => {
+                let reply = answer(ckpt_commit(st, rank, epoch));
+                if write_msg(w, &reply).is_err() {
+                    return;
+                }
+                continue;
+            }
+            Msg::CkptLast => {
+                let reply = match with_sink(st).and_then(|s| s.last_committed()) {
+                    Ok(epoch) => Msg::Last { epoch },
+                    Err(msg) => Msg::Error { msg },
+                };
+                if write_msg(w, &reply).is_err() {
+                    return;
+                }
+                continue;
+            }
+            Msg::ReportFailure { peer, reason } => {
+                if let Ok(mut f) = st.failures.lock() {
+                    f.push(FailureReport {
+                        rank: rank as u32,
+                        peer,
+                        reason,
+                    });
+                }
+                if write_msg(w, &Msg::Ok).is_err() {
+                    return;
+                }
+                continue;
+            }
+            other => {
+                let _ = write_msg(
+                    w,
+                    &Msg::Error {
+                        msg: format!("unexpected request {other:?}"),
+                    },
+                );
+                return;
+            }
         };
-        let (m, cv) = &**st;
+        let (m, cv) = (&st.fence, &st.cv);
         let Ok(mut s) = m.lock() else { return };
         let my_epoch = s.epoch;
         s.arrived[rank] = Some(kvs);
@@ -373,6 +613,62 @@ fn conn_loop(
             return;
         }
     }
+}
+
+fn answer(r: Result<(), String>) -> Msg {
+    match r {
+        Ok(()) => Msg::Ok,
+        Err(msg) => Msg::Error { msg },
+    }
+}
+
+fn with_sink(st: &Shared) -> Result<&Arc<dyn CheckpointSink>, String> {
+    st.sink.as_ref().ok_or_else(|| {
+        "this launcher keeps no checkpoints (it was started without a checkpoint store): \
+         run without MUTIRAO_CKPT_INTERVAL, or give the launcher a store"
+            .to_string()
+    })
+}
+
+fn ckpt_put(st: &Shared, rank: usize, epoch: u64, blob: &[u8]) -> Result<(), String> {
+    with_sink(st)?.put(epoch, rank as u32, blob)?;
+    let mut puts = st
+        .puts
+        .lock()
+        .map_err(|_| "checkpoint bookkeeping poisoned".to_string())?;
+    puts.entry(epoch)
+        .or_insert_with(|| vec![false; st.size as usize])[rank] = true;
+    Ok(())
+}
+
+fn ckpt_commit(st: &Shared, rank: usize, epoch: u64) -> Result<(), String> {
+    let sink = with_sink(st)?;
+    if rank != 0 {
+        return Err(format!(
+            "rank {rank} asked to commit epoch {epoch}; only rank 0 commits"
+        ));
+    }
+    let mut puts = st
+        .puts
+        .lock()
+        .map_err(|_| "checkpoint bookkeeping poisoned".to_string())?;
+    let missing: Vec<usize> = match puts.get(&epoch) {
+        Some(p) => p
+            .iter()
+            .enumerate()
+            .filter(|(_, d)| !**d)
+            .map(|(i, _)| i)
+            .collect(),
+        None => (0..st.size as usize).collect(),
+    };
+    if !missing.is_empty() {
+        return Err(format!(
+            "cannot commit epoch {epoch}: ranks {missing:?} have not stored their checkpoint of it"
+        ));
+    }
+    sink.commit(epoch)?;
+    puts.retain(|e, _| *e > epoch);
+    Ok(())
 }
 
 #[cfg(test)]
@@ -454,5 +750,102 @@ mod tests {
             PmiClient::connect(&srv.addr().to_string(), 0, &token, Duration::from_secs(5)).unwrap();
         let e = c.fence(Kvs::new(), Duration::from_secs(5)).unwrap_err();
         assert!(e.contains("[1]"), "{e}");
+    }
+
+    #[derive(Default)]
+    struct MemSink {
+        blobs: Mutex<BTreeMap<(u64, u32), Vec<u8>>>,
+        last: Mutex<Option<u64>>,
+    }
+
+    impl CheckpointSink for MemSink {
+        fn put(&self, epoch: u64, rank: u32, blob: &[u8]) -> Result<(), String> {
+            self.blobs
+                .lock()
+                .unwrap()
+                .insert((epoch, rank), blob.to_vec());
+            Ok(())
+        }
+        fn get(&self, epoch: u64, rank: u32) -> Result<Vec<u8>, String> {
+            self.blobs
+                .lock()
+                .unwrap()
+                .get(&(epoch, rank))
+                .cloned()
+                .ok_or_else(|| format!("no checkpoint of rank {rank} at epoch {epoch}"))
+        }
+        fn commit(&self, epoch: u64) -> Result<(), String> {
+            *self.last.lock().unwrap() = Some(epoch);
+            Ok(())
+        }
+        fn last_committed(&self) -> Result<Option<u64>, String> {
+            Ok(*self.last.lock().unwrap())
+        }
+    }
+
+    #[test]
+    fn checkpoint_blobs_round_trip_binary_and_commit_needs_every_rank() {
+        let token = new_token().unwrap();
+        let sink = Arc::new(MemSink::default());
+        let srv = PmiServer::start_with_checkpoints(
+            "127.0.0.1:0".parse().unwrap(),
+            2,
+            token,
+            Duration::from_secs(10),
+            sink.clone(),
+        )
+        .unwrap();
+        let addr = srv.addr().to_string();
+        let t = Duration::from_secs(10);
+        let mut c0 = PmiClient::connect(&addr, 0, &token, t).unwrap();
+        let mut c1 = PmiClient::connect(&addr, 1, &token, t).unwrap();
+        // Larger than the 1 MiB line cap, full of newlines and zeros.
+        let big: Vec<u8> = (0..(3 << 20)).map(|i| (i % 251) as u8).collect();
+        assert_eq!(c0.ckpt_last(t).unwrap(), None);
+        c0.ckpt_put(1, &big, t).unwrap();
+        let e = c0.ckpt_commit(1, t).unwrap_err();
+        assert!(e.contains("ranks [1]"), "{e}");
+        c1.ckpt_put(1, b"\n{\"op\":\"ok\"}\n", t).unwrap();
+        let e = c1.ckpt_commit(1, t).unwrap_err();
+        assert!(e.contains("only rank 0"), "{e}");
+        c0.ckpt_commit(1, t).unwrap();
+        assert_eq!(c1.ckpt_last(t).unwrap(), Some(1));
+        assert_eq!(c0.ckpt_get(1, t).unwrap(), big);
+        assert_eq!(c1.ckpt_get(1, t).unwrap(), b"\n{\"op\":\"ok\"}\n");
+        // Each rank reads its own blob only (the rank is the connection's, not a field).
+        assert_eq!(sink.blobs.lock().unwrap()[&(1, 0)], big);
+        let e = c1.ckpt_get(7, t).unwrap_err();
+        assert!(e.contains("no checkpoint of rank 1 at epoch 7"), "{e}");
+        // The connection still works for fences afterwards.
+        let h = std::thread::spawn(move || c1.fence(Kvs::new(), t).map(|a| a.len()));
+        assert_eq!(c0.fence(Kvs::new(), t).unwrap().len(), 2);
+        assert_eq!(h.join().unwrap(), Ok(2));
+    }
+
+    #[test]
+    fn without_a_sink_checkpoints_are_refused_and_failures_are_reported() {
+        let token = new_token().unwrap();
+        let srv = PmiServer::start(
+            "127.0.0.1:0".parse().unwrap(),
+            2,
+            token,
+            Duration::from_secs(10),
+        )
+        .unwrap();
+        let t = Duration::from_secs(10);
+        let mut c = PmiClient::connect(&srv.addr().to_string(), 1, &token, t).unwrap();
+        let e = c.ckpt_put(1, b"x", t).unwrap_err();
+        assert!(e.contains("keeps no checkpoints"), "{e}");
+        assert!(srv.take_failures().is_empty());
+        c.report_failure(0, "connection reset", t).unwrap();
+        assert_eq!(
+            srv.take_failures(),
+            vec![FailureReport {
+                rank: 1,
+                peer: 0,
+                reason: "connection reset".into()
+            }]
+        );
+        assert!(srv.take_failures().is_empty());
     }
 }

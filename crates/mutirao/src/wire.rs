@@ -66,7 +66,8 @@ pub enum Kind {
     Data = 4,
     /// The sender finalized: no more frames follow on this connection.
     Bye = 5,
-    /// Reserved for Chandy–Lamport markers (checkpoint waves); not produced yet.
+    /// Checkpoint-wave control ([`crate::ckpt::Marker`]): sub-kind in `tag`, epoch in `id`, no
+    /// payload ([`Header::marker`]).
     Marker = 6,
     /// Ready-to-send between processes of one host: a 16-byte payload (sender's buffer address,
     /// sender's pid) lets the receiver copy the message itself (cross-memory attach).
@@ -157,6 +158,37 @@ impl Header {
             }
             _ => Ok(h),
         }
+    }
+}
+
+impl Header {
+    /// A checkpoint marker frame (issue 12): sub-kind in `tag`, epoch in `id`, the safe point
+    /// to cut at in `ctx`, no payload.
+    pub fn marker(m: crate::ckpt::Marker) -> Header {
+        Header {
+            kind: Kind::Marker,
+            tag: i32::from(m.code()),
+            ctx: m.at(),
+            len: 0,
+            id: m.epoch(),
+        }
+    }
+
+    /// The checkpoint marker a [`Kind::Marker`] frame carries.
+    pub fn to_marker(&self) -> Result<crate::ckpt::Marker, String> {
+        if self.kind != Kind::Marker {
+            return Err(format!(
+                "a {:?} frame is not a checkpoint marker",
+                self.kind
+            ));
+        }
+        let code = u8::try_from(self.tag).map_err(|_| {
+            format!(
+                "checkpoint marker sub-kind {} out of range: the stream is corrupt",
+                self.tag
+            )
+        })?;
+        crate::ckpt::Marker::from_parts(code, self.id, self.ctx)
     }
 }
 
@@ -317,5 +349,27 @@ mod tests {
             let h = Header { kind: Kind::from_u8(kind).unwrap(), tag, ctx, len, id };
             prop_assert_eq!(Header::decode(&h.encode()).unwrap(), h);
         }
+    }
+
+    #[test]
+    fn marker_frames_round_trip_and_reject_bad_sub_kinds() {
+        use crate::ckpt::Marker;
+        for m in [
+            Marker::Announce(1, 2),
+            Marker::Cut(u64::MAX, 7),
+            Marker::Done(0),
+            Marker::Abort(9),
+        ] {
+            let h = Header::decode(&Header::marker(m).encode()).unwrap();
+            assert_eq!(h.payload_len(), 0);
+            assert_eq!(h.to_marker(), Ok(m));
+        }
+        let mut h = Header::marker(Marker::Cut(3, 7));
+        h.tag = 300;
+        assert!(h.to_marker().unwrap_err().contains("out of range"));
+        h.tag = 7;
+        assert!(h.to_marker().unwrap_err().contains("sub-kind 7"));
+        h.kind = Kind::Eager;
+        assert!(h.to_marker().is_err());
     }
 }

@@ -1,0 +1,595 @@
+//! Multi-process checkpoint tests (issue 12): N copies of this binary run as the ranks of one
+//! job, with an in-test bootstrap server whose checkpoint sink is a map shared by the runs of a
+//! test. A process started with `CK_SCENARIO` set is a rank.
+//!
+//! - `waves_commit_and_a_restart_resumes_with_the_same_result`: a loop (ring exchange,
+//!   allreduce on the world and on a split communicator, a message left unreceived across each
+//!   checkpoint point) with waves every 0.05 s commits epochs and ends with the result of a run
+//!   without checkpoints; restarted from its last committed epoch, it resumes from the saved
+//!   iteration and ends with the same result.
+//! - `a_rank_dying_mid_wave_leaves_the_previous_epoch_committed`: a rank stalls (so a wave
+//!   starts and the others wait for its cut) and dies; no blob of it exists above the last
+//!   committed epoch, and restarting from that epoch finishes with the uninterrupted result.
+//! - a rendezvous message crossing every checkpoint point: waves are abandoned at their
+//!   timeout, none commits, the job finishes with the right result.
+//! - the examples jacobi, ring and matmul, with waves and restarted, print the result of a run
+//!   without checkpoints. They run the example binaries `cargo test -p mutirao` builds
+//!   (`cargo test --test checkpoints` alone does not rebuild them: build with
+//!   `cargo build -p mutirao --examples` first).
+
+use libtest_mimic::{Arguments, Failed, Trial};
+use mutirao::op;
+use mutirao::pmi::{hex, new_token, CheckpointSink, PmiServer};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+// ------------------------------------------------------------------ the rank program
+
+#[derive(Serialize, Deserialize)]
+struct State {
+    iter: u64,
+    x: f64,
+    hist: Vec<u64>,
+}
+
+fn env_u64(k: &str) -> Option<u64> {
+    std::env::var(k).ok().and_then(|v| v.parse().ok())
+}
+
+fn rank_main() -> Result<(), String> {
+    let e = |err: mutirao::Error| err.to_string();
+    let w = mutirao::init().map_err(e)?;
+    let (r, n) = (w.rank(), w.size());
+    let out = PathBuf::from(std::env::var("CK_OUT").map_err(|_| "CK_OUT unset")?);
+    let iters = env_u64("CK_ITERS").unwrap_or(40);
+    // Communicators are made again after a restart, in the same order: same context ids.
+    let half = w
+        .split(Some((r % 2) as u32), r as i32)
+        .map_err(e)?
+        .ok_or("split gave no communicator")?;
+    let restored = w.restored::<State>().map_err(e)?;
+    if env_u64("CK_EXPECT_RESTORE") == Some(1) {
+        let rec = w.recovery().ok_or("a restart without recovery()")?;
+        if restored.is_none() {
+            return Err(format!("restart from epoch {} gave no state", rec.epoch));
+        }
+    }
+    let mut st = restored.unwrap_or(State {
+        iter: 0,
+        x: r as f64,
+        hist: Vec::new(),
+    });
+    std::fs::write(out.join(format!("start.{r}")), st.iter.to_string())
+        .map_err(|x| x.to_string())?;
+    if std::env::var("MUTIRAO_CKPT_INTERVAL").is_ok() {
+        // A checkpoint point with a request in flight is refused, and counts for nothing.
+        let pending = w.irecv::<u64>(mutirao::ANY_SOURCE, 77).map_err(e)?;
+        match w.checkpoint_point(&st) {
+            Err(mutirao::Error::Invalid(m)) if m.contains("pending") => {}
+            other => return Err(format!("checkpoint point with a pending irecv: {other:?}")),
+        }
+        drop(pending);
+    }
+    let die = (env_u64("CK_DIE_RANK"), env_u64("CK_DIE_AT"));
+    let big = env_u64("CK_BIG") == Some(1) && n > 2;
+    while st.iter < iters {
+        // A large (rendezvous) message sent before rank 0's checkpoint point and received after
+        // rank 2's: it crosses every cut, so every wave must be abandoned, never hang.
+        if big && r == 2 && st.iter > 0 {
+            let (v, _) = w.recv_vec::<u64>(0, 11).map_err(e)?;
+            st.hist.push(v.iter().sum::<u64>() % 1_000_003);
+        }
+        // A message rank 0 sent before its last checkpoint point, received after ours.
+        if r == 1 && st.iter > 0 {
+            let mut b = [0u64];
+            w.recv(&mut b, 0, 9).map_err(e)?;
+            st.hist.push(b[0] * 1000);
+        }
+        let (to, from) = ((r + 1) % n, (r + n - 1) % n);
+        let mut inb = [0f64];
+        w.sendrecv(&[st.x], to, 1, &mut inb, from, 1).map_err(e)?;
+        let mut s = [0f64];
+        w.allreduce(&[inb[0]], &mut s, &op::Sum).map_err(e)?;
+        let mut h = [0u64];
+        half.allreduce(&[st.iter + r as u64], &mut h, &op::Sum)
+            .map_err(e)?;
+        st.x = (st.x * 0.5 + inb[0] * 0.25 + s[0] * 0.01).sin() + 1.0;
+        st.hist.push(h[0]);
+        st.iter += 1;
+        if r == 0 && n > 1 && st.iter < iters {
+            if env_u64("CK_SLOW0") == Some(1) {
+                // Let rank 1 reach its checkpoint point first: in nonblocking mode this
+                // message then arrives after its snapshot and before rank 0's cut (late).
+                std::thread::sleep(Duration::from_millis(8));
+            }
+            w.send(&[st.iter], 1, 9).map_err(e)?;
+            if big {
+                let v: Vec<u64> = (0..40_000).map(|i| i * st.iter).collect();
+                w.send(&v, 2, 11).map_err(e)?;
+            }
+        }
+        if die == (Some(r as u64), Some(st.iter)) {
+            // Stall so that a wave starts and the others wait for this rank's cut, then die.
+            std::thread::sleep(Duration::from_millis(400));
+            std::process::exit(9);
+        }
+        std::thread::sleep(Duration::from_millis(4));
+        w.checkpoint_point(&st).map_err(e)?;
+    }
+    let (committed, _aborted) = w.checkpoint_history();
+    let res = format!("{} {:?}", st.x.to_bits(), st.hist);
+    std::fs::write(out.join(format!("result.{r}")), res).map_err(|x| x.to_string())?;
+    if r == 0 {
+        std::fs::write(out.join("commits"), format!("{committed:?}")).map_err(|x| x.to_string())?;
+    }
+    w.finalize().map_err(e)
+}
+
+// ------------------------------------------------------------------ the launcher side
+
+#[derive(Default)]
+struct MapSink {
+    blobs: Mutex<BTreeMap<(u64, u32), Vec<u8>>>,
+    committed: Mutex<Vec<u64>>,
+}
+
+impl CheckpointSink for MapSink {
+    fn put(&self, epoch: u64, rank: u32, blob: &[u8]) -> Result<(), String> {
+        self.blobs
+            .lock()
+            .map_err(|_| "poisoned")?
+            .insert((epoch, rank), blob.to_vec());
+        Ok(())
+    }
+    fn get(&self, epoch: u64, rank: u32) -> Result<Vec<u8>, String> {
+        self.blobs
+            .lock()
+            .map_err(|_| "poisoned")?
+            .get(&(epoch, rank))
+            .cloned()
+            .ok_or_else(|| format!("no checkpoint of rank {rank} at epoch {epoch}"))
+    }
+    fn commit(&self, epoch: u64) -> Result<(), String> {
+        self.committed.lock().map_err(|_| "poisoned")?.push(epoch);
+        Ok(())
+    }
+    fn last_committed(&self) -> Result<Option<u64>, String> {
+        Ok(self
+            .committed
+            .lock()
+            .map_err(|_| "poisoned")?
+            .last()
+            .copied())
+    }
+}
+
+struct Outcome {
+    /// Channel failures the ranks reported to the launcher.
+    failures: Vec<mutirao::pmi::FailureReport>,
+    codes: Vec<Option<i32>>,
+    stderr: Vec<String>,
+    stdout: Vec<String>,
+}
+
+fn launch(
+    n: usize,
+    sink: &Arc<MapSink>,
+    out: &Path,
+    env: &[(&str, String)],
+    limit: Duration,
+) -> Result<Outcome, Failed> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    launch_prog(&exe, &[], n, sink, out, env, limit)
+}
+
+fn launch_prog(
+    exe: &Path,
+    args: &[&str],
+    n: usize,
+    sink: &Arc<MapSink>,
+    out: &Path,
+    env: &[(&str, String)],
+    limit: Duration,
+) -> Result<Outcome, Failed> {
+    let token = new_token().map_err(|e| e.to_string())?;
+    let pmi = PmiServer::start_with_checkpoints(
+        "127.0.0.1:0".parse().unwrap(),
+        n as u32,
+        token,
+        Duration::from_secs(30),
+        sink.clone(),
+    )
+    .map_err(|e| e.to_string())?;
+    let job = format!("ck{}{}", std::process::id(), &hex(&token)[..8]);
+    std::fs::create_dir_all(out).map_err(|e| e.to_string())?;
+    let start = Instant::now();
+    let mut kids = Vec::new();
+    for r in 0..n {
+        let child = Command::new(exe)
+            .args(args)
+            .env("CK_SCENARIO", "loop")
+            .env("CK_OUT", out)
+            .env("MUTIRAO_RANK", r.to_string())
+            .env("MUTIRAO_SIZE", n.to_string())
+            .env("MUTIRAO_PMI_ADDR", pmi.addr().to_string())
+            .env("MUTIRAO_JOB_TOKEN", hex(&token))
+            .env("MUTIRAO_JOB_ID", &job)
+            .env("MUTIRAO_LOCAL_RANKS", n.to_string())
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| e.to_string())?;
+        kids.push(child);
+    }
+    let mut codes = vec![None; n];
+    let mut done = vec![false; n];
+    while done.iter().any(|d| !d) {
+        for (i, k) in kids.iter_mut().enumerate() {
+            if !done[i] {
+                if let Ok(Some(st)) = k.try_wait() {
+                    codes[i] = st.code();
+                    done[i] = true;
+                }
+            }
+        }
+        if start.elapsed() > limit {
+            for k in kids.iter_mut() {
+                let _ = k.kill();
+                let _ = k.wait();
+            }
+            return Err(format!("the job did not finish within {limit:?}").into());
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let mut stderr = Vec::new();
+    let mut stdout = Vec::new();
+    for k in kids {
+        use std::io::Read;
+        let (mut e, mut o) = (String::new(), String::new());
+        if let Some(mut p) = k.stderr {
+            let _ = p.read_to_string(&mut e);
+        }
+        if let Some(mut p) = k.stdout {
+            let _ = p.read_to_string(&mut o);
+        }
+        stderr.push(e);
+        stdout.push(o);
+    }
+    Ok(Outcome {
+        failures: pmi.take_failures(),
+        codes,
+        stderr,
+        stdout,
+    })
+}
+
+fn results(out: &Path, n: usize) -> Result<Vec<String>, Failed> {
+    (0..n)
+        .map(|r| {
+            std::fs::read_to_string(out.join(format!("result.{r}")))
+                .map_err(|e| format!("rank {r} wrote no result: {e}").into())
+        })
+        .collect()
+}
+
+fn all_ok(o: &Outcome, what: &str) -> Result<(), Failed> {
+    if o.codes.iter().all(|c| *c == Some(0)) {
+        return Ok(());
+    }
+    Err(format!("{what}: exit codes {:?}; stderr: {:?}", o.codes, o.stderr).into())
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("mutirao-ck-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+const N: usize = 3;
+const ITERS: u64 = 50;
+
+fn ckpt_env() -> Vec<(&'static str, String)> {
+    ckpt_env_mode("blocking")
+}
+
+fn ckpt_env_mode(mode: &str) -> Vec<(&'static str, String)> {
+    vec![
+        ("MUTIRAO_CKPT_MODE", mode.to_string()),
+        ("CK_SLOW0", "1".to_string()),
+        ("CK_ITERS", ITERS.to_string()),
+        ("MUTIRAO_CKPT_INTERVAL", "0.05".into()),
+        ("MUTIRAO_CKPT_TIMEOUT", "5".into()),
+    ]
+}
+
+fn reference(name: &str) -> Result<Vec<String>, Failed> {
+    let out = scratch(name);
+    let sink = Arc::new(MapSink::default());
+    let o = launch(
+        N,
+        &sink,
+        &out,
+        &[("CK_ITERS", ITERS.to_string())],
+        Duration::from_secs(60),
+    )?;
+    all_ok(&o, "uninterrupted run without checkpoints")?;
+    let r = results(&out, N)?;
+    let _ = std::fs::remove_dir_all(&out);
+    Ok(r)
+}
+
+fn restart_matches(
+    sink: &Arc<MapSink>,
+    epoch: u64,
+    want: &[String],
+    name: &str,
+) -> Result<(), Failed> {
+    let out = scratch(name);
+    let mut env = ckpt_env();
+    env.push(("MUTIRAO_RESTART_EPOCH", epoch.to_string()));
+    env.push(("MUTIRAO_INCARNATION", "1".into()));
+    env.push(("CK_EXPECT_RESTORE", "1".into()));
+    let o = launch(N, sink, &out, &env, Duration::from_secs(60))?;
+    all_ok(&o, &format!("restart from epoch {epoch}"))?;
+    let start: u64 = std::fs::read_to_string(out.join("start.0"))
+        .map_err(|e| e.to_string())?
+        .parse()
+        .map_err(|_| "bad start file")?;
+    if start == 0 {
+        return Err(format!("the restart from epoch {epoch} began at iteration 0").into());
+    }
+    let got = results(&out, N)?;
+    let _ = std::fs::remove_dir_all(&out);
+    if got != want {
+        return Err(format!("restart from epoch {epoch} (iteration {start}) ended with {got:?}, the uninterrupted run with {want:?}").into());
+    }
+    Ok(())
+}
+
+fn waves_commit_and_restart(mode: &str) -> Result<(), Failed> {
+    let want = reference(&format!("ref-waves-{mode}"))?;
+    let sink = Arc::new(MapSink::default());
+    let out = scratch(&format!("waves-{mode}"));
+    let o = launch(
+        N,
+        &sink,
+        &out,
+        &ckpt_env_mode(mode),
+        Duration::from_secs(60),
+    )?;
+    all_ok(&o, "run with checkpoints")?;
+    let got = results(&out, N)?;
+    let commits = std::fs::read_to_string(out.join("commits")).map_err(|e| e.to_string())?;
+    let _ = std::fs::remove_dir_all(&out);
+    if got != want {
+        return Err(format!("checkpointing changed the result: {got:?} vs {want:?}").into());
+    }
+    let committed = sink.committed.lock().unwrap().clone();
+    if committed.is_empty() {
+        return Err(format!(
+            "no epoch committed (rank 0 saw {commits}); stderr {:?}",
+            o.stderr
+        )
+        .into());
+    }
+    if !committed.windows(2).all(|w| w[0] < w[1]) {
+        return Err(format!("epochs committed out of order: {committed:?}").into());
+    }
+    for e in &committed {
+        for r in 0..N as u32 {
+            if !sink.blobs.lock().unwrap().contains_key(&(*e, r)) {
+                return Err(format!("epoch {e} committed without rank {r}'s blob").into());
+            }
+        }
+    }
+    // How much channel state (late messages) and unexpected state the committed epochs hold.
+    let (mut late, mut unexpected) = (0, 0);
+    for e in &committed {
+        for r in 0..N as u32 {
+            let blob = sink.blobs.lock().unwrap()[&(*e, r)].clone();
+            let c = mutirao::ckpt::RankCheckpoint::decode(&blob, *e, r, N as u32)?;
+            late += c.late.len();
+            unexpected += c.unexpected.len();
+        }
+    }
+    if mode == "blocking" && late > 0 {
+        return Err(format!("blocking mode recorded {late} late messages").into());
+    }
+    if mode == "nonblocking" && late == 0 {
+        return Err("nonblocking mode recorded no late message although rank 0 sends late".into());
+    }
+    println!(
+        "{mode}: {} epochs committed, {late} late and {unexpected} unexpected messages saved",
+        committed.len()
+    );
+    let last = *committed.last().unwrap();
+    restart_matches(&sink, last, &want, &format!("restart-{mode}"))?;
+    // An earlier epoch restores too.
+    restart_matches(&sink, committed[0], &want, &format!("restart-first-{mode}"))
+}
+
+fn killed_mid_wave() -> Result<(), Failed> {
+    let want = reference("ref-kill")?;
+    let sink = Arc::new(MapSink::default());
+    let out = scratch("kill");
+    let mut env = ckpt_env();
+    env.push(("CK_DIE_RANK", "1".into()));
+    env.push(("CK_DIE_AT", "35".into()));
+    let o = launch(N, &sink, &out, &env, Duration::from_secs(60))?;
+    let _ = std::fs::remove_dir_all(&out);
+    // The survivors told the launcher which channel broke.
+    let reported: Vec<(u32, u32)> = o.failures.iter().map(|f| (f.rank, f.peer)).collect();
+    if !reported.contains(&(0, 1)) || !reported.contains(&(2, 1)) {
+        return Err(format!(
+            "ranks 0 and 2 should have reported rank 1: {:?}",
+            o.failures
+        )
+        .into());
+    }
+    if o.codes[1] != Some(9) || o.codes.iter().all(|c| *c == Some(0)) {
+        return Err(format!("rank 1 should have died alone with 9: {:?}", o.codes).into());
+    }
+    let committed = sink.committed.lock().unwrap().clone();
+    let Some(&last) = committed.last() else {
+        return Err(format!(
+            "no epoch committed before the failure; stderr {:?}",
+            o.stderr
+        )
+        .into());
+    };
+    // The wave under way when rank 1 died never committed: rank 1 stored nothing after `last`.
+    let later: Vec<_> = sink
+        .blobs
+        .lock()
+        .unwrap()
+        .keys()
+        .filter(|(e, r)| *e > last && *r == 1)
+        .copied()
+        .collect();
+    if !later.is_empty() {
+        return Err(
+            format!("rank 1 stored {later:?} after the last committed epoch {last}").into(),
+        );
+    }
+    restart_matches(&sink, last, &want, "kill-restart")
+}
+
+/// An example with waves, then restarted from its last committed epoch: both print what a run
+/// without checkpoints prints (each example also checks its own result).
+fn example_restarts(name: &str, args: &[&str], resume_note: Option<&str>) -> Result<(), Failed> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let Some(prog) = exe
+        .parent()
+        .and_then(|d| d.parent())
+        .map(|d| d.join("examples").join(name))
+        .filter(|p| p.exists())
+    else {
+        println!("skipped: the {name} example is not built (run `cargo test -p mutirao`, which builds it)");
+        return Ok(());
+    };
+    let line = |o: &Outcome| -> String {
+        o.stdout[0]
+            .lines()
+            .find(|l| l.starts_with(name))
+            .map(|l| l.split(" elapsed_s").next().unwrap_or("").to_string())
+            .unwrap_or_default()
+    };
+    let sink = Arc::new(MapSink::default());
+    let out = scratch(name);
+    let limit = Duration::from_secs(60);
+    let plain = launch_prog(&prog, args, N, &sink, &out, &[], limit)?;
+    all_ok(&plain, &format!("{name} without checkpoints"))?;
+    let env = vec![
+        ("MUTIRAO_CKPT_INTERVAL", "0.02".to_string()),
+        ("MUTIRAO_CKPT_TIMEOUT", "5".to_string()),
+    ];
+    let waves = launch_prog(&prog, args, N, &sink, &out, &env, limit)?;
+    all_ok(&waves, &format!("{name} with checkpoints"))?;
+    let Some(last) = sink.committed.lock().unwrap().last().copied() else {
+        return Err(format!("{name} committed no epoch: {:?}", waves.stderr).into());
+    };
+    let mut env2 = env.clone();
+    env2.push(("MUTIRAO_RESTART_EPOCH", last.to_string()));
+    let again = launch_prog(&prog, args, N, &sink, &out, &env2, limit)?;
+    all_ok(&again, &format!("{name} restarted from epoch {last}"))?;
+    let _ = std::fs::remove_dir_all(&out);
+    if let Some(note) = resume_note {
+        if !again.stderr[0].contains(note) {
+            return Err(format!("the restart did not resume: {:?}", again.stderr).into());
+        }
+    }
+    let (a, b, c) = (line(&plain), line(&waves), line(&again));
+    if a.is_empty() || a != b || a != c {
+        return Err(format!("{name}: plain run {a:?}, with waves {b:?}, restarted {c:?}").into());
+    }
+    Ok(())
+}
+
+fn large_message_across_checkpoint_points() -> Result<(), Failed> {
+    // Rendezvous above 4 KiB on every transport (shared memory's default limit is the ring).
+    let plain = [
+        ("CK_ITERS", "30".to_string()),
+        ("CK_BIG", "1".to_string()),
+        ("MUTIRAO_EAGER_LIMIT", "4096".to_string()),
+    ];
+    let sink = Arc::new(MapSink::default());
+    let out = scratch("big-ref");
+    let o = launch(N, &sink, &out, &plain, Duration::from_secs(60))?;
+    all_ok(&o, "large messages without checkpoints")?;
+    let want = results(&out, N)?;
+    let out = scratch("big");
+    let mut env = plain.to_vec();
+    env.push(("MUTIRAO_CKPT_INTERVAL", "0.05".into()));
+    env.push(("MUTIRAO_CKPT_TIMEOUT", "0.3".into()));
+    let t = Instant::now();
+    let o = launch(N, &sink, &out, &env, Duration::from_secs(60))?;
+    all_ok(&o, "large messages with checkpoints")?;
+    let got = results(&out, N)?;
+    let _ = std::fs::remove_dir_all(&out);
+    if got != want {
+        return Err(format!("result changed: {got:?} vs {want:?}").into());
+    }
+    if !o.stderr[0].contains("abandoned") {
+        return Err(format!(
+            "no wave was abandoned although a message crosses every checkpoint point (took {:?}): {:?}",
+            t.elapsed(),
+            o.stderr
+        )
+        .into());
+    }
+    let committed = sink.committed.lock().unwrap().clone();
+    if !committed.is_empty() {
+        return Err(format!("epochs {committed:?} committed across a message in flight").into());
+    }
+    Ok(())
+}
+
+fn main() {
+    if std::env::var("CK_SCENARIO").is_ok() {
+        match rank_main() {
+            Ok(()) => std::process::exit(0),
+            Err(e) => {
+                eprintln!("rank failed: {e}");
+                std::process::exit(1);
+            }
+        }
+    }
+    let args = Arguments::from_args();
+    let trials = vec![
+        Trial::test(
+            "waves_commit_and_a_restart_resumes_with_the_same_result",
+            || waves_commit_and_restart("blocking"),
+        ),
+        Trial::test(
+            "nonblocking_waves_commit_and_a_restart_resumes_with_the_same_result",
+            || waves_commit_and_restart("nonblocking"),
+        ),
+        Trial::test(
+            "a_rank_dying_mid_wave_leaves_the_previous_epoch_committed",
+            killed_mid_wave,
+        ),
+        Trial::test(
+            "a_large_message_across_checkpoint_points_abandons_waves_and_never_hangs",
+            large_message_across_checkpoint_points,
+        ),
+        Trial::test("jacobi_example_restarts_with_the_same_checksum", || {
+            example_restarts(
+                "jacobi",
+                &["--n", "48", "--iters", "400"],
+                Some("resumes at iteration"),
+            )
+        }),
+        Trial::test("ring_example_restarts_with_the_same_result", || {
+            example_restarts("ring", &["150", "64", "300"], None)
+        }),
+        Trial::test("matmul_example_restarts_with_the_same_result", || {
+            example_restarts("matmul", &["300"], None)
+        }),
+    ];
+    libtest_mimic::run(&args, trials).exit();
+}
