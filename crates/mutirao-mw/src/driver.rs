@@ -251,12 +251,14 @@ pub fn master<'a>(
                 policy.on_result(w, len, li);
                 last.insert(w, li);
                 let it = m.report.iterations;
+                let (fator_het, rule) =
+                    policy.detail(w).unwrap_or((0.0, policy.name().to_string()));
                 m.write(&Record::Block {
                     iteration: it,
                     worker: w,
                     q: planned.get(&w).copied().unwrap_or(len),
-                    fator_het: 0.0,
-                    rule: policy.name().to_string(),
+                    fator_het,
+                    rule,
                     start,
                     len,
                     t_comp_s: li.t_comp_s,

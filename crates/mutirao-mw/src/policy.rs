@@ -65,12 +65,15 @@ impl PolicyKind {
         cfg.validate()?;
         Ok(match self {
             PolicyKind::Static => Box::new(StaticSplit { done: false }),
-            PolicyKind::Hnow => {
-                Box::new(HnowPolicy(Hnow::new(cfg.clone(), Mode::Faithful)?, "hnow"))
-            }
+            PolicyKind::Hnow => Box::new(HnowPolicy(
+                Hnow::new(cfg.clone(), Mode::Faithful)?,
+                "hnow",
+                BTreeMap::new(),
+            )),
             PolicyKind::HnowImproved => Box::new(HnowPolicy(
                 Hnow::new(cfg.clone(), Mode::Improved { ewma: 0.5 })?,
                 "hnow-improved",
+                BTreeMap::new(),
             )),
             PolicyKind::Join => Box::new(Join {
                 chunk: cfg.tam_bloco,
@@ -142,6 +145,11 @@ pub trait Policy {
     fn hint_speed(&mut self, _w: WorkerId, _speed: f64) {}
     /// A worker left; forget its state.
     fn on_leave(&mut self, _w: WorkerId) {}
+    /// For the repository log: the heterogeneity factor and the rule behind `w`'s amount in
+    /// the last planned round (HNOW only).
+    fn detail(&self, _w: WorkerId) -> Option<(f64, String)> {
+        None
+    }
 }
 
 struct StaticSplit {
@@ -176,7 +184,7 @@ impl Policy for StaticSplit {
     }
 }
 
-struct HnowPolicy(Hnow, &'static str);
+struct HnowPolicy(Hnow, &'static str, BTreeMap<WorkerId, (f64, String)>);
 
 impl Policy for HnowPolicy {
     fn name(&self) -> &'static str {
@@ -191,12 +199,25 @@ impl Policy for HnowPolicy {
         last: &BTreeMap<WorkerId, LoadIndex>,
         remaining: u64,
     ) -> Vec<(WorkerId, u64)> {
-        self.0
-            .plan(members, last, remaining)
+        let plan = self.0.plan(members, last, remaining);
+        self.2 = plan
             .assignments
+            .iter()
+            .map(|a| {
+                let rule = serde_json::to_value(a.rule)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_string))
+                    .unwrap_or_default();
+                (a.worker, (a.fator_het, rule))
+            })
+            .collect();
+        plan.assignments
             .into_iter()
             .map(|a| (a.worker, a.q))
             .collect()
+    }
+    fn detail(&self, w: WorkerId) -> Option<(f64, String)> {
+        self.2.get(&w).cloned()
     }
     fn hint_speed(&mut self, w: WorkerId, speed: f64) {
         self.0.hint_rate(w, speed);
