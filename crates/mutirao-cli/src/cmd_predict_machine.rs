@@ -267,6 +267,12 @@ pub fn run(a: MachineArgs) -> anyhow::Result<ExitCode> {
         timeout: Some(a.timeout),
         env: Vec::new(),
         token_file: token,
+        checkpoint_interval: None,
+        checkpoint_mode: cmd_run::CkptMode::Blocking,
+        checkpoint_dir: None,
+        max_restarts: 0,
+        host_mtbf: None,
+        ckpt: None,
         command,
     });
     if let Some(p) = &ranks_file {

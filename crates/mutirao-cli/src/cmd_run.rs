@@ -3,7 +3,7 @@
 use crate::agent_proto::{self as proto, Msg, RankSpec, Stream};
 use crate::hostfile;
 use anyhow::{bail, Context};
-use mutirao::pmi::{hex, new_token, PmiServer};
+use mutirao::pmi::{hex, new_token, CheckpointSink, PmiServer};
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
@@ -47,6 +47,30 @@ impl BindTo {
     }
 }
 
+/// Checkpoint mode (`MUTIRAO_CKPT_MODE`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum CkptMode {
+    /// Wait at the safe point for every peer.
+    Blocking,
+    /// Record messages in flight and go on.
+    Nonblocking,
+}
+
+/// One incarnation's checkpoint settings.
+#[derive(Clone)]
+pub struct CkptRun {
+    sink: Arc<crate::ckpt_dir::DirSink>,
+    env: Vec<(String, String)>,
+}
+
+impl std::fmt::Debug for CkptRun {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CkptRun")
+            .field("env", &self.env)
+            .finish_non_exhaustive()
+    }
+}
+
 #[derive(clap::Args, Debug)]
 #[command(verbatim_doc_comment)]
 pub struct RunArgs {
@@ -79,6 +103,30 @@ pub struct RunArgs {
     /// The agents' shared secret (default: $MUTIRAO_AGENT_TOKEN_FILE or ~/.mutirao/agent.token).
     #[arg(long, value_name = "FILE")]
     pub token_file: Option<PathBuf>,
+    /// Take a coordinated checkpoint about every S seconds (the program hands its state to
+    /// `world.checkpoint_point(&state)` at safe points, docs/checkpoints.md) and, when a rank
+    /// fails, restart every rank from the last committed checkpoint, at most --max-restarts
+    /// times. Without it a failure ends the job.
+    #[arg(long, value_name = "S")]
+    pub checkpoint_interval: Option<f64>,
+    /// `blocking` waits at the safe point until every peer reached it; `nonblocking` records
+    /// the messages in flight instead and goes on.
+    #[arg(long, value_enum, default_value = "blocking", value_name = "MODE")]
+    pub checkpoint_mode: CkptMode,
+    /// Where checkpoints are kept (default: ./mutirao-ckpt-PID, removed when the job succeeds).
+    /// Must be reachable by this launcher; the ranks send their checkpoints to it.
+    #[arg(long, value_name = "DIR")]
+    pub checkpoint_dir: Option<PathBuf>,
+    /// Restarts from a checkpoint before giving up (each failure, also during a recovery).
+    #[arg(long, default_value_t = 3, value_name = "N")]
+    pub max_restarts: u32,
+    /// A host's mean time between failures, in seconds: with checkpoints on, the launcher
+    /// prints the interval Young's and Daly's formulas suggest for the measured checkpoint cost.
+    #[arg(long, value_name = "S")]
+    pub host_mtbf: Option<f64>,
+    /// Set by the recovery loop: the checkpoint store and the environment of this incarnation.
+    #[arg(skip)]
+    pub ckpt: Option<CkptRun>,
     /// The program and its arguments.
     #[arg(
         required = true,
@@ -173,7 +221,26 @@ fn rank_env(
     env
 }
 
-pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
+/// The bootstrap server, with the checkpoint store when checkpoints are on.
+fn start_pmi(
+    args: &RunArgs,
+    bind: SocketAddr,
+    token: [u8; 32],
+    fence_timeout: Duration,
+) -> std::io::Result<PmiServer> {
+    match &args.ckpt {
+        Some(c) => PmiServer::start_with_checkpoints(
+            bind,
+            args.n as u32,
+            token,
+            fence_timeout,
+            c.sink.clone() as Arc<dyn mutirao::pmi::CheckpointSink>,
+        ),
+        None => PmiServer::start(bind, args.n as u32, token, fence_timeout),
+    }
+}
+
+pub fn run(mut args: RunArgs) -> anyhow::Result<ExitCode> {
     if args.n == 0 {
         bail!("-n must be at least 1");
     }
@@ -182,10 +249,104 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             bail!("--timeout must be a positive number of seconds");
         }
     }
+    let Some(interval) = args.checkpoint_interval else {
+        let interrupted = Arc::new(AtomicBool::new(false));
+        return run_once(&args, &interrupted).map(ExitCode::from);
+    };
+    if !(interval.is_finite() && interval > 0.0) {
+        bail!("--checkpoint-interval must be a positive number of seconds");
+    }
+    if let Some(m) = args.host_mtbf {
+        if !(m.is_finite() && m > 0.0) {
+            bail!("--host-mtbf must be a positive number of seconds");
+        }
+    }
+    let (dir, owned) = match &args.checkpoint_dir {
+        Some(d) => (d.clone(), false),
+        None => (
+            std::env::current_dir()
+                .context("cannot read the current directory")?
+                .join(format!("mutirao-ckpt-{}", std::process::id())),
+            true,
+        ),
+    };
+    let sink = Arc::new(crate::ckpt_dir::DirSink::new(&dir, args.n as u32)?);
+    let interrupted = Arc::new(AtomicBool::new(false));
+    let mode = match args.checkpoint_mode {
+        CkptMode::Blocking => "blocking",
+        CkptMode::Nonblocking => "nonblocking",
+    };
+    let mut incarnation = 0u32;
+    let code = loop {
+        let restart = sink.last_committed().map_err(anyhow::Error::msg)?;
+        let mut env = vec![
+            ("MUTIRAO_CKPT_INTERVAL".to_string(), interval.to_string()),
+            ("MUTIRAO_CKPT_MODE".to_string(), mode.to_string()),
+            ("MUTIRAO_INCARNATION".to_string(), incarnation.to_string()),
+        ];
+        if let Some(e) = restart {
+            env.push(("MUTIRAO_RESTART_EPOCH".to_string(), e.to_string()));
+        }
+        args.ckpt = Some(CkptRun {
+            sink: sink.clone(),
+            env,
+        });
+        let t = std::time::Instant::now();
+        let code = run_once(&args, &interrupted)?;
+        if code == 0 || interrupted.load(Ordering::SeqCst) {
+            break code;
+        }
+        if incarnation >= args.max_restarts {
+            eprintln!(
+                "mutirao run: the job failed (exit status {code}) and {} restart(s) were used up (--max-restarts); giving up; checkpoints are kept in {}",
+                args.max_restarts,
+                dir.display()
+            );
+            break code;
+        }
+        incarnation += 1;
+        let from = sink.last_committed().map_err(anyhow::Error::msg)?;
+        eprintln!(
+            "mutirao run: the job failed after {:.1} s (exit status {code}); restart {incarnation} of {}: every rank from {}",
+            t.elapsed().as_secs_f64(),
+            args.max_restarts,
+            match from {
+                Some(e) => format!("committed epoch {e}"),
+                None => "the beginning (no checkpoint committed yet)".to_string(),
+            }
+        );
+    };
+    let costs = sink.wave_costs();
+    if !costs.is_empty() {
+        let mut c = costs.clone();
+        c.sort_by(f64::total_cmp);
+        let med = c[c.len() / 2];
+        eprint!(
+            "mutirao run: {} checkpoint(s) committed, median cost {:.3} s (first blob to commit)",
+            costs.len(),
+            med
+        );
+        match args.host_mtbf {
+            Some(m) => {
+                let (young, daly) = crate::ckpt_dir::young_daly(med, m / args.n.max(1) as f64);
+                eprintln!(
+                    "; with --host-mtbf {m} s over {} ranks, Young suggests --checkpoint-interval {young:.1}, Daly {daly:.1}",
+                    args.n
+                );
+            }
+            None => eprintln!(" (give --host-mtbf S for an interval suggestion)"),
+        }
+    }
+    if code == 0 && owned {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    Ok(ExitCode::from(code))
+}
+
+fn run_once(args: &RunArgs, interrupted: &Arc<AtomicBool>) -> anyhow::Result<u8> {
     let token_bytes = new_token().context("cannot make a job token")?;
     let token = hex(&token_bytes);
     let job = format!("{}-{}", std::process::id(), &token[..8]);
-    let interrupted = Arc::new(AtomicBool::new(false));
     {
         let flag = interrupted.clone();
         // A second handler installation fails only if one exists already; then Ctrl-C still
@@ -201,24 +362,24 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             if std::env::var_os("MUTIRAO_DIR_SOCKET").is_none() {
                 job_dir = Some(host_directory(&job)?);
             }
-            let pmi = PmiServer::start(
+            let pmi = start_pmi(
+                args,
                 "127.0.0.1:0".parse().expect("literal"),
-                args.n as u32,
                 token_bytes,
                 fence_timeout,
             )
             .context("cannot start the bootstrap server on 127.0.0.1")?;
             let dir_socket = job_dir.as_ref().map(|d| d.join(DIR_SOCKET_NAME));
-            let pids =
-                match start_local(&args, pmi.addr(), &token, &job, dir_socket.as_deref(), &tx) {
-                    Ok(p) => p,
-                    Err(e) => {
-                        if let Some(d) = &job_dir {
-                            let _ = std::fs::remove_dir_all(d);
-                        }
-                        return Err(e);
+            let pids = match start_local(args, pmi.addr(), &token, &job, dir_socket.as_deref(), &tx)
+            {
+                Ok(p) => p,
+                Err(e) => {
+                    if let Some(d) = &job_dir {
+                        let _ = std::fs::remove_dir_all(d);
                     }
-                };
+                    return Err(e);
+                }
+            };
             (
                 Group::Local(pids),
                 vec!["localhost".to_string(); args.n],
@@ -226,10 +387,10 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
                 pmi,
             )
         }
-        Some(path) => start_remote(&args, path, token_bytes, &token, &job, &tx, fence_timeout)?,
+        Some(path) => start_remote(args, path, token_bytes, &token, &job, &tx, fence_timeout)?,
     };
     drop(tx);
-    let code = supervise(&args, &group, &hosts_of, &placement, &pmi, rx, &interrupted);
+    let code = supervise(args, &group, &hosts_of, &placement, &pmi, rx, interrupted);
     if args.hostfile.is_none() {
         cleanup_shm(&job);
     }
@@ -331,7 +492,10 @@ fn start_local(
             local_rank: rank,
             bind_to: args.bind_to,
         };
-        let env = rank_env(rank, args.n, pmi, token, job, place);
+        let mut env = rank_env(rank, args.n, pmi, token, job, place);
+        if let Some(c) = &args.ckpt {
+            env.extend(c.env.iter().cloned());
+        }
         let mut cmd = Command::new(&args.command[0]);
         if let Some(sock) = dir_socket {
             cmd.env("MUTIRAO_DIR_SOCKET", sock);
@@ -429,9 +593,9 @@ fn start_remote(
         .transpose()?
         .map(|a| a.ip())
         .context("no host received ranks")?;
-    let pmi = PmiServer::start(
+    let pmi = start_pmi(
+        args,
         SocketAddr::new(local_ip, 0),
-        args.n as u32,
         token_bytes,
         fence_timeout,
     )
@@ -466,6 +630,9 @@ fn start_remote(
                         bind_to: args.bind_to,
                     },
                 ));
+                if let Some(c) = &args.ckpt {
+                    env.extend(c.env.iter().cloned());
+                }
                 RankSpec { rank, env }
             })
             .collect();
@@ -610,7 +777,7 @@ fn supervise(
     pmi: &PmiServer,
     rx: Receiver<Ev>,
     interrupted: &AtomicBool,
-) -> ExitCode {
+) -> u8 {
     let n = args.n;
     let start = Instant::now();
     let mut exited = vec![false; n];
@@ -738,5 +905,5 @@ fn supervise(
         }
     }
     let _ = stdout.lock().flush();
-    ExitCode::from(first_failure.unwrap_or(0))
+    first_failure.unwrap_or(0)
 }

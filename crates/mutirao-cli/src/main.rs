@@ -5,6 +5,7 @@ use clap::{Parser, Subcommand};
 
 mod agent_proto;
 mod capacity_spec;
+mod ckpt_dir;
 mod cmd_agent;
 mod cmd_calibrate;
 mod cmd_dir;

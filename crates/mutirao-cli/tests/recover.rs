@@ -1,0 +1,190 @@
+//! `mutirao run --checkpoint-interval`: a rank killed (SIGKILL) after checkpoints were
+//! committed makes the launcher restart every rank from the last committed epoch, and the job
+//! ends with the uninterrupted run's result; a program that always fails is given up after
+//! --max-restarts with its exit status.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn jacobi() -> Option<PathBuf> {
+    // The runtime's examples, built by `cargo test`/`nextest` for the workspace.
+    let p = Path::new(env!("CARGO_BIN_EXE_mutirao"))
+        .parent()?
+        .join("examples")
+        .join("jacobi");
+    p.is_file().then_some(p)
+}
+
+fn scratch(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("mutirao-recover-{}-{tag}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// Children of `parent` whose environment says `MUTIRAO_RANK=rank`.
+fn rank_pid(parent: u32, rank: usize) -> Option<i32> {
+    for ent in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Ok(pid) = ent.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        // pid (comm) state ppid …
+        let ppid = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|p| p.parse::<u32>().ok());
+        if ppid != Some(parent) {
+            continue;
+        }
+        let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+        let want = format!("MUTIRAO_RANK={rank}");
+        if env.split(|b| *b == 0).any(|kv| kv == want.as_bytes()) {
+            return Some(pid);
+        }
+    }
+    None
+}
+
+fn checksum(out: &str) -> Option<String> {
+    out.split_whitespace()
+        .find(|w| w.starts_with("checksum="))
+        .map(str::to_string)
+}
+
+#[test]
+fn a_killed_rank_restarts_the_job_from_the_last_committed_epoch() {
+    let Some(j) = jacobi() else {
+        println!("skipped: the jacobi example is not built (cargo build -p mutirao --examples)");
+        return;
+    };
+    let bin = env!("CARGO_BIN_EXE_mutirao");
+    let args = ["--n", "64", "--iters", "6000"];
+    let plain = Command::new(bin)
+        .args(["run", "-n", "3", "--timeout", "120"])
+        .arg(&j)
+        .arg("--")
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        plain.status.success(),
+        "{}",
+        String::from_utf8_lossy(&plain.stderr)
+    );
+    let want = checksum(&String::from_utf8_lossy(&plain.stdout)).expect("a checksum");
+
+    let d = scratch("kill");
+    let mut child = Command::new(bin)
+        .args([
+            "run",
+            "-n",
+            "3",
+            "--timeout",
+            "120",
+            "--checkpoint-interval",
+            "0.05",
+        ])
+        .arg("--checkpoint-dir")
+        .arg(&d)
+        .arg(&j)
+        .arg("--")
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Wait for a committed epoch ≥ 2, then kill rank 1.
+    let t0 = Instant::now();
+    let mut killed = false;
+    while t0.elapsed() < Duration::from_secs(60) {
+        let e = std::fs::read_to_string(d.join("COMMITTED"))
+            .ok()
+            .and_then(|s| s.trim().parse::<u64>().ok());
+        if e.is_some_and(|e| e >= 2) {
+            if let Some(pid) = rank_pid(child.id(), 1) {
+                // SAFETY: kill(2) with a pid we read from /proc; no memory is involved.
+                unsafe {
+                    libc::kill(pid, libc::SIGKILL);
+                }
+                killed = true;
+                break;
+            }
+        }
+        if child.try_wait().unwrap().is_some() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let out = child.wait_with_output().unwrap();
+    let (so, se) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(
+        killed,
+        "the job ended before a rank could be killed:\n{so}\n{se}"
+    );
+    assert!(out.status.success(), "{so}\n{se}");
+    assert!(
+        se.contains("restart 1 of 3: every rank from committed epoch"),
+        "no restart reported:\n{se}"
+    );
+    assert_eq!(checksum(&so).as_deref(), Some(want.as_str()), "{so}\n{se}");
+    // A successful job keeps a --checkpoint-dir it was given; the committed epoch is there.
+    assert!(d.join("COMMITTED").is_file());
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+#[test]
+fn a_program_that_always_fails_is_given_up_after_max_restarts() {
+    let d = scratch("fail");
+    let bin = env!("CARGO_BIN_EXE_mutirao");
+    let out = Command::new(bin)
+        .args([
+            "run",
+            "-n",
+            "2",
+            "--timeout",
+            "60",
+            "--checkpoint-interval",
+            "1",
+            "--max-restarts",
+            "2",
+            "--checkpoint-dir",
+        ])
+        .arg(&d)
+        .args(["sh", "-c", "exit 7"])
+        .output()
+        .unwrap();
+    let se = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(7), "{se}");
+    assert!(
+        se.contains("restart 2 of 2: every rank from the beginning"),
+        "{se}"
+    );
+    assert!(se.contains("2 restart(s) were used up"), "{se}");
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+#[test]
+fn bad_checkpoint_options_are_refused_before_anything_starts() {
+    let bin = env!("CARGO_BIN_EXE_mutirao");
+    for (flag, v) in [
+        ("--checkpoint-interval", "0"),
+        ("--checkpoint-interval", "nan"),
+    ] {
+        let out = Command::new(bin)
+            .args(["run", "-n", "1", flag, v, "true"])
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        assert!(
+            String::from_utf8_lossy(&out.stderr)
+                .contains("--checkpoint-interval must be a positive number"),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
