@@ -4,10 +4,9 @@
 //! exact sum (every task exactly once), also when a worker dies mid-run.
 
 use libtest_mimic::{Arguments, Failed, Trial};
-use mutirao::pmi::{hex, new_token, PmiServer};
+use mutirao::local_job::LocalJob;
 use mutirao_mw::{driver, Config, PolicyKind};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 fn scenario() -> Result<(), String> {
     let policy: PolicyKind = std::env::var("MW_POLICY")
@@ -76,73 +75,28 @@ fn scenario() -> Result<(), String> {
 }
 
 fn launch(policy: &str, n: usize, die_after: Option<u64>, transport: &str) -> Result<(), Failed> {
-    let token = new_token().map_err(|e| e.to_string())?;
-    let pmi = PmiServer::start(
-        "127.0.0.1:0".parse().unwrap(),
-        n as u32,
-        token,
-        Duration::from_secs(30),
-    )
-    .map_err(|e| e.to_string())?;
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let job = format!("mw{}{}", std::process::id(), &hex(&token)[..8]);
-    let mut kids = Vec::new();
-    for r in 0..n {
-        let mut c = Command::new(&exe);
-        c.env("MW_SCENARIO", "1")
-            .env("MW_POLICY", policy)
-            .env("MUTIRAO_RANK", r.to_string())
-            .env("MUTIRAO_SIZE", n.to_string())
-            .env("MUTIRAO_PMI_ADDR", pmi.addr().to_string())
-            .env("MUTIRAO_JOB_TOKEN", hex(&token))
-            .env("MUTIRAO_JOB_ID", &job)
-            .env("MUTIRAO_LOCAL_RANKS", n.to_string())
-            .env("MUTIRAO_TRANSPORT", transport)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        if let Some(d) = die_after {
-            c.env("MW_DIE_AFTER", d.to_string());
-        }
-        kids.push(c.spawn().map_err(|e| e.to_string())?);
+    let mut job = LocalJob::new(exe, n)
+        .env("MW_SCENARIO", "1")
+        .env("MW_POLICY", policy)
+        .env("MUTIRAO_TRANSPORT", transport)
+        .limit(Duration::from_secs(60));
+    if let Some(d) = die_after {
+        job = job.env("MW_DIE_AFTER", d.to_string());
     }
-    let start = Instant::now();
-    let mut codes = vec![None; n];
-    while codes.iter().any(|c| c.is_none()) {
-        for (i, k) in kids.iter_mut().enumerate() {
-            if codes[i].is_none() {
-                if let Ok(Some(st)) = k.try_wait() {
-                    codes[i] = Some(st.code());
-                }
-            }
-        }
-        if start.elapsed() > Duration::from_secs(60) {
-            for k in kids.iter_mut() {
-                let _ = k.kill();
-                let _ = k.wait();
-            }
-            return Err(format!("{policy} on {n} ranks did not finish within 60 s").into());
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    let errs: Vec<String> = kids
-        .into_iter()
-        .map(|k| {
-            let mut s = String::new();
-            if let Some(mut e) = k.stderr {
-                use std::io::Read;
-                let _ = e.read_to_string(&mut s);
-            }
-            s
-        })
-        .collect();
-    let ok = codes.iter().enumerate().all(|(r, c)| match (r, die_after) {
-        (2, Some(_)) => *c == Some(Some(9)),
-        _ => *c == Some(Some(0)),
-    });
+    let out = job.run()?;
+    let ok = out
+        .codes
+        .iter()
+        .enumerate()
+        .all(|(r, c)| match (r, die_after) {
+            (2, Some(_)) => *c == Some(9),
+            _ => *c == Some(0),
+        });
     if ok {
         Ok(())
     } else {
-        Err(format!("exit codes {codes:?}\n{}", errs.join("\n")).into())
+        Err(format!("exit codes {:?}\n{}", out.codes, out.stderr.join("\n")).into())
     }
 }
 

@@ -49,6 +49,7 @@ mod comm;
 pub mod config;
 mod engine;
 mod init;
+pub mod local_job;
 pub mod op;
 pub mod pmi;
 pub mod shm;

@@ -5,10 +5,9 @@
 //! 0 (pass), 1 (fail, message on stderr) or 3 (it saw the error the scenario expects).
 
 use libtest_mimic::{Arguments, Failed, Trial};
+use mutirao::local_job::LocalJob;
 use mutirao::op::{self, Op, UserOp};
-use mutirao::pmi::{hex, new_token, PmiServer};
 use mutirao::{Comm, Error, ANY_SOURCE, ANY_TAG};
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 // ------------------------------------------------------------------ a tiny seeded generator
@@ -495,74 +494,31 @@ fn launch_env(
     limit: Duration,
     extra: &dyn Fn(usize) -> Vec<(&'static str, String)>,
 ) -> Result<Outcome, Failed> {
-    let token = new_token().map_err(|e| e.to_string())?;
-    let pmi = PmiServer::start(
-        "127.0.0.1:0".parse().unwrap(),
-        n as u32,
-        token,
-        Duration::from_secs(30),
-    )
-    .map_err(|e| e.to_string())?;
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let job = format!("t{}{}", std::process::id(), &hex(&token)[..8]);
-    let start = Instant::now();
-    let mut kids = Vec::new();
-    for r in 0..n {
-        let child = Command::new(&exe)
-            .env("MUTIRAO_SCENARIO", scenario)
-            .env("MUTIRAO_RANK", r.to_string())
-            .env("MUTIRAO_SIZE", n.to_string())
-            .env("MUTIRAO_PMI_ADDR", pmi.addr().to_string())
-            .env("MUTIRAO_JOB_TOKEN", hex(&token))
-            .env("MUTIRAO_JOB_ID", &job)
-            .env("MUTIRAO_LOCAL_RANKS", n.to_string())
-            .env("MUTIRAO_TRANSPORT", transport)
-            .envs(extra(r))
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|e| e.to_string())?;
-        kids.push(child);
-    }
-    let mut codes = vec![None; n];
-    let mut done = vec![false; n];
-    while done.iter().any(|d| !d) {
-        for (i, k) in kids.iter_mut().enumerate() {
-            if !done[i] {
-                if let Ok(Some(st)) = k.try_wait() {
-                    codes[i] = st.code();
-                    done[i] = true;
-                }
-            }
-        }
-        if start.elapsed() > limit {
-            for k in kids.iter_mut() {
-                let _ = k.kill();
-                let _ = k.wait();
-            }
-            return Err(format!(
-                "{scenario} on {n} ranks ({transport}) did not finish within {limit:?}"
-            )
-            .into());
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    let elapsed = start.elapsed();
-    let stderr = kids
-        .into_iter()
-        .map(|k| {
-            let mut s = String::new();
-            if let Some(mut e) = k.stderr {
-                use std::io::Read;
-                let _ = e.read_to_string(&mut s);
-            }
-            s
+    let per_rank: Vec<Vec<(String, String)>> = (0..n)
+        .map(|r| {
+            extra(r)
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v))
+                .collect()
         })
         .collect();
+    let out = LocalJob::new(exe, n)
+        .env("MUTIRAO_SCENARIO", scenario)
+        .env("MUTIRAO_TRANSPORT", transport)
+        .per_rank_env(move |r| per_rank[r].clone())
+        .limit(limit)
+        .run()
+        .map_err(|e| {
+            e.replace(
+                "did not finish",
+                &format!("({scenario}, {transport}) did not finish"),
+            )
+        })?;
     Ok(Outcome {
-        codes,
-        stderr,
-        elapsed,
+        codes: out.codes,
+        stderr: out.stderr,
+        elapsed: out.elapsed,
     })
 }
 

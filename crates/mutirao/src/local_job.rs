@@ -1,0 +1,202 @@
+//! Start N copies of a program as the ranks of one job on this host, with an in-process
+//! bootstrap server instead of `mutirao run`: for multi-process tests and for harnesses that
+//! embed mutirão. Output is read while the ranks run (a chatty rank never blocks on a full
+//! pipe); a job that outlives its limit is killed and reported as an error.
+//!
+//! ```no_run
+//! use mutirao::local_job::LocalJob;
+//! use std::time::Duration;
+//! let out = LocalJob::new("target/debug/examples/ring", 4)
+//!     .env("MUTIRAO_TRANSPORT", "tcp")
+//!     .limit(Duration::from_secs(30))
+//!     .run()?;
+//! assert!(out.codes.iter().all(|c| *c == Some(0)), "{}", out.stderr.join("\n"));
+//! # Ok::<(), String>(())
+//! ```
+
+use crate::pmi::{hex, new_token, CheckpointSink, PmiServer};
+use std::io::Read;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Per-rank extra environment.
+type RankEnv = Box<dyn Fn(usize) -> Vec<(String, String)>>;
+
+/// A job to start on this host.
+pub struct LocalJob {
+    exe: PathBuf,
+    args: Vec<String>,
+    n: usize,
+    env: Vec<(String, String)>,
+    per_rank: Option<RankEnv>,
+    sink: Option<Arc<dyn CheckpointSink>>,
+    limit: Duration,
+}
+
+/// How the ranks ended.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    /// Each rank's exit code (`None`: ended by a signal).
+    pub codes: Vec<Option<i32>>,
+    /// Each rank's standard output.
+    pub stdout: Vec<String>,
+    /// Each rank's standard error.
+    pub stderr: Vec<String>,
+    /// From the first start to the last exit.
+    pub elapsed: Duration,
+}
+
+impl LocalJob {
+    /// `n` copies of `exe`, no arguments, a 60 s limit.
+    pub fn new(exe: impl Into<PathBuf>, n: usize) -> LocalJob {
+        LocalJob {
+            exe: exe.into(),
+            args: Vec::new(),
+            n,
+            env: Vec::new(),
+            per_rank: None,
+            sink: None,
+            limit: Duration::from_secs(60),
+        }
+    }
+
+    /// Arguments for every rank.
+    pub fn args<S: Into<String>>(mut self, a: impl IntoIterator<Item = S>) -> Self {
+        self.args.extend(a.into_iter().map(Into::into));
+        self
+    }
+
+    /// An environment variable for every rank.
+    pub fn env(mut self, k: impl Into<String>, v: impl Into<String>) -> Self {
+        self.env.push((k.into(), v.into()));
+        self
+    }
+
+    /// Extra environment per rank.
+    pub fn per_rank_env(mut self, f: impl Fn(usize) -> Vec<(String, String)> + 'static) -> Self {
+        self.per_rank = Some(Box::new(f));
+        self
+    }
+
+    /// Keep checkpoints in `sink` (the bootstrap server serves the ranks' checkpoint calls).
+    pub fn checkpoints(mut self, sink: Arc<dyn CheckpointSink>) -> Self {
+        self.sink = Some(sink);
+        self
+    }
+
+    /// Kill the job if it runs longer.
+    pub fn limit(mut self, d: Duration) -> Self {
+        self.limit = d;
+        self
+    }
+
+    /// Start the ranks and wait for all of them.
+    pub fn run(&self) -> Result<Outcome, String> {
+        let token = new_token().map_err(|e| format!("cannot make a job token: {e}"))?;
+        let bind = "127.0.0.1:0".parse().expect("literal address");
+        let n32 = u32::try_from(self.n).map_err(|_| format!("{} ranks is too many", self.n))?;
+        let pmi = match &self.sink {
+            Some(s) => PmiServer::start_with_checkpoints(
+                bind,
+                n32,
+                token,
+                Duration::from_secs(30),
+                s.clone(),
+            ),
+            None => PmiServer::start(bind, n32, token, Duration::from_secs(30)),
+        }
+        .map_err(|e| format!("cannot start the bootstrap server: {e}"))?;
+        let job = format!("lj{}{}", std::process::id(), &hex(&token)[..8]);
+        let start = Instant::now();
+        let mut kids = Vec::with_capacity(self.n);
+        let mut readers = Vec::with_capacity(self.n);
+        for r in 0..self.n {
+            let mut c = Command::new(&self.exe);
+            c.args(&self.args)
+                .env("MUTIRAO_RANK", r.to_string())
+                .env("MUTIRAO_SIZE", self.n.to_string())
+                .env("MUTIRAO_PMI_ADDR", pmi.addr().to_string())
+                .env("MUTIRAO_JOB_TOKEN", hex(&token))
+                .env("MUTIRAO_JOB_ID", &job)
+                .env("MUTIRAO_LOCAL_RANKS", self.n.to_string())
+                .envs(self.env.iter().map(|(k, v)| (k, v)))
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+            if let Some(f) = &self.per_rank {
+                c.envs(f(r));
+            }
+            let mut child = match c.spawn() {
+                Ok(c) => c,
+                Err(e) => {
+                    for k in kids.iter_mut() {
+                        let _ = std::process::Child::kill(k);
+                        let _ = std::process::Child::wait(k);
+                    }
+                    return Err(format!("cannot start {}: {e}", self.exe.display()));
+                }
+            };
+            let drain = |p: Option<Box<dyn Read + Send>>| {
+                std::thread::spawn(move || {
+                    let mut s = String::new();
+                    if let Some(mut p) = p {
+                        let _ = p.read_to_string(&mut s);
+                    }
+                    s
+                })
+            };
+            let o = drain(
+                child
+                    .stdout
+                    .take()
+                    .map(|p| Box::new(p) as Box<dyn Read + Send>),
+            );
+            let e = drain(
+                child
+                    .stderr
+                    .take()
+                    .map(|p| Box::new(p) as Box<dyn Read + Send>),
+            );
+            readers.push((o, e));
+            kids.push(child);
+        }
+        let mut codes = vec![None; self.n];
+        let mut done = vec![false; self.n];
+        while done.iter().any(|d| !d) {
+            for (i, k) in kids.iter_mut().enumerate() {
+                if !done[i] {
+                    if let Ok(Some(st)) = k.try_wait() {
+                        codes[i] = st.code();
+                        done[i] = true;
+                    }
+                }
+            }
+            if start.elapsed() > self.limit {
+                for k in kids.iter_mut() {
+                    let _ = k.kill();
+                    let _ = k.wait();
+                }
+                return Err(format!(
+                    "{} on {} ranks did not finish within {:?}",
+                    self.exe.display(),
+                    self.n,
+                    self.limit
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let elapsed = start.elapsed();
+        let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
+        for (o, e) in readers {
+            stdout.push(o.join().unwrap_or_default());
+            stderr.push(e.join().unwrap_or_default());
+        }
+        Ok(Outcome {
+            codes,
+            stdout,
+            stderr,
+            elapsed,
+        })
+    }
+}
