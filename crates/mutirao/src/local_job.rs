@@ -14,7 +14,7 @@
 //! # Ok::<(), String>(())
 //! ```
 
-use crate::pmi::{hex, new_token, CheckpointSink, PmiServer};
+use crate::pmi::{hex, new_token, CheckpointSink, FailureReport, PmiServer};
 use std::io::Read;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -46,6 +46,8 @@ pub struct Outcome {
     pub stderr: Vec<String>,
     /// From the first start to the last exit.
     pub elapsed: Duration,
+    /// Broken channels the ranks reported to the bootstrap server (with checkpoints on).
+    pub failures: Vec<FailureReport>,
 }
 
 impl LocalJob {
@@ -197,6 +199,7 @@ impl LocalJob {
             stdout,
             stderr,
             elapsed,
+            failures: pmi.take_failures(),
         })
     }
 }

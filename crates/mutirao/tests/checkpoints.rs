@@ -18,12 +18,12 @@
 //!   `cargo build -p mutirao --examples` first).
 
 use libtest_mimic::{Arguments, Failed, Trial};
+use mutirao::local_job::LocalJob;
 use mutirao::op;
-use mutirao::pmi::{hex, new_token, CheckpointSink, PmiServer};
+use mutirao::pmi::CheckpointSink;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -195,76 +195,28 @@ fn launch_prog(
     env: &[(&str, String)],
     limit: Duration,
 ) -> Result<Outcome, Failed> {
-    let token = new_token().map_err(|e| e.to_string())?;
-    let pmi = PmiServer::start_with_checkpoints(
-        "127.0.0.1:0".parse().unwrap(),
-        n as u32,
-        token,
-        Duration::from_secs(30),
-        sink.clone(),
-    )
-    .map_err(|e| e.to_string())?;
-    let job = format!("ck{}{}", std::process::id(), &hex(&token)[..8]);
+    let per = env
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.clone()))
+        .collect::<Vec<_>>();
     std::fs::create_dir_all(out).map_err(|e| e.to_string())?;
-    let start = Instant::now();
-    let mut kids = Vec::new();
-    for r in 0..n {
-        let child = Command::new(exe)
-            .args(args)
-            .env("CK_SCENARIO", "loop")
-            .env("CK_OUT", out)
-            .env("MUTIRAO_RANK", r.to_string())
-            .env("MUTIRAO_SIZE", n.to_string())
-            .env("MUTIRAO_PMI_ADDR", pmi.addr().to_string())
-            .env("MUTIRAO_JOB_TOKEN", hex(&token))
-            .env("MUTIRAO_JOB_ID", &job)
-            .env("MUTIRAO_LOCAL_RANKS", n.to_string())
-            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|e| e.to_string())?;
-        kids.push(child);
+    let mut job = LocalJob::new(exe, n)
+        .args(args.iter().copied())
+        .env("CK_SCENARIO", "loop")
+        .env("CK_OUT", out.to_string_lossy())
+        .checkpoints(sink.clone())
+        .limit(limit);
+    for (k, v) in per {
+        job = job.env(k, v);
     }
-    let mut codes = vec![None; n];
-    let mut done = vec![false; n];
-    while done.iter().any(|d| !d) {
-        for (i, k) in kids.iter_mut().enumerate() {
-            if !done[i] {
-                if let Ok(Some(st)) = k.try_wait() {
-                    codes[i] = st.code();
-                    done[i] = true;
-                }
-            }
-        }
-        if start.elapsed() > limit {
-            for k in kids.iter_mut() {
-                let _ = k.kill();
-                let _ = k.wait();
-            }
-            return Err(format!("the job did not finish within {limit:?}").into());
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    let mut stderr = Vec::new();
-    let mut stdout = Vec::new();
-    for k in kids {
-        use std::io::Read;
-        let (mut e, mut o) = (String::new(), String::new());
-        if let Some(mut p) = k.stderr {
-            let _ = p.read_to_string(&mut e);
-        }
-        if let Some(mut p) = k.stdout {
-            let _ = p.read_to_string(&mut o);
-        }
-        stderr.push(e);
-        stdout.push(o);
-    }
+    let o = job
+        .run()
+        .map_err(|e| e.replace(&format!("{} on {n} ranks ", exe.display()), "the job "))?;
     Ok(Outcome {
-        failures: pmi.take_failures(),
-        codes,
-        stderr,
-        stdout,
+        failures: o.failures,
+        codes: o.codes,
+        stderr: o.stderr,
+        stdout: o.stdout,
     })
 }
 
