@@ -6,7 +6,7 @@
 //! (pass) or 1 (fail, message on stderr).
 
 use libtest_mimic::{Arguments, Failed, Trial};
-use mutirao::pmi::{hex, new_token, PmiServer};
+use mutirao::local_job::LocalJob;
 use mutirao::Comm;
 use mutirao_addr::{
     Acl, Addr, AddrError, AttrList, Block, Config, Gid, Kind, Mailbox, Match, Reason, Rel, Scope,
@@ -927,69 +927,21 @@ fn launch(
     limit: Duration,
 ) -> Result<Outcome, Failed> {
     let (_dir, sock) = directory(scenario)?;
-    let token = new_token().map_err(e)?;
-    let pmi = PmiServer::start(
-        "127.0.0.1:0".parse().map_err(e)?,
-        n as u32,
-        token,
-        Duration::from_secs(30),
-    )
-    .map_err(e)?;
     let exe = std::env::current_exe().map_err(e)?;
-    let job = format!("t{}{}", std::process::id(), &hex(&token)[..8]);
-    let start = Instant::now();
-    let mut kids = Vec::new();
-    for r in 0..n {
-        let mut c = Command::new(&exe);
-        c.env("MUTIRAO_SCENARIO", scenario)
-            .env("MUTIRAO_RANK", r.to_string())
-            .env("MUTIRAO_SIZE", n.to_string())
-            .env("MUTIRAO_PMI_ADDR", pmi.addr().to_string())
-            .env("MUTIRAO_JOB_TOKEN", hex(&token))
-            .env("MUTIRAO_JOB_ID", &job)
-            .env("MUTIRAO_LOCAL_RANKS", n.to_string())
-            .env("MUTIRAO_DIR_SOCKET", &sock)
-            .env_remove("MUTIRAO_ADDR_CREDITS")
-            .env_remove("MUTIRAO_ADDR_MAX_CLASS")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        for (k, v) in env {
-            c.env(k, v);
-        }
-        kids.push(c.spawn().map_err(e)?);
+    let mut job = LocalJob::new(exe, n)
+        .env("MUTIRAO_SCENARIO", scenario)
+        .env("MUTIRAO_DIR_SOCKET", sock.to_string_lossy())
+        .env_remove("MUTIRAO_ADDR_CREDITS")
+        .env_remove("MUTIRAO_ADDR_MAX_CLASS")
+        .limit(limit);
+    for (k, v) in env {
+        job = job.env(*k, *v);
     }
-    let mut codes = vec![None; n];
-    let mut done = vec![false; n];
-    while done.iter().any(|d| !d) {
-        for (i, k) in kids.iter_mut().enumerate() {
-            if !done[i] {
-                if let Ok(Some(st)) = k.try_wait() {
-                    codes[i] = st.code();
-                    done[i] = true;
-                }
-            }
-        }
-        if start.elapsed() > limit {
-            for k in kids.iter_mut() {
-                let _ = k.kill();
-                let _ = k.wait();
-            }
-            return Err(format!("{scenario} on {n} ranks did not finish within {limit:?}").into());
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    let stderr = kids
-        .into_iter()
-        .map(|k| {
-            let mut s = String::new();
-            if let Some(mut x) = k.stderr {
-                use std::io::Read;
-                let _ = x.read_to_string(&mut s);
-            }
-            s
-        })
-        .collect();
-    Ok(Outcome { codes, stderr })
+    let o = job.run()?;
+    Ok(Outcome {
+        codes: o.codes,
+        stderr: o.stderr,
+    })
 }
 
 fn all_ok(

@@ -30,6 +30,7 @@ pub struct LocalJob {
     args: Vec<String>,
     n: usize,
     env: Vec<(String, String)>,
+    unset: Vec<String>,
     per_rank: Option<RankEnv>,
     sink: Option<Arc<dyn CheckpointSink>>,
     limit: Duration,
@@ -58,6 +59,7 @@ impl LocalJob {
             args: Vec::new(),
             n,
             env: Vec::new(),
+            unset: Vec::new(),
             per_rank: None,
             sink: None,
             limit: Duration::from_secs(60),
@@ -73,6 +75,12 @@ impl LocalJob {
     /// An environment variable for every rank.
     pub fn env(mut self, k: impl Into<String>, v: impl Into<String>) -> Self {
         self.env.push((k.into(), v.into()));
+        self
+    }
+
+    /// Remove a variable this process has from the ranks' environment.
+    pub fn env_remove(mut self, k: impl Into<String>) -> Self {
+        self.unset.push(k.into());
         self
     }
 
@@ -116,6 +124,9 @@ impl LocalJob {
         let mut readers = Vec::with_capacity(self.n);
         for r in 0..self.n {
             let mut c = Command::new(&self.exe);
+            for k in &self.unset {
+                c.env_remove(k);
+            }
             c.args(&self.args)
                 .env("MUTIRAO_RANK", r.to_string())
                 .env("MUTIRAO_SIZE", self.n.to_string())
