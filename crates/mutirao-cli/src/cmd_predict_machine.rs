@@ -259,22 +259,13 @@ pub fn run(a: MachineArgs) -> anyhow::Result<ExitCode> {
         "--sizes".into(),
         sizes.join(","),
     ];
-    let code = cmd_run::run(RunArgs {
+    let code = cmd_run::run(RunArgs::job(
         n,
-        hostfile: ranks_file.clone(),
-        tag_output: false,
-        bind_to: cmd_run::BindTo::None,
-        timeout: Some(a.timeout),
-        env: Vec::new(),
-        token_file: token,
-        checkpoint_interval: None,
-        checkpoint_mode: cmd_run::CkptMode::Blocking,
-        checkpoint_dir: None,
-        max_restarts: 0,
-        host_mtbf: None,
-        ckpt: None,
+        ranks_file.clone(),
+        a.timeout,
+        token,
         command,
-    });
+    ));
     if let Some(p) = &ranks_file {
         let _ = std::fs::remove_file(p);
     }

@@ -221,6 +221,35 @@ fn rank_env(
     env
 }
 
+impl RunArgs {
+    /// A job another command starts through the launcher (calibration, exec-dag, CRES): no
+    /// tagging, no binding, no checkpoints.
+    pub fn job(
+        n: usize,
+        hostfile: Option<PathBuf>,
+        timeout: f64,
+        token_file: Option<PathBuf>,
+        command: Vec<String>,
+    ) -> RunArgs {
+        RunArgs {
+            n,
+            hostfile,
+            tag_output: false,
+            bind_to: BindTo::None,
+            timeout: Some(timeout),
+            env: Vec::new(),
+            token_file,
+            checkpoint_interval: None,
+            checkpoint_mode: CkptMode::Blocking,
+            checkpoint_dir: None,
+            max_restarts: 0,
+            host_mtbf: None,
+            ckpt: None,
+            command,
+        }
+    }
+}
+
 /// The bootstrap server, with the checkpoint store when checkpoints are on.
 fn start_pmi(
     args: &RunArgs,

@@ -114,6 +114,33 @@ impl Master<'_> {
         })
     }
 
+    /// Log one returned block.
+    #[allow(clippy::too_many_arguments)]
+    fn write_block(
+        &mut self,
+        iteration: u64,
+        worker: WorkerId,
+        q: u64,
+        (fator_het, rule): (f64, String),
+        start: u64,
+        len: u64,
+        li: LoadIndex,
+    ) -> Result<(), DriverError> {
+        self.write(&Record::Block {
+            iteration,
+            worker,
+            q,
+            fator_het,
+            rule,
+            start,
+            len,
+            t_comp_s: li.t_comp_s,
+            t_comm_s: li.t_comm_s,
+            thr_low_s: None,
+            thr_up_s: None,
+        })
+    }
+
     fn write(&mut self, r: &Record) -> Result<(), DriverError> {
         if let Some(l) = self.log.as_deref_mut() {
             writeln!(l, "{}", r.to_line()).map_err(DriverError::Log)?;
@@ -220,6 +247,8 @@ pub fn master<'a>(
     if policy.synchronized() {
         let mut last: BTreeMap<WorkerId, LoadIndex> = BTreeMap::new();
         let mut planned: BTreeMap<WorkerId, u64> = BTreeMap::new();
+        // Lost workers the policy has been told about.
+        let mut told = 0;
         while !m.ledger.is_finished() {
             if members.is_empty() {
                 return Err(DriverError::NoWorkers(total - m.ledger.done()));
@@ -251,26 +280,15 @@ pub fn master<'a>(
                 policy.on_result(w, len, li);
                 last.insert(w, li);
                 let it = m.report.iterations;
-                let (fator_het, rule) =
-                    policy.detail(w).unwrap_or((0.0, policy.name().to_string()));
-                m.write(&Record::Block {
-                    iteration: it,
-                    worker: w,
-                    q: planned.get(&w).copied().unwrap_or(len),
-                    fator_het,
-                    rule,
-                    start,
-                    len,
-                    t_comp_s: li.t_comp_s,
-                    t_comm_s: li.t_comm_s,
-                    thr_low_s: None,
-                    thr_up_s: None,
-                })?;
+                let detail = policy.detail(w).unwrap_or((0.0, policy.name().to_string()));
+                let q = planned.get(&w).copied().unwrap_or(len);
+                m.write_block(it, w, q, detail, start, len, li)?;
             }
             // Lost workers' tasks are re-queued; their departure ends their membership.
-            for w in &m.report.lost {
+            for w in &m.report.lost[told..] {
                 policy.on_leave(*w);
             }
+            told = m.report.lost.len();
         }
     } else {
         let mut busy: BTreeMap<WorkerId, bool> = members.iter().map(|w| (*w, false)).collect();
@@ -321,19 +339,7 @@ pub fn master<'a>(
                 }
                 Completion::Duplicate => m.report.duplicates += 1,
             }
-            m.write(&Record::Block {
-                iteration: 0,
-                worker: w,
-                q: len,
-                fator_het: 0.0,
-                rule: policy.name().to_string(),
-                start,
-                len,
-                t_comp_s: li.t_comp_s,
-                t_comm_s: li.t_comm_s,
-                thr_low_s: None,
-                thr_up_s: None,
-            })?;
+            m.write_block(0, w, len, (0.0, policy.name().to_string()), start, len, li)?;
         }
     }
     m.ledger.audit()?;
