@@ -3,9 +3,7 @@
 
 use clap::{Parser, Subcommand};
 
-mod agent_proto;
 mod capacity_spec;
-mod ckpt_dir;
 mod cmd_agent;
 mod cmd_calibrate;
 mod cmd_dir;
@@ -17,8 +15,7 @@ mod cmd_predict_machine;
 mod cmd_run;
 mod cmd_sched;
 mod cmd_testbed;
-mod fsutil;
-mod hostfile;
+use mutirao_launch::{fsutil, hostfile};
 
 /// mutirão: run parallel message-passing programs on unequal, non-dedicated machines —
 /// measure them, predict run times, place work, run it, and survive hosts that leave.

@@ -131,6 +131,11 @@ fn a_killed_rank_restarts_the_job_from_the_last_committed_epoch() {
         se.contains("restart 1 of 3: every rank from committed epoch"),
         "no restart reported:\n{se}"
     );
+    // The launcher names the rank that died, not a peer that noticed it.
+    assert!(
+        se.contains("rank 1 on localhost was killed by signal 9"),
+        "the failure is not attributed to rank 1:\n{se}"
+    );
     assert_eq!(checksum(&so).as_deref(), Some(want.as_str()), "{so}\n{se}");
     // A successful job keeps a --checkpoint-dir it was given; the committed epoch is there.
     assert!(d.join("COMMITTED").is_file());
@@ -187,4 +192,176 @@ fn bad_checkpoint_options_are_refused_before_anything_starts() {
             String::from_utf8_lossy(&out.stderr)
         );
     }
+}
+
+/// Processes whose parent is `parent`.
+fn children(parent: u32) -> Vec<i32> {
+    let mut out = Vec::new();
+    for ent in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = ent.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let ppid = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|p| p.parse::<u32>().ok());
+        if ppid == Some(parent) {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+/// An agent process, killed with everything it started when dropped.
+struct Agent {
+    child: std::process::Child,
+    port: u16,
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        for pid in children(self.child.id()) {
+            // SAFETY: kill(2) on pids read from /proc; no memory is involved.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+            }
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn agent(token: &Path) -> Agent {
+    use std::io::BufRead;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_mutirao"))
+        .args([
+            "agent",
+            "--listen",
+            "127.0.0.1:0",
+            "--print-addr",
+            "--no-dir",
+        ])
+        .arg("--token-file")
+        .arg(token)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let port = line
+        .trim()
+        .rsplit_once(':')
+        .and_then(|(_, p)| p.parse().ok())
+        .expect("the agent printed its address");
+    Agent { child, port }
+}
+
+#[test]
+fn a_silent_host_is_detected_by_heartbeat_and_its_ranks_restart_on_another() {
+    let Some(j) = jacobi() else {
+        println!("skipped: the jacobi example is not built (cargo build -p mutirao --examples)");
+        return;
+    };
+    let bin = env!("CARGO_BIN_EXE_mutirao");
+    let d = scratch("silent");
+    let token = d.join("agent.token");
+    assert!(Command::new(bin)
+        .args(["agent", "--gen-token"])
+        .arg(&token)
+        .output()
+        .unwrap()
+        .status
+        .success());
+    let args = ["--n", "64", "--iters", "6000"];
+    let plain = Command::new(bin)
+        .args(["run", "-n", "4", "--timeout", "120"])
+        .arg(&j)
+        .arg("--")
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(plain.status.success());
+    let want = checksum(&String::from_utf8_lossy(&plain.stdout)).expect("a checksum");
+
+    let a = agent(&token);
+    let b = agent(&token);
+    let hostfile = d.join("hosts");
+    std::fs::write(
+        &hostfile,
+        format!(
+            "127.0.0.1 slots=2 port={}\n127.0.0.1 slots=2 port={}\n",
+            a.port, b.port
+        ),
+    )
+    .unwrap();
+    let mut child = Command::new(bin)
+        .args(["run", "-n", "4", "--timeout", "120", "--heartbeat", "0.2"])
+        .arg("--hostfile")
+        .arg(&hostfile)
+        .arg("--token-file")
+        .arg(&token)
+        .args(["--checkpoint-interval", "0.3", "--checkpoint-dir"])
+        .arg(d.join("ckpt"))
+        .arg(&j)
+        .arg("--")
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Once an epoch is committed, freeze the second "host": its agent and its ranks stop
+    // answering without closing a socket, as when a machine's network goes away.
+    let t0 = Instant::now();
+    let mut frozen = false;
+    while t0.elapsed() < Duration::from_secs(60) {
+        let e = std::fs::read_to_string(d.join("ckpt").join("COMMITTED"))
+            .ok()
+            .and_then(|s| s.trim().parse::<u64>().ok());
+        if e.is_some_and(|e| e >= 2) && !children(b.child.id()).is_empty() {
+            let mut pids = children(b.child.id());
+            pids.push(b.child.id() as i32);
+            for pid in pids {
+                // SAFETY: kill(2) on pids read from /proc; no memory is involved.
+                unsafe {
+                    libc::kill(pid, libc::SIGSTOP);
+                }
+            }
+            frozen = true;
+            break;
+        }
+        if child.try_wait().unwrap().is_some() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let out = child.wait_with_output().unwrap();
+    let (so, se) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(
+        frozen,
+        "the job ended before the host could be frozen:\n{se}"
+    );
+    assert!(out.status.success(), "{so}\n{se}");
+    assert!(
+        se.contains("sent no heartbeat for 1.0 s"),
+        "the silent host was not detected by heartbeat:\n{se}"
+    );
+    assert!(
+        se.contains("restart 1 of 3: every rank from committed epoch"),
+        "no restart reported:\n{se}"
+    );
+    assert!(
+        se.contains("not on 127.0.0.1"),
+        "the lost host was used again:\n{se}"
+    );
+    assert_eq!(checksum(&so).as_deref(), Some(want.as_str()), "{so}\n{se}");
+    drop(b);
+    drop(a);
+    let _ = std::fs::remove_dir_all(&d);
 }

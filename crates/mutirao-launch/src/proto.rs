@@ -8,6 +8,10 @@
 //!    `{"op":"error","msg":…}` and close.
 //! 4. launcher → `{"op":"launch",…}`; agent → `started`, `output`, `exit` events. The launcher
 //!    may send `kill`. If the launcher's connection drops, the agent kills what it started.
+//! 5. When the launch carries `heartbeat_ms`, both sides send `{"op":"heartbeat"}` at that
+//!    period and take a peer silent for [`HEARTBEAT_MISSES`] periods as gone: the launcher
+//!    reports the host lost, the agent kills what it started. A host whose network vanishes
+//!    without closing its sockets is detected this way.
 
 use hmac::{Hmac, Mac};
 use serde::{Deserialize, Serialize};
@@ -15,7 +19,9 @@ use sha2::Sha256;
 use std::collections::BTreeMap;
 use std::io::{BufRead, Write};
 
-pub const AGENT_PROTOCOL: u32 = 1;
+pub const AGENT_PROTOCOL: u32 = 2;
+/// Heartbeat periods of silence after which a peer is taken as gone.
+pub const HEARTBEAT_MISSES: u32 = 5;
 /// Longest line either side accepts.
 pub const MAX_LINE: u64 = 4 << 20;
 
@@ -43,7 +49,13 @@ pub enum Msg {
         args: Vec<String>,
         cwd: Option<String>,
         ranks: Vec<RankSpec>,
+        /// Heartbeat period in milliseconds (none: no heartbeats, the session ends only when
+        /// its socket closes).
+        #[serde(default)]
+        heartbeat_ms: Option<u64>,
     },
+    /// "I am still here" (both directions, every `heartbeat_ms`).
+    Heartbeat,
     Started {
         rank: usize,
         pid: u32,

@@ -1,0 +1,326 @@
+//! The per-host agent: starts, watches and ends the processes an authenticated launcher asks
+//! for, streams their output back and reports how they ended. `mutirao agent` is a shell over
+//! [`serve_forever`]; this module prints nothing itself (it logs through [`AgentConfig::log`]).
+
+use crate::proto::{self, Msg, Stream};
+use anyhow::bail;
+use std::io::{BufRead, BufReader};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// What an agent serves with.
+#[derive(Clone)]
+pub struct AgentConfig {
+    /// The shared secret launchers must prove they hold.
+    pub secret: Arc<Vec<u8>>,
+    /// The directory socket ranks started here get as `MUTIRAO_DIR_SOCKET`.
+    pub dir_socket: Option<PathBuf>,
+    /// Where the agent's log lines go.
+    pub log: Arc<dyn Fn(&str) + Send + Sync>,
+}
+
+/// Accept launchers on `listener` forever, one thread per session.
+pub fn serve_forever(listener: TcpListener, cfg: AgentConfig) {
+    for conn in listener.incoming() {
+        let conn = match conn {
+            Ok(c) => c,
+            Err(e) => {
+                (cfg.log)(&format!("accept failed: {e}"));
+                continue;
+            }
+        };
+        let session = cfg.clone();
+        let spawned = std::thread::Builder::new()
+            .name("agent-conn".into())
+            .spawn(move || {
+                let peer = conn
+                    .peer_addr()
+                    .map(|a| a.to_string())
+                    .unwrap_or_else(|_| "?".into());
+                if let Err(e) = serve(conn, &session) {
+                    (session.log)(&format!("session with {peer}: {e:#}"));
+                }
+            });
+        if let Err(e) = spawned {
+            (cfg.log)(&format!("cannot start a session thread: {e}"));
+        }
+    }
+}
+
+/// This host's name, as agents announce it.
+pub fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "unknown".into())
+}
+
+/// Serve one launcher's session on `conn`: authenticate it, run its launch request, stream
+/// output and exits back, obey `kill`, and kill everything it started if the launcher goes away
+/// (its socket closes, or — with heartbeats — it stays silent for [`proto::HEARTBEAT_MISSES`]
+/// periods).
+pub fn serve(conn: TcpStream, cfg: &AgentConfig) -> anyhow::Result<()> {
+    let secret: &[u8] = &cfg.secret;
+    let dir_socket = cfg.dir_socket.as_ref();
+    let peer = conn.peer_addr()?;
+    conn.set_nodelay(true).ok();
+    conn.set_read_timeout(Some(Duration::from_secs(10)))?;
+    let mut r = BufReader::new(conn.try_clone()?);
+    let w = Arc::new(Mutex::new(conn.try_clone()?));
+    let send = |m: &Msg| -> anyhow::Result<()> {
+        let mut g = w.lock().map_err(|_| anyhow::anyhow!("writer poisoned"))?;
+        proto::write_msg(&mut *g, m)?;
+        Ok(())
+    };
+    // Authentication.
+    let nonce = proto::nonce()?;
+    send(&Msg::Challenge {
+        version: proto::AGENT_PROTOCOL,
+        nonce: nonce.clone(),
+    })?;
+    let client_nonce = match proto::read_msg(&mut r) {
+        Ok(Some(Msg::Auth { mac, nonce: cn }))
+            if proto::verify(secret, proto::CLIENT_LABEL, &nonce, &mac) =>
+        {
+            cn
+        }
+        Ok(Some(Msg::Auth { .. })) => {
+            let _ = send(&Msg::Error {
+                msg: "authentication failed".into(),
+            });
+            bail!("refused {peer}: wrong token");
+        }
+        Ok(other) => {
+            let _ = send(&Msg::Error {
+                msg: "authenticate first".into(),
+            });
+            bail!("refused {peer}: expected auth, got {other:?}");
+        }
+        Err(e) => {
+            let _ = send(&Msg::Error {
+                msg: "malformed request".into(),
+            });
+            bail!("refused {peer}: {e}");
+        }
+    };
+    if client_nonce.len() < 32 {
+        let _ = send(&Msg::Error {
+            msg: "nonce too short".into(),
+        });
+        bail!("refused {peer}: short nonce");
+    }
+    send(&Msg::Welcome {
+        mac: proto::mac(secret, proto::SERVER_LABEL, &client_nonce),
+        host: host_name(),
+        cores: std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1),
+    })?;
+    r.get_ref()
+        .set_read_timeout(Some(Duration::from_secs(60)))?;
+    // The job.
+    let (program, args, cwd, ranks, heartbeat_ms) = match proto::read_msg(&mut r) {
+        Ok(Some(Msg::Launch {
+            program,
+            args,
+            cwd,
+            ranks,
+            heartbeat_ms,
+        })) => (program, args, cwd, ranks, heartbeat_ms),
+        Ok(None) => return Ok(()),
+        Ok(Some(other)) => {
+            let _ = send(&Msg::Error {
+                msg: "expected a launch request".into(),
+            });
+            bail!("{peer}: expected launch, got {other:?}");
+        }
+        Err(e) => {
+            let _ = send(&Msg::Error {
+                msg: format!("malformed launch request: {e}"),
+            });
+            bail!("{peer}: malformed launch: {e}");
+        }
+    };
+    if program.is_empty() || ranks.is_empty() {
+        let _ = send(&Msg::Error {
+            msg: "a launch needs a program and at least one rank".into(),
+        });
+        bail!("{peer}: empty launch");
+    }
+    let log = |m: &str| (cfg.log)(m);
+    log(&format!(
+        "{peer}: starting {program:?} as ranks {:?}",
+        ranks.iter().map(|r| r.rank).collect::<Vec<_>>()
+    ));
+    let mut pids: Vec<i32> = Vec::new();
+    let mut waiters = Vec::new();
+    for spec in &ranks {
+        let mut cmd = Command::new(&program);
+        cmd.args(&args).envs(&spec.env);
+        if let Some(sock) = dir_socket {
+            // This host's directory, whatever the launcher's environment said.
+            cmd.env("MUTIRAO_DIR_SOCKET", sock);
+        }
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0);
+        if let Some(d) = &cwd {
+            if Path::new(d).is_dir() {
+                cmd.current_dir(d);
+            }
+        }
+        let mut child = match cmd.spawn() {
+            Ok(c) => c,
+            Err(e) => {
+                kill_all(&pids, libc::SIGKILL);
+                let _ = send(&Msg::Error {
+                    msg: format!("cannot start {program:?} for rank {}: {e}", spec.rank),
+                });
+                bail!("{peer}: cannot start {program:?}: {e}");
+            }
+        };
+        pids.push(child.id() as i32);
+        send(&Msg::Started {
+            rank: spec.rank,
+            pid: child.id(),
+        })?;
+        let rank = spec.rank;
+        let mut readers = Vec::new();
+        for (stream, pipe) in [
+            (
+                Stream::Out,
+                child
+                    .stdout
+                    .take()
+                    .map(|p| Box::new(p) as Box<dyn std::io::Read + Send>),
+            ),
+            (
+                Stream::Err,
+                child
+                    .stderr
+                    .take()
+                    .map(|p| Box::new(p) as Box<dyn std::io::Read + Send>),
+            ),
+        ] {
+            let Some(pipe) = pipe else { continue };
+            let w = w.clone();
+            readers.push(std::thread::spawn(move || {
+                let mut br = BufReader::new(pipe);
+                let mut buf = Vec::new();
+                loop {
+                    buf.clear();
+                    match br.read_until(b'\n', &mut buf) {
+                        Ok(0) | Err(_) => break,
+                        Ok(_) => {
+                            if buf.last() == Some(&b'\n') {
+                                buf.pop();
+                            }
+                            let m = Msg::Output {
+                                rank,
+                                stream,
+                                line: String::from_utf8_lossy(&buf).into_owned(),
+                            };
+                            if let Ok(mut g) = w.lock() {
+                                if proto::write_msg(&mut *g, &m).is_err() {
+                                    break;
+                                }
+                            }
+                        }
+                    }
+                }
+            }));
+        }
+        let w = w.clone();
+        waiters.push(std::thread::spawn(move || {
+            let st = child.wait();
+            for t in readers {
+                let _ = t.join();
+            }
+            let (code, signal) = match st {
+                Ok(s) => (s.code(), s.signal()),
+                Err(_) => (None, None),
+            };
+            if let Ok(mut g) = w.lock() {
+                let _ = proto::write_msg(&mut *g, &Msg::Exit { rank, code, signal });
+            }
+        }));
+    }
+    // When every rank has ended, close the session (this also ends the read loop below).
+    let closer = conn.try_clone()?;
+    let ended = Arc::new(AtomicBool::new(false));
+    let ended_w = ended.clone();
+    std::thread::spawn(move || {
+        for t in waiters {
+            let _ = t.join();
+        }
+        ended_w.store(true, Ordering::SeqCst);
+        let _ = closer.shutdown(Shutdown::Both);
+    });
+    // Heartbeats: ours every period; the launcher's awaited for HEARTBEAT_MISSES periods.
+    let silence = match heartbeat_ms {
+        Some(ms) if ms > 0 => {
+            let period = Duration::from_millis(ms);
+            let w = w.clone();
+            let ended = ended.clone();
+            std::thread::spawn(move || {
+                while !ended.load(Ordering::SeqCst) {
+                    std::thread::sleep(period);
+                    match w.lock() {
+                        Ok(mut g) => {
+                            if proto::write_msg(&mut *g, &Msg::Heartbeat).is_err() {
+                                break;
+                            }
+                        }
+                        Err(_) => break,
+                    }
+                }
+            });
+            Some(period * proto::HEARTBEAT_MISSES)
+        }
+        _ => None,
+    };
+    // Listen for kill requests; a vanished launcher ends everything it started.
+    r.get_ref().set_read_timeout(silence)?;
+    loop {
+        match proto::read_msg(&mut r) {
+            Ok(Some(Msg::Kill { signal })) => {
+                let sig = if signal == libc::SIGKILL {
+                    libc::SIGKILL
+                } else {
+                    libc::SIGTERM
+                };
+                kill_all(&pids, sig);
+            }
+            Ok(Some(_)) => {}
+            Ok(None) => {
+                kill_all(&pids, libc::SIGKILL);
+                return Ok(());
+            }
+            Err(e) => {
+                kill_all(&pids, libc::SIGKILL);
+                if !ended.load(Ordering::SeqCst) {
+                    log(&format!(
+                        "{peer}: the launcher went silent or its connection broke ({e}); killed its ranks"
+                    ));
+                }
+                return Ok(());
+            }
+        }
+    }
+}
+
+fn kill_all(pids: &[i32], sig: i32) {
+    for pid in pids {
+        // SAFETY: kill(2) has no memory-safety preconditions; -pid addresses the process group
+        // each child leads (process_group(0)). Signalling an already-reaped group is harmless
+        // (ESRCH).
+        unsafe {
+            libc::kill(-*pid, sig);
+        }
+    }
+}

@@ -1,0 +1,315 @@
+//! Supervision of one incarnation: wait for every rank, and when one fails (abnormal exit, its
+//! host lost, a channel failure a rank reports, the time limit, an interruption) end the others
+//! — SIGTERM, then SIGKILL after a grace period — ULFM-style. What happened is handed to the
+//! caller as [`Report`]s and the returned [`Ended`]; nothing is printed here.
+
+use crate::job::{Event, Job};
+use crate::proto::Stream;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::RecvTimeoutError;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How an incarnation is watched.
+#[derive(Clone, Debug)]
+pub struct Watch {
+    /// End the job (status 124) after this long.
+    pub timeout: Option<Duration>,
+    /// Set by the caller (e.g. on Ctrl-C): end the job (status 130).
+    pub interrupted: Arc<AtomicBool>,
+    /// Between SIGTERM and SIGKILL when ending ranks (zero: SIGKILL at once, as recovery does).
+    pub grace: Duration,
+    /// Take a channel failure a rank reports through the bootstrap server as the job's failure
+    /// (recovery does; without it, ranks decide themselves what a lost peer means).
+    pub act_on_reports: bool,
+}
+
+impl Default for Watch {
+    fn default() -> Self {
+        Watch {
+            timeout: None,
+            interrupted: Arc::new(AtomicBool::new(false)),
+            grace: Duration::from_secs(2),
+            act_on_reports: false,
+        }
+    }
+}
+
+/// What the supervisor tells its caller while the job runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Report {
+    /// A line of a rank's output.
+    Output {
+        rank: usize,
+        stream: Stream,
+        line: String,
+    },
+    /// Something the user should know (a failure, ranks being ended).
+    Notice(String),
+}
+
+/// Why a job ended early.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Cause {
+    /// A rank exited with a non-zero code or was killed.
+    RankFailed {
+        rank: usize,
+        host: usize,
+    },
+    /// An agent went away or silent while its ranks ran.
+    HostLost {
+        host: usize,
+        ranks: Vec<usize>,
+    },
+    /// A rank reported that it lost its channel to `peer`.
+    Reported {
+        rank: usize,
+        peer: usize,
+    },
+    Timeout,
+    Interrupted,
+}
+
+/// How an incarnation ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ended {
+    /// The job's exit status: 0, or the first failure's (a rank's code, 128 + signal, 124 for
+    /// the time limit, 130 for an interruption, 1 for a lost host or reported channel failure).
+    pub code: u8,
+    /// The first failure, if any.
+    pub cause: Option<Cause>,
+    /// Hosts (hostfile indices) lost or whose rank failed: recovery avoids them.
+    pub suspect_hosts: Vec<usize>,
+    /// When the first failure was seen.
+    pub failed_at: Option<Instant>,
+}
+
+/// Describe an exit: words and the status it stands for.
+pub fn describe(code: Option<i32>, sig: Option<i32>) -> (String, u8) {
+    match (code, sig) {
+        (Some(c), _) => (format!("exited with code {c}"), c.clamp(0, 255) as u8),
+        (None, Some(s)) => (
+            format!("was killed by signal {s} ({})", signal_name(s)),
+            (128 + s).clamp(0, 255) as u8,
+        ),
+        (None, None) => ("ended in an unknown way".into(), 1),
+    }
+}
+
+fn signal_name(s: i32) -> &'static str {
+    match s {
+        1 => "SIGHUP",
+        2 => "SIGINT",
+        6 => "SIGABRT",
+        9 => "SIGKILL",
+        11 => "SIGSEGV",
+        13 => "SIGPIPE",
+        15 => "SIGTERM",
+        _ => "signal",
+    }
+}
+
+struct State {
+    n: usize,
+    exited: Vec<bool>,
+    remaining: usize,
+    ended: Ended,
+    ending_since: Option<Instant>,
+}
+
+impl State {
+    fn end_all(
+        &mut self,
+        job: &Job,
+        watch: &Watch,
+        why: String,
+        code: u8,
+        cause: Cause,
+        on: &mut dyn FnMut(Report),
+    ) {
+        if self.ended.cause.is_none() {
+            self.ended.code = code;
+            self.ended.cause = Some(cause);
+            self.ended.failed_at = Some(Instant::now());
+            on(Report::Notice(why.clone()));
+        }
+        if self.ending_since.is_none() {
+            self.ending_since = Some(Instant::now());
+            job.fail(&why);
+            job.signal(if watch.grace.is_zero() {
+                libc::SIGKILL
+            } else {
+                libc::SIGTERM
+            });
+        }
+    }
+
+    fn suspect(&mut self, host: usize) {
+        if !self.ended.suspect_hosts.contains(&host) {
+            self.ended.suspect_hosts.push(host);
+        }
+    }
+}
+
+/// Watch `job` until every rank has ended (or was given up on), forwarding output and notices
+/// to `on`.
+pub fn supervise(job: &Job, n: usize, watch: &Watch, on: &mut dyn FnMut(Report)) -> Ended {
+    let start = job.started();
+    let mut st = State {
+        n,
+        exited: vec![false; n],
+        remaining: n,
+        ended: Ended {
+            code: 0,
+            cause: None,
+            suspect_hosts: Vec::new(),
+            failed_at: None,
+        },
+        ending_since: None,
+    };
+    let mut killed_hard = false;
+    // A reported channel failure waits a moment for the peer's own exit, the likelier cause.
+    let mut reported: Option<(mutirao::pmi::FailureReport, Instant)> = None;
+    let host_name = |r: usize| {
+        job.hosts_of()
+            .get(r)
+            .cloned()
+            .unwrap_or_else(|| "?".to_string())
+    };
+    while st.remaining > 0 {
+        match job.recv_timeout(Duration::from_millis(50)) {
+            Ok(Event::Output { rank, stream, line }) => on(Report::Output { rank, stream, line }),
+            Ok(Event::Started { .. }) => {}
+            Ok(Event::Exit { rank, code, signal }) => {
+                if rank < st.n && !st.exited[rank] {
+                    st.exited[rank] = true;
+                    st.remaining -= 1;
+                    if code != Some(0) && st.ending_since.is_none() {
+                        let (what, c) = describe(code, signal);
+                        let host = job.placement().get(rank).copied().unwrap_or(0);
+                        st.suspect(host);
+                        st.end_all(
+                            job,
+                            watch,
+                            format!(
+                                "rank {rank} on {} {what}; ending the other ranks",
+                                host_name(rank)
+                            ),
+                            c,
+                            Cause::RankFailed { rank, host },
+                            on,
+                        );
+                    }
+                }
+            }
+            Ok(Event::HostLost { host, why }) => {
+                // An agent closes its session once all its ranks have ended: that is no failure.
+                let lost: Vec<usize> = (0..st.n)
+                    .filter(|r| job.placement().get(*r).copied() == Some(host) && !st.exited[*r])
+                    .collect();
+                if !lost.is_empty() {
+                    st.suspect(host);
+                    if st.ending_since.is_none() {
+                        st.end_all(
+                            job,
+                            watch,
+                            format!(
+                                "{why} while ranks {lost:?} were running; ending the other ranks"
+                            ),
+                            1,
+                            Cause::HostLost {
+                                host,
+                                ranks: lost.clone(),
+                            },
+                            on,
+                        );
+                    }
+                    // Those ranks will report no exit: count them as ended.
+                    for r in lost {
+                        st.exited[r] = true;
+                        st.remaining -= 1;
+                    }
+                }
+            }
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => break,
+        }
+        if watch.act_on_reports && st.ending_since.is_none() && reported.is_none() {
+            reported = job
+                .take_failures()
+                .into_iter()
+                .next()
+                .map(|f| (f, Instant::now()));
+        }
+        if st.ending_since.is_none()
+            && reported
+                .as_ref()
+                .is_some_and(|(_, t)| t.elapsed() > Duration::from_millis(250))
+        {
+            if let Some((f, _)) = reported.take() {
+                let (rank, peer) = (f.rank as usize, f.peer as usize);
+                if let Some(&h) = job.placement().get(peer) {
+                    st.suspect(h);
+                }
+                st.end_all(
+                    job,
+                    watch,
+                    format!(
+                        "rank {rank} lost its channel to rank {peer} on {}: {}; ending all ranks",
+                        host_name(peer),
+                        f.reason
+                    ),
+                    1,
+                    Cause::Reported { rank, peer },
+                    on,
+                );
+            }
+        }
+        if watch.interrupted.load(Ordering::SeqCst) && st.ending_since.is_none() {
+            st.end_all(
+                job,
+                watch,
+                "interrupted; ending all ranks".into(),
+                130,
+                Cause::Interrupted,
+                on,
+            );
+        }
+        if let Some(t) = watch.timeout {
+            if start.elapsed() > t && st.ending_since.is_none() {
+                st.end_all(
+                    job,
+                    watch,
+                    format!(
+                        "the job ran longer than --timeout {} s; ending all ranks",
+                        t.as_secs_f64()
+                    ),
+                    124,
+                    Cause::Timeout,
+                    on,
+                );
+            }
+        }
+        if let Some(since) = st.ending_since {
+            if !killed_hard && since.elapsed() > watch.grace {
+                killed_hard = true;
+                job.signal(libc::SIGKILL);
+            }
+            if since.elapsed() > watch.grace + Duration::from_secs(8) {
+                on(Report::Notice(format!(
+                    "{} rank(s) did not report their end; giving up on them",
+                    st.remaining
+                )));
+                break;
+            }
+        }
+    }
+    // Drain output still on its way (bounded: a grandchild may hold a pipe open).
+    let drain_until = Instant::now() + Duration::from_secs(2);
+    while let Ok(ev) = job.recv_timeout(drain_until.saturating_duration_since(Instant::now())) {
+        if let Event::Output { rank, stream, line } = ev {
+            on(Report::Output { rank, stream, line });
+        }
+    }
+    st.ended
+}
