@@ -100,9 +100,15 @@ fn local_calibration_is_valid_and_fits() {
                 s.sizes.iter().map(|z| z.bytes).collect::<Vec<_>>(),
                 [0, 1024, 65536]
             );
-            for z in &s.sizes {
+            for (k, z) in s.sizes.iter().enumerate() {
                 assert!((3..=6).contains(&z.samples.len()), "{}", z.samples.len());
-                assert_eq!(z.warmup, 1);
+                // One warm-up before the first size; later sizes skip it once the previous
+                // round trip exceeded a tenth of --time-per-size (a loaded machine can do that).
+                if k == 0 {
+                    assert_eq!(z.warmup, 1);
+                } else {
+                    assert!(z.warmup <= 1, "{}", z.warmup);
+                }
                 let st = z.stats.as_ref().expect("finalized");
                 assert!(st.rtt.median > 0.0);
                 let echo = c.provenance.echoed.contains(&PairRef {
