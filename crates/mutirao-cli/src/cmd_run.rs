@@ -117,6 +117,12 @@ pub struct RunArgs {
     /// prints the interval Young's and Daly's formulas suggest for the measured checkpoint cost.
     #[arg(long, value_name = "S")]
     pub host_mtbf: Option<f64>,
+    /// When a rank other than 0 fails (or its host is lost), report it and let the others go
+    /// on, instead of ending the job: for master/worker programs, where rank 0 re-queues a lost
+    /// worker's work (docs/master-worker.md). The exit status is rank 0's. Not with
+    /// --checkpoint-interval.
+    #[arg(long, conflicts_with = "checkpoint_interval")]
+    pub continue_on_failure: bool,
     /// Heartbeat period with the agents, in seconds: an agent silent for 5 periods (its host
     /// down or cut off) counts as lost, and so do its ranks. 0 turns heartbeats off.
     #[arg(long, default_value_t = 1.0, value_name = "S")]
@@ -155,6 +161,7 @@ impl RunArgs {
             max_restarts: 0,
             host_mtbf: None,
             heartbeat: 1.0,
+            continue_on_failure: false,
             command,
         }
     }
@@ -187,6 +194,7 @@ impl RunArgs {
         Watch {
             timeout: self.timeout.map(Duration::from_secs_f64),
             interrupted,
+            keep_going: self.continue_on_failure,
             ..Watch::default()
         }
     }

@@ -365,3 +365,102 @@ fn a_silent_host_is_detected_by_heartbeat_and_its_ranks_restart_on_another() {
     drop(a);
     let _ = std::fs::remove_dir_all(&d);
 }
+
+#[test]
+fn a_failure_during_recovery_raises_the_incarnation_again_and_the_job_still_finishes() {
+    // No checkpoint is ever committed (a shell program takes none): every restart is from the
+    // beginning; incarnations 0 and 1 fail, incarnation 2 succeeds.
+    let d = scratch("twice");
+    let out = Command::new(env!("CARGO_BIN_EXE_mutirao"))
+        .args([
+            "run",
+            "-n",
+            "2",
+            "--timeout",
+            "60",
+            "--checkpoint-interval",
+            "1",
+            "--checkpoint-dir",
+        ])
+        .arg(&d)
+        .args([
+            "sh",
+            "-c",
+            "if [ \"$MUTIRAO_INCARNATION\" -lt 2 ]; then exit 3; fi; echo rank $MUTIRAO_RANK done in incarnation $MUTIRAO_INCARNATION",
+        ])
+        .output()
+        .unwrap();
+    let (so, se) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{so}\n{se}");
+    assert!(
+        se.contains("restart 1 of 3: every rank from the beginning"),
+        "{se}"
+    );
+    assert!(
+        se.contains("restart 2 of 3: every rank from the beginning"),
+        "{se}"
+    );
+    assert!(!se.contains("restart 3 of 3"), "{se}");
+    assert!(so.contains("rank 0 done in incarnation 2"), "{so}");
+    assert!(so.contains("rank 1 done in incarnation 2"), "{so}");
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+#[test]
+fn with_continue_on_failure_a_dead_worker_does_not_end_a_master_worker_job() {
+    let Some(mw) = Path::new(env!("CARGO_BIN_EXE_mutirao"))
+        .parent()
+        .map(|d| d.join("examples").join("mw"))
+        .filter(|p| p.is_file())
+    else {
+        println!("skipped: the mw example is not built (cargo build -p mutirao-mw --examples)");
+        return;
+    };
+    let child = Command::new(env!("CARGO_BIN_EXE_mutirao"))
+        .args([
+            "run",
+            "-n",
+            "4",
+            "--timeout",
+            "120",
+            "--continue-on-failure",
+        ])
+        .arg(&mw)
+        .args(["matmul", "--n", "400", "--policy", "hnow"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Kill worker 2 once it has been working for a moment.
+    let t0 = Instant::now();
+    let mut killed = false;
+    while t0.elapsed() < Duration::from_secs(30) {
+        if let Some(pid) = rank_pid(child.id(), 2) {
+            std::thread::sleep(Duration::from_millis(400));
+            // SAFETY: kill(2) with a pid we read from /proc; no memory is involved.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+            }
+            killed = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let out = child.wait_with_output().unwrap();
+    let (so, se) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(killed, "rank 2 never appeared:\n{se}");
+    assert!(
+        se.contains("rank 2 on localhost was killed by signal 9 (SIGKILL); the other ranks go on"),
+        "{se}"
+    );
+    // The worker died while the job ran (n=400 takes seconds): the master re-queued its block.
+    assert!(so.contains("lost [2]"), "{so}\n{se}");
+    assert!(so.contains("result correct"), "{so}\n{se}");
+    assert!(out.status.success(), "{so}\n{se}");
+}

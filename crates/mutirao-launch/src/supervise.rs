@@ -22,6 +22,10 @@ pub struct Watch {
     /// Take a channel failure a rank reports through the bootstrap server as the job's failure
     /// (recovery does; without it, ranks decide themselves what a lost peer means).
     pub act_on_reports: bool,
+    /// A rank other than 0 that fails, or whose host is lost, is reported and the job goes on
+    /// (master/worker programs, where losing a worker is normal). Rank 0's failure still ends
+    /// the job, and the job's status is rank 0's.
+    pub keep_going: bool,
 }
 
 impl Default for Watch {
@@ -31,6 +35,7 @@ impl Default for Watch {
             interrupted: Arc::new(AtomicBool::new(false)),
             grace: Duration::from_secs(2),
             act_on_reports: false,
+            keep_going: false,
         }
     }
 }
@@ -188,6 +193,13 @@ pub fn supervise(job: &Job, n: usize, watch: &Watch, on: &mut dyn FnMut(Report))
                         let (what, c) = describe(code, signal);
                         let host = job.placement().get(rank).copied().unwrap_or(0);
                         st.suspect(host);
+                        if watch.keep_going && rank != 0 {
+                            on(Report::Notice(format!(
+                                "rank {rank} on {} {what}; the other ranks go on (--continue-on-failure)",
+                                host_name(rank)
+                            )));
+                            continue;
+                        }
                         st.end_all(
                             job,
                             watch,
@@ -209,7 +221,11 @@ pub fn supervise(job: &Job, n: usize, watch: &Watch, on: &mut dyn FnMut(Report))
                     .collect();
                 if !lost.is_empty() {
                     st.suspect(host);
-                    if st.ending_since.is_none() {
+                    if watch.keep_going && !lost.contains(&0) && st.ending_since.is_none() {
+                        on(Report::Notice(format!(
+                            "{why} while ranks {lost:?} were running; the other ranks go on (--continue-on-failure)"
+                        )));
+                    } else if st.ending_since.is_none() {
                         st.end_all(
                             job,
                             watch,

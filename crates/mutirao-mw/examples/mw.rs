@@ -187,6 +187,8 @@ fn run(o: &Opts) -> Result<(), Box<dyn std::error::Error>> {
     if world.size() < 2 {
         return Err("a master/worker run needs at least 2 ranks: mutirao run -n 4 …".into());
     }
+    // Workers the master lost (their death is normal, not an error of the job).
+    let mut lost: Vec<usize> = Vec::new();
     if world.rank() == 0 {
         let mut policy = o.policy.build(&o.cfg)?;
         let per_task = match o.app.as_str() {
@@ -249,6 +251,7 @@ fn run(o: &Opts) -> Result<(), Box<dyn std::error::Error>> {
             if ok { "correct" } else { "WRONG" }
         );
         println!("elapsed_s={:.6}", rep.elapsed_s);
+        lost = rep.lost.iter().map(|&w| w as usize).collect();
         if let Some(f) = &o.log {
             let mut file = std::fs::OpenOptions::new()
                 .create(true)
@@ -288,12 +291,20 @@ fn run(o: &Opts) -> Result<(), Box<dyn std::error::Error>> {
             }
         }
         if !ok {
-            world.finalize()?;
+            let _ = finalize(world, &lost);
             std::process::exit(3);
         }
     } else {
         driver::worker(&world, &mut *task)?;
     }
-    world.finalize()?;
-    Ok(())
+    finalize(world, &lost)
+}
+
+/// Finalize, where a worker the master already lost may be reported dead again: that is the
+/// scenario `mutirao run --continue-on-failure` is for, not an error.
+fn finalize(world: mutirao::Comm, lost: &[usize]) -> Result<(), Box<dyn std::error::Error>> {
+    match world.finalize() {
+        Err(mutirao::Error::PeerFailed { rank, .. }) if lost.contains(&rank) => Ok(()),
+        r => Ok(r?),
+    }
 }
