@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# Checkpoint cost and recovery on the local default (issue 12), with the jacobi example.
+#
+#   bash bench/checkpoints.sh                 # all three parts
+#   PARTS=overhead REPS=5 INTERVAL=30 ITERS=… bash bench/checkpoints.sh
+#
+# 1. cost: one wave's cost (first blob to commit, median, as `mutirao run` reports it) against
+#    the state size (jacobi's plate n×n doubles over RANKS ranks);
+# 2. overhead: wall time of jacobi without checkpoints and with --checkpoint-interval INTERVAL,
+#    interleaved REPS times; the ratio of medians (with ≥ 2 waves per run for the ratio to mean
+#    anything: ITERS is chosen so that a run lasts about 2.5 × INTERVAL unless given);
+# 3. recovery: SIGKILL rank 1 once epoch 2 is committed; report the time from the kill to the
+#    first rank printing that it resumed (all ranks started, restored, past init), and the work
+#    redone (the kill's time minus the last commit's time).
+# Output: a markdown table per part. Numbers are noisy on a shared machine: compare ratios.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PARTS=${PARTS:-"cost overhead recovery"}
+RANKS=${RANKS:-3}
+REPS=${REPS:-3}
+INTERVAL=${INTERVAL:-2}
+N=${N:-512}
+cargo build --release -q -p mutirao-cli -p mutirao --examples --bins
+BIN=target/release/mutirao
+J=target/release/examples/jacobi
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+
+now() { date +%s.%N; }
+
+# Seconds per iteration of jacobi at size N (one short run), to size the runs.
+calibrate_iters() {
+  local out
+  out=$("$BIN" run -n "$RANKS" "$J" -- --n "$N" --iters 200 2>/dev/null)
+  awk -v want="$1" '{ for (i = 1; i <= NF; i++) if ($i ~ /^elapsed_s=/) { split($i, a, "="); printf "%d\n", want / (a[2] / 200) } }' <<<"$out"
+}
+
+if [[ " $PARTS " == *" cost "* ]]; then
+  echo "## One wave's cost against the state size ($RANKS ranks, interval 0.2 s)"
+  echo
+  echo "| plate n | state per rank (MiB) | waves | median cost (s) |"
+  echo "|---|---|---|---|"
+  for spec in 128:20000 512:1500 1024:400 2048:100; do
+    n=${spec%%:*}
+    it=${spec##*:}
+    err=$("$BIN" run -n "$RANKS" --checkpoint-interval 0.2 --checkpoint-dir "$TMP/c$n" "$J" -- --n "$n" --iters "$it" 2>&1 >/dev/null || true)
+    line=$(grep -o '[0-9]* checkpoint(s) committed, median cost [0-9.]* s' <<<"$err" || true)
+    waves=$(awk '{print $1}' <<<"$line")
+    cost=$(awk '{print $6}' <<<"$line")
+    mib=$(awk -v n="$n" -v r="$RANKS" 'BEGIN { printf "%.2f", n * n * 8 / r / 1048576 }')
+    echo "| $n | $mib | ${waves:-0} | ${cost:-none} |"
+  done
+  echo
+fi
+
+if [[ " $PARTS " == *" overhead "* ]]; then
+  ITERS=${ITERS:-$(calibrate_iters "$(awk -v i="$INTERVAL" 'BEGIN { print 2.5 * i }')")}
+  echo "## Overhead of checkpoints every $INTERVAL s (jacobi n=$N, $ITERS iterations, $RANKS ranks, $REPS interleaved pairs)"
+  echo
+  echo "| pair | without (s) | with (s) | with / without | waves |"
+  echo "|---|---|---|---|---|"
+  ratios=()
+  for r in $(seq 1 "$REPS"); do
+    t0=$(now)
+    "$BIN" run -n "$RANKS" "$J" -- --n "$N" --iters "$ITERS" >/dev/null 2>&1
+    t1=$(now)
+    err=$("$BIN" run -n "$RANKS" --checkpoint-interval "$INTERVAL" --checkpoint-dir "$TMP/o$r" "$J" -- --n "$N" --iters "$ITERS" 2>&1 >/dev/null)
+    t2=$(now)
+    waves=$(grep -o '[0-9]* checkpoint(s) committed' <<<"$err" | awk '{print $1}')
+    a=$(awk -v x="$t0" -v y="$t1" 'BEGIN { printf "%.3f", y - x }')
+    b=$(awk -v x="$t1" -v y="$t2" 'BEGIN { printf "%.3f", y - x }')
+    q=$(awk -v a="$a" -v b="$b" 'BEGIN { printf "%.3f", b / a }')
+    ratios+=("$q")
+    echo "| $r | $a | $b | $q | ${waves:-0} |"
+  done
+  med=$(printf '%s\n' "${ratios[@]}" | sort -g | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }')
+  echo
+  echo "median ratio: $med (overhead $(awk -v m="$med" 'BEGIN { printf "%.1f", (m - 1) * 100 }') %)"
+  echo
+fi
+
+if [[ " $PARTS " == *" recovery "* ]]; then
+  ITERS_R=${ITERS_R:-$(calibrate_iters 6)}
+  echo "## Recovery after SIGKILL of rank 1 (jacobi n=$N, $ITERS_R iterations, interval 0.5 s, $REPS runs)"
+  echo
+  echo "| run | kill → a rank resumed (s) | launcher: failure → all started (s) | work redone (s) | same checksum |"
+  echo "|---|---|---|---|---|"
+  want=$("$BIN" run -n "$RANKS" "$J" -- --n "$N" --iters "$ITERS_R" 2>/dev/null | grep -o 'checksum=[^ ]*')
+  for r in $(seq 1 "$REPS"); do
+    d="$TMP/r$r"
+    log="$TMP/r$r.log"
+    : >"$log"
+    "$BIN" run -n "$RANKS" --checkpoint-interval 0.5 --checkpoint-dir "$d" "$J" -- --n "$N" --iters "$ITERS_R" \
+      > >(while IFS= read -r l; do echo "$(now) out $l"; done >>"$log") \
+      2> >(while IFS= read -r l; do echo "$(now) err $l"; done >>"$log") &
+    run=$!
+    kill_t=""
+    for _ in $(seq 1 6000); do
+      e=$(cat "$d/COMMITTED" 2>/dev/null || echo 0)
+      if [ "${e:-0}" -ge 2 ]; then
+        pid=$(pgrep -f "examples/jacobi" | while read -r p; do
+          if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx 'MUTIRAO_RANK=1'; then echo "$p"; fi
+        done | head -1)
+        if [ -n "$pid" ]; then
+          commit_t=$(stat -c %.9Y "$d/COMMITTED")
+          kill_t=$(now)
+          kill -9 "$pid"
+          break
+        fi
+      fi
+      sleep 0.005
+    done
+    wait "$run" || true
+    sleep 0.2
+    if [ -z "$kill_t" ]; then
+      echo "| $r | (the job ended before the kill) | | | |"
+      continue
+    fi
+    resumed=$(grep -m1 ' resumes at iteration' "$log" | awk '{print $1}')
+    back=$(grep -o 'all started again [0-9.]* s' "$log" | awk '{print $4}' | head -1)
+    got=$(grep -o 'checksum=[^ ]*' "$log" | tail -1)
+    dt=$(awk -v a="$kill_t" -v b="${resumed:-0}" 'BEGIN { if (b == 0) print "none"; else printf "%.3f", b - a }')
+    redo=$(awk -v a="$commit_t" -v b="$kill_t" 'BEGIN { printf "%.3f", b - a }')
+    same=$([ "$got" = "$want" ] && echo yes || echo "NO ($got vs $want)")
+    echo "| $r | $dt | ${back:-?} | $redo | $same |"
+  done
+  echo
+fi
