@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 // (item 6) remote
-// (item 4) replicated
+pub mod replicated;
 // (item 5) repo
 #[cfg(feature = "s3")]
 pub mod s3;
