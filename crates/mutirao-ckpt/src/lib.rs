@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 // (item 6) remote
 pub mod replicated;
-// (item 5) repo
+pub mod repo;
 #[cfg(feature = "s3")]
 pub mod s3;
 #[cfg(feature = "s3")]
