@@ -11,7 +11,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-// (item 6) remote
+pub mod remote;
 pub mod replicated;
 pub mod repo;
 #[cfg(feature = "s3")]
