@@ -409,6 +409,17 @@ impl<S: BlobStore> CheckpointRepo<S> {
     }
 }
 
+/// Splits a rank checkpoint key `jobs/<job>/<epoch>/<rank>.ckpt` into (job, epoch, rank); `None`
+/// for any other key (the commit record, foreign keys). A launcher uses it to tell
+/// [`crate::replicated::Replicated::with_producer`] which host made a key's blob.
+pub fn parse_rank_key(key: &str) -> Option<(&str, u64, u32)> {
+    let rest = key.strip_prefix("jobs/")?;
+    let (job, rest) = rest.split_once('/')?;
+    let (e, file) = rest.split_once('/')?;
+    let r = file.strip_suffix(".ckpt")?.parse().ok()?;
+    Some((job, e.parse().ok()?, r))
+}
+
 /// `<epoch>/<rank>.ckpt` → epoch.
 fn epoch_of(rest: &str) -> Option<u64> {
     let (e, file) = rest.split_once('/')?;
@@ -743,6 +754,16 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn rank_keys_parse_back() {
+        let repo = CheckpointRepo::new(Mem::default(), "j-1").unwrap();
+        assert_eq!(parse_rank_key(&repo.rank_key(7, 3)), Some(("j-1", 7, 3)));
+        assert_eq!(parse_rank_key(&repo.commit_key()), None);
+        assert_eq!(parse_rank_key("jobs/j/x/1.ckpt"), None);
+        assert_eq!(parse_rank_key("jobs/j/1/1.bin"), None);
+        assert_eq!(parse_rank_key("other/j/1/1.ckpt"), None);
     }
 
     #[test]

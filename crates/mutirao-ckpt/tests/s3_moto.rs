@@ -3,6 +3,7 @@
 //! moto_server is not installed or does not answer.
 #![cfg(feature = "s3")]
 
+use mutirao_ckpt::repo::CheckpointRepo;
 use mutirao_ckpt::{BlobStore, S3Config, S3Store};
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -136,6 +137,23 @@ fn s3_store_put_get_list_delete_against_moto() {
         Some(&b"p"[..])
     );
     assert_eq!(p.get("jobs/b/1/0.ckpt").unwrap(), None);
+
+    // The checkpoint repository on S3: commit, restore, collect.
+    let repo = CheckpointRepo::new(store(port, "ckpt-test", "repo"), "job7").unwrap();
+    for epoch in 1..=2u64 {
+        for rank in 0..2u32 {
+            repo.put_rank(epoch, rank, format!("{epoch}/{rank}").as_bytes())
+                .unwrap();
+        }
+        repo.commit(epoch, 2).unwrap();
+        repo.gc(epoch).unwrap();
+    }
+    assert_eq!(repo.last_committed().unwrap(), Some(2));
+    assert_eq!(repo.get_rank(2, 1).unwrap(), b"2/1");
+    assert_eq!(
+        repo.epochs().unwrap().into_iter().collect::<Vec<_>>(),
+        vec![2]
+    );
 
     // A missing bucket is an error naming it, not an empty answer.
     let e = store(port, "no-such-bucket", "")
