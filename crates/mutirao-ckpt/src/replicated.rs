@@ -142,8 +142,8 @@ impl Replicated {
             .collect()
     }
 
-    /// Writes k replicas of `bytes` on hosts other than `producer`; returns the hosts written.
-    /// A failing host is replaced by the next eligible one; fewer than k successes is an error
+    /// Writes k replicas of `bytes` on hosts other than `producer`, concurrently; returns the
+    /// hosts written. A failing host is replaced by the next eligible one; fewer than k successes is an error
     /// naming every host that failed.
     pub fn put_from(
         &self,
@@ -156,15 +156,42 @@ impl Replicated {
         let sealed = seal(bytes);
         let mut written = Vec::new();
         let mut failed = Vec::new();
-        for (host, store) in order {
-            if written.len() == self.k {
+        let mut next = order.into_iter();
+        // Write the missing replicas concurrently; replace failed peers by the next eligible ones.
+        while written.len() < self.k {
+            let batch: Vec<&Peer> = next.by_ref().take(self.k - written.len()).collect();
+            if batch.is_empty() {
                 break;
             }
-            match store.put(key, &sealed) {
-                Ok(()) => written.push(host.clone()),
-                Err(e) => {
-                    tracing::warn!(host = %host, key, error = %e, "replica write failed, trying another host");
-                    failed.push(format!("{host}: {e}"));
+            let results: Vec<(&String, Result<(), StoreError>)> = std::thread::scope(|sc| {
+                let handles: Vec<_> = batch
+                    .iter()
+                    .map(|(host, store)| {
+                        let sealed = &sealed;
+                        (host, sc.spawn(move || store.put(key, sealed)))
+                    })
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|(host, h)| {
+                        let r = h.join().unwrap_or_else(|_| {
+                            Err(StoreError::Replicas {
+                                op: "put",
+                                key: key.to_string(),
+                                detail: format!("the writer thread for {host} panicked"),
+                            })
+                        });
+                        (host, r)
+                    })
+                    .collect()
+            });
+            for (host, r) in results {
+                match r {
+                    Ok(()) => written.push(host.clone()),
+                    Err(e) => {
+                        tracing::warn!(host = %host, key, error = %e, "replica write failed, trying another host");
+                        failed.push(format!("{host}: {e}"));
+                    }
                 }
             }
         }
@@ -386,6 +413,52 @@ mod tests {
         let (_d2, p2) = dirs(1);
         let dup = vec![p2[0].clone(), p2[0].clone()];
         assert!(Replicated::new(dup, 1).is_err());
+    }
+
+    /// A peer whose put only succeeds if the other peer's put runs at the same time.
+    struct Rendezvous {
+        arrived: std::sync::Mutex<u32>,
+        cv: std::sync::Condvar,
+    }
+    struct Meet(Arc<Rendezvous>);
+    impl BlobStore for Meet {
+        fn put(&self, k: &str, _: &[u8]) -> Result<(), StoreError> {
+            let mut n = self.0.arrived.lock().unwrap();
+            *n += 1;
+            self.0.cv.notify_all();
+            let (n, t) = self
+                .0
+                .cv
+                .wait_timeout_while(n, std::time::Duration::from_secs(5), |n| *n < 2)
+                .unwrap();
+            if t.timed_out() && *n < 2 {
+                return Err(down(k));
+            }
+            Ok(())
+        }
+        fn get(&self, _: &str) -> Result<Option<Vec<u8>>, StoreError> {
+            Ok(None)
+        }
+        fn delete(&self, _: &str) -> Result<(), StoreError> {
+            Ok(())
+        }
+        fn list(&self, _: &str) -> Result<Vec<String>, StoreError> {
+            Ok(vec![])
+        }
+    }
+
+    #[test]
+    fn replicas_are_written_concurrently() {
+        let rv = Arc::new(Rendezvous {
+            arrived: std::sync::Mutex::new(0),
+            cv: std::sync::Condvar::new(),
+        });
+        let peers: Vec<Peer> = vec![
+            ("a".into(), Arc::new(Meet(rv.clone()))),
+            ("b".into(), Arc::new(Meet(rv.clone()))),
+        ];
+        let r = Replicated::new(peers, 2).unwrap();
+        assert_eq!(r.put_from(None, "k", b"x").unwrap().len(), 2);
     }
 
     #[test]
