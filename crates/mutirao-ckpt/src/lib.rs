@@ -197,7 +197,10 @@ impl BlobStore for DirStore {
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
-        let tmp = dir.join(format!(".tmp-{}-{}", std::process::id(), name));
+        // Unique per process and per call, so concurrent puts of one key never share a file.
+        static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let tmp = dir.join(format!(".tmp-{}-{seq}-{name}", std::process::id()));
         let mut f = fs::File::create(&tmp).map_err(io("create", &tmp))?;
         f.write_all(bytes).map_err(io("write", &tmp))?;
         f.sync_all().map_err(io("fsync", &tmp))?;

@@ -138,6 +138,21 @@ fn s3_store_put_get_list_delete_against_moto() {
     );
     assert_eq!(p.get("jobs/b/1/0.ckpt").unwrap(), None);
 
+    // Several threads at once on one store (one hidden runtime).
+    let shared = &s;
+    std::thread::scope(|sc| {
+        for t in 0..4 {
+            sc.spawn(move || {
+                for i in 0..5 {
+                    let k = format!("conc/{t}/{i}");
+                    shared.put(&k, k.as_bytes()).unwrap();
+                    assert_eq!(shared.get(&k).unwrap().as_deref(), Some(k.as_bytes()));
+                }
+            });
+        }
+    });
+    assert_eq!(s.list("conc/").unwrap().len(), 20);
+
     // The checkpoint repository on S3: commit, restore, collect.
     let repo = CheckpointRepo::new(store(port, "ckpt-test", "repo"), "job7").unwrap();
     for epoch in 1..=2u64 {
