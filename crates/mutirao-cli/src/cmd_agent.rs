@@ -51,6 +51,13 @@ pub struct AgentArgs {
     /// Another agent's directory address (repeatable).
     #[arg(long, value_name = "ADDR")]
     pub dir_peer: Vec<SocketAddr>,
+    /// Where this agent keeps the checkpoint replicas launchers send it (`mutirao run
+    /// --checkpoint-store agents`): default $TMPDIR/mutirao-agent-store-IP-PORT, mode 0700.
+    #[arg(long, value_name = "DIR")]
+    pub store_dir: Option<PathBuf>,
+    /// Keep no checkpoint replicas (store requests are refused).
+    #[arg(long, conflicts_with = "store_dir")]
+    pub no_store: bool,
     /// Node number in the directory's resource ids (default: derived from the listen port).
     #[arg(long, value_name = "N")]
     pub dir_node: Option<u16>,
@@ -142,6 +149,29 @@ pub fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
         println!("{bound}");
         let _ = std::io::stdout().flush();
     }
+    let store = if args.no_store {
+        None
+    } else {
+        let dir = args.store_dir.clone().unwrap_or_else(|| {
+            std::env::temp_dir().join(format!(
+                "mutirao-agent-store-{}-{}",
+                bound.ip(),
+                bound.port()
+            ))
+        });
+        {
+            use std::os::unix::fs::DirBuilderExt;
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(&dir)
+                .with_context(|| format!("cannot create the store directory {}", dir.display()))?;
+        }
+        let s = mutirao_ckpt::DirStore::open(&dir)
+            .map_err(|e| anyhow::anyhow!("checkpoint store {}: {e}", dir.display()))?;
+        log(&format!("keeping checkpoint replicas in {}", dir.display()));
+        Some(Arc::new(s))
+    };
     log(&format!("listening on {bound}"));
     agent::serve_forever(
         listener,
@@ -149,6 +179,7 @@ pub fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
             secret,
             dir_socket: dir_socket.map(|p| p.as_ref().clone()),
             log: Arc::new(log),
+            store,
         },
     );
     Ok(ExitCode::SUCCESS)

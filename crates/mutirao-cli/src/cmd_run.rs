@@ -1,6 +1,7 @@
 //! `mutirao run`: the launcher (mutirão's `mpirun`).
 
 use anyhow::{bail, Context};
+use mutirao::pmi::CheckpointSink;
 use mutirao_launch::ckpt_dir::{young_daly, DirSink};
 use mutirao_launch::hostfile;
 use mutirao_launch::job::{self, forwarded_env, JobSpec};
@@ -106,10 +107,22 @@ pub struct RunArgs {
     /// the messages in flight instead and goes on.
     #[arg(long, value_enum, default_value = "blocking", value_name = "MODE")]
     pub checkpoint_mode: CkptMode,
-    /// Where checkpoints are kept (default: ./mutirao-ckpt-PID, removed when the job succeeds).
-    /// Must be reachable by this launcher; the ranks send their checkpoints to it.
+    /// Where checkpoints are kept: `dir` (a directory of this machine, --checkpoint-dir),
+    /// `agents[:K]` (K replicas, default 2, on agents of the hostfile other than the rank's own
+    /// host; reads fall back across replicas), or `s3://BUCKET[/PREFIX]` (S3-compatible storage;
+    /// endpoint, region and credentials from AWS_ENDPOINT_URL, AWS_REGION, AWS_ACCESS_KEY_ID,
+    /// AWS_SECRET_ACCESS_KEY, AWS_ALLOW_HTTP). Default: `agents` with a hostfile of 3 or more
+    /// agents, else `dir`. The ranks send their checkpoints through this launcher.
+    #[arg(long, value_name = "STORE")]
+    pub checkpoint_store: Option<mutirao_launch::store::StoreKind>,
+    /// The directory of `--checkpoint-store dir` (default: ./mutirao-ckpt-PID, removed when the
+    /// job succeeds).
     #[arg(long, value_name = "DIR")]
     pub checkpoint_dir: Option<PathBuf>,
+    /// Keep the checkpoints after the job succeeded (they are deleted by default; a failed
+    /// job's are always kept).
+    #[arg(long)]
+    pub keep_checkpoints: bool,
     /// Restarts from a checkpoint before giving up (each failure, also during a recovery).
     #[arg(long, default_value_t = 3, value_name = "N")]
     pub max_restarts: u32,
@@ -157,7 +170,9 @@ impl RunArgs {
             token_file,
             checkpoint_interval: None,
             checkpoint_mode: CkptMode::Blocking,
+            checkpoint_store: None,
             checkpoint_dir: None,
+            keep_checkpoints: false,
             max_restarts: 0,
             host_mtbf: None,
             heartbeat: 1.0,
@@ -250,6 +265,12 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             bail!("--host-mtbf must be a positive number of seconds");
         }
     }
+    use mutirao_launch::store::{self, StoreKind};
+    let kind = match (&args.checkpoint_store, &spec.hosts) {
+        (Some(k), _) => k.clone(),
+        (None, Some(h)) if distinct_agents(h) >= 3 => StoreKind::Agents { k: 2 },
+        (None, _) => StoreKind::Dir,
+    };
     let (dir, owned) = match &args.checkpoint_dir {
         Some(d) => (d.clone(), false),
         None => (
@@ -259,22 +280,68 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             true,
         ),
     };
-    let sink = Arc::new(DirSink::new(&dir, args.n as u32)?);
+    let rank_hosts = store::RankHosts::default();
+    let job_name = format!("run-{}-{}", std::process::id(), unix_secs());
+    type Costs = Box<dyn Fn() -> Vec<f64>>;
+    type Forget = Box<dyn Fn() -> Result<usize, String>>;
+    let (sink, costs, forget): (Arc<dyn CheckpointSink>, Costs, Forget) = match &kind {
+        StoreKind::Dir => {
+            let s = Arc::new(DirSink::new(&dir, args.n as u32)?);
+            (
+                s.clone(),
+                Box::new(move || s.wave_costs()),
+                Box::new(|| Ok(0)),
+            )
+        }
+        StoreKind::Agents { k } => {
+            let (Some(hosts), Some(secret)) = (&spec.hosts, &spec.secret) else {
+                bail!("--checkpoint-store agents needs --hostfile (the agents keep the replicas)");
+            };
+            let rep = store::on_agents(hosts, secret, *k, rank_hosts.clone())?;
+            let s = store::repo_sink(rep, &job_name, args.n)?;
+            let f = s.clone();
+            (
+                s.clone(),
+                Box::new(move || s.wave_costs()),
+                Box::new(move || store::forget(f.repo())),
+            )
+        }
+        StoreKind::S3 { bucket, prefix } => {
+            let s = store::repo_sink(store::s3(bucket, prefix)?, &job_name, args.n)?;
+            let f = s.clone();
+            (
+                s.clone(),
+                Box::new(move || s.wave_costs()),
+                Box::new(move || store::forget(f.repo())),
+            )
+        }
+    };
+    if kind != StoreKind::Dir {
+        eprintln!(
+            "mutirao run: checkpoints of job {job_name} go to {}",
+            match &kind {
+                StoreKind::Agents { k } => format!("{k} agent(s) other than each rank's host"),
+                StoreKind::S3 { bucket, prefix } => format!("s3://{bucket}/{prefix}"),
+                StoreKind::Dir => unreachable!("handled above"),
+            }
+        );
+    }
     let rec = Recovery {
-        sink: sink.clone(),
+        sink,
         interval,
         mode: args.checkpoint_mode.into(),
         max_restarts: args.max_restarts,
+        rank_hosts: Some(rank_hosts),
     };
     let out = run_with_recovery(&spec, &rec, &watch, &mut |r| args.print(r))?;
     let _ = std::io::stdout().lock().flush();
-    if out.code != 0 && !out.restarts.is_empty() {
+    if out.code != 0 && !out.restarts.is_empty() && kind == StoreKind::Dir {
         eprintln!(
             "mutirao run: checkpoints are kept in {} (--checkpoint-dir)",
             dir.display()
         );
     }
-    let costs = sink.wave_costs();
+    let costs = costs();
     if !costs.is_empty() {
         let mut c = costs.clone();
         c.sort_by(f64::total_cmp);
@@ -295,8 +362,31 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             None => eprintln!(" (give --host-mtbf S for an interval suggestion)"),
         }
     }
-    if out.code == 0 && owned {
+    if out.code == 0 && owned && kind == StoreKind::Dir && !args.keep_checkpoints {
         let _ = std::fs::remove_dir_all(&dir);
     }
+    if out.code == 0 && kind != StoreKind::Dir && !args.keep_checkpoints {
+        // The job is done: its checkpoints are of no more use.
+        if let Err(e) = forget() {
+            eprintln!("mutirao run: could not delete the checkpoints of job {job_name}: {e}");
+        }
+    } else if kind != StoreKind::Dir && (out.code != 0 || args.keep_checkpoints) {
+        eprintln!("mutirao run: the checkpoints of job {job_name} are kept in the store");
+    }
     Ok(ExitCode::from(out.code))
+}
+
+/// Agents (host, port) a hostfile names, each counted once.
+fn distinct_agents(hosts: &[hostfile::HostEntry]) -> usize {
+    let mut seen: Vec<(&str, u16)> = hosts.iter().map(|h| (h.host.as_str(), h.port)).collect();
+    seen.sort_unstable();
+    seen.dedup();
+    seen.len()
+}
+
+fn unix_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
 }

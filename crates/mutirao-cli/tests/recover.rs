@@ -229,6 +229,10 @@ impl Drop for Agent {
         }
         let _ = self.child.kill();
         let _ = self.child.wait();
+        // Its default checkpoint store.
+        let _ = std::fs::remove_dir_all(
+            std::env::temp_dir().join(format!("mutirao-agent-store-127.0.0.1-{}", self.port)),
+        );
     }
 }
 
@@ -463,4 +467,166 @@ fn with_continue_on_failure_a_dead_worker_does_not_end_a_master_worker_job() {
     assert!(so.contains("lost [2]"), "{so}\n{se}");
     assert!(so.contains("result correct"), "{so}\n{se}");
     assert!(out.status.success(), "{so}\n{se}");
+}
+
+/// Files under `dir` whose path ends in `.ckpt`, relative to `dir`.
+fn ckpt_files(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if p.extension().is_some_and(|x| x == "ckpt") {
+                out.push(p.strip_prefix(dir).unwrap().display().to_string());
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn with_three_agents_checkpoints_are_replicated_off_the_ranks_host_and_restored_after_a_kill() {
+    replicas_on_agents(false);
+}
+
+#[test]
+fn killing_an_agent_that_holds_replicas_restores_from_the_other_replicas() {
+    replicas_on_agents(true);
+}
+
+/// Three local agents keep the checkpoints (2 replicas, never on the rank's own agent); once an
+/// epoch is committed either rank 1 is killed, or the third agent itself (with the replicas it
+/// holds) — the job restarts from the committed epoch and ends with the failure-free checksum.
+fn replicas_on_agents(kill_agent: bool) {
+    let Some(j) = jacobi() else {
+        println!("skipped: the jacobi example is not built (cargo build -p mutirao --examples)");
+        return;
+    };
+    let bin = env!("CARGO_BIN_EXE_mutirao");
+    let d = scratch("replicas");
+    let token = d.join("agent.token");
+    assert!(Command::new(bin)
+        .args(["agent", "--gen-token"])
+        .arg(&token)
+        .output()
+        .unwrap()
+        .status
+        .success());
+    let args = ["--n", "64", "--iters", "6000"];
+    let plain = Command::new(bin)
+        .args(["run", "-n", "3", "--timeout", "120"])
+        .arg(&j)
+        .arg("--")
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(plain.status.success());
+    let want = checksum(&String::from_utf8_lossy(&plain.stdout)).expect("a checksum");
+    let agents = [agent(&token), agent(&token), agent(&token)];
+    let stores: Vec<PathBuf> = agents
+        .iter()
+        .map(|a| std::env::temp_dir().join(format!("mutirao-agent-store-127.0.0.1-{}", a.port)))
+        .collect();
+    let hostfile = d.join("hosts");
+    std::fs::write(
+        &hostfile,
+        agents
+            .iter()
+            .map(|a| format!("127.0.0.1 slots=1 port={}\n", a.port))
+            .collect::<String>(),
+    )
+    .unwrap();
+    let child = Command::new(bin)
+        .args(["run", "-n", "3", "--timeout", "120", "--heartbeat", "0.2"])
+        .arg("--hostfile")
+        .arg(&hostfile)
+        .arg("--token-file")
+        .arg(&token)
+        .args(["--checkpoint-interval", "0.2", "--keep-checkpoints"])
+        .arg(&j)
+        .arg("--")
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Once epoch 2's blobs are on the agents (epoch 1 committed), kill rank 1 (on the second
+    // agent).
+    let t0 = Instant::now();
+    let mut killed = false;
+    while t0.elapsed() < Duration::from_secs(60) {
+        let epoch2 = stores.iter().any(|s| {
+            ckpt_files(s)
+                .iter()
+                .any(|f| f.split('/').nth(2) == Some("2"))
+        });
+        if epoch2 && kill_agent {
+            // SAFETY: kill(2) on a child we started; no memory is involved.
+            unsafe {
+                libc::kill(agents[2].child.id() as i32, libc::SIGKILL);
+            }
+            killed = true;
+            break;
+        }
+        if epoch2 {
+            if let Some(pid) = rank_pid(agents[1].child.id(), 1) {
+                // SAFETY: kill(2) with a pid we read from /proc; no memory is involved.
+                unsafe {
+                    libc::kill(pid, libc::SIGKILL);
+                }
+                killed = true;
+                break;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let out = child.wait_with_output().unwrap();
+    let (so, se) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    let files: Vec<Vec<String>> = stores.iter().map(|s| ckpt_files(s)).collect();
+    drop(agents);
+    for s in &stores {
+        let _ = std::fs::remove_dir_all(s);
+    }
+    let _ = std::fs::remove_dir_all(&d);
+    assert!(
+        killed,
+        "no epoch reached the agents before the job ended:\n{se}"
+    );
+    assert!(out.status.success(), "{so}\n{se}");
+    assert!(
+        se.contains("go to 2 agent(s) other than each rank's host"),
+        "{se}"
+    );
+    assert!(
+        se.contains("restart 1 of 3: every rank from committed epoch"),
+        "no restart reported:\n{se}"
+    );
+    assert_eq!(checksum(&so).as_deref(), Some(want.as_str()), "{so}\n{se}");
+    if kill_agent {
+        assert!(
+            se.contains("not on 127.0.0.1"),
+            "the dead agent's host was used again:\n{se}"
+        );
+        return;
+    }
+    // Every rank's blob of every kept epoch is on exactly two agents, and rank 0 (on the first
+    // agent in both incarnations) never kept its own replica.
+    let mut all: Vec<&String> = files.iter().flatten().collect();
+    all.sort();
+    all.dedup();
+    assert!(!all.is_empty(), "no replica left on any agent");
+    for f in all {
+        let holders = files.iter().filter(|fs| fs.contains(f)).count();
+        assert_eq!(holders, 2, "{f} is on {holders} agents: {files:?}");
+    }
+    assert!(
+        !files[0].iter().any(|f| f.ends_with("/0.ckpt")),
+        "rank 0's replica on its own host: {:?}",
+        files[0]
+    );
 }

@@ -22,6 +22,8 @@ pub struct AgentConfig {
     pub dir_socket: Option<PathBuf>,
     /// Where the agent's log lines go.
     pub log: Arc<dyn Fn(&str) + Send + Sync>,
+    /// The checkpoint replicas this agent keeps for launchers (`None`: it keeps none).
+    pub store: Option<Arc<mutirao_ckpt::DirStore>>,
 }
 
 /// Accept launchers on `listener` forever, one thread per session.
@@ -131,6 +133,33 @@ pub fn serve(conn: TcpStream, cfg: &AgentConfig) -> anyhow::Result<()> {
             ranks,
             heartbeat_ms,
         })) => (program, args, cwd, ranks, heartbeat_ms),
+        Ok(Some(Msg::Store)) => {
+            let Some(store) = cfg.store.clone() else {
+                let _ = send(&Msg::Error {
+                    msg: "this agent keeps no checkpoints (started with --no-store)".into(),
+                });
+                bail!("{peer}: refused a checkpoint session: no store");
+            };
+            if !r.buffer().is_empty() {
+                let _ = send(&Msg::Error {
+                    msg: "data after the store request: wait for ready".into(),
+                });
+                bail!("{peer}: sent data before the store session was ready");
+            }
+            send(&Msg::Ready)?;
+            // Idle sessions end after a while; the launcher reconnects when it needs to.
+            conn.set_read_timeout(Some(Duration::from_secs(300)))?;
+            let served = mutirao_ckpt::remote::serve(&conn, &*store);
+            if let Err(e) = served {
+                if !matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) {
+                    bail!("{peer}: checkpoint session: {e}");
+                }
+            }
+            return Ok(());
+        }
         Ok(None) => return Ok(()),
         Ok(Some(other)) => {
             let _ = send(&Msg::Error {

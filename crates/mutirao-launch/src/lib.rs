@@ -33,4 +33,5 @@ pub mod hostfile;
 pub mod job;
 pub mod proto;
 pub mod recovery;
+pub mod store;
 pub mod supervise;

@@ -8,6 +8,10 @@
 //!    `{"op":"error","msg":…}` and close.
 //! 4. launcher → `{"op":"launch",…}`; agent → `started`, `output`, `exit` events. The launcher
 //!    may send `kill`. If the launcher's connection drops, the agent kills what it started.
+//!
+//!    Or, instead of `launch`: launcher → `{"op":"store"}`; agent → `{"op":"ready"}`, and from
+//!    then on the connection carries `mutirao_ckpt::remote` frames over the agent's checkpoint
+//!    store (replicas of other hosts' checkpoints).
 //! 5. When the launch carries `heartbeat_ms`, both sides send `{"op":"heartbeat"}` at that
 //!    period and take a peer silent for [`HEARTBEAT_MISSES`] periods as gone: the launcher
 //!    reports the host lost, the agent kills what it started. A host whose network vanishes
@@ -56,6 +60,11 @@ pub enum Msg {
     },
     /// "I am still here" (both directions, every `heartbeat_ms`).
     Heartbeat,
+    /// Launcher → agent, instead of `launch`: turn this connection into a checkpoint blob
+    /// session (`mutirao_ckpt::remote` framing) over the agent's store.
+    Store,
+    /// Agent → launcher: the blob session starts with the next byte.
+    Ready,
     Started {
         rank: usize,
         pid: u32,

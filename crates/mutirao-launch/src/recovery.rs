@@ -41,6 +41,9 @@ pub struct Recovery {
     pub mode: CkptMode,
     /// Restarts before giving up.
     pub max_restarts: u32,
+    /// Updated with each incarnation's rank → host names (a replicated store keeps a rank's
+    /// replicas off its own host with it).
+    pub rank_hosts: Option<crate::store::RankHosts>,
 }
 
 /// One restart, as it happened.
@@ -132,6 +135,14 @@ pub fn run_with_recovery(
         spec.checkpoints = Some(rec.sink.clone());
         spec.exclude = exclude.clone();
         spec.env.extend(ckpt_env(rec, incarnation, epoch));
+        if let (Some(rh), Some(hosts)) = (&rec.rank_hosts, &spec.hosts) {
+            if let (Ok(p), Ok(mut w)) = (spec.placement(), rh.write()) {
+                *w = p
+                    .iter()
+                    .map(|&i| crate::store::agent_name(hosts, i))
+                    .collect();
+            }
+        }
         watch.timeout = total.map(|t| t.saturating_sub(t0.elapsed()).max(Duration::from_millis(1)));
         let started = Job::start(&spec);
         let job = match started {
@@ -270,6 +281,7 @@ mod tests {
             interval: 2.5,
             mode: CkptMode::Nonblocking,
             max_restarts: 3,
+            rank_hosts: None,
         };
         let env = ckpt_env(&rec, 0, None);
         assert!(env.iter().all(|(k, _)| k != "MUTIRAO_RESTART_EPOCH"));
