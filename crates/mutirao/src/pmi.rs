@@ -1361,13 +1361,15 @@ mod tests {
         assert_eq!(h.join().unwrap(), Ok(2));
     }
 
+    type ChildThread = std::thread::JoinHandle<Result<Vec<Kvs>, String>>;
+
     /// Starts each child as a thread that joins the group through the PMI protocol (or, for
     /// the ranks in `absent`, never connects).
     struct ThreadSpawner {
         absent: Vec<u32>,
         aborted: Mutex<Vec<(u64, String)>>,
         requests: Mutex<Vec<SpawnRequest>>,
-        children: Mutex<Vec<std::thread::JoinHandle<Result<Vec<Kvs>, String>>>>,
+        children: Mutex<Vec<ChildThread>>,
     }
 
     impl Spawner for ThreadSpawner {
