@@ -80,6 +80,34 @@ impl Comm {
         }
     }
 
+    /// The root communicator of a spawned rank: its spawn group (world ranks, parent first)
+    /// under the group's context.
+    pub(crate) fn spawned_root(engine: Engine, ctx: u64, group: Vec<usize>) -> Comm {
+        let me = engine.rank;
+        let eng = Rc::new(RefCell::new(engine));
+        Self::make(eng, ctx, group, me)
+    }
+
+    /// A communicator over `group` (world ranks) sharing this one's engine.
+    pub(crate) fn with_group(&self, ctx: u64, group: Vec<usize>) -> Comm {
+        let me = self.inner.eng.borrow().rank;
+        Self::make(self.inner.eng.clone(), ctx, group, me)
+    }
+
+    fn make(eng: Rc<RefCell<Engine>>, ctx: u64, group: Vec<usize>, me: usize) -> Comm {
+        let rank = group.iter().position(|w| *w == me).unwrap_or(0);
+        Comm {
+            inner: Rc::new(CommInner {
+                eng,
+                ctx,
+                index: group.iter().enumerate().map(|(i, w)| (*w, i)).collect(),
+                group,
+                rank,
+                children: Cell::new(0),
+            }),
+        }
+    }
+
     /// This process's rank in the communicator.
     pub fn rank(&self) -> usize {
         self.inner.rank
@@ -525,7 +553,9 @@ impl Comm {
 
 impl Drop for CommInner {
     fn drop(&mut self) {
-        if self.ctx == 0 && Rc::strong_count(&self.eng) == 1 {
+        // The last handle of the engine says goodbye (the world's, or a spawned rank's merged
+        // communicator, or whichever derived one outlives them).
+        if Rc::strong_count(&self.eng) == 1 {
             if let Ok(mut e) = self.eng.try_borrow_mut() {
                 if !e.finalized {
                     let _ = e.finalize_io();

@@ -203,6 +203,9 @@ pub(crate) enum PeerState {
     Alive,
     Finalized,
     Failed(String),
+    /// A world rank this process has no channel to: in a spawned rank, every rank outside its
+    /// spawn group; in a parent, the children of other ranks' spawns.
+    Unconnected,
 }
 
 pub(crate) struct Peer {
@@ -231,6 +234,13 @@ impl Peer {
             txq: VecDeque::new(),
             bye_sent: false,
         }
+    }
+
+    /// A world rank this process cannot reach (see [`PeerState::Unconnected`]).
+    pub(crate) fn unconnected() -> Peer {
+        let mut p = Peer::new(None);
+        p.state = PeerState::Unconnected;
+        p
     }
 
     /// Same-host peer whose socket only carries wake-ups.
@@ -292,6 +302,10 @@ pub(crate) struct Engine {
     pub(crate) ckpt: Option<CkptRt>,
     /// When the sockets were last asked for events.
     last_socket_poll: Instant,
+    /// What a spawn needs from the launcher's environment (`None`: not under a launcher).
+    pub(crate) launch: Option<crate::spawn::Launch>,
+    /// The spawn group this process was started by (`None`: an original rank).
+    pub(crate) spawned_in: Option<u64>,
 }
 
 /// How often [`Engine::poke`] reads the sockets of shared-memory peers.
@@ -345,7 +359,46 @@ impl Engine {
             pokes: 0,
             last_socket_poll: Instant::now(),
             ckpt: None,
+            launch: None,
+            spawned_in: None,
         })
+    }
+
+    /// Add channels to world ranks after start-up (a spawn): `peers` grows to cover them,
+    /// world ranks in between that this process cannot reach are [`PeerState::Unconnected`].
+    pub(crate) fn add_peers(&mut self, new: Vec<(usize, Box<dyn Transport>)>) -> Result<(), Error> {
+        if self.poll.is_none() {
+            self.poll = Some(Poll::new()?);
+        }
+        for (rank, _) in &new {
+            match self.peers.get(*rank).map(|p| &p.state) {
+                None | Some(PeerState::Unconnected) => {}
+                Some(_) => {
+                    return Err(Error::Invalid(format!(
+                        "world rank {rank} is already connected to this process"
+                    )))
+                }
+            }
+        }
+        for (rank, mut io) in new {
+            while self.peers.len() <= rank {
+                self.peers.push(Peer::unconnected());
+            }
+            if let (Some(s), Some(poll)) = (io.socket(), self.poll.as_ref()) {
+                poll.registry().register(
+                    s,
+                    Token(rank),
+                    Interest::READABLE | Interest::WRITABLE,
+                )?;
+            }
+            if io.socket_is_stream() {
+                self.n_sock += 1;
+            } else {
+                self.n_shm += 1;
+            }
+            self.peers[rank] = Peer::new(Some(io));
+        }
+        Ok(())
     }
 
     fn new_id(&mut self) -> u64 {
@@ -357,7 +410,7 @@ impl Engine {
         match &self.peers.get(peer).map(|p| &p.state) {
             None => Err(Error::Invalid(format!(
                 "rank {peer} does not exist (the job has {} ranks)",
-                self.size
+                self.peers.len()
             ))),
             Some(PeerState::Alive) => Ok(()),
             Some(PeerState::Finalized) => Err(Error::PeerFinalized(peer)),
@@ -365,6 +418,10 @@ impl Engine {
                 rank: peer,
                 reason: why.clone(),
             }),
+            Some(PeerState::Unconnected) => Err(Error::Invalid(format!(
+                "world rank {peer} is not connected to this process: a spawned rank reaches only \
+                 its parent and its siblings, a parent only its own children"
+            ))),
         }
     }
 
@@ -548,10 +605,10 @@ impl Engine {
         dest: Dest,
     ) -> Result<u64, Error> {
         if let Some(s) = src {
-            if s >= self.size {
+            if s >= self.peers.len() {
                 return Err(Error::Invalid(format!(
                     "source rank {s} does not exist (the job has {} ranks)",
-                    self.size
+                    self.peers.len()
                 )));
             }
         }
@@ -1069,6 +1126,7 @@ impl Engine {
                     p.txq.clear();
                     return;
                 }
+                PeerState::Unconnected => return,
                 PeerState::Alive => {}
             }
             p.state = PeerState::Failed(why.clone());
