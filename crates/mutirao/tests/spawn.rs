@@ -1,0 +1,321 @@
+//! Spawn (issue 13), multi-process: every trial starts N copies of this binary as the ranks of
+//! one job through `LocalJob` (whose bootstrap server can spawn), and a rank spawns more. A
+//! process started with `SPAWN_SCENARIO` set is a rank (or a spawned child): it runs the
+//! scenario and exits 0 (pass) or 1 (fail, message on stderr).
+
+use libtest_mimic::{Arguments, Failed, Trial};
+use mutirao::local_job::{LocalJob, Outcome};
+use mutirao::op;
+use mutirao::{Comm, Error, SpawnSpec};
+use std::time::{Duration, Instant};
+
+type R = Result<(), String>;
+
+fn e(err: Error) -> String {
+    err.to_string()
+}
+
+macro_rules! check {
+    ($cond:expr, $($fmt:tt)*) => {
+        if !$cond {
+            return Err(format!($($fmt)*));
+        }
+    };
+}
+
+const START: i32 = 98;
+const DONE: i32 = 99;
+const PING: i32 = 7;
+
+/// The children's side of `basic`: talk to the parent and the sibling over the merged comm.
+fn child(m: &Comm) -> R {
+    check!(
+        m.is_spawned(),
+        "a spawned rank does not know it was spawned"
+    );
+    let (r, n) = (m.rank(), m.size());
+    check!(n == 3 && (1..=2).contains(&r), "child sees rank {r} of {n}");
+    let me = m.world_rank(r).ok_or("no world rank")? as u64;
+    check!(
+        me >= 3,
+        "child's world rank {me} is inside the original job"
+    );
+    let mut b = [0u64];
+    m.recv(&mut b, 0, 1).map_err(e)?;
+    check!(b[0] == 10 * r as u64, "child {r} got {b:?} from the parent");
+    m.send(&[me], 0, 2).map_err(e)?;
+    // A rendezvous-sized message from the parent.
+    let (big, _) = m.recv_vec::<u32>(0, 3).map_err(e)?;
+    check!(
+        big.len() == 300_000
+            && big
+                .iter()
+                .enumerate()
+                .all(|(i, x)| *x == i as u32 + r as u32),
+        "child {r}: large message corrupt"
+    );
+    // Siblings reach each other.
+    let other = 3 - r;
+    let mut s = [0u64];
+    m.sendrecv(&[me], other, 4, &mut s, other, 4).map_err(e)?;
+    check!(s[0] != me && s[0] >= 3, "sibling sent {s:?}");
+    let mut sum = [0u64];
+    m.allreduce(&[r as u64], &mut sum, &op::Sum).map_err(e)?;
+    check!(sum[0] == 3, "allreduce over the merged comm gave {sum:?}");
+    m.barrier().map_err(e)?;
+    Ok(())
+}
+
+/// Rank 0 spawns 2 children while ranks 1 and 2 ping-pong; the merged communicator carries
+/// point-to-point both ways and collectives.
+fn basic(w: &Comm) -> R {
+    if w.is_spawned() {
+        return child(w);
+    }
+    check!(w.size() == 3, "run with 3 ranks");
+    match w.rank() {
+        0 => {
+            w.send(&[0u8], 1, START).map_err(e)?;
+            // The children wait 300 ms before they start up, so the spawn surely spans many
+            // ping-pong rounds of ranks 1 and 2 however loaded the machine is.
+            let spec = SpawnSpec::new(2)
+                .args(["--delay-ms", "300"])
+                .timeout(Duration::from_secs(30));
+            let s = w.spawn(&spec).map_err(e)?;
+            w.send(&[s.elapsed.as_micros() as u64], 1, DONE)
+                .map_err(e)?;
+            let m = &s.comm;
+            check!(
+                m.rank() == 0 && m.size() == 3 && !w.is_spawned(),
+                "parent sees {m:?}"
+            );
+            check!(
+                s.ranks.len() == 2 && s.ranks.iter().all(|r| *r >= 3),
+                "ranks {:?}",
+                s.ranks
+            );
+            check!(
+                s.latency.len() == 1
+                    && s.latency[0].0 == "localhost"
+                    && s.latency[0].1 <= s.elapsed,
+                "latency {:?} elapsed {:?}",
+                s.latency,
+                s.elapsed
+            );
+            for r in 1..3 {
+                m.send(&[10 * r as u64], r, 1).map_err(e)?;
+            }
+            for r in 1..3 {
+                let mut b = [0u64];
+                m.recv(&mut b, r, 2).map_err(e)?;
+                check!(
+                    b[0] == s.ranks[r - 1] as u64,
+                    "child {r} says world rank {b:?}"
+                );
+            }
+            for r in 1..3u32 {
+                let big: Vec<u32> = (0..300_000u32).map(|i| i + r).collect();
+                m.send(&big, r as usize, 3).map_err(e)?;
+            }
+            let mut sum = [0u64];
+            m.allreduce(&[0u64], &mut sum, &op::Sum).map_err(e)?;
+            check!(sum[0] == 3, "allreduce over the merged comm gave {sum:?}");
+            // Matches the children's barrier, then their finalize.
+            m.barrier().map_err(e)?;
+            m.barrier().map_err(e)?;
+            println!("spawn of 2 took {:?} ({:?})", s.elapsed, s.latency);
+        }
+        1 => {
+            let mut b = [0u8];
+            w.recv(&mut b, 0, START).map_err(e)?;
+            let mut rounds = 0u64;
+            let spawn_us = loop {
+                if w.iprobe(0, DONE).map_err(e)?.is_some() {
+                    let mut d = [0u64];
+                    w.recv(&mut d, 0, DONE).map_err(e)?;
+                    break d[0];
+                }
+                let mut x = [0u64];
+                w.sendrecv(&[rounds], 2, PING, &mut x, 2, PING).map_err(e)?;
+                check!(x[0] == rounds, "pong {x:?} for ping {rounds}");
+                rounds += 1;
+                check!(rounds < 10_000_000, "no DONE from rank 0");
+            };
+            w.send(&[u64::MAX], 2, PING).map_err(e)?;
+            // Rank 0 was inside its spawn call for the whole of these rounds.
+            check!(
+                rounds >= 20 && spawn_us >= 300_000,
+                "only {rounds} ping-pong rounds while rank 0 spawned for {spawn_us} µs"
+            );
+            println!("{rounds} rounds during a {spawn_us} µs spawn");
+        }
+        _ => loop {
+            let mut x = [0u64];
+            w.recv(&mut x, 1, PING).map_err(e)?;
+            if x[0] == u64::MAX {
+                break;
+            }
+            w.send(&x, 1, PING).map_err(e)?;
+        },
+    }
+    Ok(())
+}
+
+/// Rank 0's spawn fails as `want` says; then the job goes on (a ping-pong and a barrier).
+fn failing(w: &Comm, spec: SpawnSpec, want: &str, within: Duration) -> R {
+    if w.is_spawned() {
+        return Err("a failing spawn's child ran the scenario".into());
+    }
+    if w.rank() == 0 {
+        let t0 = Instant::now();
+        let err = match w.spawn(&spec) {
+            Ok(s) => return Err(format!("spawn succeeded: {:?}", s.ranks)),
+            Err(err) => err,
+        };
+        let took = t0.elapsed();
+        check!(
+            matches!(err, Error::Spawn(_)) && err.to_string().contains(want),
+            "spawn error {err:?} does not say {want:?}"
+        );
+        check!(
+            took <= within,
+            "the failing spawn took {took:?} (> {within:?})"
+        );
+        w.send(&[5u32], 1, 1).map_err(e)?;
+        let mut b = [0u32];
+        w.recv(&mut b, 1, 2).map_err(e)?;
+        check!(b[0] == 6, "rank 1 answered {b:?}");
+    } else {
+        let mut b = [0u32];
+        w.recv(&mut b, 0, 1).map_err(e)?;
+        w.send(&[b[0] + 1], 0, 2).map_err(e)?;
+    }
+    w.barrier().map_err(e)?;
+    Ok(())
+}
+
+fn run_scenario(name: &str) -> ! {
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(i) = args.iter().position(|a| a == "--delay-ms") {
+        let ms = args.get(i + 1).and_then(|v| v.parse().ok()).unwrap_or(0);
+        std::thread::sleep(Duration::from_millis(ms));
+    }
+    let w = match mutirao::init() {
+        Ok(w) => w,
+        Err(err) => {
+            eprintln!("init: {err}");
+            std::process::exit(1);
+        }
+    };
+    let res = match name {
+        "basic" => basic(&w),
+        "missing" => failing(
+            &w,
+            SpawnSpec::new(2).program("/nonexistent/mutirao-spawn-test"),
+            "cannot start /nonexistent/mutirao-spawn-test",
+            Duration::from_secs(5),
+        ),
+        "never" => failing(
+            &w,
+            SpawnSpec::new(2)
+                .program("/bin/sleep")
+                .args(["30"])
+                .timeout(Duration::from_millis(800)),
+            "timed out",
+            Duration::from_secs(4),
+        ),
+        "nospawner" => failing(
+            &w,
+            SpawnSpec::new(1),
+            "cannot spawn ranks",
+            Duration::from_secs(5),
+        ),
+        other => Err(format!("unknown scenario {other}")),
+    };
+    let res = res.and_then(|_| w.finalize().map_err(e));
+    match res {
+        Ok(()) => std::process::exit(0),
+        Err(msg) => {
+            eprintln!("scenario {name}: {msg}");
+            std::process::exit(1);
+        }
+    }
+}
+
+fn launch(scenario: &str, n: usize, transport: &str, spawn: bool) -> Result<Outcome, Failed> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let mut job = LocalJob::new(exe, n)
+        .env("SPAWN_SCENARIO", scenario)
+        .env("MUTIRAO_TRANSPORT", transport)
+        .limit(Duration::from_secs(40));
+    if !spawn {
+        job = job.without_spawn();
+    }
+    Ok(job.run()?)
+}
+
+fn all_ok(o: &Outcome, spawned: usize, spawned_code: Option<i32>) -> Result<(), Failed> {
+    let kids: Vec<_> = o.spawned.iter().map(|s| s.code).collect();
+    if o.codes.iter().all(|c| *c == Some(0))
+        && o.spawned.len() == spawned
+        && kids.iter().all(|c| *c == spawned_code)
+    {
+        return Ok(());
+    }
+    let kid_err: Vec<_> = o.spawned.iter().map(|s| s.stderr.as_str()).collect();
+    Err(format!(
+        "exit codes {:?}, spawned {kids:?} (want {spawned} × {spawned_code:?})\n{}\n{}",
+        o.codes,
+        o.stderr.join("\n"),
+        kid_err.join("\n")
+    )
+    .into())
+}
+
+fn main() {
+    if let Ok(s) = std::env::var("SPAWN_SCENARIO") {
+        run_scenario(&s);
+    }
+    if std::env::var_os("MUTIRAO_RANK").is_some() {
+        eprintln!("started as a rank without SPAWN_SCENARIO: refusing to run the test suite");
+        std::process::exit(1);
+    }
+    let args = Arguments::from_args();
+    let mut trials = Vec::new();
+    for transport in ["auto", "tcp"] {
+        trials.push(Trial::test(
+            format!("parent_and_two_children_talk_while_others_run_{transport}"),
+            move || {
+                let o = launch("basic", 3, transport, true)?;
+                all_ok(&o, 2, Some(0))
+            },
+        ));
+    }
+    trials.push(Trial::test(
+        "spawn_of_a_missing_program_fails_and_the_job_goes_on",
+        || {
+            let o = launch("missing", 2, "auto", true)?;
+            all_ok(&o, 0, None)
+        },
+    ));
+    trials.push(Trial::test(
+        "children_that_never_connect_fail_the_spawn_within_its_timeout_and_are_killed",
+        || {
+            let o = launch("never", 2, "auto", true)?;
+            // The two `sleep 30`s were killed when the group timed out (no exit code).
+            all_ok(&o, 2, None)?;
+            if o.elapsed > Duration::from_secs(15) {
+                return Err(format!("the job took {:?}: children not killed?", o.elapsed).into());
+            }
+            Ok(())
+        },
+    ));
+    trials.push(Trial::test(
+        "without_a_spawner_spawn_fails_clearly_and_the_job_goes_on",
+        || {
+            let o = launch("nospawner", 2, "auto", false)?;
+            all_ok(&o, 0, None)
+        },
+    ));
+    libtest_mimic::run(&args, trials).exit();
+}
