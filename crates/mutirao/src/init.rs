@@ -763,6 +763,42 @@ mod tests {
     }
 
     #[test]
+    fn spawned_rank_env_reads_back_and_bad_groups_are_refused() {
+        let base: Vec<(String, String)> = [
+            ("MUTIRAO_RANK", "5"),
+            ("MUTIRAO_SIZE", "4"),
+            ("MUTIRAO_PMI_ADDR", "127.0.0.1:9"),
+            ("MUTIRAO_JOB_TOKEN", &"ab".repeat(32)),
+            ("MUTIRAO_JOB_ID", "j-1"),
+        ]
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .to_vec();
+        // A rank above the job's size is an error unless it was spawned.
+        let e = parse(&base).unwrap_err().to_string();
+        assert!(e.contains("not below MUTIRAO_SIZE"), "{e}");
+        let with = |members: &str| {
+            let mut v = base.clone();
+            v.push(("MUTIRAO_SPAWN_GROUP".into(), "3".into()));
+            v.push(("MUTIRAO_SPAWN_MEMBERS".into(), members.into()));
+            parse(&v)
+        };
+        let env = with("1,4,5").unwrap().unwrap();
+        assert_eq!(
+            env.spawn,
+            Some(super::SpawnEnv {
+                group: 3,
+                members: vec![1, 4, 5]
+            })
+        );
+        let back = parse(&env.to_env()).unwrap().unwrap();
+        assert_eq!(back.spawn, env.spawn);
+        for bad in ["5,4", "1,4", "1,5,5", "1,x,5", ""] {
+            let e = with(bad).unwrap_err().to_string();
+            assert!(e.contains("MUTIRAO_SPAWN_MEMBERS"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
     fn bind_to_core_fills_the_allowed_cores_in_blocks() {
         let on = |allowed: &[usize], n: usize| -> Vec<Option<usize>> {
             (0..n).map(|r| core_for(allowed, r, n)).collect()

@@ -27,7 +27,9 @@
 //!    and the parent and its children meet in group fences
 //!    `{"op":"group_fence","group":G,"kvs":{…}}` → `fence_done` with the kvs in group order
 //!    (parent first). A group fence that a member does not reach within T fails for all of
-//!    them; the server then forgets the group and tells the spawner to abort it.
+//!    them; the server then forgets the group and tells the spawner to abort it. The parent
+//!    may give up on its group at any time with `{"op":"spawn_cancel","group":G,"why":…}` →
+//!    `ok` (same effect).
 //!
 //! The server side ([`PmiServer`]) is used by `mutirao run`; the client by [`crate::init`].
 
@@ -98,6 +100,10 @@ enum Msg {
     GroupFence {
         group: u64,
         kvs: Kvs,
+    },
+    SpawnCancel {
+        group: u64,
+        why: String,
     },
 }
 
@@ -451,6 +457,20 @@ impl PmiClient {
         }
     }
 
+    /// Give up on spawn group `group` (its parent only): the server forgets it, fails its
+    /// members' fences and has the spawner stop its children.
+    pub fn spawn_cancel(&mut self, group: u64, why: &str, timeout: Duration) -> Result<(), String> {
+        let what = format!("cancelling spawn group {group}");
+        let m = Msg::SpawnCancel {
+            group,
+            why: why.to_string(),
+        };
+        match self.call(&m, None, timeout, &what)? {
+            Msg::Ok => Ok(()),
+            other => Err(format!("{what}: unexpected answer {other:?}")),
+        }
+    }
+
     /// Publish `kvs` to the members of spawn group `group` and wait for theirs (in group
     /// order: the parent first). The server gives up after the spawn's timeout; `timeout`
     /// here bounds the wait for its answer.
@@ -762,6 +782,13 @@ fn conn_loop(
                 }
                 continue;
             }
+            Msg::SpawnCancel { group, why } => {
+                let reply = answer(spawn_cancel(st, rank as u32, group, why));
+                if write_msg(w, &reply).is_err() {
+                    return;
+                }
+                continue;
+            }
             Msg::GroupFence { group, kvs } => {
                 let reply = group_fence(st, rank as u32, group, kvs);
                 if write_msg(w, &reply).is_err() {
@@ -1065,6 +1092,33 @@ fn do_spawn(
         ranks,
         hosts,
     })
+}
+
+fn spawn_cancel(st: &Shared, rank: u32, group: u64, why: String) -> Result<(), String> {
+    let why = format!("its parent (rank {rank}) gave up: {why}");
+    {
+        let mut s = st
+            .spawn
+            .lock()
+            .map_err(|_| "spawn bookkeeping poisoned".to_string())?;
+        match s.groups.get(&group) {
+            None => return Ok(()), // already gone
+            Some(g) if g.members[0] != rank => {
+                return Err(format!(
+                "rank {rank} is not the parent of spawn group {group}: only rank {} may cancel it",
+                g.members[0]
+            ))
+            }
+            Some(_) => {}
+        }
+        s.groups.remove(&group);
+        remember_gone(&mut s, group, why.clone());
+    }
+    st.scv.notify_all();
+    if let Some(sp) = &st.spawner {
+        sp.abort(group, &why);
+    }
+    Ok(())
 }
 
 fn remember_gone(s: &mut SpawnState, group: u64, why: String) {
@@ -1465,11 +1519,21 @@ mod tests {
         // The group is finished: its ranks cannot connect again, and later spawns get new ranks.
         let e = PmiClient::connect(&addr, 2, &token, t).err().unwrap();
         assert!(e.contains("not part of any spawn"), "{e}");
-        let (_, ranks, _) = p
+        assert!(sp.aborted.lock().unwrap().is_empty());
+        // A parent that gives up: its child's fence fails at once, the spawner aborts.
+        let (g2, ranks, _) = p
             .spawn(prog, &[], 1, &[], Duration::from_secs(5), "job-1")
             .unwrap();
         assert_eq!(ranks, [4]);
-        assert!(sp.aborted.lock().unwrap().is_empty());
+        let mut other = PmiClient::connect(&addr, 0, &token, t).unwrap();
+        let e = other.spawn_cancel(g2, "no", t).unwrap_err();
+        assert!(e.contains("only rank 1"), "{e}");
+        p.spawn_cancel(g2, "changed my mind", t).unwrap();
+        for h in std::mem::take(&mut *sp.children.lock().unwrap()) {
+            let e = h.join().unwrap().unwrap_err();
+            assert!(e.contains("gave up: changed my mind"), "{e}");
+        }
+        assert_eq!(sp.aborted.lock().unwrap()[0].0, g2);
     }
 
     #[test]

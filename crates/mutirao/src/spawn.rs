@@ -178,7 +178,6 @@ fn run_spawn(
             ))
         })?,
     };
-    let deadline = t0 + spec.timeout;
     let listener = TcpListener::bind(SocketAddr::new(launch.bind, 0))
         .map_err(|e| Error::Spawn(format!("cannot listen on {}: {e}", launch.bind)))?;
     let (group, ranks, hosts) = pmi
@@ -191,6 +190,28 @@ fn run_spawn(
             &launch.job_id,
         )
         .map_err(Error::Spawn)?;
+    let res = join_group(pmi, launch, me, spec, t0, group, &ranks, &hosts, &listener);
+    if let Err(err) = &res {
+        // Stop the children now rather than at their own timeouts; a launcher that is gone
+        // changes nothing (the children then fail on their own).
+        let _ = pmi.spawn_cancel(group, &err.to_string(), Duration::from_secs(2));
+    }
+    res
+}
+
+#[allow(clippy::too_many_arguments)]
+fn join_group(
+    pmi: &mut PmiClient,
+    launch: &Launch,
+    me: usize,
+    spec: &SpawnSpec,
+    t0: Instant,
+    group: u64,
+    ranks: &[u32],
+    hosts: &[String],
+    listener: &TcpListener,
+) -> Result<Joined, Error> {
+    let deadline = t0 + spec.timeout;
     let mut kvs = Kvs::new();
     kvs.insert("addr".into(), listener.local_addr()?.to_string());
     kvs.insert("host".into(), launch.host.clone());
@@ -217,7 +238,7 @@ fn run_spawn(
             host: &launch.host,
         },
         &launch.cfg,
-        &listener,
+        listener,
         deadline,
     )
     .map_err(|e| Error::Spawn(format!("connecting to the spawned ranks: {e}")))?;
@@ -228,7 +249,7 @@ fn run_spawn(
         .iter()
         .map(|t| t.map_or(t0.elapsed(), |t| t.saturating_duration_since(t0)))
         .collect();
-    let latency = per_host(&hosts, &took);
+    let latency = per_host(hosts, &took);
     let chans = members
         .iter()
         .zip(ch.io)
