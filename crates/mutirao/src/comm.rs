@@ -374,7 +374,7 @@ impl Comm {
             Some(st) => Ok(Some(self.to_local(st))),
             // Nothing here and nothing can come from that source: say so, as a receive
             // would. (Any source: others may still send; an any-source probe never fails.)
-            None => match s.and_then(|src| e.source_gone(Some(src))) {
+            None => match s.and_then(|src| e.source_gone(Some(src), self.inner.ctx)) {
                 Some(err) => Err(err),
                 None => Ok(None),
             },
@@ -386,11 +386,11 @@ impl Comm {
         let (s, t) = (self.src_filter(src)?, Self::tag_filter(tag)?);
         let ctx = self.inner.ctx;
         let mut e = self.inner.eng.borrow_mut();
-        e.wait_until(|e| e.iprobe(ctx, s, t).is_some() || e.source_gone(s).is_some())?;
+        e.wait_until(|e| e.iprobe(ctx, s, t).is_some() || e.source_gone(s, ctx).is_some())?;
         match e.iprobe(ctx, s, t) {
             Some(st) => Ok(self.to_local(st)),
             None => Err(e
-                .source_gone(s)
+                .source_gone(s, ctx)
                 .unwrap_or_else(|| Error::Invalid("probe".into()))),
         }
     }
@@ -471,9 +471,9 @@ impl Comm {
             e.ckpt
                 .as_ref()
                 .is_none_or(|c| c.wave.ready_to_snapshot() || c.wave.active_epoch() != Some(epoch))
-                || e.source_gone(None).is_some()
+                || e.source_gone(None, 0).is_some()
         })?;
-        if let Some(err) = e.source_gone(None) {
+        if let Some(err) = e.source_gone(None, 0) {
             return Err(err);
         }
         if !e

@@ -306,6 +306,13 @@ pub(crate) struct Engine {
     pub(crate) launch: Option<crate::spawn::Launch>,
     /// The spawn group this process was started by (`None`: an original rank).
     pub(crate) spawned_in: Option<u64>,
+    /// Peers this process had at start-up: their failures fail any-source receives of the
+    /// communicators not in `scopes` (the job's, and those derived from it).
+    base: usize,
+    /// Point-to-point context → world ranks, for spawn communicators (and those derived from
+    /// them): a failure fails an any-source receive there only if the rank is a member, so a
+    /// lost spawned worker does not break the job's own any-source receives.
+    scopes: HashMap<u64, Vec<usize>>,
 }
 
 /// How often [`Engine::poke`] reads the sockets of shared-memory peers.
@@ -361,7 +368,28 @@ impl Engine {
             ckpt: None,
             launch: None,
             spawned_in: None,
+            base: size,
+            scopes: HashMap::new(),
         })
+    }
+
+    /// Any-source receives on `ctx` (either of a communicator's two contexts) fail when
+    /// exactly the ranks in `members` fail.
+    pub(crate) fn scope(&mut self, ctx: u64, members: Vec<usize>) {
+        self.scopes.insert(ctx & !1, members);
+    }
+
+    /// Whether `ctx`'s communicator is a scoped (spawn) one.
+    pub(crate) fn scoped(&self, ctx: u64) -> bool {
+        self.scopes.contains_key(&(ctx & !1))
+    }
+
+    /// Whether `peer`'s failure fails an any-source receive on `ctx`.
+    fn failure_counts(&self, ctx: u64, peer: usize) -> bool {
+        match self.scopes.get(&(ctx & !1)) {
+            Some(m) => m.contains(&peer),
+            None => peer < self.base,
+        }
     }
 
     /// Add channels to world ranks after start-up (a spawn): `peers` grows to cover them,
@@ -659,7 +687,7 @@ impl Engine {
         // Nothing buffered: fail at once if the source can never send.
         let dead = match src {
             Some(s) => self.check_peer(s).err(),
-            None => self.any_failed(),
+            None => self.any_failed(ctx),
         };
         if let Some(e) = dead {
             r.err = Some(e);
@@ -671,12 +699,12 @@ impl Engine {
         Ok(id)
     }
 
-    fn any_failed(&self) -> Option<Error> {
+    fn any_failed(&self, ctx: u64) -> Option<Error> {
         self.peers
             .iter()
             .enumerate()
             .find_map(|(i, p)| match &p.state {
-                PeerState::Failed(why) => Some(Error::PeerFailed {
+                PeerState::Failed(why) if self.failure_counts(ctx, i) => Some(Error::PeerFailed {
                     rank: i,
                     reason: why.clone(),
                 }),
@@ -1159,10 +1187,10 @@ impl Engine {
         // Receives posted for this source (or any source, ULFM's rule, if it failed).
         let mut keep = VecDeque::new();
         while let Some(id) = self.posted.pop_front() {
-            let hit = self
-                .recvs
-                .get(&id)
-                .is_some_and(|r| r.src == Some(peer) || (failed && r.src.is_none()));
+            let hit = self.recvs.get(&id).is_some_and(|r| {
+                r.src == Some(peer)
+                    || (failed && r.src.is_none() && self.failure_counts(r.ctx, peer))
+            });
             if hit {
                 if let Some(r) = self.recvs.get_mut(&id) {
                     r.err = Some(err.clone());
@@ -1402,10 +1430,11 @@ impl Engine {
     }
 
     /// Why nothing more can come from `src` (a rank, or any rank when `None`), if so.
-    pub(crate) fn source_gone(&self, src: Option<usize>) -> Option<Error> {
+    /// `ctx`: the communicator's context (decides whose failure counts for any source).
+    pub(crate) fn source_gone(&self, src: Option<usize>, ctx: u64) -> Option<Error> {
         match src {
             Some(s) => self.check_peer(s).err(),
-            None => self.any_failed(),
+            None => self.any_failed(ctx),
         }
     }
 

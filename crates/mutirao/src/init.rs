@@ -532,11 +532,9 @@ pub fn init_with(env: &JobEnv) -> Result<Comm, Error> {
         // Spawned ranks take no part in the job's checkpoint waves (docs/spawn.md).
         engine.spawned_in = Some(sp.group);
         engine._pmi = Some(pmi);
-        return Ok(Comm::spawned_root(
-            engine,
-            crate::spawn::spawn_ctx(sp.group),
-            members,
-        ));
+        let ctx = crate::spawn::spawn_ctx(sp.group);
+        engine.scope(ctx, members.clone());
+        return Ok(Comm::spawned_root(engine, ctx, members));
     }
     if env.ckpt_interval.is_some() || env.restart_epoch.is_some() {
         let pmi_timeout = cfg.connect_timeout.max(env.ckpt_timeout());

@@ -295,9 +295,11 @@ impl Comm {
         e._pmi = Some(pmi);
         let (group, members, chans, latency) = res?;
         add(&mut e, chans)?;
+        let ctx = spawn_ctx(group);
+        e.scope(ctx, members.clone());
         drop(e);
         let ranks = members[1..].to_vec();
-        let comm = self.with_group(spawn_ctx(group), members);
+        let comm = self.with_group(ctx, members);
         Ok(Spawned {
             comm,
             ranks,

@@ -194,6 +194,46 @@ fn failing(w: &Comm, spec: SpawnSpec, want: &str, within: Duration) -> R {
     Ok(())
 }
 
+/// A spawned child dies: the parent's operations on the merged communicator fail with
+/// `PeerFailed` (any source included), while the job's own any-source receive, posted before
+/// the spawn, is untouched and completes.
+fn child_dies(w: &Comm) -> R {
+    if w.is_spawned() {
+        return Err("the child should have died".into());
+    }
+    match w.rank() {
+        0 => {
+            let pending = w.irecv::<u32>(mutirao::ANY_SOURCE, 2).map_err(e)?;
+            let s = w.spawn(&SpawnSpec::new(1).args(["--die"])).map_err(e)?;
+            let mut b = [0u32];
+            let err = s.comm.recv(&mut b, 1, 1).unwrap_err();
+            check!(
+                matches!(err, Error::PeerFailed { rank, .. } if rank == s.ranks[0]),
+                "receive from the dead child: {err:?}"
+            );
+            let err = s.comm.recv(&mut b, mutirao::ANY_SOURCE, 1).unwrap_err();
+            check!(
+                matches!(err, Error::PeerFailed { .. }),
+                "any-source on the merged comm: {err:?}"
+            );
+            w.send(&[1u32], 1, 1).map_err(e)?;
+            let (v, st) = pending.wait().map_err(e)?;
+            check!(
+                v == [41] && st.map(|s| s.source) == Some(1),
+                "world any-source got {v:?}"
+            );
+        }
+        1 => {
+            let mut b = [0u32];
+            w.recv(&mut b, 0, 1).map_err(e)?;
+            w.send(&[41u32], 0, 2).map_err(e)?;
+        }
+        _ => {}
+    }
+    w.barrier().map_err(e)?;
+    Ok(())
+}
+
 fn run_scenario(name: &str) -> ! {
     let args: Vec<String> = std::env::args().collect();
     if let Some(i) = args.iter().position(|a| a == "--delay-ms") {
@@ -207,8 +247,12 @@ fn run_scenario(name: &str) -> ! {
             std::process::exit(1);
         }
     };
+    if args.iter().any(|a| a == "--die") {
+        std::process::exit(9);
+    }
     let res = match name {
         "basic" => basic(&w),
+        "childdies" => child_dies(&w),
         "missing" => failing(
             &w,
             SpawnSpec::new(2).program("/nonexistent/mutirao-spawn-test"),
@@ -291,6 +335,13 @@ fn main() {
             },
         ));
     }
+    trials.push(Trial::test(
+        "a_dead_child_fails_merged_comm_operations_but_not_the_jobs_any_source_receives",
+        || {
+            let o = launch("childdies", 3, "auto", true)?;
+            all_ok(&o, 1, Some(9))
+        },
+    ));
     trials.push(Trial::test(
         "spawn_of_a_missing_program_fails_and_the_job_goes_on",
         || {
