@@ -355,10 +355,26 @@ pub(crate) struct Mesh<'a> {
     pub host: &'a str,
 }
 
+/// A channel to one member, before it becomes a transport (it can cross threads).
+pub(crate) enum Link {
+    Tcp(mio::net::TcpStream),
+    /// Outbound ring, inbound ring, and the socket for wake-ups and liveness.
+    Shm(Ring, Ring, mio::net::TcpStream),
+}
+
+impl Link {
+    pub(crate) fn into_transport(self) -> Box<dyn Transport> {
+        match self {
+            Link::Tcp(s) => Box::new(TcpTransport::new(s)),
+            Link::Shm(tx, rx, s) => Box::new(ShmTransport::new(tx, rx, s)),
+        }
+    }
+}
+
 /// The channels [`build_channels`] made.
 pub(crate) struct Channels {
-    /// Per member (group order): its transport; `None` for this process.
-    pub io: Vec<Option<Box<dyn Transport>>>,
+    /// Per member (group order): its channel; `None` for this process.
+    pub io: Vec<Option<Link>>,
     /// Ring files to unlink once every member has mapped (after the next barrier).
     pub created: Vec<PathBuf>,
     /// Per member, when its connection was authenticated (`None` for this process).
@@ -429,7 +445,7 @@ pub(crate) fn build_channels(
             }
             None => None,
         };
-        let t: Option<Box<dyn Transport>> = match (sock, inbound[i].take()) {
+        let t: Option<Link> = match (sock, inbound[i].take()) {
             (Some(sock), Some(rx)) => {
                 let w = m.members[i];
                 let tx = Ring::open(&ring_path(m.job_id, my_world, w)).map_err(|e| {
@@ -439,9 +455,9 @@ pub(crate) fn build_channels(
                 if cfg.shm_prefault {
                     tx.prefault(true);
                 }
-                Some(Box::new(ShmTransport::new(tx, rx, sock)))
+                Some(Link::Shm(tx, rx, sock))
             }
-            (Some(sock), None) => Some(Box::new(TcpTransport::new(sock))),
+            (Some(sock), None) => Some(Link::Tcp(sock)),
             (None, _) => None,
         };
         io.push(t);
@@ -513,7 +529,7 @@ pub fn init_with(env: &JobEnv) -> Result<Comm, Error> {
     let width = members.iter().copied().max().unwrap_or(0) + 1;
     let mut peers: Vec<Peer> = (0..width).map(|_| Peer::unconnected()).collect();
     for (w, io) in members.iter().zip(ch.io) {
-        peers[*w] = Peer::new(io);
+        peers[*w] = Peer::new(io.map(Link::into_transport));
     }
     // When everyone has mapped, the files can go: nothing is left in /dev/shm if a rank dies.
     let fenced = fence(&mut pmi, Kvs::new());

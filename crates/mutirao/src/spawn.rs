@@ -26,9 +26,8 @@
 
 use crate::config::Config;
 use crate::engine::Engine;
-use crate::init::{build_channels, unlink_all, Mesh};
+use crate::init::{build_channels, unlink_all, Link, Mesh};
 use crate::pmi::{Kvs, PmiClient, MAX_SPAWN, MAX_SPAWN_TIMEOUT};
-use crate::transport::Transport;
 use crate::{Comm, Error};
 use std::net::{IpAddr, SocketAddr, TcpListener};
 use std::path::PathBuf;
@@ -155,12 +154,7 @@ fn per_host(hosts: &[String], took: &[Duration]) -> Vec<(String, Duration)> {
     out
 }
 
-type Joined = (
-    u64,
-    Vec<usize>,
-    Vec<(usize, Box<dyn Transport>)>,
-    Vec<(String, Duration)>,
-);
+type Joined = (u64, Vec<usize>, Vec<(usize, Link)>, Vec<(String, Duration)>);
 
 /// The parent's half: ask, exchange addresses with the children, connect, barrier.
 fn run_spawn(
@@ -271,7 +265,8 @@ impl Comm {
     /// collective): that rank is the parent, rank 0 of the returned communicator; the
     /// children are ranks 1..=n, and in each child [`crate::init`] returns the same merged
     /// communicator ([`Comm::is_spawned`] is true there). The job's other ranks take no part
-    /// and do not pause; this rank does not progress its other messages while it waits.
+    /// and do not pause; this rank keeps progressing its messages with them while it waits
+    /// (except with checkpoints on, see docs/spawn.md).
     ///
     /// Errors ([`Error::Spawn`]): the launcher cannot spawn or could not start the program, or
     /// a child did not start and connect within `spec.timeout`; the launcher then stops the
@@ -291,7 +286,15 @@ impl Comm {
             ._pmi
             .take()
             .ok_or_else(|| Error::Spawn("this rank has no connection to the launcher".into()))?;
-        let res = run_spawn(&mut pmi, &launch, e.rank, spec, t0);
+        let res = if e.ckpt.is_some() {
+            // Checkpoint waves need the launcher connection the spawn is using: do not
+            // progress meanwhile (a wave waits for this rank at most the spawn's duration).
+            run_spawn(&mut pmi, &launch, e.rank, spec, t0)
+        } else {
+            let (p, res) = spawn_progressing(&mut e, pmi, launch, spec, t0)?;
+            pmi = p;
+            res
+        };
         e._pmi = Some(pmi);
         let (group, members, chans, latency) = res?;
         add(&mut e, chans)?;
@@ -316,7 +319,45 @@ impl Comm {
     }
 }
 
-fn add(e: &mut Engine, chans: Vec<(usize, Box<dyn Transport>)>) -> Result<(), Error> {
+/// Run the spawn's launcher talk and connections on a helper thread while this thread keeps
+/// the engine progressing (messages to and from the job's other ranks keep flowing).
+fn spawn_progressing(
+    e: &mut Engine,
+    mut pmi: PmiClient,
+    launch: Launch,
+    spec: &SpawnSpec,
+    t0: Instant,
+) -> Result<(PmiClient, Result<Joined, Error>), Error> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (me, spec2) = (e.rank, spec.clone());
+    let helper = std::thread::Builder::new()
+        .name("mutirao-spawn".into())
+        .spawn(move || {
+            let res = run_spawn(&mut pmi, &launch, me, &spec2, t0);
+            let _ = tx.send(());
+            (pmi, res)
+        })
+        .map_err(|err| Error::Spawn(format!("cannot start the spawn's helper thread: {err}")))?;
+    loop {
+        // Progress errors resurface on the next operation that meets them.
+        let _ = e.poke();
+        match rx.recv_timeout(Duration::from_micros(200)) {
+            Ok(()) | Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+        }
+    }
+    helper.join().map_err(|_| {
+        Error::Spawn(
+            "the spawn's helper thread panicked; this rank lost its launcher connection".into(),
+        )
+    })
+}
+
+fn add(e: &mut Engine, chans: Vec<(usize, Link)>) -> Result<(), Error> {
+    let chans = chans
+        .into_iter()
+        .map(|(w, l)| (w, l.into_transport()))
+        .collect();
     e.add_peers(chans)
         .map_err(|err| Error::Spawn(format!("adding the spawned ranks: {err}")))
 }

@@ -26,6 +26,7 @@ macro_rules! check {
 const START: i32 = 98;
 const DONE: i32 = 99;
 const PING: i32 = 7;
+const BIG: i32 = 5;
 
 /// The children's side of `basic`: talk to the parent and the sibling over the merged comm.
 fn child(m: &Comm) -> R {
@@ -75,6 +76,8 @@ fn basic(w: &Comm) -> R {
     check!(w.size() == 3, "run with 3 ranks");
     match w.rank() {
         0 => {
+            // A large (rendezvous) message from rank 1 arrives while this rank spawns.
+            let big = w.irecv::<u32>(1, BIG).map_err(e)?;
             w.send(&[0u8], 1, START).map_err(e)?;
             // The children wait 300 ms before they start up, so the spawn surely spans many
             // ping-pong rounds of ranks 1 and 2 however loaded the machine is.
@@ -84,6 +87,11 @@ fn basic(w: &Comm) -> R {
             let s = w.spawn(&spec).map_err(e)?;
             w.send(&[s.elapsed.as_micros() as u64], 1, DONE)
                 .map_err(e)?;
+            let (v, _) = big.wait().map_err(e)?;
+            check!(
+                v.len() == 1 << 20 && v.iter().enumerate().all(|(i, x)| *x == i as u32),
+                "rank 1's large message is corrupt"
+            );
             let m = &s.comm;
             check!(
                 m.rank() == 0 && m.size() == 3 && !w.is_spawned(),
@@ -128,6 +136,16 @@ fn basic(w: &Comm) -> R {
         1 => {
             let mut b = [0u8];
             w.recv(&mut b, 0, START).map_err(e)?;
+            // Rank 0 is inside its spawn (its children wait 300 ms before starting up), and
+            // still takes this rendezvous message: the spawning rank keeps progressing.
+            let t = Instant::now();
+            let big: Vec<u32> = (0..1u32 << 20).collect();
+            w.send(&big, 0, BIG).map_err(e)?;
+            let took = t.elapsed();
+            check!(
+                w.iprobe(0, DONE).map_err(e)?.is_none() && took < Duration::from_millis(250),
+                "the 4 MiB send to the spawning rank 0 completed only after its spawn ({took:?})"
+            );
             let mut rounds = 0u64;
             let spawn_us = loop {
                 if w.iprobe(0, DONE).map_err(e)?.is_some() {
