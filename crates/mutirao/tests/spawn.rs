@@ -252,6 +252,74 @@ fn child_dies(w: &Comm) -> R {
     Ok(())
 }
 
+/// A child of `concurrent`: echo its world rank to the parent, count the group by allreduce.
+fn echo_child(m: &Comm) -> R {
+    let me = m.world_rank(m.rank()).ok_or("no world rank")? as u64;
+    let mut b = [0u64];
+    m.recv(&mut b, 0, 1).map_err(e)?;
+    m.send(&[b[0], me], 0, 2).map_err(e)?;
+    let mut n = [0u64];
+    m.allreduce(&[1u64], &mut n, &op::Sum).map_err(e)?;
+    check!(
+        n[0] == m.size() as u64,
+        "allreduce counted {n:?} of {}",
+        m.size()
+    );
+    Ok(())
+}
+
+/// The parent's side of [`echo_child`]; returns the children's world ranks.
+fn echo_parent(s: &mutirao::Spawned, salt: u64) -> Result<Vec<u64>, String> {
+    let m = &s.comm;
+    let mut seen = Vec::new();
+    for r in 1..m.size() {
+        m.send(&[salt + r as u64], r, 1).map_err(e)?;
+        let mut b = [0u64; 2];
+        m.recv(&mut b, r, 2).map_err(e)?;
+        check!(b[0] == salt + r as u64, "child {r} echoed {b:?}");
+        check!(
+            b[1] == s.ranks[r - 1] as u64,
+            "child {r} says world rank {}",
+            b[1]
+        );
+        seen.push(b[1]);
+    }
+    let mut n = [0u64];
+    m.allreduce(&[1u64], &mut n, &op::Sum).map_err(e)?;
+    check!(n[0] == m.size() as u64, "allreduce counted {n:?}");
+    m.barrier().map_err(e)?; // the children's finalize
+    Ok(seen)
+}
+
+/// Ranks 0 and 1 spawn at the same time (2 children each), then rank 0 once more (1 child):
+/// every group works and the world ranks given out are all distinct.
+fn concurrent(w: &Comm) -> R {
+    if w.is_spawned() {
+        return echo_child(w);
+    }
+    let r = w.rank() as u64;
+    let s = w.spawn(&SpawnSpec::new(2)).map_err(e)?;
+    let mut mine = echo_parent(&s, 100 * r)?;
+    if r == 0 {
+        let s2 = w.spawn(&SpawnSpec::new(1)).map_err(e)?;
+        mine.extend(echo_parent(&s2, 1000)?);
+        check!(mine.len() == 3, "rank 0 has {mine:?}");
+        w.send(&mine, 1, 9).map_err(e)?;
+    } else {
+        let mut theirs = [0u64; 3];
+        w.recv(&mut theirs, 0, 9).map_err(e)?;
+        let mut all: Vec<u64> = theirs.iter().chain(&mine).copied().collect();
+        all.sort();
+        all.dedup();
+        check!(
+            all.len() == 5 && all.iter().all(|x| *x >= 2),
+            "world ranks of spawned ranks overlap or fall inside the job: {theirs:?} {mine:?}"
+        );
+    }
+    w.barrier().map_err(e)?;
+    Ok(())
+}
+
 fn run_scenario(name: &str) -> ! {
     let args: Vec<String> = std::env::args().collect();
     if let Some(i) = args.iter().position(|a| a == "--delay-ms") {
@@ -271,6 +339,7 @@ fn run_scenario(name: &str) -> ! {
     let res = match name {
         "basic" => basic(&w),
         "childdies" => child_dies(&w),
+        "concurrent" => concurrent(&w),
         "missing" => failing(
             &w,
             SpawnSpec::new(2).program("/nonexistent/mutirao-spawn-test"),
@@ -353,6 +422,13 @@ fn main() {
             },
         ));
     }
+    trials.push(Trial::test(
+        "two_ranks_spawn_at_once_and_one_twice_with_distinct_world_ranks",
+        || {
+            let o = launch("concurrent", 2, "auto", true)?;
+            all_ok(&o, 5, Some(0))
+        },
+    ));
     trials.push(Trial::test(
         "a_dead_child_fails_merged_comm_operations_but_not_the_jobs_any_source_receives",
         || {
