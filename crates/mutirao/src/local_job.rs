@@ -186,17 +186,27 @@ impl Spawner for LocalSpawner {
 }
 
 impl LocalSpawner {
-    /// Reap whatever has ended; true when every spawned rank has.
-    fn reap(&self) -> bool {
-        let Ok(mut kids) = self.kids.lock() else {
-            return true;
-        };
-        for k in kids.iter_mut().filter(|k| k.code.is_none()) {
-            if let Ok(Some(st)) = k.child.try_wait() {
-                k.code = Some(st.code());
+    /// Reap whatever has ended (telling `pmi`, so a spawn still in progress fails at once);
+    /// true when every spawned rank has ended.
+    fn reap(&self, pmi: &PmiServer) -> bool {
+        let mut ended = Vec::new();
+        let all = {
+            let Ok(mut kids) = self.kids.lock() else {
+                return true;
+            };
+            for k in kids.iter_mut().filter(|k| k.code.is_none()) {
+                if let Ok(Some(st)) = k.child.try_wait() {
+                    k.code = Some(st.code());
+                    ended.push((k.rank, st));
+                }
             }
+            kids.iter().all(|k| k.code.is_some())
+        };
+        // Outside the lock: the server may call back into `abort`.
+        for (rank, st) in ended {
+            pmi.spawned_exited(rank, &format!("its process ended ({st})"));
         }
-        kids.iter().all(|k| k.code.is_some())
+        all
     }
 
     fn kill_all(&self) {
@@ -348,7 +358,7 @@ impl LocalJob {
         let mut done = vec![false; self.n];
         // Spawned ranks are started by the parent's spawn call, which returns only after the
         // spawner did: once every original rank has ended no new ones can appear.
-        while done.iter().any(|d| !d) | !spawner.reap() {
+        while done.iter().any(|d| !d) | !spawner.reap(&pmi) {
             for (i, k) in kids.iter_mut().enumerate() {
                 if !done[i] {
                     if let Ok(Some(st)) = k.try_wait() {

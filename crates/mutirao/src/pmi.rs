@@ -153,8 +153,12 @@ pub struct SpawnedProc {
 ///   and returns a message saying what failed (missing program, unknown or refusing host,
 ///   no free slot);
 /// * `abort(group, why)` is called when a group fails after a successful `spawn` (a child did
-///   not reach the group fence in time): stop every child of that group still running. A
-///   spawned child's failure is not the job's failure: the job goes on.
+///   not reach the group fence in time, a member ended early, the parent cancelled): stop every
+///   child of that group still running. It may be called on the thread that calls
+///   [`PmiServer::spawned_exited`], so do not hold a lock `abort` needs while calling that.
+///   A spawned child's failure is not the job's failure: the job goes on;
+/// * the launcher should call [`PmiServer::spawned_exited`] when a spawned process ends, so a
+///   spawn whose child dies at start-up fails at once instead of at its timeout.
 pub trait Spawner: Send + Sync {
     /// Start the children of `req`.
     fn spawn(&self, req: &SpawnRequest) -> Result<Vec<SpawnedProc>, String>;
@@ -679,6 +683,13 @@ impl PmiServer {
         self.state.cv.notify_all();
     }
 
+    /// The launcher saw spawned rank `rank` end (`why`: how). If its spawn is still in
+    /// progress, it fails now (the parent gets the reason instead of waiting out the timeout)
+    /// and the spawner is told to abort the group; otherwise nothing happens.
+    pub fn spawned_exited(&self, rank: u32, why: &str) {
+        member_lost(&self.state, rank, why);
+    }
+
     /// The channel failures ranks reported since the last call (oldest first).
     pub fn take_failures(&self) -> Vec<FailureReport> {
         match self.state.failures.lock() {
@@ -722,6 +733,7 @@ fn serve_conn(
                     return;
                 }
                 conn_loop(&mut r, &mut w, &st, rank as usize, fence_timeout);
+                member_lost(&st, rank, "its connection to the launcher closed");
                 return;
             }
             let Ok(mut s) = st.fence.lock() else { return };
@@ -745,7 +757,9 @@ fn serve_conn(
         _ => return,
     };
     conn_loop(&mut r, &mut w, &st, rank, fence_timeout);
-    // The rank closed its connection (it finished or died): allow nothing more for it.
+    // The rank closed its connection (it finished or died): allow nothing more for it, and
+    // fail the spawns it is the parent of that are still in progress.
+    member_lost(&st, rank as u32, "its connection to the launcher closed");
 }
 
 fn conn_loop(
@@ -1119,6 +1133,44 @@ fn spawn_cancel(st: &Shared, rank: u32, group: u64, why: String) -> Result<(), S
         sp.abort(group, &why);
     }
     Ok(())
+}
+
+/// Member `rank` of a spawn in progress is gone: fail its group (a group whose last fence
+/// has completed is left alone — its members may leave at will).
+fn member_lost(st: &Shared, rank: u32, why: &str) {
+    let mut failed = Vec::new();
+    if let Ok(mut s) = st.spawn.lock() {
+        let hit: Vec<u64> = s
+            .groups
+            .iter()
+            .filter(|(_, g)| g.epoch < GROUP_FENCES && g.members.contains(&rank))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in hit {
+            let Some(g) = s.groups.remove(&id) else {
+                continue;
+            };
+            let who = if g.members[0] == rank {
+                format!("its parent (rank {rank})")
+            } else {
+                format!("spawned rank {rank}")
+            };
+            let reason = format!("{who} ended before the spawn completed: {why}");
+            remember_gone(&mut s, id, reason.clone());
+            failed.push((id, reason));
+        }
+    } else {
+        return;
+    }
+    if failed.is_empty() {
+        return;
+    }
+    st.scv.notify_all();
+    if let Some(sp) = &st.spawner {
+        for (id, reason) in &failed {
+            sp.abort(*id, reason);
+        }
+    }
 }
 
 fn remember_gone(s: &mut SpawnState, group: u64, why: String) {

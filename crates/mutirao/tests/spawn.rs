@@ -355,6 +355,14 @@ fn run_scenario(name: &str) -> ! {
             "timed out",
             Duration::from_secs(4),
         ),
+        "exits" => failing(
+            &w,
+            SpawnSpec::new(2)
+                .program("/bin/true")
+                .timeout(Duration::from_secs(30)),
+            "ended before the spawn completed",
+            Duration::from_secs(5),
+        ),
         "nospawner" => failing(
             &w,
             SpawnSpec::new(1),
@@ -453,6 +461,25 @@ fn main() {
                 return Err(format!("the job took {:?}: children not killed?", o.elapsed).into());
             }
             Ok(())
+        },
+    ));
+    trials.push(Trial::test(
+        "children_that_exit_at_once_fail_the_spawn_long_before_its_timeout",
+        || {
+            let o = launch("exits", 2, "auto", true)?;
+            // The first `true` to end fails the group; the other has ended too, or is killed.
+            let kids: Vec<_> = o.spawned.iter().map(|s| s.code).collect();
+            let kids_ok = kids.len() == 2 && kids.iter().all(|c| matches!(c, Some(0) | None));
+            if kids_ok && o.codes.iter().all(|c| *c == Some(0)) {
+                Ok(())
+            } else {
+                Err(format!(
+                    "exit codes {:?}, spawned {kids:?}\n{}",
+                    o.codes,
+                    o.stderr.join("\n")
+                )
+                .into())
+            }
         },
     ));
     trials.push(Trial::test(
