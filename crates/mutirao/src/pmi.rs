@@ -1643,6 +1643,42 @@ mod tests {
     }
 
     #[test]
+    fn a_child_whose_connection_closes_fails_the_spawn_at_once() {
+        let token = new_token().unwrap();
+        let t = Duration::from_secs(10);
+        let sp = thread_spawner(vec![1, 2]);
+        let srv = PmiServer::builder("127.0.0.1:0".parse().unwrap(), 1, token, t)
+            .spawner(sp.clone())
+            .start()
+            .unwrap();
+        let addr = srv.addr().to_string();
+        let mut p = PmiClient::connect(&addr, 0, &token, t).unwrap();
+        let prog = std::path::Path::new("/bin/prog");
+        let (g, ranks, _) = p.spawn(prog, &[], 2, &[], t, "j").unwrap();
+        assert_eq!(ranks, [1, 2]);
+        drop(PmiClient::connect(&addr, 2, &token, t).unwrap());
+        let t0 = Instant::now();
+        let e = p.group_fence(g, Kvs::new(), t).unwrap_err();
+        assert!(
+            e.contains("spawned rank 2 ended before the spawn completed"),
+            "{e}"
+        );
+        assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+        // The spawner hears of it just after the members (bounded wait).
+        for _ in 0..200 {
+            if !sp.aborted.lock().unwrap().is_empty() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let ab = sp.aborted.lock().unwrap().clone();
+        assert!(ab.len() == 1 && ab[0].0 == g, "{ab:?}");
+        // The launcher's word on an exit after the group is gone changes nothing.
+        srv.spawned_exited(1, "exit 1");
+        assert_eq!(sp.aborted.lock().unwrap().len(), 1);
+    }
+
+    #[test]
     fn without_a_sink_checkpoints_are_refused_and_failures_are_reported() {
         let token = new_token().unwrap();
         let srv = PmiServer::start(
