@@ -6,7 +6,10 @@
 use libtest_mimic::{Arguments, Failed, Trial};
 use mutirao::local_job::{LocalJob, Outcome};
 use mutirao::op;
+use mutirao::pmi::CheckpointSink;
 use mutirao::{Comm, Error, SpawnSpec};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 type R = Result<(), String>;
@@ -320,6 +323,42 @@ fn concurrent(w: &Comm) -> R {
     Ok(())
 }
 
+/// With checkpoint waves running (every 20 ms), rank 0 spawns mid-run: the spawn works, the
+/// children (which inherit the checkpoint settings) stay out of the waves, and waves keep
+/// committing afterwards.
+fn with_checkpoints(w: &Comm) -> R {
+    if w.is_spawned() {
+        check!(
+            w.checkpoint_history() == (vec![], vec![]),
+            "a spawned rank takes part in waves"
+        );
+        // A spawned rank's checkpoint point is a no-op.
+        w.checkpoint_point(&0u32).map_err(e)?;
+        return echo_child(w);
+    }
+    let mut before = 0;
+    for it in 0..40u32 {
+        std::thread::sleep(Duration::from_millis(4));
+        // The ranks keep in step (as an iterative program's messages make them): checkpoint
+        // points are reached as often by each.
+        w.barrier().map_err(e)?;
+        w.checkpoint_point(&it).map_err(e)?;
+        if it == 15 && w.rank() == 0 {
+            before = w.checkpoint_history().0.len();
+            let s = w.spawn(&SpawnSpec::new(2)).map_err(e)?;
+            echo_parent(&s, 7)?;
+        }
+    }
+    if w.rank() == 0 {
+        let after = w.checkpoint_history().0.len();
+        check!(
+            after > before,
+            "no wave committed after the spawn ({before} → {after})"
+        );
+    }
+    Ok(())
+}
+
 fn run_scenario(name: &str) -> ! {
     let args: Vec<String> = std::env::args().collect();
     if let Some(i) = args.iter().position(|a| a == "--delay-ms") {
@@ -340,6 +379,7 @@ fn run_scenario(name: &str) -> ! {
         "basic" => basic(&w),
         "childdies" => child_dies(&w),
         "concurrent" => concurrent(&w),
+        "ckpt" => with_checkpoints(&w),
         "missing" => failing(
             &w,
             SpawnSpec::new(2).program("/nonexistent/mutirao-spawn-test"),
@@ -393,6 +433,38 @@ fn launch(scenario: &str, n: usize, transport: &str, spawn: bool) -> Result<Outc
     Ok(job.run()?)
 }
 
+#[derive(Default)]
+struct MemSink {
+    blobs: Mutex<BTreeMap<(u64, u32), Vec<u8>>>,
+    committed: Mutex<Vec<u64>>,
+}
+
+impl CheckpointSink for MemSink {
+    fn put(&self, epoch: u64, rank: u32, blob: &[u8]) -> Result<(), String> {
+        let mut b = self.blobs.lock().map_err(|_| "poisoned")?;
+        b.insert((epoch, rank), blob.to_vec());
+        Ok(())
+    }
+    fn get(&self, epoch: u64, rank: u32) -> Result<Vec<u8>, String> {
+        let b = self.blobs.lock().map_err(|_| "poisoned")?;
+        b.get(&(epoch, rank))
+            .cloned()
+            .ok_or_else(|| format!("no checkpoint of rank {rank} at epoch {epoch}"))
+    }
+    fn commit(&self, epoch: u64) -> Result<(), String> {
+        self.committed.lock().map_err(|_| "poisoned")?.push(epoch);
+        Ok(())
+    }
+    fn last_committed(&self) -> Result<Option<u64>, String> {
+        Ok(self
+            .committed
+            .lock()
+            .map_err(|_| "poisoned")?
+            .last()
+            .copied())
+    }
+}
+
 fn all_ok(o: &Outcome, spawned: usize, spawned_code: Option<i32>) -> Result<(), Failed> {
     let kids: Vec<_> = o.spawned.iter().map(|s| s.code).collect();
     if o.codes.iter().all(|c| *c == Some(0))
@@ -435,6 +507,26 @@ fn main() {
         || {
             let o = launch("concurrent", 2, "auto", true)?;
             all_ok(&o, 5, Some(0))
+        },
+    ));
+    trials.push(Trial::test(
+        "spawn_while_checkpoint_waves_run_keeps_children_out_of_them",
+        || {
+            let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+            let sink = Arc::new(MemSink::default());
+            let o = LocalJob::new(exe, 2)
+                .env("SPAWN_SCENARIO", "ckpt")
+                .env("MUTIRAO_CKPT_INTERVAL", "0.02")
+                .checkpoints(sink.clone())
+                .limit(Duration::from_secs(40))
+                .run()?;
+            all_ok(&o, 2, Some(0))?;
+            let ranks: std::collections::BTreeSet<u32> =
+                sink.blobs.lock().unwrap().keys().map(|(_, r)| *r).collect();
+            if ranks.iter().any(|r| *r >= 2) {
+                return Err(format!("spawned ranks stored checkpoints: {ranks:?}").into());
+            }
+            Ok(())
         },
     ));
     trials.push(Trial::test(
