@@ -359,6 +359,25 @@ fn with_checkpoints(w: &Comm) -> R {
     Ok(())
 }
 
+/// A one-rank job spawns a child, which spawns a grandchild: each pair talks on its own group.
+fn nested(w: &Comm) -> R {
+    if !w.is_spawned() {
+        check!(w.size() == 1, "run with 1 rank");
+        let s = w.spawn(&SpawnSpec::new(1).args(["--nest"])).map_err(e)?;
+        echo_parent(&s, 10)?;
+        return Ok(());
+    }
+    if std::env::args().any(|a| a == "--nest") {
+        // The child: first a parent itself, then its own parent's echo.
+        let s = w.spawn(&SpawnSpec::new(1)).map_err(e)?;
+        let grand = echo_parent(&s, 20)?;
+        let me = w.world_rank(w.rank()).ok_or("no world rank")? as u64;
+        check!(grand[0] > me, "grandchild {grand:?}, child {me}");
+        return echo_child(w);
+    }
+    echo_child(w)
+}
+
 fn run_scenario(name: &str) -> ! {
     let args: Vec<String> = std::env::args().collect();
     if let Some(i) = args.iter().position(|a| a == "--delay-ms") {
@@ -380,6 +399,7 @@ fn run_scenario(name: &str) -> ! {
         "childdies" => child_dies(&w),
         "concurrent" => concurrent(&w),
         "ckpt" => with_checkpoints(&w),
+        "nested" => nested(&w),
         "missing" => failing(
             &w,
             SpawnSpec::new(2).program("/nonexistent/mutirao-spawn-test"),
@@ -527,6 +547,13 @@ fn main() {
                 return Err(format!("spawned ranks stored checkpoints: {ranks:?}").into());
             }
             Ok(())
+        },
+    ));
+    trials.push(Trial::test(
+        "a_one_rank_job_spawns_a_child_that_spawns_a_grandchild",
+        || {
+            let o = launch("nested", 1, "auto", true)?;
+            all_ok(&o, 2, Some(0))
         },
     ));
     trials.push(Trial::test(
