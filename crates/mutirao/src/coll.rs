@@ -628,6 +628,13 @@ impl Comm {
     }
 
     fn derived(&self, ctx: u64, group: Vec<usize>) -> Comm {
+        {
+            // A communicator derived from a spawn communicator is scoped like it.
+            let mut e = self.inner.eng.borrow_mut();
+            if e.scoped(self.inner.ctx) {
+                e.scope(ctx, group.clone());
+            }
+        }
         let me = self.inner.group[self.rank()];
         let rank = group.iter().position(|w| *w == me).unwrap_or(0);
         Comm {

@@ -80,6 +80,34 @@ impl Comm {
         }
     }
 
+    /// The root communicator of a spawned rank: its spawn group (world ranks, parent first)
+    /// under the group's context.
+    pub(crate) fn spawned_root(engine: Engine, ctx: u64, group: Vec<usize>) -> Comm {
+        let me = engine.rank;
+        let eng = Rc::new(RefCell::new(engine));
+        Self::make(eng, ctx, group, me)
+    }
+
+    /// A communicator over `group` (world ranks) sharing this one's engine.
+    pub(crate) fn with_group(&self, ctx: u64, group: Vec<usize>) -> Comm {
+        let me = self.inner.eng.borrow().rank;
+        Self::make(self.inner.eng.clone(), ctx, group, me)
+    }
+
+    fn make(eng: Rc<RefCell<Engine>>, ctx: u64, group: Vec<usize>, me: usize) -> Comm {
+        let rank = group.iter().position(|w| *w == me).unwrap_or(0);
+        Comm {
+            inner: Rc::new(CommInner {
+                eng,
+                ctx,
+                index: group.iter().enumerate().map(|(i, w)| (*w, i)).collect(),
+                group,
+                rank,
+                children: Cell::new(0),
+            }),
+        }
+    }
+
     /// This process's rank in the communicator.
     pub fn rank(&self) -> usize {
         self.inner.rank
@@ -346,7 +374,7 @@ impl Comm {
             Some(st) => Ok(Some(self.to_local(st))),
             // Nothing here and nothing can come from that source: say so, as a receive
             // would. (Any source: others may still send; an any-source probe never fails.)
-            None => match s.and_then(|src| e.source_gone(Some(src))) {
+            None => match s.and_then(|src| e.source_gone(Some(src), self.inner.ctx)) {
                 Some(err) => Err(err),
                 None => Ok(None),
             },
@@ -358,11 +386,11 @@ impl Comm {
         let (s, t) = (self.src_filter(src)?, Self::tag_filter(tag)?);
         let ctx = self.inner.ctx;
         let mut e = self.inner.eng.borrow_mut();
-        e.wait_until(|e| e.iprobe(ctx, s, t).is_some() || e.source_gone(s).is_some())?;
+        e.wait_until(|e| e.iprobe(ctx, s, t).is_some() || e.source_gone(s, ctx).is_some())?;
         match e.iprobe(ctx, s, t) {
             Some(st) => Ok(self.to_local(st)),
             None => Err(e
-                .source_gone(s)
+                .source_gone(s, ctx)
                 .unwrap_or_else(|| Error::Invalid("probe".into()))),
         }
     }
@@ -443,9 +471,9 @@ impl Comm {
             e.ckpt
                 .as_ref()
                 .is_none_or(|c| c.wave.ready_to_snapshot() || c.wave.active_epoch() != Some(epoch))
-                || e.source_gone(None).is_some()
+                || e.source_gone(None, 0).is_some()
         })?;
-        if let Some(err) = e.source_gone(None) {
+        if let Some(err) = e.source_gone(None, 0) {
             return Err(err);
         }
         if !e
@@ -525,7 +553,9 @@ impl Comm {
 
 impl Drop for CommInner {
     fn drop(&mut self) {
-        if self.ctx == 0 && Rc::strong_count(&self.eng) == 1 {
+        // The last handle of the engine says goodbye (the world's, or a spawned rank's merged
+        // communicator, or whichever derived one outlives them).
+        if Rc::strong_count(&self.eng) == 1 {
             if let Ok(mut e) = self.eng.try_borrow_mut() {
                 if !e.finalized {
                     let _ = e.finalize_io();

@@ -203,6 +203,9 @@ pub(crate) enum PeerState {
     Alive,
     Finalized,
     Failed(String),
+    /// A world rank this process has no channel to: in a spawned rank, every rank outside its
+    /// spawn group; in a parent, the children of other ranks' spawns.
+    Unconnected,
 }
 
 pub(crate) struct Peer {
@@ -231,6 +234,13 @@ impl Peer {
             txq: VecDeque::new(),
             bye_sent: false,
         }
+    }
+
+    /// A world rank this process cannot reach (see [`PeerState::Unconnected`]).
+    pub(crate) fn unconnected() -> Peer {
+        let mut p = Peer::new(None);
+        p.state = PeerState::Unconnected;
+        p
     }
 
     /// Same-host peer whose socket only carries wake-ups.
@@ -292,6 +302,17 @@ pub(crate) struct Engine {
     pub(crate) ckpt: Option<CkptRt>,
     /// When the sockets were last asked for events.
     last_socket_poll: Instant,
+    /// What a spawn needs from the launcher's environment (`None`: not under a launcher).
+    pub(crate) launch: Option<crate::spawn::Launch>,
+    /// The spawn group this process was started by (`None`: an original rank).
+    pub(crate) spawned_in: Option<u64>,
+    /// Peers this process had at start-up: their failures fail any-source receives of the
+    /// communicators not in `scopes` (the job's, and those derived from it).
+    base: usize,
+    /// Point-to-point context → world ranks, for spawn communicators (and those derived from
+    /// them): a failure fails an any-source receive there only if the rank is a member, so a
+    /// lost spawned worker does not break the job's own any-source receives.
+    scopes: HashMap<u64, Vec<usize>>,
 }
 
 /// How often [`Engine::poke`] reads the sockets of shared-memory peers.
@@ -345,7 +366,67 @@ impl Engine {
             pokes: 0,
             last_socket_poll: Instant::now(),
             ckpt: None,
+            launch: None,
+            spawned_in: None,
+            base: size,
+            scopes: HashMap::new(),
         })
+    }
+
+    /// Any-source receives on `ctx` (either of a communicator's two contexts) fail when
+    /// exactly the ranks in `members` fail.
+    pub(crate) fn scope(&mut self, ctx: u64, members: Vec<usize>) {
+        self.scopes.insert(ctx & !1, members);
+    }
+
+    /// Whether `ctx`'s communicator is a scoped (spawn) one.
+    pub(crate) fn scoped(&self, ctx: u64) -> bool {
+        self.scopes.contains_key(&(ctx & !1))
+    }
+
+    /// Whether `peer`'s failure fails an any-source receive on `ctx`.
+    fn failure_counts(&self, ctx: u64, peer: usize) -> bool {
+        match self.scopes.get(&(ctx & !1)) {
+            Some(m) => m.contains(&peer),
+            None => peer < self.base,
+        }
+    }
+
+    /// Add channels to world ranks after start-up (a spawn): `peers` grows to cover them,
+    /// world ranks in between that this process cannot reach are [`PeerState::Unconnected`].
+    pub(crate) fn add_peers(&mut self, new: Vec<(usize, Box<dyn Transport>)>) -> Result<(), Error> {
+        if self.poll.is_none() {
+            self.poll = Some(Poll::new()?);
+        }
+        for (rank, _) in &new {
+            match self.peers.get(*rank).map(|p| &p.state) {
+                None | Some(PeerState::Unconnected) => {}
+                Some(_) => {
+                    return Err(Error::Invalid(format!(
+                        "world rank {rank} is already connected to this process"
+                    )))
+                }
+            }
+        }
+        for (rank, mut io) in new {
+            while self.peers.len() <= rank {
+                self.peers.push(Peer::unconnected());
+            }
+            if let (Some(s), Some(poll)) = (io.socket(), self.poll.as_ref()) {
+                poll.registry().register(
+                    s,
+                    Token(rank),
+                    Interest::READABLE | Interest::WRITABLE,
+                )?;
+            }
+            if io.socket_is_stream() {
+                self.n_sock += 1;
+            } else {
+                self.n_shm += 1;
+            }
+            self.peers[rank] = Peer::new(Some(io));
+        }
+        Ok(())
     }
 
     fn new_id(&mut self) -> u64 {
@@ -357,7 +438,7 @@ impl Engine {
         match &self.peers.get(peer).map(|p| &p.state) {
             None => Err(Error::Invalid(format!(
                 "rank {peer} does not exist (the job has {} ranks)",
-                self.size
+                self.peers.len()
             ))),
             Some(PeerState::Alive) => Ok(()),
             Some(PeerState::Finalized) => Err(Error::PeerFinalized(peer)),
@@ -365,6 +446,10 @@ impl Engine {
                 rank: peer,
                 reason: why.clone(),
             }),
+            Some(PeerState::Unconnected) => Err(Error::Invalid(format!(
+                "world rank {peer} is not connected to this process: a spawned rank reaches only \
+                 its parent and its siblings, a parent only its own children"
+            ))),
         }
     }
 
@@ -548,10 +633,10 @@ impl Engine {
         dest: Dest,
     ) -> Result<u64, Error> {
         if let Some(s) = src {
-            if s >= self.size {
+            if s >= self.peers.len() {
                 return Err(Error::Invalid(format!(
                     "source rank {s} does not exist (the job has {} ranks)",
-                    self.size
+                    self.peers.len()
                 )));
             }
         }
@@ -602,7 +687,7 @@ impl Engine {
         // Nothing buffered: fail at once if the source can never send.
         let dead = match src {
             Some(s) => self.check_peer(s).err(),
-            None => self.any_failed(),
+            None => self.any_failed(ctx),
         };
         if let Some(e) = dead {
             r.err = Some(e);
@@ -614,12 +699,12 @@ impl Engine {
         Ok(id)
     }
 
-    fn any_failed(&self) -> Option<Error> {
+    fn any_failed(&self, ctx: u64) -> Option<Error> {
         self.peers
             .iter()
             .enumerate()
             .find_map(|(i, p)| match &p.state {
-                PeerState::Failed(why) => Some(Error::PeerFailed {
+                PeerState::Failed(why) if self.failure_counts(ctx, i) => Some(Error::PeerFailed {
                     rank: i,
                     reason: why.clone(),
                 }),
@@ -1069,6 +1154,7 @@ impl Engine {
                     p.txq.clear();
                     return;
                 }
+                PeerState::Unconnected => return,
                 PeerState::Alive => {}
             }
             p.state = PeerState::Failed(why.clone());
@@ -1101,10 +1187,10 @@ impl Engine {
         // Receives posted for this source (or any source, ULFM's rule, if it failed).
         let mut keep = VecDeque::new();
         while let Some(id) = self.posted.pop_front() {
-            let hit = self
-                .recvs
-                .get(&id)
-                .is_some_and(|r| r.src == Some(peer) || (failed && r.src.is_none()));
+            let hit = self.recvs.get(&id).is_some_and(|r| {
+                r.src == Some(peer)
+                    || (failed && r.src.is_none() && self.failure_counts(r.ctx, peer))
+            });
             if hit {
                 if let Some(r) = self.recvs.get_mut(&id) {
                     r.err = Some(err.clone());
@@ -1344,10 +1430,11 @@ impl Engine {
     }
 
     /// Why nothing more can come from `src` (a rank, or any rank when `None`), if so.
-    pub(crate) fn source_gone(&self, src: Option<usize>) -> Option<Error> {
+    /// `ctx`: the communicator's context (decides whose failure counts for any source).
+    pub(crate) fn source_gone(&self, src: Option<usize>, ctx: u64) -> Option<Error> {
         match src {
             Some(s) => self.check_peer(s).err(),
-            None => self.any_failed(),
+            None => self.any_failed(ctx),
         }
     }
 

@@ -46,6 +46,19 @@ pub struct JobEnv {
     pub restart_epoch: Option<u64>,
     /// `MUTIRAO_INCARNATION`: 0 on the first start, +1 at every recovery.
     pub incarnation: u64,
+    /// `MUTIRAO_SPAWN_GROUP` and `MUTIRAO_SPAWN_MEMBERS`: this rank was started by a spawn
+    /// (issue 13); `None` for the job's original ranks.
+    pub spawn: Option<SpawnEnv>,
+}
+
+/// How a spawned rank finds its group (set by the launcher from the PMI server's
+/// [`crate::pmi::SpawnRequest::env`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SpawnEnv {
+    /// `MUTIRAO_SPAWN_GROUP`: the spawn group id.
+    pub group: u64,
+    /// `MUTIRAO_SPAWN_MEMBERS`: world ranks of the group, comma-separated, the parent first.
+    pub members: Vec<usize>,
 }
 
 impl std::fmt::Debug for JobEnv {
@@ -85,7 +98,37 @@ impl JobEnv {
         };
         let rank = num("MUTIRAO_RANK", rank)?;
         let size = num("MUTIRAO_SIZE", get("MUTIRAO_SIZE")?)?;
-        if size == 0 || rank >= size {
+        let spawn = match var("MUTIRAO_SPAWN_GROUP") {
+            Err(()) => None,
+            Ok(g) => {
+                let group = g.trim().parse::<u64>().map_err(|_| {
+                    Error::Init(format!("MUTIRAO_SPAWN_GROUP={g:?} is not a number"))
+                })?;
+                let m = get("MUTIRAO_SPAWN_MEMBERS")?;
+                let members = m
+                    .split(',')
+                    .map(|x| x.trim().parse::<usize>())
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|_| {
+                        Error::Init(format!(
+                            "MUTIRAO_SPAWN_MEMBERS={m:?} is not a comma-separated list of ranks"
+                        ))
+                    })?;
+                let distinct: std::collections::BTreeSet<_> = members.iter().collect();
+                if members.len() < 2
+                    || distinct.len() != members.len()
+                    || !members[1..].contains(&rank)
+                    || members.iter().any(|r| *r > u32::MAX as usize)
+                {
+                    return Err(Error::Init(format!(
+                        "MUTIRAO_SPAWN_MEMBERS={m:?} must be distinct ranks, the parent first, \
+                         with this rank ({rank}) among the others"
+                    )));
+                }
+                Some(SpawnEnv { group, members })
+            }
+        };
+        if size == 0 || (rank >= size && spawn.is_none()) {
             return Err(Error::Init(format!(
                 "MUTIRAO_RANK={rank} is not below MUTIRAO_SIZE={size}"
             )));
@@ -167,6 +210,7 @@ impl JobEnv {
             ckpt_timeout: secs("MUTIRAO_CKPT_TIMEOUT")?,
             restart_epoch: int("MUTIRAO_RESTART_EPOCH")?,
             incarnation: int("MUTIRAO_INCARNATION")?.unwrap_or(0),
+            spawn,
         }))
     }
 
@@ -197,6 +241,11 @@ impl JobEnv {
         }
         if let Some(e) = self.restart_epoch {
             v.push(("MUTIRAO_RESTART_EPOCH".into(), e.to_string()));
+        }
+        if let Some(sp) = &self.spawn {
+            v.push(("MUTIRAO_SPAWN_GROUP".into(), sp.group.to_string()));
+            let m: Vec<String> = sp.members.iter().map(|r| r.to_string()).collect();
+            v.push(("MUTIRAO_SPAWN_MEMBERS".into(), m.join(",")));
         }
         v
     }
@@ -244,31 +293,22 @@ fn bind_to_core(local_rank: usize, local_ranks: usize) -> Result<(), Error> {
 pub fn init() -> Result<Comm, Error> {
     match JobEnv::from_env()? {
         Some(env) => init_with(&env),
-        None => {
-            let cfg = Config::from_env(1).map_err(Error::Init)?;
-            let engine = Engine::new(
-                0,
-                1,
-                vec![Peer::new(None)],
-                Tuning {
-                    eager_limit: cfg.eager_limit,
-                    shm_eager_limit: cfg.shm_eager_limit,
-                    spin: cfg.spin,
-                    spin_shm: cfg.spin_shm,
-                    yield_for: cfg.yield_for,
-                    cma: cfg.cma,
-                },
-            )?;
-            Ok(Comm::world(engine))
-        }
+        None => init_alone(),
     }
+}
+
+/// A job of one rank, without a launcher.
+pub(crate) fn init_alone() -> Result<Comm, Error> {
+    let cfg = Config::from_env(1).map_err(Error::Init)?;
+    let engine = Engine::new(0, 1, vec![Peer::new(None)], tuning(&cfg))?;
+    Ok(Comm::world(engine))
 }
 
 /// An identity that is equal exactly for processes that can share memory *and* are meant to be
 /// on the same host: same kernel boot, same network namespace (testbed hosts differ), same name.
 /// `MUTIRAO_HOST_ID`, when set, is appended: it can split one machine into several "hosts" (ranks
 /// with different values talk TCP), never join processes that cannot share memory.
-fn host_identity() -> String {
+pub(crate) fn host_identity() -> String {
     let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
     let netns = std::fs::read_link("/proc/self/ns/net")
         .map(|p| p.display().to_string())
@@ -280,6 +320,153 @@ fn host_identity() -> String {
 
 fn ring_path(job: &str, src: usize, dst: usize) -> PathBuf {
     PathBuf::from(format!("/dev/shm/mutirao-{job}-{src}-{dst}"))
+}
+
+pub(crate) fn tuning(cfg: &Config) -> Tuning {
+    Tuning {
+        eager_limit: cfg.eager_limit,
+        shm_eager_limit: cfg.shm_eager_limit,
+        spin: cfg.spin,
+        spin_shm: cfg.spin_shm,
+        yield_for: cfg.yield_for,
+        cma: cfg.cma,
+    }
+}
+
+/// Remove ring files (after the barrier that follows the mesh, or on failure).
+pub(crate) fn unlink_all(paths: &[PathBuf]) {
+    for p in paths {
+        let _ = std::fs::remove_file(p);
+    }
+}
+
+/// One member's view of a group that builds its channels: the job's ranks at start-up, or a
+/// spawn group (parent and children).
+pub(crate) struct Mesh<'a> {
+    /// This process's index in `members`.
+    pub me: usize,
+    /// World ranks, in group order.
+    pub members: &'a [usize],
+    /// Each member's published `{addr, host}`, in group order.
+    pub all: &'a [Kvs],
+    pub token: [u8; 32],
+    pub job_id: &'a str,
+    /// This process's host identity ([`host_identity`]).
+    pub host: &'a str,
+}
+
+/// A channel to one member, before it becomes a transport (it can cross threads).
+pub(crate) enum Link {
+    Tcp(mio::net::TcpStream),
+    /// Outbound ring, inbound ring, and the socket for wake-ups and liveness.
+    Shm(Ring, Ring, mio::net::TcpStream),
+}
+
+impl Link {
+    pub(crate) fn into_transport(self) -> Box<dyn Transport> {
+        match self {
+            Link::Tcp(s) => Box::new(TcpTransport::new(s)),
+            Link::Shm(tx, rx, s) => Box::new(ShmTransport::new(tx, rx, s)),
+        }
+    }
+}
+
+/// The channels [`build_channels`] made.
+pub(crate) struct Channels {
+    /// Per member (group order): its channel; `None` for this process.
+    pub io: Vec<Option<Link>>,
+    /// Ring files to unlink once every member has mapped (after the next barrier).
+    pub created: Vec<PathBuf>,
+    /// Per member, when its connection was authenticated (`None` for this process).
+    pub connected_at: Vec<Option<Instant>>,
+}
+
+/// Create inbound rings for same-host members, connect to every lower member and accept every
+/// higher one (authenticated hello both ways), map the outbound rings. The caller fences and
+/// then unlinks `created`.
+pub(crate) fn build_channels(
+    m: &Mesh<'_>,
+    cfg: &Config,
+    listener: &TcpListener,
+    deadline: Instant,
+) -> Result<Channels, Error> {
+    let n = m.members.len();
+    let my_world = m.members[m.me];
+    let local: Vec<bool> = m
+        .all
+        .iter()
+        .enumerate()
+        .map(|(i, k)| i != m.me && cfg.shm && k.get("host").map(String::as_str) == Some(m.host))
+        .collect();
+
+    // Inbound rings from local peers exist before anyone connects to us.
+    let mut inbound: Vec<Option<Ring>> = (0..n).map(|_| None).collect();
+    let mut created = Vec::new();
+    for (i, is_local) in local.iter().enumerate() {
+        if *is_local {
+            let p = ring_path(m.job_id, m.members[i], my_world);
+            let _ = std::fs::remove_file(&p);
+            match Ring::create(&p, cfg.shm_ring) {
+                Ok(r) => {
+                    if cfg.shm_prefault {
+                        r.prefault(false);
+                    }
+                    created.push(p);
+                    inbound[i] = Some(r);
+                }
+                Err(e) => {
+                    unlink_all(&created);
+                    return Err(Error::Init(format!(
+                        "cannot create shared-memory ring {}: {e} (set MUTIRAO_TRANSPORT=tcp to avoid shared memory)",
+                        p.display()
+                    )));
+                }
+            }
+        }
+    }
+
+    let (mut socks, connected_at) = match connect_mesh(m, listener, deadline) {
+        Ok(s) => s,
+        Err(e) => {
+            unlink_all(&created);
+            return Err(e);
+        }
+    };
+    // Every peer has created its inbound rings before it spoke to us: map our outbound ones.
+    let mut io = Vec::with_capacity(n);
+    for i in 0..n {
+        let sock = match socks[i].take() {
+            Some(s) => {
+                if let Err(e) = s.set_nonblocking(true) {
+                    unlink_all(&created);
+                    return Err(e.into());
+                }
+                Some(mio::net::TcpStream::from_std(s))
+            }
+            None => None,
+        };
+        let t: Option<Link> = match (sock, inbound[i].take()) {
+            (Some(sock), Some(rx)) => {
+                let w = m.members[i];
+                let tx = Ring::open(&ring_path(m.job_id, my_world, w)).map_err(|e| {
+                    unlink_all(&created);
+                    Error::Init(format!("cannot open the ring to rank {w}: {e}"))
+                })?;
+                if cfg.shm_prefault {
+                    tx.prefault(true);
+                }
+                Some(Link::Shm(tx, rx, sock))
+            }
+            (Some(sock), None) => Some(Link::Tcp(sock)),
+            (None, _) => None,
+        };
+        io.push(t);
+    }
+    Ok(Channels {
+        io,
+        created,
+        connected_at,
+    })
 }
 
 /// Join the job described by `env`.
@@ -304,106 +491,67 @@ pub fn init_with(env: &JobEnv) -> Result<Comm, Error> {
     let mut kvs = Kvs::new();
     kvs.insert("addr".into(), my_addr.to_string());
     kvs.insert("host".into(), me.clone());
-    let all = pmi
-        .fence(kvs, cfg.connect_timeout)
-        .map_err(|e| Error::Init(format!("address exchange: {e}")))?;
-    if all.len() != env.size {
+    // The job's ranks fence with every rank; a spawned rank with its spawn group only.
+    let group_timeout = cfg.connect_timeout + Duration::from_secs(2);
+    let members: Vec<usize> = match &env.spawn {
+        None => (0..env.size).collect(),
+        Some(sp) => sp.members.clone(),
+    };
+    let my_index = members
+        .iter()
+        .position(|r| *r == env.rank)
+        .ok_or_else(|| Error::Init(format!("rank {} is not in its group", env.rank)))?;
+    let fence = |pmi: &mut PmiClient, kvs: Kvs| match &env.spawn {
+        None => pmi.fence(kvs, cfg.connect_timeout),
+        Some(sp) => pmi.group_fence(sp.group, kvs, group_timeout),
+    };
+    let all = fence(&mut pmi, kvs).map_err(|e| Error::Init(format!("address exchange: {e}")))?;
+    if all.len() != members.len() {
         return Err(Error::Init(format!(
             "the launcher returned {} addresses for {} ranks",
             all.len(),
-            env.size
+            members.len()
         )));
     }
-    let local: Vec<bool> = all
-        .iter()
-        .enumerate()
-        .map(|(i, k)| i != env.rank && cfg.shm && k.get("host") == Some(&me))
-        .collect();
-
-    // Inbound rings from local peers exist before anyone connects to us.
-    let mut inbound: Vec<Option<Ring>> = (0..env.size).map(|_| None).collect();
-    let mut created = Vec::new();
-    let cleanup = |paths: &[PathBuf]| {
-        for p in paths {
-            let _ = std::fs::remove_file(p);
-        }
-    };
-    for (i, is_local) in local.iter().enumerate() {
-        if *is_local {
-            let p = ring_path(&env.job_id, i, env.rank);
-            let _ = std::fs::remove_file(&p);
-            match Ring::create(&p, cfg.shm_ring) {
-                Ok(r) => {
-                    if cfg.shm_prefault {
-                        r.prefault(false);
-                    }
-                    created.push(p);
-                    inbound[i] = Some(r);
-                }
-                Err(e) => {
-                    cleanup(&created);
-                    return Err(Error::Init(format!(
-                        "cannot create shared-memory ring {}: {e} (set MUTIRAO_TRANSPORT=tcp to avoid shared memory)",
-                        p.display()
-                    )));
-                }
-            }
-        }
-    }
-
-    let mesh = connect_mesh(env, &all, &listener, deadline);
-    let mut socks = match mesh {
-        Ok(s) => s,
-        Err(e) => {
-            cleanup(&created);
-            return Err(e);
-        }
-    };
-    // Every peer has created its inbound rings before it spoke to us: map our outbound ones.
-    let mut peers = Vec::with_capacity(env.size);
-    for i in 0..env.size {
-        let sock = socks[i].take();
-        let sock = match sock {
-            Some(s) => {
-                s.set_nonblocking(true)?;
-                Some(mio::net::TcpStream::from_std(s))
-            }
-            None => None,
-        };
-        let io: Option<Box<dyn Transport>> = match (sock, inbound[i].take()) {
-            (Some(sock), Some(rx)) => {
-                let tx = Ring::open(&ring_path(&env.job_id, env.rank, i)).map_err(|e| {
-                    cleanup(&created);
-                    Error::Init(format!("cannot open the ring to rank {i}: {e}"))
-                })?;
-                if cfg.shm_prefault {
-                    tx.prefault(true);
-                }
-                Some(Box::new(ShmTransport::new(tx, rx, sock)))
-            }
-            (Some(sock), None) => Some(Box::new(TcpTransport::new(sock))),
-            (None, _) => None,
-        };
-        peers.push(Peer::new(io));
+    let ch = build_channels(
+        &Mesh {
+            me: my_index,
+            members: &members,
+            all: &all,
+            token: env.token,
+            job_id: &env.job_id,
+            host: &me,
+        },
+        &cfg,
+        &listener,
+        deadline,
+    )?;
+    let width = members.iter().copied().max().unwrap_or(0) + 1;
+    let mut peers: Vec<Peer> = (0..width).map(|_| Peer::unconnected()).collect();
+    for (w, io) in members.iter().zip(ch.io) {
+        peers[*w] = Peer::new(io.map(Link::into_transport));
     }
     // When everyone has mapped, the files can go: nothing is left in /dev/shm if a rank dies.
-    let fenced = pmi.fence(Kvs::new(), cfg.connect_timeout);
-    cleanup(&created);
+    let fenced = fence(&mut pmi, Kvs::new());
+    unlink_all(&ch.created);
     fenced.map_err(|e| Error::Init(format!("connection barrier: {e}")))?;
 
-    let mut engine = Engine::new(
-        env.rank,
-        env.size,
-        peers,
-        Tuning {
-            eager_limit: cfg.eager_limit,
-            shm_eager_limit: cfg.shm_eager_limit,
-            spin: cfg.spin,
-            spin_shm: cfg.spin_shm,
-            yield_for: cfg.yield_for,
-            cma: cfg.cma,
-        },
-    )?;
+    let mut engine = Engine::new(env.rank, width, peers, tuning(&cfg))?;
+    engine.launch = Some(crate::spawn::Launch {
+        bind: env.bind,
+        token: env.token,
+        job_id: env.job_id.clone(),
+        host: me,
+        cfg: cfg.clone(),
+    });
+    if let Some(sp) = &env.spawn {
+        // Spawned ranks take no part in the job's checkpoint waves (docs/spawn.md).
+        engine.spawned_in = Some(sp.group);
+        engine._pmi = Some(pmi);
+        let ctx = crate::spawn::spawn_ctx(sp.group);
+        engine.scope(ctx, members.clone());
+        return Ok(Comm::spawned_root(engine, ctx, members));
+    }
     if env.ckpt_interval.is_some() || env.restart_epoch.is_some() {
         let pmi_timeout = cfg.connect_timeout.max(env.ckpt_timeout());
         let mut restored_app = None;
@@ -443,30 +591,38 @@ pub fn init_with(env: &JobEnv) -> Result<Comm, Error> {
     Ok(Comm::world(engine))
 }
 
-/// Connect to every lower rank, accept every higher one; authenticate both ways.
+/// Connect to every lower member, accept every higher one; authenticate both ways. Returns the
+/// sockets and when each was authenticated, per member.
+#[allow(clippy::type_complexity)]
 fn connect_mesh(
-    env: &JobEnv,
-    all: &[Kvs],
+    m: &Mesh<'_>,
     listener: &TcpListener,
     deadline: Instant,
-) -> Result<Vec<Option<TcpStream>>, Error> {
+) -> Result<(Vec<Option<TcpStream>>, Vec<Option<Instant>>), Error> {
+    let n = m.members.len();
+    let my_world = m.members[m.me];
     let hello = Hello {
         version: PROTOCOL_VERSION,
-        rank: env.rank as u32,
-        token: env.token,
+        rank: my_world as u32,
+        token: m.token,
     }
     .encode();
-    let mut socks: Vec<Option<TcpStream>> = (0..env.size).map(|_| None).collect();
+    // Ranks that may appear in a hello: below the largest member.
+    let bound = m.members.iter().copied().max().unwrap_or(0) as u32 + 1;
+    let index_of = |w: u32| m.members.iter().position(|r| *r == w as usize);
+    let mut socks: Vec<Option<TcpStream>> = (0..n).map(|_| None).collect();
+    let mut when: Vec<Option<Instant>> = vec![None; n];
     let remaining = |d: Instant| {
         d.saturating_duration_since(Instant::now())
             .max(Duration::from_millis(1))
     };
     // 1. Connect down and say hello (completes in the peer's accept backlog).
-    for (j, kv) in all.iter().enumerate().take(env.rank) {
+    for (j, kv) in m.all.iter().enumerate().take(m.me) {
+        let w = m.members[j];
         let addr: SocketAddr = kv
             .get("addr")
             .and_then(|a| a.parse().ok())
-            .ok_or_else(|| Error::Init(format!("rank {j} published no valid address")))?;
+            .ok_or_else(|| Error::Init(format!("rank {w} published no valid address")))?;
         let mut s = loop {
             match TcpStream::connect_timeout(&addr, remaining(deadline)) {
                 Ok(s) => break s,
@@ -476,19 +632,19 @@ fn connect_mesh(
                 }
                 Err(e) => {
                     return Err(Error::Init(format!(
-                        "cannot connect to rank {j} at {addr}: {e}"
+                        "cannot connect to rank {w} at {addr}: {e}"
                     )))
                 }
             }
         };
         s.set_nodelay(true)?;
         s.write_all(&hello)
-            .map_err(|e| Error::Init(format!("handshake with rank {j}: {e}")))?;
+            .map_err(|e| Error::Init(format!("handshake with rank {w}: {e}")))?;
         socks[j] = Some(s);
     }
     // 2. Accept up, check their hello, answer.
     listener.set_nonblocking(true)?;
-    let mut expected = env.size - env.rank - 1;
+    let mut expected = n - m.me - 1;
     while expected > 0 {
         match listener.accept() {
             Ok((mut s, from)) => {
@@ -499,38 +655,37 @@ fn connect_mesh(
                     .read_exact(&mut buf)
                     .map_err(|e| e.to_string())
                     .and_then(|_| {
-                        Hello::decode_checked(&buf, &env.token, env.size as u32)
-                            .map_err(|e| e.to_string())
+                        Hello::decode_checked(&buf, &m.token, bound).map_err(|e| e.to_string())
                     });
-                match theirs {
-                    Ok(h) if (h.rank as usize) > env.rank && socks[h.rank as usize].is_none() => {
+                match theirs.map(|h| (h.rank, index_of(h.rank))) {
+                    Ok((_, Some(i))) if i > m.me && socks[i].is_none() => {
                         s.set_nodelay(true)?;
                         s.write_all(&hello).map_err(|e| {
-                            Error::Init(format!("handshake with rank {}: {e}", h.rank))
+                            Error::Init(format!("handshake with rank {}: {e}", m.members[i]))
                         })?;
                         s.set_read_timeout(None)?;
-                        socks[h.rank as usize] = Some(s);
+                        socks[i] = Some(s);
+                        when[i] = Some(Instant::now());
                         expected -= 1;
                     }
-                    Ok(h) => {
+                    Ok((r, _)) => {
                         eprintln!(
-                            "mutirao: rank {}: refused a duplicate or misdirected connection claiming rank {} from {from}",
-                            env.rank, h.rank
+                            "mutirao: rank {my_world}: refused a duplicate or misdirected connection claiming rank {r} from {from}"
                         );
                     }
                     Err(e) => {
                         // Not one of ours: refuse and go on waiting for the real peers.
                         eprintln!(
-                            "mutirao: rank {}: refused a connection from {from}: {e}",
-                            env.rank
+                            "mutirao: rank {my_world}: refused a connection from {from}: {e}"
                         );
                     }
                 }
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                 if Instant::now() >= deadline {
-                    let missing: Vec<usize> = (env.rank + 1..env.size)
-                        .filter(|r| socks[*r].is_none())
+                    let missing: Vec<usize> = (m.me + 1..n)
+                        .filter(|i| socks[*i].is_none())
+                        .map(|i| m.members[i])
                         .collect();
                     return Err(Error::Init(format!(
                         "timed out waiting for ranks {missing:?} to connect"
@@ -541,24 +696,26 @@ fn connect_mesh(
             Err(e) => return Err(Error::Init(format!("accept failed: {e}"))),
         }
     }
-    // 3. Read the answers of the lower ranks.
-    for (j, s) in socks.iter_mut().enumerate().take(env.rank) {
+    // 3. Read the answers of the lower members.
+    for (j, s) in socks.iter_mut().enumerate().take(m.me) {
+        let w = m.members[j];
         let s = s.as_mut().expect("connected in step 1");
         s.set_read_timeout(Some(remaining(deadline)))?;
         let mut buf = [0u8; HELLO_LEN];
         s.read_exact(&mut buf)
-            .map_err(|e| Error::Init(format!("handshake with rank {j}: no answer: {e}")))?;
-        let h = Hello::decode_checked(&buf, &env.token, env.size as u32)
-            .map_err(|e| Error::Init(format!("handshake with rank {j}: {e}")))?;
-        if h.rank as usize != j {
+            .map_err(|e| Error::Init(format!("handshake with rank {w}: no answer: {e}")))?;
+        let h = Hello::decode_checked(&buf, &m.token, bound)
+            .map_err(|e| Error::Init(format!("handshake with rank {w}: {e}")))?;
+        if h.rank as usize != w {
             return Err(Error::Init(format!(
-                "the address of rank {j} answered as rank {}",
+                "the address of rank {w} answered as rank {}",
                 h.rank
             )));
         }
         s.set_read_timeout(None)?;
+        when[j] = Some(Instant::now());
     }
-    Ok(socks)
+    Ok((socks, when))
 }
 
 #[cfg(test)]
@@ -617,6 +774,42 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("MUTIRAO_CKPT_INTERVAL"));
+    }
+
+    #[test]
+    fn spawned_rank_env_reads_back_and_bad_groups_are_refused() {
+        let base: Vec<(String, String)> = [
+            ("MUTIRAO_RANK", "5"),
+            ("MUTIRAO_SIZE", "4"),
+            ("MUTIRAO_PMI_ADDR", "127.0.0.1:9"),
+            ("MUTIRAO_JOB_TOKEN", &"ab".repeat(32)),
+            ("MUTIRAO_JOB_ID", "j-1"),
+        ]
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .to_vec();
+        // A rank above the job's size is an error unless it was spawned.
+        let e = parse(&base).unwrap_err().to_string();
+        assert!(e.contains("not below MUTIRAO_SIZE"), "{e}");
+        let with = |members: &str| {
+            let mut v = base.clone();
+            v.push(("MUTIRAO_SPAWN_GROUP".into(), "3".into()));
+            v.push(("MUTIRAO_SPAWN_MEMBERS".into(), members.into()));
+            parse(&v)
+        };
+        let env = with("1,4,5").unwrap().unwrap();
+        assert_eq!(
+            env.spawn,
+            Some(super::SpawnEnv {
+                group: 3,
+                members: vec![1, 4, 5]
+            })
+        );
+        let back = parse(&env.to_env()).unwrap().unwrap();
+        assert_eq!(back.spawn, env.spawn);
+        for bad in ["5,4", "1,4", "1,5,5", "1,x,5", ""] {
+            let e = with(bad).unwrap_err().to_string();
+            assert!(e.contains("MUTIRAO_SPAWN_MEMBERS"), "{bad}: {e}");
+        }
     }
 
     #[test]

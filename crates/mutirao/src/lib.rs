@@ -37,6 +37,8 @@
 //!   fastest chosen per peer;
 //! - a waiting rank spins briefly and then sleeps in the kernel, so ranks sharing a core do not
 //!   starve each other;
+//! - spawn: one rank starts more ranks while the job runs ([`Comm::spawn`], [`SpawnSpec`]);
+//!   they and it share a merged communicator, the other ranks do not pause;
 //! - errors, never aborts: when a peer dies, every operation that needs it returns
 //!   [`Error::PeerFailed`].
 //!
@@ -53,11 +55,13 @@ pub mod local_job;
 pub mod op;
 pub mod pmi;
 pub mod shm;
+mod spawn;
 mod transport;
 pub mod wire;
 
 pub use comm::{wait_all, wait_any, Comm, Completion, Recovery, Request};
-pub use init::{init, init_with, JobEnv};
+pub use init::{init, init_with, JobEnv, SpawnEnv};
+pub use spawn::{SpawnSpec, Spawned};
 
 /// Receive from any source.
 pub const ANY_SOURCE: usize = usize::MAX;
@@ -109,6 +113,10 @@ pub enum Error {
     /// An operating-system error.
     #[error("I/O error: {0}")]
     Io(String),
+    /// A spawn failed (the launcher cannot spawn, the program did not start, a child did not
+    /// connect in time); the children started are stopped and the job goes on.
+    #[error("spawn failed: {0}")]
+    Spawn(String),
 }
 
 impl From<std::io::Error> for Error {

@@ -3,6 +3,11 @@
 //! embed mutirão. Output is read while the ranks run (a chatty rank never blocks on a full
 //! pipe); a job that outlives its limit is killed and reported as an error.
 //!
+//! Ranks may spawn more ranks ([`crate::Comm::spawn`]): the job's bootstrap server has a
+//! spawner that starts them here with the job's environment (not the per-rank one), supervises
+//! them with the others, and reports them in [`Outcome::spawned`]; a failed spawn group's
+//! children are killed. [`LocalJob::without_spawn`] leaves the spawner out.
+//!
 //! ```no_run
 //! use mutirao::local_job::LocalJob;
 //! use std::time::Duration;
@@ -14,11 +19,14 @@
 //! # Ok::<(), String>(())
 //! ```
 
-use crate::pmi::{hex, new_token, CheckpointSink, FailureReport, PmiServer};
+use crate::pmi::{
+    hex, new_token, CheckpointSink, FailureReport, PmiServer, SpawnRequest, SpawnedProc, Spawner,
+};
 use std::io::Read;
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
-use std::sync::Arc;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// Per-rank extra environment.
@@ -34,6 +42,22 @@ pub struct LocalJob {
     per_rank: Option<RankEnv>,
     sink: Option<Arc<dyn CheckpointSink>>,
     limit: Duration,
+    spawn: bool,
+}
+
+/// How a spawned rank ended.
+#[derive(Debug, Clone)]
+pub struct SpawnedOutcome {
+    /// Its spawn group.
+    pub group: u64,
+    /// Its world rank.
+    pub rank: u32,
+    /// Its exit code (`None`: ended by a signal, e.g. killed after its group failed).
+    pub code: Option<i32>,
+    /// Its standard output.
+    pub stdout: String,
+    /// Its standard error.
+    pub stderr: String,
 }
 
 /// How the ranks ended.
@@ -49,6 +73,171 @@ pub struct Outcome {
     pub elapsed: Duration,
     /// Broken channels the ranks reported to the bootstrap server (with checkpoints on).
     pub failures: Vec<FailureReport>,
+    /// Ranks started by spawns, in the order started.
+    pub spawned: Vec<SpawnedOutcome>,
+}
+
+type Drain = JoinHandle<String>;
+
+fn drain(p: Option<Box<dyn Read + Send>>) -> Drain {
+    std::thread::spawn(move || {
+        let mut s = String::new();
+        if let Some(mut p) = p {
+            let _ = p.read_to_string(&mut s);
+        }
+        s
+    })
+}
+
+/// Read a child's output while it runs.
+fn drains(child: &mut Child) -> (Drain, Drain) {
+    let o = drain(
+        child
+            .stdout
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
+    let e = drain(
+        child
+            .stderr
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
+    (o, e)
+}
+
+struct Kid {
+    group: u64,
+    rank: u32,
+    child: Child,
+    code: Option<Option<i32>>,
+    out: Option<(Drain, Drain)>,
+}
+
+/// Starts spawned ranks on this host for a [`LocalJob`].
+struct LocalSpawner {
+    env: Vec<(String, String)>,
+    unset: Vec<String>,
+    n: usize,
+    kids: Mutex<Vec<Kid>>,
+}
+
+impl Spawner for LocalSpawner {
+    fn spawn(&self, req: &SpawnRequest) -> Result<Vec<SpawnedProc>, String> {
+        let mut kids = self
+            .kids
+            .lock()
+            .map_err(|_| "the spawned-process list is poisoned".to_string())?;
+        let local = self.n + kids.len() + req.ranks.len();
+        let mut started: Vec<Kid> = Vec::with_capacity(req.ranks.len());
+        for (rank, env) in req.ranks.iter().zip(&req.env) {
+            let mut c = Command::new(&req.program);
+            for k in &self.unset {
+                c.env_remove(k);
+            }
+            c.args(&req.args)
+                .envs(self.env.iter().map(|(k, v)| (k, v)))
+                .envs(env.iter().map(|(k, v)| (k, v)))
+                .env("MUTIRAO_LOCAL_RANKS", local.to_string())
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+            match c.spawn() {
+                Ok(mut child) => {
+                    let out = Some(drains(&mut child));
+                    started.push(Kid {
+                        group: req.group,
+                        rank: *rank,
+                        child,
+                        code: None,
+                        out,
+                    });
+                }
+                Err(e) => {
+                    for k in started.iter_mut() {
+                        let _ = k.child.kill();
+                        let _ = k.child.wait();
+                    }
+                    return Err(format!("cannot start {}: {e}", req.program.display()));
+                }
+            }
+        }
+        let procs = started
+            .iter()
+            .map(|k| SpawnedProc {
+                rank: k.rank,
+                host: "localhost".into(),
+            })
+            .collect();
+        kids.extend(started);
+        Ok(procs)
+    }
+
+    fn abort(&self, group: u64, _why: &str) {
+        if let Ok(mut kids) = self.kids.lock() {
+            for k in kids
+                .iter_mut()
+                .filter(|k| k.group == group && k.code.is_none())
+            {
+                let _ = k.child.kill();
+            }
+        }
+    }
+}
+
+impl LocalSpawner {
+    /// Reap whatever has ended (telling `pmi`, so a spawn still in progress fails at once);
+    /// true when every spawned rank has ended.
+    fn reap(&self, pmi: &PmiServer) -> bool {
+        let mut ended = Vec::new();
+        let all = {
+            let Ok(mut kids) = self.kids.lock() else {
+                return true;
+            };
+            for k in kids.iter_mut().filter(|k| k.code.is_none()) {
+                if let Ok(Some(st)) = k.child.try_wait() {
+                    k.code = Some(st.code());
+                    ended.push((k.rank, st));
+                }
+            }
+            kids.iter().all(|k| k.code.is_some())
+        };
+        // Outside the lock: the server may call back into `abort`.
+        for (rank, st) in ended {
+            pmi.spawned_exited(rank, &format!("its process ended ({st})"));
+        }
+        all
+    }
+
+    fn kill_all(&self) {
+        if let Ok(mut kids) = self.kids.lock() {
+            for k in kids.iter_mut().filter(|k| k.code.is_none()) {
+                let _ = k.child.kill();
+                let _ = k.child.wait();
+            }
+        }
+    }
+
+    fn outcomes(&self) -> Vec<SpawnedOutcome> {
+        let Ok(mut kids) = self.kids.lock() else {
+            return Vec::new();
+        };
+        kids.iter_mut()
+            .map(|k| {
+                let (stdout, stderr) = match k.out.take() {
+                    Some((o, e)) => (o.join().unwrap_or_default(), e.join().unwrap_or_default()),
+                    None => Default::default(),
+                };
+                SpawnedOutcome {
+                    group: k.group,
+                    rank: k.rank,
+                    code: k.code.flatten(),
+                    stdout,
+                    stderr,
+                }
+            })
+            .collect()
+    }
 }
 
 impl LocalJob {
@@ -63,6 +252,7 @@ impl LocalJob {
             per_rank: None,
             sink: None,
             limit: Duration::from_secs(60),
+            spawn: true,
         }
     }
 
@@ -96,6 +286,12 @@ impl LocalJob {
         self
     }
 
+    /// Give the bootstrap server no spawner: a rank's spawn fails with "cannot spawn".
+    pub fn without_spawn(mut self) -> Self {
+        self.spawn = false;
+        self
+    }
+
     /// Kill the job if it runs longer.
     pub fn limit(mut self, d: Duration) -> Self {
         self.limit = d;
@@ -107,18 +303,23 @@ impl LocalJob {
         let token = new_token().map_err(|e| format!("cannot make a job token: {e}"))?;
         let bind = "127.0.0.1:0".parse().expect("literal address");
         let n32 = u32::try_from(self.n).map_err(|_| format!("{} ranks is too many", self.n))?;
-        let pmi = match &self.sink {
-            Some(s) => PmiServer::start_with_checkpoints(
-                bind,
-                n32,
-                token,
-                Duration::from_secs(30),
-                s.clone(),
-            ),
-            None => PmiServer::start(bind, n32, token, Duration::from_secs(30)),
-        }
-        .map_err(|e| format!("cannot start the bootstrap server: {e}"))?;
         let job = format!("lj{}{}", std::process::id(), &hex(&token)[..8]);
+        let spawner = Arc::new(LocalSpawner {
+            env: self.env.clone(),
+            unset: self.unset.clone(),
+            n: self.n,
+            kids: Mutex::new(Vec::new()),
+        });
+        let mut b = PmiServer::builder(bind, n32, token, Duration::from_secs(30));
+        if let Some(s) = &self.sink {
+            b = b.checkpoints(s.clone());
+        }
+        if self.spawn {
+            b = b.spawner(spawner.clone());
+        }
+        let pmi = b
+            .start()
+            .map_err(|e| format!("cannot start the bootstrap server: {e}"))?;
         let start = Instant::now();
         let mut kids = Vec::with_capacity(self.n);
         let mut readers = Vec::with_capacity(self.n);
@@ -150,33 +351,14 @@ impl LocalJob {
                     return Err(format!("cannot start {}: {e}", self.exe.display()));
                 }
             };
-            let drain = |p: Option<Box<dyn Read + Send>>| {
-                std::thread::spawn(move || {
-                    let mut s = String::new();
-                    if let Some(mut p) = p {
-                        let _ = p.read_to_string(&mut s);
-                    }
-                    s
-                })
-            };
-            let o = drain(
-                child
-                    .stdout
-                    .take()
-                    .map(|p| Box::new(p) as Box<dyn Read + Send>),
-            );
-            let e = drain(
-                child
-                    .stderr
-                    .take()
-                    .map(|p| Box::new(p) as Box<dyn Read + Send>),
-            );
-            readers.push((o, e));
+            readers.push(drains(&mut child));
             kids.push(child);
         }
         let mut codes = vec![None; self.n];
         let mut done = vec![false; self.n];
-        while done.iter().any(|d| !d) {
+        // Spawned ranks are started by the parent's spawn call, which returns only after the
+        // spawner did: once every original rank has ended no new ones can appear.
+        while done.iter().any(|d| !d) | !spawner.reap(&pmi) {
             for (i, k) in kids.iter_mut().enumerate() {
                 if !done[i] {
                     if let Ok(Some(st)) = k.try_wait() {
@@ -190,6 +372,7 @@ impl LocalJob {
                     let _ = k.kill();
                     let _ = k.wait();
                 }
+                spawner.kill_all();
                 return Err(format!(
                     "{} on {} ranks did not finish within {:?}",
                     self.exe.display(),
@@ -211,6 +394,7 @@ impl LocalJob {
             stderr,
             elapsed,
             failures: pmi.take_failures(),
+            spawned: spawner.outcomes(),
         })
     }
 }

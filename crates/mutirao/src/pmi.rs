@@ -18,6 +18,19 @@
 //! 4. `{"op":"report_failure","peer":P,"reason":…}` → `ok`: the rank's channel to rank P broke
 //!    (digest 004 §15.4 step 1); the launcher reads these with [`PmiServer::take_failures`].
 //!
+//! 5. spawn (issue 13; docs/spawn.md): a rank asks for more ranks with
+//!    `{"op":"spawn","program":P,"args":[…],"n":N,"hosts":[…],"timeout_ms":T,"job_id":J}`;
+//!    the server gives the new ranks world ranks above every rank so far, asks its
+//!    [`Spawner`] to start them and answers `{"op":"spawned","group":G,"ranks":[…],"hosts":[…]}`
+//!    (or an error: no spawner, the program could not start…). The new ranks connect with
+//!    their world rank in `hello` (accepted only for a group the server started and only once),
+//!    and the parent and its children meet in group fences
+//!    `{"op":"group_fence","group":G,"kvs":{…}}` → `fence_done` with the kvs in group order
+//!    (parent first). A group fence that a member does not reach within T fails for all of
+//!    them; the server then forgets the group and tells the spawner to abort it. The parent
+//!    may give up on its group at any time with `{"op":"spawn_cancel","group":G,"why":…}` →
+//!    `ok` (same effect).
+//!
 //! The server side ([`PmiServer`]) is used by `mutirao run`; the client by [`crate::init`].
 
 use crate::wire::constant_time_eq;
@@ -26,6 +39,7 @@ use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -35,18 +49,121 @@ pub type Kvs = BTreeMap<String, String>;
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
 enum Msg {
-    Hello { rank: u32, token: String },
+    Hello {
+        rank: u32,
+        token: String,
+    },
     Ok,
-    Error { msg: String },
-    Fence { kvs: Kvs },
-    FenceDone { all: Vec<Kvs> },
-    CkptPut { epoch: u64, len: u64 },
-    CkptGet { epoch: u64 },
-    Blob { len: u64 },
-    CkptCommit { epoch: u64 },
+    Error {
+        msg: String,
+    },
+    Fence {
+        kvs: Kvs,
+    },
+    FenceDone {
+        all: Vec<Kvs>,
+    },
+    CkptPut {
+        epoch: u64,
+        len: u64,
+    },
+    CkptGet {
+        epoch: u64,
+    },
+    Blob {
+        len: u64,
+    },
+    CkptCommit {
+        epoch: u64,
+    },
     CkptLast,
-    Last { epoch: Option<u64> },
-    ReportFailure { peer: u32, reason: String },
+    Last {
+        epoch: Option<u64>,
+    },
+    ReportFailure {
+        peer: u32,
+        reason: String,
+    },
+    Spawn {
+        program: PathBuf,
+        args: Vec<String>,
+        n: u32,
+        hosts: Vec<String>,
+        timeout_ms: u64,
+        job_id: String,
+    },
+    Spawned {
+        group: u64,
+        ranks: Vec<u32>,
+        hosts: Vec<String>,
+    },
+    GroupFence {
+        group: u64,
+        kvs: Kvs,
+    },
+    SpawnCancel {
+        group: u64,
+        why: String,
+    },
+}
+
+/// Most ranks one spawn may ask for.
+pub const MAX_SPAWN: u32 = 4096;
+
+/// Longest spawn timeout accepted (a day).
+pub const MAX_SPAWN_TIMEOUT: Duration = Duration::from_secs(86_400);
+
+/// What the launcher is asked to start for one spawn (issue 13). Built by the PMI server;
+/// handed to the launcher's [`Spawner`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SpawnRequest {
+    /// The spawn group: the parent and these children.
+    pub group: u64,
+    /// World rank of the rank that asked.
+    pub parent: u32,
+    /// The program to run (the parent resolved "this program" to its own executable).
+    pub program: PathBuf,
+    /// Its arguments.
+    pub args: Vec<String>,
+    /// Placement hints, one host per child or fewer (cycled); empty: the launcher decides.
+    pub hosts: Vec<String>,
+    /// The children's world ranks, in group order (child `i` is group rank `i + 1`).
+    pub ranks: Vec<u32>,
+    /// Per child (same order as `ranks`), the environment it must be started with: the PMI
+    /// address, job token and id, its world rank, the spawn group and its members. The
+    /// launcher adds its own per-host settings (`MUTIRAO_BIND`, `MUTIRAO_LOCAL_RANKS`, …).
+    pub env: Vec<Vec<(String, String)>>,
+}
+
+/// One started child, as the launcher reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SpawnedProc {
+    /// Its world rank (one of [`SpawnRequest::ranks`]).
+    pub rank: u32,
+    /// Where it runs (a hostfile name or address), for the per-host latency report.
+    pub host: String,
+}
+
+/// The launcher's side of spawn: start processes for a [`SpawnRequest`] and supervise them
+/// like the job's other ranks (output forwarded, reaped, killed with the job).
+///
+/// Contract:
+/// * `spawn` returns once every child is started (not once it has connected), with one
+///   [`SpawnedProc`] per requested rank; on any error it stops the children it already started
+///   and returns a message saying what failed (missing program, unknown or refusing host,
+///   no free slot);
+/// * `abort(group, why)` is called when a group fails after a successful `spawn` (a child did
+///   not reach the group fence in time, a member ended early, the parent cancelled): stop every
+///   child of that group still running. It may be called on the thread that calls
+///   [`PmiServer::spawned_exited`], so do not hold a lock `abort` needs while calling that.
+///   A spawned child's failure is not the job's failure: the job goes on;
+/// * the launcher should call [`PmiServer::spawned_exited`] when a spawned process ends, so a
+///   spawn whose child dies at start-up fails at once instead of at its timeout.
+pub trait Spawner: Send + Sync {
+    /// Start the children of `req`.
+    fn spawn(&self, req: &SpawnRequest) -> Result<Vec<SpawnedProc>, String>;
+    /// Stop what is left of a failed spawn group.
+    fn abort(&self, group: u64, why: &str);
 }
 
 /// Largest checkpoint blob the protocol carries (64 GiB): a larger length is a corrupt stream.
@@ -309,6 +426,70 @@ impl PmiClient {
             other => Err(format!("{what}: unexpected answer {other:?}")),
         }
     }
+
+    /// Ask the launcher to start `n` ranks of `program` (issue 13). Returns the spawn group,
+    /// the children's world ranks and the hosts they were started on, once the launcher has
+    /// started them; they then meet this rank in [`PmiClient::group_fence`]s.
+    #[allow(clippy::too_many_arguments)]
+    pub fn spawn(
+        &mut self,
+        program: &std::path::Path,
+        args: &[String],
+        n: u32,
+        hosts: &[String],
+        timeout: Duration,
+        job_id: &str,
+    ) -> Result<(u64, Vec<u32>, Vec<String>), String> {
+        let what = format!("spawning {n} ranks of {}", program.display());
+        let m = Msg::Spawn {
+            program: program.to_path_buf(),
+            args: args.to_vec(),
+            n,
+            hosts: hosts.to_vec(),
+            timeout_ms: timeout.as_millis().min(u64::MAX as u128) as u64,
+            job_id: job_id.to_string(),
+        };
+        match self.call(&m, None, timeout + Duration::from_secs(2), &what)? {
+            Msg::Spawned {
+                group,
+                ranks,
+                hosts,
+            } if ranks.len() == n as usize && hosts.len() == n as usize => {
+                Ok((group, ranks, hosts))
+            }
+            other => Err(format!("{what}: unexpected answer {other:?}")),
+        }
+    }
+
+    /// Give up on spawn group `group` (its parent only): the server forgets it, fails its
+    /// members' fences and has the spawner stop its children.
+    pub fn spawn_cancel(&mut self, group: u64, why: &str, timeout: Duration) -> Result<(), String> {
+        let what = format!("cancelling spawn group {group}");
+        let m = Msg::SpawnCancel {
+            group,
+            why: why.to_string(),
+        };
+        match self.call(&m, None, timeout, &what)? {
+            Msg::Ok => Ok(()),
+            other => Err(format!("{what}: unexpected answer {other:?}")),
+        }
+    }
+
+    /// Publish `kvs` to the members of spawn group `group` and wait for theirs (in group
+    /// order: the parent first). The server gives up after the spawn's timeout; `timeout`
+    /// here bounds the wait for its answer.
+    pub fn group_fence(
+        &mut self,
+        group: u64,
+        kvs: Kvs,
+        timeout: Duration,
+    ) -> Result<Vec<Kvs>, String> {
+        let what = format!("fence of spawn group {group}");
+        match self.call(&Msg::GroupFence { group, kvs }, None, timeout, &what)? {
+            Msg::FenceDone { all } => Ok(all),
+            other => Err(format!("{what}: unexpected answer {other:?}")),
+        }
+    }
 }
 
 // ------------------------------------------------------------------ server
@@ -321,6 +502,11 @@ struct Shared {
     /// Per epoch, which ranks have put their blob.
     puts: Mutex<BTreeMap<u64, Vec<bool>>>,
     failures: Mutex<Vec<FailureReport>>,
+    spawner: Option<Arc<dyn Spawner>>,
+    spawn: Mutex<SpawnState>,
+    scv: Condvar,
+    token: [u8; 32],
+    addr: SocketAddr,
 }
 
 struct FenceState {
@@ -331,10 +517,66 @@ struct FenceState {
     failed: Option<String>,
 }
 
+/// Spawn groups in flight.
+struct SpawnState {
+    /// The next world rank to give a spawned rank.
+    next_rank: u32,
+    next_group: u64,
+    groups: BTreeMap<u64, Group>,
+    /// Why a group was forgotten (so its late members get the reason).
+    gone: BTreeMap<u64, String>,
+}
+
+/// One spawn group: the parent (member 0) and its children.
+struct Group {
+    members: Vec<u32>,
+    hello: Vec<bool>,
+    arrived: Vec<Option<Kvs>>,
+    epoch: u64,
+    result: Option<(u64, Arc<Vec<Kvs>>)>,
+    /// Members that have taken the current result.
+    taken: usize,
+    timeout: Duration,
+}
+
+/// Group fences a spawn uses: the address exchange and the connection barrier. The group is
+/// forgotten once every member has the result of the last one.
+const GROUP_FENCES: u64 = 2;
+
 /// The launcher's side: accepts `size` ranks and serves their fences.
 pub struct PmiServer {
     addr: SocketAddr,
     state: Arc<Shared>,
+}
+
+/// Options of a [`PmiServer`] before it starts ([`PmiServer::builder`]).
+pub struct PmiServerBuilder {
+    bind: SocketAddr,
+    size: u32,
+    token: [u8; 32],
+    fence_timeout: Duration,
+    sink: Option<Arc<dyn CheckpointSink>>,
+    spawner: Option<Arc<dyn Spawner>>,
+}
+
+impl PmiServerBuilder {
+    /// Serve the ranks' checkpoint operations from `sink`.
+    pub fn checkpoints(mut self, sink: Arc<dyn CheckpointSink>) -> Self {
+        self.sink = Some(sink);
+        self
+    }
+
+    /// Serve spawn requests by starting processes through `spawner`. Without one, a spawn is
+    /// answered with an error saying this launcher cannot spawn.
+    pub fn spawner(mut self, spawner: Arc<dyn Spawner>) -> Self {
+        self.spawner = Some(spawner);
+        self
+    }
+
+    /// Bind and serve in background threads.
+    pub fn start(self) -> std::io::Result<PmiServer> {
+        PmiServer::start_inner(self)
+    }
 }
 
 impl PmiServer {
@@ -345,7 +587,7 @@ impl PmiServer {
         token: [u8; 32],
         fence_timeout: Duration,
     ) -> std::io::Result<Self> {
-        Self::start_inner(bind, size, token, fence_timeout, None)
+        Self::builder(bind, size, token, fence_timeout).start()
     }
 
     /// [`PmiServer::start`], and serve the ranks' checkpoint operations from `sink`.
@@ -356,16 +598,37 @@ impl PmiServer {
         fence_timeout: Duration,
         sink: Arc<dyn CheckpointSink>,
     ) -> std::io::Result<Self> {
-        Self::start_inner(bind, size, token, fence_timeout, Some(sink))
+        Self::builder(bind, size, token, fence_timeout)
+            .checkpoints(sink)
+            .start()
     }
 
-    fn start_inner(
+    /// A server to configure (checkpoints, spawn) before [`PmiServerBuilder::start`].
+    pub fn builder(
         bind: SocketAddr,
         size: u32,
         token: [u8; 32],
         fence_timeout: Duration,
-        sink: Option<Arc<dyn CheckpointSink>>,
-    ) -> std::io::Result<Self> {
+    ) -> PmiServerBuilder {
+        PmiServerBuilder {
+            bind,
+            size,
+            token,
+            fence_timeout,
+            sink: None,
+            spawner: None,
+        }
+    }
+
+    fn start_inner(b: PmiServerBuilder) -> std::io::Result<Self> {
+        let PmiServerBuilder {
+            bind,
+            size,
+            token,
+            fence_timeout,
+            sink,
+            spawner,
+        } = b;
         let listener = TcpListener::bind(bind)?;
         let addr = listener.local_addr()?;
         let state = Arc::new(Shared {
@@ -381,6 +644,16 @@ impl PmiServer {
             size,
             puts: Mutex::new(BTreeMap::new()),
             failures: Mutex::new(Vec::new()),
+            spawner,
+            spawn: Mutex::new(SpawnState {
+                next_rank: size,
+                next_group: 1,
+                groups: BTreeMap::new(),
+                gone: BTreeMap::new(),
+            }),
+            scv: Condvar::new(),
+            token,
+            addr,
         });
         let st = state.clone();
         std::thread::Builder::new()
@@ -408,6 +681,13 @@ impl PmiServer {
             s.failed.get_or_insert_with(|| why.to_string());
         }
         self.state.cv.notify_all();
+    }
+
+    /// The launcher saw spawned rank `rank` end (`why`: how). If its spawn is still in
+    /// progress, it fails now (the parent gets the reason instead of waiting out the timeout)
+    /// and the spawner is told to abort the group; otherwise nothing happens.
+    pub fn spawned_exited(&self, rank: u32, why: &str) {
+        member_lost(&self.state, rank, why);
     }
 
     /// The channel failures ranks reported since the last call (oldest first).
@@ -444,12 +724,16 @@ fn serve_conn(
                 return;
             }
             if rank >= size {
-                let _ = write_msg(
-                    &mut w,
-                    &Msg::Error {
-                        msg: format!("rank {rank} out of range for {size} ranks"),
-                    },
-                );
+                let admitted = admit_spawned(&st, rank);
+                let reply = match &admitted {
+                    Ok(()) => Msg::Ok,
+                    Err(msg) => Msg::Error { msg: msg.clone() },
+                };
+                if write_msg(&mut w, &reply).is_err() || admitted.is_err() {
+                    return;
+                }
+                conn_loop(&mut r, &mut w, &st, rank as usize, fence_timeout);
+                member_lost(&st, rank, "its connection to the launcher closed");
                 return;
             }
             let Ok(mut s) = st.fence.lock() else { return };
@@ -473,7 +757,9 @@ fn serve_conn(
         _ => return,
     };
     conn_loop(&mut r, &mut w, &st, rank, fence_timeout);
-    // The rank closed its connection (it finished or died): allow nothing more for it.
+    // The rank closed its connection (it finished or died): allow nothing more for it, and
+    // fail the spawns it is the parent of that are still in progress.
+    member_lost(&st, rank as u32, "its connection to the launcher closed");
 }
 
 fn conn_loop(
@@ -490,7 +776,58 @@ fn conn_loop(
             Ok(m) => m,
             Err(_) => return,
         };
+        let spawned = rank >= st.size as usize;
         let kvs = match msg {
+            Msg::Spawn {
+                program,
+                args,
+                n,
+                hosts,
+                timeout_ms,
+                job_id,
+            } => {
+                let reply =
+                    match do_spawn(st, rank as u32, program, args, n, hosts, timeout_ms, job_id) {
+                        Ok(m) => m,
+                        Err(msg) => Msg::Error { msg },
+                    };
+                if write_msg(w, &reply).is_err() {
+                    return;
+                }
+                continue;
+            }
+            Msg::SpawnCancel { group, why } => {
+                let reply = answer(spawn_cancel(st, rank as u32, group, why));
+                if write_msg(w, &reply).is_err() {
+                    return;
+                }
+                continue;
+            }
+            Msg::GroupFence { group, kvs } => {
+                let reply = group_fence(st, rank as u32, group, kvs);
+                if write_msg(w, &reply).is_err() {
+                    return;
+                }
+                continue;
+            }
+            Msg::Fence { .. }
+            | Msg::CkptPut { .. }
+            | Msg::CkptGet { .. }
+            | Msg::CkptCommit { .. }
+                if spawned =>
+            {
+                // Spawned ranks are not in the job's fences or checkpoint waves (docs/spawn.md).
+                let _ = write_msg(
+                    w,
+                    &Msg::Error {
+                        msg: format!(
+                            "rank {rank} was spawned: it takes part in its spawn group's fences only, \
+                             not in the job's fences or checkpoints"
+                        ),
+                    },
+                );
+                return;
+            }
             Msg::Fence { kvs } => kvs,
             Msg::CkptPut { epoch, len } => {
                 let blob = match read_blob(r, len) {
@@ -612,6 +949,314 @@ fn conn_loop(
         if matches!(reply, Msg::Error { .. }) {
             return;
         }
+    }
+}
+
+/// A rank above the job's size said hello: accept it once, if a live spawn group has it.
+fn admit_spawned(st: &Shared, rank: u32) -> Result<(), String> {
+    let mut s = st
+        .spawn
+        .lock()
+        .map_err(|_| "spawn bookkeeping poisoned".to_string())?;
+    for g in s.groups.values_mut() {
+        if let Some(i) = g.members.iter().skip(1).position(|m| *m == rank) {
+            if g.hello[i + 1] {
+                return Err(format!("rank {rank} is already connected"));
+            }
+            g.hello[i + 1] = true;
+            return Ok(());
+        }
+    }
+    Err(format!(
+        "rank {rank} out of range for {} ranks and not part of any spawn in progress \
+         (the spawn may have failed or timed out)",
+        st.size
+    ))
+}
+
+fn job_id_ok(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 128
+        && id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+}
+
+#[allow(clippy::too_many_arguments)]
+fn do_spawn(
+    st: &Shared,
+    parent: u32,
+    program: PathBuf,
+    args: Vec<String>,
+    n: u32,
+    hosts: Vec<String>,
+    timeout_ms: u64,
+    job_id: String,
+) -> Result<Msg, String> {
+    let spawner = st.spawner.clone().ok_or_else(|| {
+        "this launcher cannot spawn ranks (its bootstrap server was started without a spawner); \
+         run the job with `mutirao run`, or give PmiServer a Spawner"
+            .to_string()
+    })?;
+    if n == 0 || n > MAX_SPAWN {
+        return Err(format!("cannot spawn {n} ranks: ask for 1 to {MAX_SPAWN}"));
+    }
+    let timeout = Duration::from_millis(timeout_ms);
+    if timeout.is_zero() || timeout > MAX_SPAWN_TIMEOUT {
+        return Err(format!(
+            "spawn timeout of {timeout_ms} ms: give one between 1 ms and {MAX_SPAWN_TIMEOUT:?}"
+        ));
+    }
+    if !job_id_ok(&job_id) {
+        return Err(format!("job id {job_id:?} must be letters, digits, - or _"));
+    }
+    if program.as_os_str().is_empty() {
+        return Err("spawn of an empty program path".into());
+    }
+    let (group, ranks) = {
+        let mut s = st
+            .spawn
+            .lock()
+            .map_err(|_| "spawn bookkeeping poisoned".to_string())?;
+        let first = s.next_rank;
+        let end = first
+            .checked_add(n)
+            .ok_or_else(|| "no world ranks left for this spawn".to_string())?;
+        s.next_rank = end;
+        let group = s.next_group;
+        s.next_group += 1;
+        let ranks: Vec<u32> = (first..end).collect();
+        let mut members = vec![parent];
+        members.extend(&ranks);
+        let k = members.len();
+        s.groups.insert(
+            group,
+            Group {
+                members,
+                hello: (0..k).map(|i| i == 0).collect(),
+                arrived: vec![None; k],
+                epoch: 0,
+                result: None,
+                taken: 0,
+                timeout,
+            },
+        );
+        (group, ranks)
+    };
+    let members: Vec<String> = std::iter::once(parent)
+        .chain(ranks.iter().copied())
+        .map(|r| r.to_string())
+        .collect();
+    let members = members.join(",");
+    let env = ranks
+        .iter()
+        .map(|r| {
+            vec![
+                ("MUTIRAO_RANK".to_string(), r.to_string()),
+                ("MUTIRAO_SIZE".to_string(), st.size.to_string()),
+                ("MUTIRAO_PMI_ADDR".to_string(), st.addr.to_string()),
+                ("MUTIRAO_JOB_TOKEN".to_string(), hex(&st.token)),
+                ("MUTIRAO_JOB_ID".to_string(), job_id.clone()),
+                ("MUTIRAO_SPAWN_GROUP".to_string(), group.to_string()),
+                ("MUTIRAO_SPAWN_MEMBERS".to_string(), members.clone()),
+            ]
+        })
+        .collect();
+    let req = SpawnRequest {
+        group,
+        parent,
+        program,
+        args,
+        hosts,
+        ranks: ranks.clone(),
+        env,
+    };
+    let forget = |why: String| {
+        if let Ok(mut s) = st.spawn.lock() {
+            s.groups.remove(&group);
+            remember_gone(&mut s, group, why);
+        }
+        st.scv.notify_all();
+    };
+    let procs = match spawner.spawn(&req) {
+        Ok(p) => p,
+        Err(e) => {
+            let why = format!(
+                "the launcher could not start {n} ranks of {}: {e}",
+                req.program.display()
+            );
+            forget(why.clone());
+            return Err(why);
+        }
+    };
+    let mut hosts = Vec::with_capacity(ranks.len());
+    for r in &ranks {
+        match procs.iter().find(|p| p.rank == *r) {
+            Some(p) => hosts.push(p.host.clone()),
+            None => {
+                let why = format!("the launcher reported no process for spawned rank {r}");
+                spawner.abort(group, &why);
+                forget(why.clone());
+                return Err(why);
+            }
+        }
+    }
+    Ok(Msg::Spawned {
+        group,
+        ranks,
+        hosts,
+    })
+}
+
+fn spawn_cancel(st: &Shared, rank: u32, group: u64, why: String) -> Result<(), String> {
+    let why = format!("its parent (rank {rank}) gave up: {why}");
+    {
+        let mut s = st
+            .spawn
+            .lock()
+            .map_err(|_| "spawn bookkeeping poisoned".to_string())?;
+        match s.groups.get(&group) {
+            None => return Ok(()), // already gone
+            Some(g) if g.members[0] != rank => {
+                return Err(format!(
+                "rank {rank} is not the parent of spawn group {group}: only rank {} may cancel it",
+                g.members[0]
+            ))
+            }
+            Some(_) => {}
+        }
+        s.groups.remove(&group);
+        remember_gone(&mut s, group, why.clone());
+    }
+    st.scv.notify_all();
+    if let Some(sp) = &st.spawner {
+        sp.abort(group, &why);
+    }
+    Ok(())
+}
+
+/// Member `rank` of a spawn in progress is gone: fail its group (a group whose last fence
+/// has completed is left alone — its members may leave at will).
+fn member_lost(st: &Shared, rank: u32, why: &str) {
+    let mut failed = Vec::new();
+    if let Ok(mut s) = st.spawn.lock() {
+        let hit: Vec<u64> = s
+            .groups
+            .iter()
+            .filter(|(_, g)| g.epoch < GROUP_FENCES && g.members.contains(&rank))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in hit {
+            let Some(g) = s.groups.remove(&id) else {
+                continue;
+            };
+            let who = if g.members[0] == rank {
+                format!("its parent (rank {rank})")
+            } else {
+                format!("spawned rank {rank}")
+            };
+            let reason = format!("{who} ended before the spawn completed: {why}");
+            remember_gone(&mut s, id, reason.clone());
+            failed.push((id, reason));
+        }
+    } else {
+        return;
+    }
+    if failed.is_empty() {
+        return;
+    }
+    st.scv.notify_all();
+    if let Some(sp) = &st.spawner {
+        for (id, reason) in &failed {
+            sp.abort(*id, reason);
+        }
+    }
+}
+
+fn remember_gone(s: &mut SpawnState, group: u64, why: String) {
+    s.gone.insert(group, why);
+    while s.gone.len() > 256 {
+        s.gone.pop_first();
+    }
+}
+
+/// A member of spawn group `group` arrived at its next fence: wait for the others.
+fn group_fence(st: &Shared, rank: u32, group: u64, kvs: Kvs) -> Msg {
+    let err = |msg: String| Msg::Error { msg };
+    let Ok(mut s) = st.spawn.lock() else {
+        return err("spawn bookkeeping poisoned".into());
+    };
+    let gone = |s: &SpawnState| {
+        let why = s
+            .gone
+            .get(&group)
+            .cloned()
+            .unwrap_or_else(|| "it does not exist or has finished".to_string());
+        format!("spawn group {group} is gone: {why}")
+    };
+    let Some(g) = s.groups.get_mut(&group) else {
+        return err(gone(&s));
+    };
+    let Some(idx) = g.members.iter().position(|m| *m == rank) else {
+        return err(format!(
+            "rank {rank} is not a member of spawn group {group}"
+        ));
+    };
+    if g.arrived[idx].is_some() {
+        return err(format!(
+            "rank {rank} is already waiting in the fence of spawn group {group}"
+        ));
+    }
+    let my_epoch = g.epoch;
+    g.arrived[idx] = Some(kvs);
+    if g.arrived.iter().all(Option::is_some) {
+        let all: Vec<Kvs> = g.arrived.iter_mut().filter_map(Option::take).collect();
+        g.result = Some((my_epoch, Arc::new(all)));
+        g.taken = 0;
+        g.epoch += 1;
+        st.scv.notify_all();
+    }
+    let timeout = g.timeout;
+    let deadline = Instant::now() + timeout;
+    loop {
+        let Some(g) = s.groups.get_mut(&group) else {
+            return err(gone(&s));
+        };
+        if let Some((e, all)) = &g.result {
+            if *e == my_epoch {
+                let all = all.as_ref().clone();
+                g.taken += 1;
+                if g.taken == g.members.len() && g.epoch >= GROUP_FENCES {
+                    s.groups.remove(&group);
+                }
+                return Msg::FenceDone { all };
+            }
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            let missing: Vec<u32> = g
+                .members
+                .iter()
+                .zip(&g.arrived)
+                .filter(|(_, a)| a.is_none())
+                .map(|(m, _)| *m)
+                .collect();
+            let why = format!(
+                "timed out after {timeout:?} waiting for ranks {missing:?} of spawn group {group}"
+            );
+            s.groups.remove(&group);
+            remember_gone(&mut s, group, why.clone());
+            drop(s);
+            st.scv.notify_all();
+            if let Some(sp) = &st.spawner {
+                sp.abort(group, &why);
+            }
+            return err(why);
+        }
+        s = match st.scv.wait_timeout(s, deadline - now) {
+            Ok((g, _)) => g,
+            Err(_) => return err("spawn bookkeeping poisoned".into()),
+        };
     }
 }
 
@@ -820,6 +1465,217 @@ mod tests {
         let h = std::thread::spawn(move || c1.fence(Kvs::new(), t).map(|a| a.len()));
         assert_eq!(c0.fence(Kvs::new(), t).unwrap().len(), 2);
         assert_eq!(h.join().unwrap(), Ok(2));
+    }
+
+    type ChildThread = std::thread::JoinHandle<Result<Vec<Kvs>, String>>;
+
+    /// Starts each child as a thread that joins the group through the PMI protocol (or, for
+    /// the ranks in `absent`, never connects).
+    struct ThreadSpawner {
+        absent: Vec<u32>,
+        aborted: Mutex<Vec<(u64, String)>>,
+        requests: Mutex<Vec<SpawnRequest>>,
+        children: Mutex<Vec<ChildThread>>,
+    }
+
+    impl Spawner for ThreadSpawner {
+        fn spawn(&self, req: &SpawnRequest) -> Result<Vec<SpawnedProc>, String> {
+            if req.program.to_str() == Some("/missing") {
+                return Err("/missing: no such file".into());
+            }
+            self.requests.lock().unwrap().push(req.clone());
+            let mut out = Vec::new();
+            for (r, env) in req.ranks.iter().zip(&req.env) {
+                out.push(SpawnedProc {
+                    rank: *r,
+                    host: "here".into(),
+                });
+                if self.absent.contains(r) {
+                    continue;
+                }
+                let get = |k: &str| env.iter().find(|(n, _)| n == k).unwrap().1.clone();
+                let (addr, rank, group) = (
+                    get("MUTIRAO_PMI_ADDR"),
+                    get("MUTIRAO_RANK").parse::<u32>().unwrap(),
+                    get("MUTIRAO_SPAWN_GROUP").parse::<u64>().unwrap(),
+                );
+                let token = unhex_token(&get("MUTIRAO_JOB_TOKEN")).unwrap();
+                self.children
+                    .lock()
+                    .unwrap()
+                    .push(std::thread::spawn(move || {
+                        let t = Duration::from_secs(10);
+                        let mut c = PmiClient::connect(&addr, rank, &token, t)?;
+                        let mut kvs = Kvs::new();
+                        kvs.insert("who".into(), format!("child{rank}"));
+                        let all = c.group_fence(group, kvs, t)?;
+                        c.group_fence(group, Kvs::new(), t)?;
+                        // A spawned rank is not part of the job's fences.
+                        let e = c.fence(Kvs::new(), t).unwrap_err();
+                        assert!(e.contains("was spawned"), "{e}");
+                        Ok(all)
+                    }));
+            }
+            Ok(out)
+        }
+        fn abort(&self, group: u64, why: &str) {
+            self.aborted.lock().unwrap().push((group, why.to_string()));
+        }
+    }
+
+    fn thread_spawner(absent: Vec<u32>) -> Arc<ThreadSpawner> {
+        Arc::new(ThreadSpawner {
+            absent,
+            aborted: Mutex::new(Vec::new()),
+            requests: Mutex::new(Vec::new()),
+            children: Mutex::new(Vec::new()),
+        })
+    }
+
+    #[test]
+    fn spawn_gives_new_world_ranks_and_a_group_fence_joins_parent_and_children() {
+        let token = new_token().unwrap();
+        let sp = thread_spawner(vec![]);
+        let t = Duration::from_secs(10);
+        let srv = PmiServer::builder("127.0.0.1:0".parse().unwrap(), 2, token, t)
+            .spawner(sp.clone())
+            .start()
+            .unwrap();
+        let addr = srv.addr().to_string();
+        let mut p = PmiClient::connect(&addr, 1, &token, t).unwrap();
+        let prog = std::path::Path::new("/bin/prog");
+        let (g, ranks, hosts) = p
+            .spawn(prog, &["a".into()], 2, &[], Duration::from_secs(5), "job-1")
+            .unwrap();
+        assert_eq!(ranks, [2, 3]);
+        assert_eq!(hosts, ["here", "here"]);
+        let mut kvs = Kvs::new();
+        kvs.insert("who".into(), "parent".into());
+        let all = p.group_fence(g, kvs, t).unwrap();
+        let who: Vec<_> = all.iter().map(|k| k["who"].clone()).collect();
+        assert_eq!(who, ["parent", "child2", "child3"]);
+        assert_eq!(p.group_fence(g, Kvs::new(), t).unwrap().len(), 3);
+        for h in std::mem::take(&mut *sp.children.lock().unwrap()) {
+            assert_eq!(h.join().unwrap().unwrap(), all);
+        }
+        let req = sp.requests.lock().unwrap()[0].clone();
+        assert_eq!(
+            (req.group, req.parent, req.args.clone()),
+            (g, 1, vec!["a".to_string()])
+        );
+        let env2: BTreeMap<_, _> = req.env[0].iter().cloned().collect();
+        assert_eq!(env2["MUTIRAO_RANK"], "2");
+        assert_eq!(env2["MUTIRAO_SIZE"], "2");
+        assert_eq!(env2["MUTIRAO_SPAWN_MEMBERS"], "1,2,3");
+        assert_eq!(env2["MUTIRAO_JOB_ID"], "job-1");
+        // The group is finished: its ranks cannot connect again, and later spawns get new ranks.
+        let e = PmiClient::connect(&addr, 2, &token, t).err().unwrap();
+        assert!(e.contains("not part of any spawn"), "{e}");
+        assert!(sp.aborted.lock().unwrap().is_empty());
+        // A parent that gives up: its child's fence fails at once, the spawner aborts.
+        let (g2, ranks, _) = p
+            .spawn(prog, &[], 1, &[], Duration::from_secs(5), "job-1")
+            .unwrap();
+        assert_eq!(ranks, [4]);
+        let mut other = PmiClient::connect(&addr, 0, &token, t).unwrap();
+        let e = other.spawn_cancel(g2, "no", t).unwrap_err();
+        assert!(e.contains("only rank 1"), "{e}");
+        p.spawn_cancel(g2, "changed my mind", t).unwrap();
+        for h in std::mem::take(&mut *sp.children.lock().unwrap()) {
+            let e = h.join().unwrap().unwrap_err();
+            assert!(e.contains("gave up: changed my mind"), "{e}");
+        }
+        assert_eq!(sp.aborted.lock().unwrap()[0].0, g2);
+    }
+
+    #[test]
+    fn spawn_errors_no_spawner_missing_program_and_a_child_that_never_comes() {
+        let token = new_token().unwrap();
+        let t = Duration::from_secs(10);
+        let srv = PmiServer::start("127.0.0.1:0".parse().unwrap(), 1, token, t).unwrap();
+        let mut p = PmiClient::connect(&srv.addr().to_string(), 0, &token, t).unwrap();
+        let prog = std::path::Path::new("/bin/prog");
+        let e = p.spawn(prog, &[], 1, &[], t, "j").unwrap_err();
+        assert!(e.contains("cannot spawn ranks"), "{e}");
+        // The connection still serves (the job goes on).
+        p.report_failure(3, "x", t).unwrap();
+
+        let sp = thread_spawner(vec![5]);
+        let srv = PmiServer::builder("127.0.0.1:0".parse().unwrap(), 2, token, t)
+            .spawner(sp.clone())
+            .start()
+            .unwrap();
+        let addr = srv.addr().to_string();
+        let mut p = PmiClient::connect(&addr, 0, &token, t).unwrap();
+        let e = p
+            .spawn(std::path::Path::new("/missing"), &[], 2, &[], t, "j")
+            .unwrap_err();
+        assert!(e.contains("no such file"), "{e}");
+        let e = p.spawn(prog, &[], 0, &[], t, "j").unwrap_err();
+        assert!(e.contains("1 to"), "{e}");
+        // World ranks are never reused (the failed spawn above had 2 and 3). Rank 5 (the second
+        // child) never connects: the fence fails for everyone within the timeout, the spawner
+        // is told to abort, and the group is forgotten.
+        let (g, ranks, _) = p
+            .spawn(prog, &[], 2, &[], Duration::from_millis(300), "j")
+            .unwrap();
+        assert_eq!(ranks, [4, 5]);
+        let t0 = Instant::now();
+        let e = p.group_fence(g, Kvs::new(), t).unwrap_err();
+        assert!(e.contains("timed out") && e.contains("[5]"), "{e}");
+        assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
+        for h in std::mem::take(&mut *sp.children.lock().unwrap()) {
+            let e = h.join().unwrap().unwrap_err();
+            assert!(e.contains("timed out") || e.contains("is gone"), "{e}");
+        }
+        let ab = sp.aborted.lock().unwrap().clone();
+        assert_eq!(ab.len(), 1);
+        assert_eq!(ab[0].0, g);
+        let e = PmiClient::connect(&addr, 5, &token, t).err().unwrap();
+        assert!(e.contains("not part of any spawn"), "{e}");
+        let e = p.group_fence(g, Kvs::new(), t).unwrap_err();
+        assert!(e.contains("is gone") && e.contains("timed out"), "{e}");
+        // And the parent's connection still works for the job's own fences.
+        let mut c1 = PmiClient::connect(&addr, 1, &token, t).unwrap();
+        let h = std::thread::spawn(move || c1.fence(Kvs::new(), t).map(|a| a.len()));
+        assert_eq!(p.fence(Kvs::new(), t).unwrap().len(), 2);
+        assert_eq!(h.join().unwrap(), Ok(2));
+    }
+
+    #[test]
+    fn a_child_whose_connection_closes_fails_the_spawn_at_once() {
+        let token = new_token().unwrap();
+        let t = Duration::from_secs(10);
+        let sp = thread_spawner(vec![1, 2]);
+        let srv = PmiServer::builder("127.0.0.1:0".parse().unwrap(), 1, token, t)
+            .spawner(sp.clone())
+            .start()
+            .unwrap();
+        let addr = srv.addr().to_string();
+        let mut p = PmiClient::connect(&addr, 0, &token, t).unwrap();
+        let prog = std::path::Path::new("/bin/prog");
+        let (g, ranks, _) = p.spawn(prog, &[], 2, &[], t, "j").unwrap();
+        assert_eq!(ranks, [1, 2]);
+        drop(PmiClient::connect(&addr, 2, &token, t).unwrap());
+        let t0 = Instant::now();
+        let e = p.group_fence(g, Kvs::new(), t).unwrap_err();
+        assert!(
+            e.contains("spawned rank 2 ended before the spawn completed"),
+            "{e}"
+        );
+        assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+        // The spawner hears of it just after the members (bounded wait).
+        for _ in 0..200 {
+            if !sp.aborted.lock().unwrap().is_empty() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let ab = sp.aborted.lock().unwrap().clone();
+        assert!(ab.len() == 1 && ab[0].0 == g, "{ab:?}");
+        // The launcher's word on an exit after the group is gone changes nothing.
+        srv.spawned_exited(1, "exit 1");
+        assert_eq!(sp.aborted.lock().unwrap().len(), 1);
     }
 
     #[test]

@@ -1,0 +1,612 @@
+//! Spawn (issue 13), multi-process: every trial starts N copies of this binary as the ranks of
+//! one job through `LocalJob` (whose bootstrap server can spawn), and a rank spawns more. A
+//! process started with `SPAWN_SCENARIO` set is a rank (or a spawned child): it runs the
+//! scenario and exits 0 (pass) or 1 (fail, message on stderr).
+
+use libtest_mimic::{Arguments, Failed, Trial};
+use mutirao::local_job::{LocalJob, Outcome};
+use mutirao::op;
+use mutirao::pmi::CheckpointSink;
+use mutirao::{Comm, Error, SpawnSpec};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+type R = Result<(), String>;
+
+fn e(err: Error) -> String {
+    err.to_string()
+}
+
+macro_rules! check {
+    ($cond:expr, $($fmt:tt)*) => {
+        if !$cond {
+            return Err(format!($($fmt)*));
+        }
+    };
+}
+
+const START: i32 = 98;
+const DONE: i32 = 99;
+const PING: i32 = 7;
+const BIG: i32 = 5;
+
+/// The children's side of `basic`: talk to the parent and the sibling over the merged comm.
+fn child(m: &Comm) -> R {
+    check!(
+        m.is_spawned(),
+        "a spawned rank does not know it was spawned"
+    );
+    let (r, n) = (m.rank(), m.size());
+    check!(n == 3 && (1..=2).contains(&r), "child sees rank {r} of {n}");
+    let me = m.world_rank(r).ok_or("no world rank")? as u64;
+    check!(
+        me >= 3,
+        "child's world rank {me} is inside the original job"
+    );
+    let mut b = [0u64];
+    m.recv(&mut b, 0, 1).map_err(e)?;
+    check!(b[0] == 10 * r as u64, "child {r} got {b:?} from the parent");
+    m.send(&[me], 0, 2).map_err(e)?;
+    // A rendezvous-sized message from the parent.
+    let (big, _) = m.recv_vec::<u32>(0, 3).map_err(e)?;
+    check!(
+        big.len() == 300_000
+            && big
+                .iter()
+                .enumerate()
+                .all(|(i, x)| *x == i as u32 + r as u32),
+        "child {r}: large message corrupt"
+    );
+    // Siblings reach each other.
+    let other = 3 - r;
+    let mut s = [0u64];
+    m.sendrecv(&[me], other, 4, &mut s, other, 4).map_err(e)?;
+    check!(s[0] != me && s[0] >= 3, "sibling sent {s:?}");
+    let mut sum = [0u64];
+    m.allreduce(&[r as u64], &mut sum, &op::Sum).map_err(e)?;
+    check!(sum[0] == 3, "allreduce over the merged comm gave {sum:?}");
+    m.barrier().map_err(e)?;
+    Ok(())
+}
+
+/// Rank 0 spawns 2 children while ranks 1 and 2 ping-pong; the merged communicator carries
+/// point-to-point both ways and collectives.
+fn basic(w: &Comm) -> R {
+    if w.is_spawned() {
+        return child(w);
+    }
+    check!(w.size() == 3, "run with 3 ranks");
+    match w.rank() {
+        0 => {
+            // A large (rendezvous) message from rank 1 arrives while this rank spawns.
+            let big = w.irecv::<u32>(1, BIG).map_err(e)?;
+            w.send(&[0u8], 1, START).map_err(e)?;
+            // The children wait 300 ms before they start up, so the spawn surely spans many
+            // ping-pong rounds of ranks 1 and 2 however loaded the machine is.
+            let spec = SpawnSpec::new(2)
+                .args(["--delay-ms", "300"])
+                .timeout(Duration::from_secs(30));
+            let s = w.spawn(&spec).map_err(e)?;
+            w.send(&[s.elapsed.as_micros() as u64], 1, DONE)
+                .map_err(e)?;
+            let (v, _) = big.wait().map_err(e)?;
+            check!(
+                v.len() == 1 << 20 && v.iter().enumerate().all(|(i, x)| *x == i as u32),
+                "rank 1's large message is corrupt"
+            );
+            let m = &s.comm;
+            check!(
+                m.rank() == 0 && m.size() == 3 && !w.is_spawned(),
+                "parent sees {m:?}"
+            );
+            check!(
+                s.ranks.len() == 2 && s.ranks.iter().all(|r| *r >= 3),
+                "ranks {:?}",
+                s.ranks
+            );
+            check!(
+                s.latency.len() == 1
+                    && s.latency[0].0 == "localhost"
+                    && s.latency[0].1 <= s.elapsed,
+                "latency {:?} elapsed {:?}",
+                s.latency,
+                s.elapsed
+            );
+            for r in 1..3 {
+                m.send(&[10 * r as u64], r, 1).map_err(e)?;
+            }
+            for r in 1..3 {
+                let mut b = [0u64];
+                m.recv(&mut b, r, 2).map_err(e)?;
+                check!(
+                    b[0] == s.ranks[r - 1] as u64,
+                    "child {r} says world rank {b:?}"
+                );
+            }
+            for r in 1..3u32 {
+                let big: Vec<u32> = (0..300_000u32).map(|i| i + r).collect();
+                m.send(&big, r as usize, 3).map_err(e)?;
+            }
+            let mut sum = [0u64];
+            m.allreduce(&[0u64], &mut sum, &op::Sum).map_err(e)?;
+            check!(sum[0] == 3, "allreduce over the merged comm gave {sum:?}");
+            // Matches the children's barrier, then their finalize.
+            m.barrier().map_err(e)?;
+            m.barrier().map_err(e)?;
+            println!("spawn of 2 took {:?} ({:?})", s.elapsed, s.latency);
+        }
+        1 => {
+            let mut b = [0u8];
+            w.recv(&mut b, 0, START).map_err(e)?;
+            // Rank 0 is inside its spawn (its children wait 300 ms before starting up), and
+            // still takes this rendezvous message: the spawning rank keeps progressing.
+            let t = Instant::now();
+            let big: Vec<u32> = (0..1u32 << 20).collect();
+            w.send(&big, 0, BIG).map_err(e)?;
+            let took = t.elapsed();
+            check!(
+                w.iprobe(0, DONE).map_err(e)?.is_none() && took < Duration::from_millis(250),
+                "the 4 MiB send to the spawning rank 0 completed only after its spawn ({took:?})"
+            );
+            let mut rounds = 0u64;
+            let spawn_us = loop {
+                if w.iprobe(0, DONE).map_err(e)?.is_some() {
+                    let mut d = [0u64];
+                    w.recv(&mut d, 0, DONE).map_err(e)?;
+                    break d[0];
+                }
+                let mut x = [0u64];
+                w.sendrecv(&[rounds], 2, PING, &mut x, 2, PING).map_err(e)?;
+                check!(x[0] == rounds, "pong {x:?} for ping {rounds}");
+                rounds += 1;
+                check!(rounds < 10_000_000, "no DONE from rank 0");
+            };
+            w.send(&[u64::MAX], 2, PING).map_err(e)?;
+            // Rank 0 was inside its spawn call for the whole of these rounds.
+            check!(
+                rounds >= 20 && spawn_us >= 300_000,
+                "only {rounds} ping-pong rounds while rank 0 spawned for {spawn_us} µs"
+            );
+            println!("{rounds} rounds during a {spawn_us} µs spawn");
+        }
+        _ => loop {
+            let mut x = [0u64];
+            w.recv(&mut x, 1, PING).map_err(e)?;
+            if x[0] == u64::MAX {
+                break;
+            }
+            w.send(&x, 1, PING).map_err(e)?;
+        },
+    }
+    Ok(())
+}
+
+/// Rank 0's spawn fails as `want` says; then the job goes on (a ping-pong and a barrier).
+fn failing(w: &Comm, spec: SpawnSpec, want: &str, within: Duration) -> R {
+    if w.is_spawned() {
+        return Err("a failing spawn's child ran the scenario".into());
+    }
+    if w.rank() == 0 {
+        let t0 = Instant::now();
+        let err = match w.spawn(&spec) {
+            Ok(s) => return Err(format!("spawn succeeded: {:?}", s.ranks)),
+            Err(err) => err,
+        };
+        let took = t0.elapsed();
+        check!(
+            matches!(err, Error::Spawn(_)) && err.to_string().contains(want),
+            "spawn error {err:?} does not say {want:?}"
+        );
+        check!(
+            took <= within,
+            "the failing spawn took {took:?} (> {within:?})"
+        );
+        w.send(&[5u32], 1, 1).map_err(e)?;
+        let mut b = [0u32];
+        w.recv(&mut b, 1, 2).map_err(e)?;
+        check!(b[0] == 6, "rank 1 answered {b:?}");
+    } else {
+        let mut b = [0u32];
+        w.recv(&mut b, 0, 1).map_err(e)?;
+        w.send(&[b[0] + 1], 0, 2).map_err(e)?;
+    }
+    w.barrier().map_err(e)?;
+    Ok(())
+}
+
+/// A spawned child dies: the parent's operations on the merged communicator fail with
+/// `PeerFailed` (any source included), while the job's own any-source receive, posted before
+/// the spawn, is untouched and completes.
+fn child_dies(w: &Comm) -> R {
+    if w.is_spawned() {
+        return Err("the child should have died".into());
+    }
+    match w.rank() {
+        0 => {
+            let pending = w.irecv::<u32>(mutirao::ANY_SOURCE, 2).map_err(e)?;
+            let s = w.spawn(&SpawnSpec::new(1).args(["--die"])).map_err(e)?;
+            let mut b = [0u32];
+            let err = s.comm.recv(&mut b, 1, 1).unwrap_err();
+            check!(
+                matches!(err, Error::PeerFailed { rank, .. } if rank == s.ranks[0]),
+                "receive from the dead child: {err:?}"
+            );
+            let err = s.comm.recv(&mut b, mutirao::ANY_SOURCE, 1).unwrap_err();
+            check!(
+                matches!(err, Error::PeerFailed { .. }),
+                "any-source on the merged comm: {err:?}"
+            );
+            w.send(&[1u32], 1, 1).map_err(e)?;
+            let (v, st) = pending.wait().map_err(e)?;
+            check!(
+                v == [41] && st.map(|s| s.source) == Some(1),
+                "world any-source got {v:?}"
+            );
+        }
+        1 => {
+            let mut b = [0u32];
+            w.recv(&mut b, 0, 1).map_err(e)?;
+            w.send(&[41u32], 0, 2).map_err(e)?;
+        }
+        _ => {}
+    }
+    w.barrier().map_err(e)?;
+    Ok(())
+}
+
+/// A child of `concurrent`: echo its world rank to the parent, count the group by allreduce.
+fn echo_child(m: &Comm) -> R {
+    let me = m.world_rank(m.rank()).ok_or("no world rank")? as u64;
+    let mut b = [0u64];
+    m.recv(&mut b, 0, 1).map_err(e)?;
+    m.send(&[b[0], me], 0, 2).map_err(e)?;
+    let mut n = [0u64];
+    m.allreduce(&[1u64], &mut n, &op::Sum).map_err(e)?;
+    check!(
+        n[0] == m.size() as u64,
+        "allreduce counted {n:?} of {}",
+        m.size()
+    );
+    Ok(())
+}
+
+/// The parent's side of [`echo_child`]; returns the children's world ranks.
+fn echo_parent(s: &mutirao::Spawned, salt: u64) -> Result<Vec<u64>, String> {
+    let m = &s.comm;
+    let mut seen = Vec::new();
+    for r in 1..m.size() {
+        m.send(&[salt + r as u64], r, 1).map_err(e)?;
+        let mut b = [0u64; 2];
+        m.recv(&mut b, r, 2).map_err(e)?;
+        check!(b[0] == salt + r as u64, "child {r} echoed {b:?}");
+        check!(
+            b[1] == s.ranks[r - 1] as u64,
+            "child {r} says world rank {}",
+            b[1]
+        );
+        seen.push(b[1]);
+    }
+    let mut n = [0u64];
+    m.allreduce(&[1u64], &mut n, &op::Sum).map_err(e)?;
+    check!(n[0] == m.size() as u64, "allreduce counted {n:?}");
+    m.barrier().map_err(e)?; // the children's finalize
+    Ok(seen)
+}
+
+/// Ranks 0 and 1 spawn at the same time (2 children each), then rank 0 once more (1 child):
+/// every group works and the world ranks given out are all distinct.
+fn concurrent(w: &Comm) -> R {
+    if w.is_spawned() {
+        return echo_child(w);
+    }
+    let r = w.rank() as u64;
+    let s = w.spawn(&SpawnSpec::new(2)).map_err(e)?;
+    let mut mine = echo_parent(&s, 100 * r)?;
+    if r == 0 {
+        let s2 = w.spawn(&SpawnSpec::new(1)).map_err(e)?;
+        mine.extend(echo_parent(&s2, 1000)?);
+        check!(mine.len() == 3, "rank 0 has {mine:?}");
+        w.send(&mine, 1, 9).map_err(e)?;
+    } else {
+        let mut theirs = [0u64; 3];
+        w.recv(&mut theirs, 0, 9).map_err(e)?;
+        let mut all: Vec<u64> = theirs.iter().chain(&mine).copied().collect();
+        all.sort();
+        all.dedup();
+        check!(
+            all.len() == 5 && all.iter().all(|x| *x >= 2),
+            "world ranks of spawned ranks overlap or fall inside the job: {theirs:?} {mine:?}"
+        );
+    }
+    w.barrier().map_err(e)?;
+    Ok(())
+}
+
+/// With checkpoint waves running (every 20 ms), rank 0 spawns mid-run: the spawn works, the
+/// children (which inherit the checkpoint settings) stay out of the waves, and waves keep
+/// committing afterwards.
+fn with_checkpoints(w: &Comm) -> R {
+    if w.is_spawned() {
+        check!(
+            w.checkpoint_history() == (vec![], vec![]),
+            "a spawned rank takes part in waves"
+        );
+        // A spawned rank's checkpoint point is a no-op.
+        w.checkpoint_point(&0u32).map_err(e)?;
+        return echo_child(w);
+    }
+    let mut before = 0;
+    for it in 0..40u32 {
+        std::thread::sleep(Duration::from_millis(4));
+        // The ranks keep in step (as an iterative program's messages make them): checkpoint
+        // points are reached as often by each.
+        w.barrier().map_err(e)?;
+        w.checkpoint_point(&it).map_err(e)?;
+        if it == 15 && w.rank() == 0 {
+            before = w.checkpoint_history().0.len();
+            let s = w.spawn(&SpawnSpec::new(2)).map_err(e)?;
+            echo_parent(&s, 7)?;
+        }
+    }
+    if w.rank() == 0 {
+        let after = w.checkpoint_history().0.len();
+        check!(
+            after > before,
+            "no wave committed after the spawn ({before} → {after})"
+        );
+    }
+    Ok(())
+}
+
+/// A one-rank job spawns a child, which spawns a grandchild: each pair talks on its own group.
+fn nested(w: &Comm) -> R {
+    if !w.is_spawned() {
+        check!(w.size() == 1, "run with 1 rank");
+        let s = w.spawn(&SpawnSpec::new(1).args(["--nest"])).map_err(e)?;
+        echo_parent(&s, 10)?;
+        return Ok(());
+    }
+    if std::env::args().any(|a| a == "--nest") {
+        // The child: first a parent itself, then its own parent's echo.
+        let s = w.spawn(&SpawnSpec::new(1)).map_err(e)?;
+        let grand = echo_parent(&s, 20)?;
+        let me = w.world_rank(w.rank()).ok_or("no world rank")? as u64;
+        check!(grand[0] > me, "grandchild {grand:?}, child {me}");
+        return echo_child(w);
+    }
+    echo_child(w)
+}
+
+fn run_scenario(name: &str) -> ! {
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(i) = args.iter().position(|a| a == "--delay-ms") {
+        let ms = args.get(i + 1).and_then(|v| v.parse().ok()).unwrap_or(0);
+        std::thread::sleep(Duration::from_millis(ms));
+    }
+    let w = match mutirao::init() {
+        Ok(w) => w,
+        Err(err) => {
+            eprintln!("init: {err}");
+            std::process::exit(1);
+        }
+    };
+    if args.iter().any(|a| a == "--die") {
+        std::process::exit(9);
+    }
+    let res = match name {
+        "basic" => basic(&w),
+        "childdies" => child_dies(&w),
+        "concurrent" => concurrent(&w),
+        "ckpt" => with_checkpoints(&w),
+        "nested" => nested(&w),
+        "missing" => failing(
+            &w,
+            SpawnSpec::new(2).program("/nonexistent/mutirao-spawn-test"),
+            "cannot start /nonexistent/mutirao-spawn-test",
+            Duration::from_secs(5),
+        ),
+        "never" => failing(
+            &w,
+            SpawnSpec::new(2)
+                .program("/bin/sleep")
+                .args(["30"])
+                .timeout(Duration::from_millis(800)),
+            "timed out",
+            Duration::from_secs(4),
+        ),
+        "exits" => failing(
+            &w,
+            SpawnSpec::new(2)
+                .program("/bin/true")
+                .timeout(Duration::from_secs(30)),
+            "ended before the spawn completed",
+            Duration::from_secs(5),
+        ),
+        "nospawner" => failing(
+            &w,
+            SpawnSpec::new(1),
+            "cannot spawn ranks",
+            Duration::from_secs(5),
+        ),
+        other => Err(format!("unknown scenario {other}")),
+    };
+    let res = res.and_then(|_| w.finalize().map_err(e));
+    match res {
+        Ok(()) => std::process::exit(0),
+        Err(msg) => {
+            eprintln!("scenario {name}: {msg}");
+            std::process::exit(1);
+        }
+    }
+}
+
+fn launch(scenario: &str, n: usize, transport: &str, spawn: bool) -> Result<Outcome, Failed> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let mut job = LocalJob::new(exe, n)
+        .env("SPAWN_SCENARIO", scenario)
+        .env("MUTIRAO_TRANSPORT", transport)
+        .limit(Duration::from_secs(40));
+    if !spawn {
+        job = job.without_spawn();
+    }
+    Ok(job.run()?)
+}
+
+#[derive(Default)]
+struct MemSink {
+    blobs: Mutex<BTreeMap<(u64, u32), Vec<u8>>>,
+    committed: Mutex<Vec<u64>>,
+}
+
+impl CheckpointSink for MemSink {
+    fn put(&self, epoch: u64, rank: u32, blob: &[u8]) -> Result<(), String> {
+        let mut b = self.blobs.lock().map_err(|_| "poisoned")?;
+        b.insert((epoch, rank), blob.to_vec());
+        Ok(())
+    }
+    fn get(&self, epoch: u64, rank: u32) -> Result<Vec<u8>, String> {
+        let b = self.blobs.lock().map_err(|_| "poisoned")?;
+        b.get(&(epoch, rank))
+            .cloned()
+            .ok_or_else(|| format!("no checkpoint of rank {rank} at epoch {epoch}"))
+    }
+    fn commit(&self, epoch: u64) -> Result<(), String> {
+        self.committed.lock().map_err(|_| "poisoned")?.push(epoch);
+        Ok(())
+    }
+    fn last_committed(&self) -> Result<Option<u64>, String> {
+        Ok(self
+            .committed
+            .lock()
+            .map_err(|_| "poisoned")?
+            .last()
+            .copied())
+    }
+}
+
+fn all_ok(o: &Outcome, spawned: usize, spawned_code: Option<i32>) -> Result<(), Failed> {
+    let kids: Vec<_> = o.spawned.iter().map(|s| s.code).collect();
+    if o.codes.iter().all(|c| *c == Some(0))
+        && o.spawned.len() == spawned
+        && kids.iter().all(|c| *c == spawned_code)
+    {
+        return Ok(());
+    }
+    let kid_err: Vec<_> = o.spawned.iter().map(|s| s.stderr.as_str()).collect();
+    Err(format!(
+        "exit codes {:?}, spawned {kids:?} (want {spawned} × {spawned_code:?})\n{}\n{}",
+        o.codes,
+        o.stderr.join("\n"),
+        kid_err.join("\n")
+    )
+    .into())
+}
+
+fn main() {
+    if let Ok(s) = std::env::var("SPAWN_SCENARIO") {
+        run_scenario(&s);
+    }
+    if std::env::var_os("MUTIRAO_RANK").is_some() {
+        eprintln!("started as a rank without SPAWN_SCENARIO: refusing to run the test suite");
+        std::process::exit(1);
+    }
+    let args = Arguments::from_args();
+    let mut trials = Vec::new();
+    for transport in ["auto", "tcp"] {
+        trials.push(Trial::test(
+            format!("parent_and_two_children_talk_while_others_run_{transport}"),
+            move || {
+                let o = launch("basic", 3, transport, true)?;
+                all_ok(&o, 2, Some(0))
+            },
+        ));
+    }
+    trials.push(Trial::test(
+        "two_ranks_spawn_at_once_and_one_twice_with_distinct_world_ranks",
+        || {
+            let o = launch("concurrent", 2, "auto", true)?;
+            all_ok(&o, 5, Some(0))
+        },
+    ));
+    trials.push(Trial::test(
+        "spawn_while_checkpoint_waves_run_keeps_children_out_of_them",
+        || {
+            let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+            let sink = Arc::new(MemSink::default());
+            let o = LocalJob::new(exe, 2)
+                .env("SPAWN_SCENARIO", "ckpt")
+                .env("MUTIRAO_CKPT_INTERVAL", "0.02")
+                .checkpoints(sink.clone())
+                .limit(Duration::from_secs(40))
+                .run()?;
+            all_ok(&o, 2, Some(0))?;
+            let ranks: std::collections::BTreeSet<u32> =
+                sink.blobs.lock().unwrap().keys().map(|(_, r)| *r).collect();
+            if ranks.iter().any(|r| *r >= 2) {
+                return Err(format!("spawned ranks stored checkpoints: {ranks:?}").into());
+            }
+            Ok(())
+        },
+    ));
+    trials.push(Trial::test(
+        "a_one_rank_job_spawns_a_child_that_spawns_a_grandchild",
+        || {
+            let o = launch("nested", 1, "auto", true)?;
+            all_ok(&o, 2, Some(0))
+        },
+    ));
+    trials.push(Trial::test(
+        "a_dead_child_fails_merged_comm_operations_but_not_the_jobs_any_source_receives",
+        || {
+            let o = launch("childdies", 3, "auto", true)?;
+            all_ok(&o, 1, Some(9))
+        },
+    ));
+    trials.push(Trial::test(
+        "spawn_of_a_missing_program_fails_and_the_job_goes_on",
+        || {
+            let o = launch("missing", 2, "auto", true)?;
+            all_ok(&o, 0, None)
+        },
+    ));
+    trials.push(Trial::test(
+        "children_that_never_connect_fail_the_spawn_within_its_timeout_and_are_killed",
+        || {
+            let o = launch("never", 2, "auto", true)?;
+            // The two `sleep 30`s were killed when the group timed out (no exit code).
+            all_ok(&o, 2, None)?;
+            if o.elapsed > Duration::from_secs(15) {
+                return Err(format!("the job took {:?}: children not killed?", o.elapsed).into());
+            }
+            Ok(())
+        },
+    ));
+    trials.push(Trial::test(
+        "children_that_exit_at_once_fail_the_spawn_long_before_its_timeout",
+        || {
+            let o = launch("exits", 2, "auto", true)?;
+            // The first `true` to end fails the group; the other has ended too, or is killed.
+            let kids: Vec<_> = o.spawned.iter().map(|s| s.code).collect();
+            let kids_ok = kids.len() == 2 && kids.iter().all(|c| matches!(c, Some(0) | None));
+            if kids_ok && o.codes.iter().all(|c| *c == Some(0)) {
+                Ok(())
+            } else {
+                Err(format!(
+                    "exit codes {:?}, spawned {kids:?}\n{}",
+                    o.codes,
+                    o.stderr.join("\n")
+                )
+                .into())
+            }
+        },
+    ));
+    trials.push(Trial::test(
+        "without_a_spawner_spawn_fails_clearly_and_the_job_goes_on",
+        || {
+            let o = launch("nospawner", 2, "auto", false)?;
+            all_ok(&o, 0, None)
+        },
+    ));
+    libtest_mimic::run(&args, trials).exit();
+}
