@@ -238,9 +238,18 @@ impl Peer {
 
     /// A world rank this process cannot reach (see [`PeerState::Unconnected`]).
     pub(crate) fn unconnected() -> Peer {
-        let mut p = Peer::new(None);
-        p.state = PeerState::Unconnected;
-        p
+        Peer {
+            state: PeerState::Unconnected,
+            io: None,
+            rx: Rx::Header,
+            // Never read into (only live peers are): no staging buffer, so a process whose
+            // world ranks reach far (many spawns) does not pay 64 KiB per rank it cannot reach.
+            stage: Vec::new(),
+            stage_start: 0,
+            stage_end: 0,
+            txq: VecDeque::new(),
+            bye_sent: false,
+        }
     }
 
     /// Same-host peer whose socket only carries wake-ups.

@@ -118,7 +118,9 @@ impl JobEnv {
                 if members.len() < 2
                     || distinct.len() != members.len()
                     || !members[1..].contains(&rank)
-                    || members.iter().any(|r| *r > u32::MAX as usize)
+                    || members
+                        .iter()
+                        .any(|r| *r >= crate::pmi::MAX_WORLD_RANK as usize)
                 {
                     return Err(Error::Init(format!(
                         "MUTIRAO_SPAWN_MEMBERS={m:?} must be distinct ranks, the parent first, \
@@ -608,7 +610,7 @@ fn connect_mesh(
     }
     .encode();
     // Ranks that may appear in a hello: below the largest member.
-    let bound = m.members.iter().copied().max().unwrap_or(0) as u32 + 1;
+    let bound = (m.members.iter().copied().max().unwrap_or(0) as u32).saturating_add(1);
     let index_of = |w: u32| m.members.iter().position(|r| *r == w as usize);
     let mut socks: Vec<Option<TcpStream>> = (0..n).map(|_| None).collect();
     let mut when: Vec<Option<Instant>> = vec![None; n];
@@ -806,7 +808,7 @@ mod tests {
         );
         let back = parse(&env.to_env()).unwrap().unwrap();
         assert_eq!(back.spawn, env.spawn);
-        for bad in ["5,4", "1,4", "1,5,5", "1,x,5", ""] {
+        for bad in ["5,4", "1,4", "1,5,5", "1,x,5", "", "1,5,99999999"] {
             let e = with(bad).unwrap_err().to_string();
             assert!(e.contains("MUTIRAO_SPAWN_MEMBERS"), "{bad}: {e}");
         }
