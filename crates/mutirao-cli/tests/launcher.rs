@@ -54,6 +54,40 @@ fn scenario(name: &str) -> ! {
             }
         }
         "sleep" => std::thread::sleep(Duration::from_secs(60)),
+        // Rank 0 adds two ranks of this program (placement hints from SPAWN_HINT, if set); each
+        // child sends its world rank to the parent over the merged communicator.
+        "spawn" if w.is_spawned() => {
+            w.send(&[w.rank() as u64], 0, 5).ok();
+        }
+        "spawn" if r == 0 => {
+            let hints: Vec<String> = std::env::var("SPAWN_HINT")
+                .map(|h| h.split(',').map(str::to_string).collect())
+                .unwrap_or_default();
+            let spec = mutirao::SpawnSpec::new(2)
+                .hosts(hints)
+                .timeout(Duration::from_secs(20));
+            match w.spawn(&spec) {
+                Ok(s) => {
+                    let mut got = Vec::new();
+                    for c in 1..s.comm.size() {
+                        let mut b = [0u64];
+                        if let Err(e) = s.comm.recv(&mut b, c, 5) {
+                            eprintln!("child {c}: {e}");
+                            std::process::exit(4);
+                        }
+                        got.push(b[0]);
+                    }
+                    s.comm.barrier().ok();
+                    let hosts: Vec<&str> = s.latency.iter().map(|(h, _)| h.as_str()).collect();
+                    println!(
+                        "spawned {} children: group ranks {got:?} on {hosts:?}",
+                        got.len()
+                    );
+                }
+                Err(e) => println!("spawn refused: {e}"),
+            }
+        }
+        "spawn" => {}
         "affinity" => println!("rank {r} cpus {}", cpus_allowed()),
         other => {
             eprintln!("unknown scenario {other}");
@@ -477,6 +511,78 @@ fn tests() -> Vec<Trial> {
             }
             Ok(())
         }),
+        Trial::test(
+            "spawn_through_mutirao_run_joins_two_children_to_the_parent",
+            || {
+                let (out, _) = run_limited(
+                    mutirao_run(&["-n", "3"], "spawn", None),
+                    Duration::from_secs(60),
+                )?;
+                let so = text(&out.stdout);
+                if !out.status.success() || !so.contains("spawned 2 children: group ranks [1, 2]") {
+                    return Err(
+                        format!("exit {:?}\n{so}\n{}", out.status, text(&out.stderr)).into(),
+                    );
+                }
+                Ok(())
+            },
+        ),
+        Trial::test(
+            "spawn_to_an_unknown_host_is_refused_and_the_job_goes_on",
+            || {
+                let mut cmd = mutirao_run(&["-n", "2"], "spawn", None);
+                cmd.env("SPAWN_HINT", "nowhere.invalid");
+                let (out, _) = run_limited(cmd, Duration::from_secs(60))?;
+                let so = text(&out.stdout);
+                if !out.status.success()
+                    || !so.contains("spawn refused:")
+                    || !so.contains("unknown host")
+                {
+                    return Err(
+                        format!("exit {:?}\n{so}\n{}", out.status, text(&out.stderr)).into(),
+                    );
+                }
+                Ok(())
+            },
+        ),
+        Trial::test(
+            "spawn_through_agents_starts_children_on_the_hinted_agent",
+            || {
+                let d = tmpdir("agent-spawn");
+                let tok = gen_token(&d, "agent.token")?;
+                let a1 = start_agent(&tok)?;
+                let a2 = start_agent(&tok)?;
+                let mut hosts = String::new();
+                for a in [&a1, &a2] {
+                    let (host, port) = a.addr.rsplit_once(':').ok_or("bad agent address")?;
+                    hosts.push_str(&format!("{host} slots=2 port={port}\n"));
+                }
+                let hf = d.join("hosts");
+                std::fs::write(&hf, hosts).map_err(|e| e.to_string())?;
+                let mut cmd = mutirao_run(
+                    &[
+                        "-n",
+                        "2",
+                        "--hostfile",
+                        hf.to_str().ok_or("path")?,
+                        "--token-file",
+                        tok.to_str().ok_or("path")?,
+                    ],
+                    "spawn",
+                    None,
+                );
+                // Both children on the second agent (named host:port: both agents are 127.0.0.1).
+                cmd.env("SPAWN_HINT", &a2.addr);
+                let (out, _) = run_limited(cmd, Duration::from_secs(60))?;
+                let so = text(&out.stdout);
+                if !out.status.success() || !so.contains("spawned 2 children: group ranks [1, 2]") {
+                    return Err(
+                        format!("exit {:?}\n{so}\n{}", out.status, text(&out.stderr)).into(),
+                    );
+                }
+                Ok(())
+            },
+        ),
         Trial::test("agent_hosts_the_directory", || {
             let d = tmpdir("agent-dir");
             let tok = gen_token(&d, "agent.token")?;

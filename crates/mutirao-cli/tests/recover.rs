@@ -614,12 +614,20 @@ fn replicas_on_agents(kill_agent: bool) {
         );
         return;
     }
-    // Every rank's blob of every kept epoch is on exactly two agents, and rank 0 (on the first
-    // agent in both incarnations) never kept its own replica.
-    let mut all: Vec<&String> = files.iter().flatten().collect();
+    // Every rank's blob of the committed epoch (the oldest kept: older ones are collected,
+    // newer ones may be a wave cut short by the job's end) is on exactly two agents, and rank 0
+    // (on the first agent in both incarnations) never kept its own replica.
+    let epoch = |f: &String| f.split('/').nth(2).and_then(|e| e.parse::<u64>().ok());
+    let oldest = files.iter().flatten().filter_map(epoch).min();
+    assert!(oldest.is_some(), "no replica left on any agent");
+    let mut all: Vec<&String> = files
+        .iter()
+        .flatten()
+        .filter(|f| epoch(f) == oldest)
+        .collect();
     all.sort();
     all.dedup();
-    assert!(!all.is_empty(), "no replica left on any agent");
+    assert_eq!(all.len(), 3, "the committed epoch lacks a rank: {files:?}");
     for f in all {
         let holders = files.iter().filter(|fs| fs.contains(f)).count();
         assert_eq!(holders, 2, "{f} is on {holders} agents: {files:?}");

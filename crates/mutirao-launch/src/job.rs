@@ -5,8 +5,10 @@
 use crate::hostfile::{self, HostEntry};
 use crate::proto::{self, Msg, RankSpec, Stream};
 use anyhow::{bail, Context};
-use mutirao::pmi::{hex, new_token, CheckpointSink, FailureReport, PmiServer};
-use std::collections::BTreeMap;
+use mutirao::pmi::{
+    hex, new_token, CheckpointSink, FailureReport, PmiServer, SpawnRequest, SpawnedProc, Spawner,
+};
+use std::collections::{BTreeMap, HashMap};
 use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
@@ -153,29 +155,59 @@ pub enum Event {
     HostLost { host: usize, why: String },
 }
 
-/// How to end ranks, local or remote.
-enum Group {
-    Local(Vec<Option<u32>>),
-    Remote(Vec<Arc<Mutex<TcpStream>>>),
+/// How to end ranks, local or remote: the process groups this launcher started (ranks and
+/// spawned children, removed when they are reaped) and the agent sessions.
+#[derive(Default, Clone)]
+struct Group {
+    local: Arc<Mutex<Vec<u32>>>,
+    remote: Arc<Mutex<Vec<Arc<Mutex<TcpStream>>>>>,
 }
 
 impl Group {
     fn signal(&self, sig: i32) {
-        match self {
-            Group::Local(pids) => {
-                for pid in pids.iter().flatten() {
-                    // SAFETY: kill(2) has no memory-safety preconditions; the negative pid
-                    // addresses the process group the child leads (process_group(0)).
-                    unsafe {
-                        libc::kill(-(*pid as i32), sig);
-                    }
+        if let Ok(pids) = self.local.lock() {
+            for pid in pids.iter() {
+                // SAFETY: kill(2) has no memory-safety preconditions; the negative pid
+                // addresses the process group the child leads (process_group(0)); pids leave
+                // this list when they are reaped, so no reused pid is signalled.
+                unsafe {
+                    libc::kill(-(*pid as i32), sig);
                 }
             }
-            Group::Remote(conns) => {
-                for c in conns {
-                    if let Ok(mut s) = c.lock() {
-                        let _ = proto::write_msg(&mut *s, &Msg::Kill { signal: sig });
-                    }
+        }
+        if let Ok(conns) = self.remote.lock() {
+            for c in conns.iter() {
+                if let Ok(mut s) = c.lock() {
+                    let _ = proto::write_msg(&mut *s, &Msg::Kill { signal: sig });
+                }
+            }
+        }
+    }
+
+    fn add_local(&self, pid: u32) {
+        if let Ok(mut v) = self.local.lock() {
+            v.push(pid);
+        }
+    }
+
+    fn reaped(&self, pid: u32) {
+        if let Ok(mut v) = self.local.lock() {
+            v.retain(|p| *p != pid);
+        }
+    }
+
+    fn add_remote(&self, w: Arc<Mutex<TcpStream>>) {
+        if let Ok(mut v) = self.remote.lock() {
+            v.push(w);
+        }
+    }
+
+    /// Close every agent session (the agents kill what they still run).
+    fn close_remote(&self) {
+        if let Ok(conns) = self.remote.lock() {
+            for c in conns.iter() {
+                if let Ok(s) = c.lock() {
+                    let _ = s.shutdown(std::net::Shutdown::Both);
                 }
             }
         }
@@ -196,6 +228,7 @@ pub struct Job {
     local: bool,
     stop: Arc<AtomicBool>,
     started: Instant,
+    spawner: Arc<JobSpawner>,
 }
 
 impl Job {
@@ -214,74 +247,106 @@ impl Job {
         let stop = Arc::new(AtomicBool::new(false));
         let placement = spec.placement()?;
         let started = Instant::now();
-        match &spec.hosts {
+        let group = Group::default();
+        let local = spec.hosts.is_none();
+        let job_dir =
+            if local && spec.host_directory && std::env::var_os("MUTIRAO_DIR_SOCKET").is_none() {
+                Some(host_directory(&id)?)
+            } else {
+                None
+            };
+        let undo = |job_dir: &Option<PathBuf>| {
+            if let Some(d) = job_dir {
+                let _ = std::fs::remove_dir_all(d);
+            }
+            cleanup_shm(&id);
+        };
+        let mut load = vec![0usize; spec.hosts.as_ref().map_or(1, Vec::len)];
+        for &h in &placement {
+            load[h] += 1;
+        }
+        let spawner = Arc::new(JobSpawner {
+            tx: Mutex::new(Some(tx.clone())),
+            group: group.clone(),
+            hosts: spec.hosts.clone(),
+            exclude: spec.exclude.clone(),
+            secret: spec.secret.clone(),
+            env: spec.env.clone(),
+            bind_to: spec.bind_to,
+            heartbeat: spec.heartbeat,
+            dir_socket: job_dir.as_ref().map(|d| d.join(DIR_SOCKET_NAME)),
+            load: Mutex::new(load),
+            members: Mutex::new(HashMap::new()),
+            names: Mutex::new(BTreeMap::new()),
+            stop: stop.clone(),
+        });
+        let ctx = Ctx {
+            tx: &tx,
+            group: &group,
+            stop: &stop,
+        };
+        let (hosts_of, pmi) = match &spec.hosts {
             None => {
-                let job_dir =
-                    if spec.host_directory && std::env::var_os("MUTIRAO_DIR_SOCKET").is_none() {
-                        Some(host_directory(&id)?)
-                    } else {
-                        None
-                    };
-                let pmi = start_pmi(spec, "127.0.0.1:0".parse().expect("literal"), token_bytes)
-                    .context("cannot start the bootstrap server on 127.0.0.1");
+                let pmi = start_pmi(
+                    spec,
+                    "127.0.0.1:0".parse().expect("literal"),
+                    token_bytes,
+                    spawner.clone(),
+                )
+                .context("cannot start the bootstrap server on 127.0.0.1");
                 let pmi = match pmi {
                     Ok(p) => p,
                     Err(e) => {
-                        if let Some(d) = &job_dir {
-                            let _ = std::fs::remove_dir_all(d);
-                        }
+                        undo(&job_dir);
                         return Err(e);
                     }
                 };
                 let dir_socket = job_dir.as_ref().map(|d| d.join(DIR_SOCKET_NAME));
-                let pids =
-                    match start_local(spec, pmi.addr(), &token, &id, dir_socket.as_deref(), &tx) {
-                        Ok(p) => p,
-                        Err(e) => {
-                            if let Some(d) = &job_dir {
-                                let _ = std::fs::remove_dir_all(d);
-                            }
-                            cleanup_shm(&id);
-                            return Err(e);
-                        }
-                    };
-                Ok(Job {
-                    id,
-                    rx,
-                    group: Group::Local(pids),
-                    hosts_of: vec!["localhost".to_string(); spec.n],
-                    placement,
-                    pmi,
-                    job_dir,
-                    local: true,
-                    stop,
-                    started,
-                })
+                if let Err(e) =
+                    start_local(spec, pmi.addr(), &token, &id, dir_socket.as_deref(), &ctx)
+                {
+                    undo(&job_dir);
+                    return Err(e);
+                }
+                (vec!["localhost".to_string(); spec.n], pmi)
             }
-            Some(hosts) => {
-                let (writers, hosts_of, pmi) = start_remote(
-                    spec,
-                    hosts,
-                    &placement,
-                    token_bytes,
-                    &token,
-                    &id,
-                    &tx,
-                    &stop,
-                )?;
-                Ok(Job {
-                    id,
-                    rx,
-                    group: Group::Remote(writers),
-                    hosts_of,
-                    placement,
-                    pmi,
-                    job_dir: None,
-                    local: false,
-                    stop,
-                    started,
-                })
-            }
+            Some(hosts) => start_remote(
+                spec,
+                hosts,
+                &placement,
+                token_bytes,
+                &token,
+                &id,
+                &ctx,
+                spawner.clone(),
+            )?,
+        };
+        Ok(Job {
+            id,
+            rx,
+            group,
+            hosts_of,
+            placement,
+            pmi,
+            job_dir,
+            local,
+            stop,
+            started,
+            spawner,
+        })
+    }
+
+    /// A spawned rank ended: tell the bootstrap server (a spawn still in progress then fails at
+    /// once); returns the host it ran on.
+    pub fn spawned_exited(&self, rank: usize, why: &str) -> String {
+        self.pmi.spawned_exited(rank as u32, why);
+        self.spawner.forget(rank)
+    }
+
+    /// No more spawns: the event stream ends once the running processes have ended.
+    pub fn stop_spawning(&self) {
+        if let Ok(mut t) = self.spawner.tx.lock() {
+            t.take();
         }
     }
 
@@ -325,6 +390,9 @@ impl Job {
 impl Drop for Job {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
+        // Whatever still runs (spawned children the ranks did not wait for) ends with the job.
+        self.group.signal(libc::SIGKILL);
+        self.group.close_remote();
         if self.local {
             cleanup_shm(&self.id);
         }
@@ -335,17 +403,17 @@ impl Drop for Job {
 }
 
 /// The bootstrap server, with the checkpoint store when checkpoints are on.
-fn start_pmi(spec: &JobSpec, bind: SocketAddr, token: [u8; 32]) -> std::io::Result<PmiServer> {
-    match &spec.checkpoints {
-        Some(sink) => PmiServer::start_with_checkpoints(
-            bind,
-            spec.n as u32,
-            token,
-            spec.fence_timeout,
-            sink.clone(),
-        ),
-        None => PmiServer::start(bind, spec.n as u32, token, spec.fence_timeout),
+fn start_pmi(
+    spec: &JobSpec,
+    bind: SocketAddr,
+    token: [u8; 32],
+    spawner: Arc<JobSpawner>,
+) -> std::io::Result<PmiServer> {
+    let mut b = PmiServer::builder(bind, spec.n as u32, token, spec.fence_timeout).spawner(spawner);
+    if let Some(sink) = &spec.checkpoints {
+        b = b.checkpoints(sink.clone());
     }
+    b.start()
 }
 
 /// Where a rank runs: the address it listens on, and its place among its host's ranks.
@@ -471,15 +539,69 @@ fn forward(rank: usize, stream: Stream, r: impl std::io::Read + Send + 'static, 
     });
 }
 
+/// What starting processes needs from the job: its event stream, its process groups, its stop
+/// flag.
+struct Ctx<'a> {
+    tx: &'a Sender<Event>,
+    group: &'a Group,
+    stop: &'a Arc<AtomicBool>,
+}
+
+/// Start one process on this host as world rank `rank`, its output and exit as events.
+fn start_one_local(
+    program: &str,
+    args: &[String],
+    env: &BTreeMap<String, String>,
+    dir_socket: Option<&Path>,
+    rank: usize,
+    tx: &Sender<Event>,
+    group: &Group,
+) -> anyhow::Result<u32> {
+    let mut cmd = Command::new(program);
+    if let Some(sock) = dir_socket {
+        cmd.env("MUTIRAO_DIR_SOCKET", sock);
+    }
+    cmd.args(args)
+        .envs(env)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0);
+    let mut child = cmd.spawn().map_err(|e| {
+        anyhow::anyhow!(
+            "cannot start {program:?} for rank {rank}: {e} (is the path right and the file executable?)"
+        )
+    })?;
+    let pid = child.id();
+    group.add_local(pid);
+    if let Some(o) = child.stdout.take() {
+        forward(rank, Stream::Out, o, tx.clone());
+    }
+    if let Some(e) = child.stderr.take() {
+        forward(rank, Stream::Err, e, tx.clone());
+    }
+    let txc = tx.clone();
+    let group = group.clone();
+    std::thread::spawn(move || {
+        let st = child.wait();
+        group.reaped(pid);
+        let (code, signal) = match st {
+            Ok(s) => (s.code(), s.signal()),
+            Err(_) => (None, None),
+        };
+        let _ = txc.send(Event::Exit { rank, code, signal });
+    });
+    Ok(pid)
+}
+
 fn start_local(
     spec: &JobSpec,
     pmi: SocketAddr,
     token: &str,
     job: &str,
     dir_socket: Option<&Path>,
-    tx: &Sender<Event>,
-) -> anyhow::Result<Vec<Option<u32>>> {
-    let mut pids = vec![None; spec.n];
+    ctx: &Ctx<'_>,
+) -> anyhow::Result<()> {
     for rank in 0..spec.n {
         let place = Place {
             bind: "127.0.0.1",
@@ -487,50 +609,132 @@ fn start_local(
             local_rank: rank,
             bind_to: spec.bind_to,
         };
-        let env = rank_env(rank, spec.n, pmi, token, job, place);
-        let mut cmd = Command::new(&spec.program);
-        if let Some(sock) = dir_socket {
-            cmd.env("MUTIRAO_DIR_SOCKET", sock);
+        let mut env = spec.env.clone();
+        env.extend(rank_env(rank, spec.n, pmi, token, job, place));
+        if let Err(e) = start_one_local(
+            &spec.program,
+            &spec.args,
+            &env,
+            dir_socket,
+            rank,
+            ctx.tx,
+            ctx.group,
+        ) {
+            // End what already started, then report.
+            ctx.group.signal(libc::SIGKILL);
+            return Err(e);
         }
-        cmd.args(&spec.args)
-            .envs(&spec.env)
-            .envs(&env)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .process_group(0);
-        let mut child = match cmd.spawn() {
-            Ok(c) => c,
-            Err(e) => {
-                // End what already started, then report.
-                Group::Local(pids.clone()).signal(libc::SIGKILL);
-                bail!(
-                    "cannot start {:?} for rank {rank}: {e} (is the path right and the file executable?)",
-                    spec.program
-                );
-            }
-        };
-        pids[rank] = Some(child.id());
-        if let Some(o) = child.stdout.take() {
-            forward(rank, Stream::Out, o, tx.clone());
-        }
-        if let Some(e) = child.stderr.take() {
-            forward(rank, Stream::Err, e, tx.clone());
-        }
-        let txc = tx.clone();
-        std::thread::spawn(move || {
-            let st = child.wait();
-            let (code, signal) = match st {
-                Ok(s) => (s.code(), s.signal()),
-                Err(_) => (None, None),
-            };
-            let _ = txc.send(Event::Exit { rank, code, signal });
-        });
     }
-    Ok(pids)
+    Ok(())
 }
 
-type Remote = (Vec<Arc<Mutex<TcpStream>>>, Vec<String>, PmiServer);
+/// Connect to an agent and authenticate; returns the writer, the reader and the address.
+fn connect_agent(
+    h: &HostEntry,
+    secret: &[u8],
+) -> anyhow::Result<(TcpStream, BufReader<TcpStream>, SocketAddr)> {
+    let addr = (h.host.as_str(), h.port)
+        .to_socket_addrs()
+        .with_context(|| format!("cannot resolve host {:?}", h.host))?
+        .next()
+        .with_context(|| format!("host {:?} has no address", h.host))?;
+    let s = TcpStream::connect_timeout(&addr, Duration::from_secs(10)).with_context(|| {
+        format!(
+            "cannot reach the agent of {} at {addr}: is `mutirao agent --listen {addr}` running there?",
+            h.host
+        )
+    })?;
+    s.set_nodelay(true).ok();
+    s.set_read_timeout(Some(Duration::from_secs(10))).ok();
+    let mut r = BufReader::new(s.try_clone()?);
+    let mut w = s;
+    authenticate(&mut r, &mut w, secret)
+        .with_context(|| format!("agent of {} at {addr}", h.host))?;
+    Ok((w, r, addr))
+}
+
+/// Send a launch on an authenticated agent session and turn the session into events: output,
+/// starts and exits; heartbeats both ways. When the session of `spawned` children ends, the
+/// children without an exit are reported as ended; when a rank session ends, the host is lost.
+#[allow(clippy::too_many_arguments)]
+fn run_session(
+    (mut w, mut r): (TcpStream, BufReader<TcpStream>),
+    host_index: usize,
+    host: &str,
+    launch: Msg,
+    ranks: Vec<usize>,
+    spawned: bool,
+    heartbeat: Option<Duration>,
+    ctx: &Ctx<'_>,
+) -> anyhow::Result<()> {
+    proto::write_msg(&mut w, &launch)
+        .with_context(|| format!("cannot send the job to the agent of {host}"))?;
+    let silence = heartbeat.map(|p| p * proto::HEARTBEAT_MISSES);
+    r.get_ref().set_read_timeout(silence).ok();
+    let w = Arc::new(Mutex::new(w));
+    ctx.group.add_remote(w.clone());
+    let txc = ctx.tx.clone();
+    let host = host.to_string();
+    std::thread::spawn(move || {
+        let mut ended: Vec<usize> = Vec::new();
+        let why = loop {
+            match proto::read_msg(&mut r) {
+                Ok(Some(Msg::Output { rank, stream, line })) => {
+                    let _ = txc.send(Event::Output { rank, stream, line });
+                }
+                Ok(Some(Msg::Started { rank, .. })) => {
+                    let _ = txc.send(Event::Started { rank });
+                }
+                Ok(Some(Msg::Exit { rank, code, signal })) => {
+                    ended.push(rank);
+                    let _ = txc.send(Event::Exit { rank, code, signal });
+                }
+                Ok(Some(Msg::Error { msg })) => break format!("agent of {host}: {msg}"),
+                Ok(Some(_)) => {}
+                Ok(None) => break format!("agent of {host} closed the connection"),
+                Err(e) if e.contains("timed out") || e.contains("temporarily unavailable") => {
+                    break format!(
+                        "agent of {host} sent no heartbeat for {:.1} s (host down or unreachable)",
+                        silence.unwrap_or_default().as_secs_f64()
+                    )
+                }
+                Err(e) => break format!("agent of {host}: {e}"),
+            }
+        };
+        if spawned {
+            for rank in ranks.into_iter().filter(|r| !ended.contains(r)) {
+                let _ = txc.send(Event::Output {
+                    rank,
+                    stream: Stream::Err,
+                    line: format!("mutirao: spawned rank {rank}: {why}"),
+                });
+                let _ = txc.send(Event::Exit {
+                    rank,
+                    code: None,
+                    signal: None,
+                });
+            }
+        } else {
+            let _ = txc.send(Event::HostLost {
+                host: host_index,
+                why,
+            });
+        }
+    });
+    if let Some(period) = heartbeat {
+        let stop = ctx.stop.clone();
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::SeqCst) {
+                std::thread::sleep(period);
+                let Ok(mut g) = w.lock() else { break };
+                if proto::write_msg(&mut *g, &Msg::Heartbeat).is_err() {
+                    break;
+                }
+            }
+        });
+    }
+    Ok(())
+}
 
 #[allow(clippy::too_many_arguments)]
 fn start_remote(
@@ -540,9 +744,9 @@ fn start_remote(
     token_bytes: [u8; 32],
     token: &str,
     job: &str,
-    tx: &Sender<Event>,
-    stop: &Arc<AtomicBool>,
-) -> anyhow::Result<Remote> {
+    ctx: &Ctx<'_>,
+    spawner: Arc<JobSpawner>,
+) -> anyhow::Result<(Vec<String>, PmiServer)> {
     let secret = spec
         .secret
         .as_deref()
@@ -551,27 +755,9 @@ fn start_remote(
     let mut conns: Vec<Option<(TcpStream, BufReader<TcpStream>, SocketAddr)>> =
         (0..hosts.len()).map(|_| None).collect();
     for (i, h) in hosts.iter().enumerate() {
-        if !placement.contains(&i) {
-            continue;
+        if placement.contains(&i) {
+            conns[i] = Some(connect_agent(h, secret)?);
         }
-        let addr = (h.host.as_str(), h.port)
-            .to_socket_addrs()
-            .with_context(|| format!("cannot resolve host {:?}", h.host))?
-            .next()
-            .with_context(|| format!("host {:?} has no address", h.host))?;
-        let s = TcpStream::connect_timeout(&addr, Duration::from_secs(10)).with_context(|| {
-            format!(
-                "cannot reach the agent of {} at {addr}: is `mutirao agent --listen {addr}` running there?",
-                h.host
-            )
-        })?;
-        s.set_nodelay(true).ok();
-        s.set_read_timeout(Some(Duration::from_secs(10))).ok();
-        let mut r = BufReader::new(s.try_clone()?);
-        let mut w = s;
-        authenticate(&mut r, &mut w, secret)
-            .with_context(|| format!("agent of {} at {addr}", h.host))?;
-        conns[i] = Some((w, r, addr));
     }
     // Ranks reach the bootstrap server on the address we reach the first agent from.
     let local_ip = conns
@@ -582,16 +768,14 @@ fn start_remote(
         .transpose()?
         .map(|a| a.ip())
         .context("no host received ranks")?;
-    let pmi = start_pmi(spec, SocketAddr::new(local_ip, 0), token_bytes)
+    let pmi = start_pmi(spec, SocketAddr::new(local_ip, 0), token_bytes, spawner)
         .with_context(|| format!("cannot start the bootstrap server on {local_ip}"))?;
     let cwd = std::env::current_dir()
         .ok()
         .map(|p| p.display().to_string());
     let mut hosts_of = vec![String::new(); spec.n];
-    let mut writers = Vec::new();
-    let silence = spec.heartbeat.map(|p| p * proto::HEARTBEAT_MISSES);
     for (i, c) in conns.into_iter().enumerate() {
-        let Some((mut w, mut r, addr)) = c else {
+        let Some((w, r, addr)) = c else {
             continue;
         };
         let mine: Vec<usize> = (0..spec.n).filter(|r| placement[*r] == i).collect();
@@ -617,72 +801,296 @@ fn start_remote(
                 RankSpec { rank, env }
             })
             .collect();
-        proto::write_msg(
-            &mut w,
-            &Msg::Launch {
-                program: spec.program.clone(),
-                args: spec.args.clone(),
-                cwd: cwd.clone(),
-                ranks,
-                heartbeat_ms: spec.heartbeat.map(|d| d.as_millis().max(1) as u64),
-            },
-        )
-        .with_context(|| format!("cannot send the job to the agent of {}", hosts[i].host))?;
-        r.get_ref().set_read_timeout(silence).ok();
-        let w = Arc::new(Mutex::new(w));
-        writers.push(w.clone());
-        let txc = tx.clone();
-        let host = hosts[i].host.clone();
-        std::thread::spawn(move || loop {
-            let lost = |why: String| {
-                let _ = txc.send(Event::HostLost { host: i, why });
-            };
-            match proto::read_msg(&mut r) {
-                Ok(Some(Msg::Output { rank, stream, line })) => {
-                    let _ = txc.send(Event::Output { rank, stream, line });
-                }
-                Ok(Some(Msg::Started { rank, .. })) => {
-                    let _ = txc.send(Event::Started { rank });
-                }
-                Ok(Some(Msg::Exit { rank, code, signal })) => {
-                    let _ = txc.send(Event::Exit { rank, code, signal });
-                }
-                Ok(Some(Msg::Error { msg })) => {
-                    lost(format!("agent of {host}: {msg}"));
-                    break;
-                }
-                Ok(Some(_)) => {}
-                Ok(None) => {
-                    lost(format!("agent of {host} closed the connection"));
-                    break;
-                }
-                Err(e) if e.contains("timed out") || e.contains("temporarily unavailable") => {
-                    lost(format!(
-                        "agent of {host} sent no heartbeat for {:.1} s (host down or unreachable)",
-                        silence.unwrap_or_default().as_secs_f64()
-                    ));
-                    break;
-                }
-                Err(e) => {
-                    lost(format!("agent of {host}: {e}"));
-                    break;
-                }
-            }
-        });
-        if let Some(period) = spec.heartbeat {
-            let stop = stop.clone();
-            std::thread::spawn(move || {
-                while !stop.load(Ordering::SeqCst) {
-                    std::thread::sleep(period);
-                    let Ok(mut g) = w.lock() else { break };
-                    if proto::write_msg(&mut *g, &Msg::Heartbeat).is_err() {
-                        break;
-                    }
-                }
-            });
+        let launch = Msg::Launch {
+            program: spec.program.clone(),
+            args: spec.args.clone(),
+            cwd: cwd.clone(),
+            ranks,
+            heartbeat_ms: spec.heartbeat.map(|d| d.as_millis().max(1) as u64),
+        };
+        if let Err(e) = run_session(
+            (w, r),
+            i,
+            &hosts[i].host,
+            launch,
+            mine,
+            false,
+            spec.heartbeat,
+            ctx,
+        ) {
+            ctx.group.signal(libc::SIGKILL);
+            return Err(e);
         }
     }
-    Ok((writers, hosts_of, pmi))
+    Ok((hosts_of, pmi))
+}
+
+/// A spawned process, to stop it if its spawn fails.
+enum Member {
+    Local(u32),
+    Remote(Arc<Mutex<TcpStream>>),
+}
+
+/// The launcher's side of `Comm::spawn` (issue 13): starts the children of a spawn request on
+/// this host or through the agents of the hostfile (placement hints, else the hosts with the
+/// most free slots), and feeds their output and exits into the job's event stream.
+struct JobSpawner {
+    /// The job's event stream (taken when the job stops spawning).
+    tx: Mutex<Option<Sender<Event>>>,
+    group: Group,
+    hosts: Option<Vec<HostEntry>>,
+    exclude: Vec<usize>,
+    secret: Option<Vec<u8>>,
+    env: BTreeMap<String, String>,
+    bind_to: BindTo,
+    heartbeat: Option<Duration>,
+    dir_socket: Option<PathBuf>,
+    /// Processes per host (ranks and children still running).
+    load: Mutex<Vec<usize>>,
+    /// Spawn group → its processes.
+    members: Mutex<HashMap<u64, Vec<Member>>>,
+    /// Spawned world rank → (host index, host name).
+    names: Mutex<BTreeMap<usize, (usize, String)>>,
+    stop: Arc<AtomicBool>,
+}
+
+impl JobSpawner {
+    /// Hostfile index for a placement hint (a host name, `host:port`, or an address).
+    fn host_for_hint(&self, hosts: &[HostEntry], hint: &str) -> Result<usize, String> {
+        let found = hosts
+            .iter()
+            .position(|h| h.host == hint || format!("{}:{}", h.host, h.port) == hint);
+        match found {
+            Some(i) if self.exclude.contains(&i) => Err(format!(
+                "host {hint} is out of this job (it failed earlier)"
+            )),
+            Some(i) => Ok(i),
+            None => Err(format!(
+                "unknown host {hint:?}: not in the job's hostfile (known: {})",
+                hosts
+                    .iter()
+                    .map(|h| h.host.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )),
+        }
+    }
+
+    /// The host a spawned rank ran on, and forget it (it ended).
+    fn forget(&self, rank: usize) -> String {
+        let Some((h, name)) = self.names.lock().ok().and_then(|mut n| n.remove(&rank)) else {
+            return "?".into();
+        };
+        if let Ok(mut l) = self.load.lock() {
+            if let Some(x) = l.get_mut(h) {
+                *x = x.saturating_sub(1);
+            }
+        }
+        name
+    }
+
+    fn place(&self, req: &SpawnRequest) -> Result<Vec<usize>, String> {
+        let Some(hosts) = &self.hosts else {
+            let here = crate::agent::host_name();
+            for hint in &req.hosts {
+                if !["localhost", "127.0.0.1", here.as_str()].contains(&hint.as_str()) {
+                    return Err(format!(
+                        "unknown host {hint:?}: this job runs on this host only (localhost)"
+                    ));
+                }
+            }
+            return Ok(vec![0; req.ranks.len()]);
+        };
+        let mut load = self
+            .load
+            .lock()
+            .map_err(|_| "spawner state poisoned")?
+            .clone();
+        let mut out = Vec::with_capacity(req.ranks.len());
+        for i in 0..req.ranks.len() {
+            let h = if req.hosts.is_empty() {
+                // The host with the most free slots; when every slot is taken (children of an
+                // earlier spawn may still be finishing) the least loaded one, as `mutirao run`
+                // itself wraps around.
+                (0..hosts.len())
+                    .filter(|h| !self.exclude.contains(h))
+                    .max_by_key(|&h| {
+                        (
+                            hosts[h].slots as isize - load[h] as isize,
+                            std::cmp::Reverse(h),
+                        )
+                    })
+                    .ok_or("no host of the hostfile is left to spawn on")?
+            } else {
+                self.host_for_hint(hosts, &req.hosts[i % req.hosts.len()])?
+            };
+            load[h] += 1;
+            out.push(h);
+        }
+        Ok(out)
+    }
+
+    fn start(&self, req: &SpawnRequest) -> Result<Vec<SpawnedProc>, String> {
+        if req.env.len() != req.ranks.len() {
+            return Err("a spawn request with an environment per rank is malformed".into());
+        }
+        let tx = self
+            .tx
+            .lock()
+            .map_err(|_| "spawner state poisoned")?
+            .clone()
+            .ok_or("the job is ending: no more spawns")?;
+        let placement = self.place(req)?;
+        let program = req.program.display().to_string();
+        let ctx = Ctx {
+            tx: &tx,
+            group: &self.group,
+            stop: &self.stop,
+        };
+        let mut started: Vec<Member> = Vec::new();
+        let mut procs = Vec::new();
+        let result = (|| -> Result<(), String> {
+            match &self.hosts {
+                None => {
+                    let local_total = self.load.lock().map(|l| l[0]).unwrap_or(0) + req.ranks.len();
+                    for (i, &rank) in req.ranks.iter().enumerate() {
+                        let mut env = self.env.clone();
+                        env.extend(req.env[i].iter().cloned());
+                        env.insert("MUTIRAO_BIND".into(), "127.0.0.1".into());
+                        env.insert("MUTIRAO_LOCAL_RANKS".into(), local_total.to_string());
+                        env.insert("MUTIRAO_LOCAL_RANK".into(), rank.to_string());
+                        env.insert("MUTIRAO_BIND_TO".into(), self.bind_to.env().into());
+                        let pid = start_one_local(
+                            &program,
+                            &req.args,
+                            &env,
+                            self.dir_socket.as_deref(),
+                            rank as usize,
+                            ctx.tx,
+                            ctx.group,
+                        )
+                        .map_err(|e| format!("{e:#}"))?;
+                        started.push(Member::Local(pid));
+                        procs.push((rank, 0usize, "localhost".to_string()));
+                    }
+                }
+                Some(hosts) => {
+                    let secret = self.secret.as_deref().ok_or("no agent token")?;
+                    let cwd = std::env::current_dir()
+                        .ok()
+                        .map(|p| p.display().to_string());
+                    let mut by_host: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+                    for (i, &h) in placement.iter().enumerate() {
+                        by_host.entry(h).or_default().push(i);
+                    }
+                    for (h, idx) in by_host {
+                        let (w, r, addr) =
+                            connect_agent(&hosts[h], secret).map_err(|e| format!("{e:#}"))?;
+                        let ranks: Vec<RankSpec> = idx
+                            .iter()
+                            .enumerate()
+                            .map(|(k, &i)| {
+                                let mut env = self.env.clone();
+                                env.extend(req.env[i].iter().cloned());
+                                env.insert("MUTIRAO_BIND".into(), addr.ip().to_string());
+                                env.insert("MUTIRAO_LOCAL_RANKS".into(), idx.len().to_string());
+                                env.insert("MUTIRAO_LOCAL_RANK".into(), k.to_string());
+                                env.insert("MUTIRAO_BIND_TO".into(), self.bind_to.env().into());
+                                RankSpec {
+                                    rank: req.ranks[i] as usize,
+                                    env,
+                                }
+                            })
+                            .collect();
+                        let launch = Msg::Launch {
+                            program: program.clone(),
+                            args: req.args.clone(),
+                            cwd: cwd.clone(),
+                            ranks,
+                            heartbeat_ms: self.heartbeat.map(|d| d.as_millis().max(1) as u64),
+                        };
+                        let writer = w.try_clone().map_err(|e| e.to_string())?;
+                        run_session(
+                            (w, r),
+                            h,
+                            &hosts[h].host,
+                            launch,
+                            idx.iter().map(|&i| req.ranks[i] as usize).collect(),
+                            true,
+                            self.heartbeat,
+                            &ctx,
+                        )
+                        .map_err(|e| format!("{e:#}"))?;
+                        started.push(Member::Remote(Arc::new(Mutex::new(writer))));
+                        for &i in &idx {
+                            procs.push((req.ranks[i], h, hosts[h].host.clone()));
+                        }
+                    }
+                }
+            }
+            Ok(())
+        })();
+        if let Err(e) = result {
+            stop_members(&started);
+            return Err(e);
+        }
+        if let (Ok(mut load), Ok(mut names)) = (self.load.lock(), self.names.lock()) {
+            for (rank, h, name) in &procs {
+                if let Some(x) = load.get_mut(*h) {
+                    *x += 1;
+                }
+                names.insert(*rank as usize, (*h, name.clone()));
+            }
+        }
+        if let Ok(mut m) = self.members.lock() {
+            m.insert(req.group, started);
+        }
+        Ok(procs
+            .into_iter()
+            .map(|(rank, _, host)| SpawnedProc { rank, host })
+            .collect())
+    }
+}
+
+fn stop_members(members: &[Member]) {
+    for m in members {
+        match m {
+            Member::Local(pid) => {
+                // SAFETY: kill(2) has no memory-safety preconditions; -pid is the process group
+                // of a child this launcher started (process_group(0)).
+                unsafe {
+                    libc::kill(-(*pid as i32), libc::SIGKILL);
+                }
+            }
+            Member::Remote(w) => {
+                if let Ok(mut s) = w.lock() {
+                    let _ = proto::write_msg(
+                        &mut *s,
+                        &Msg::Kill {
+                            signal: libc::SIGKILL,
+                        },
+                    );
+                    let _ = s.shutdown(std::net::Shutdown::Both);
+                }
+            }
+        }
+    }
+}
+
+impl Spawner for JobSpawner {
+    fn spawn(&self, req: &SpawnRequest) -> Result<Vec<SpawnedProc>, String> {
+        self.start(req)
+    }
+
+    fn abort(&self, group: u64, _why: &str) {
+        let members = self
+            .members
+            .lock()
+            .ok()
+            .and_then(|mut m| m.remove(&group))
+            .unwrap_or_default();
+        stop_members(&members);
+    }
 }
 
 /// The environment remote ranks get besides their rank variables: every `MUTIRAO_*` variable

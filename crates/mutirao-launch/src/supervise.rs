@@ -114,6 +114,9 @@ fn signal_name(s: i32) -> &'static str {
     }
 }
 
+/// A rank's failed exit: (rank, code, signal).
+type FailedExit = (usize, Option<i32>, Option<i32>);
+
 struct State {
     n: usize,
     exited: Vec<bool>,
@@ -175,6 +178,8 @@ pub fn supervise(job: &Job, n: usize, watch: &Watch, on: &mut dyn FnMut(Report))
     let mut killed_hard = false;
     // A reported channel failure waits a moment for the peer's own exit, the likelier cause.
     let mut reported: Option<(mutirao::pmi::FailureReport, Instant)> = None;
+    // Failed exits seen in the last moments, before the job is ended.
+    let mut failing: Option<(Instant, Vec<FailedExit>)> = None;
     let host_name = |r: usize| {
         job.hosts_of()
             .get(r)
@@ -185,32 +190,37 @@ pub fn supervise(job: &Job, n: usize, watch: &Watch, on: &mut dyn FnMut(Report))
         match job.recv_timeout(Duration::from_millis(50)) {
             Ok(Event::Output { rank, stream, line }) => on(Report::Output { rank, stream, line }),
             Ok(Event::Started { .. }) => {}
+            Ok(Event::Exit { rank, code, signal }) if rank >= st.n => {
+                // A spawned rank: its end is the spawning rank's business, not the job's.
+                let (what, _) = describe(code, signal);
+                let host = job.spawned_exited(rank, &format!("it {what}"));
+                if code != Some(0) {
+                    on(Report::Notice(format!(
+                        "spawned rank {rank} on {host} {what}; the job goes on"
+                    )));
+                }
+            }
             Ok(Event::Exit { rank, code, signal }) => {
                 if rank < st.n && !st.exited[rank] {
                     st.exited[rank] = true;
                     st.remaining -= 1;
                     if code != Some(0) && st.ending_since.is_none() {
-                        let (what, c) = describe(code, signal);
                         let host = job.placement().get(rank).copied().unwrap_or(0);
-                        st.suspect(host);
                         if watch.keep_going && rank != 0 {
+                            st.suspect(host);
+                            let (what, _) = describe(code, signal);
                             on(Report::Notice(format!(
                                 "rank {rank} on {} {what}; the other ranks go on (--continue-on-failure)",
                                 host_name(rank)
                             )));
                             continue;
                         }
-                        st.end_all(
-                            job,
-                            watch,
-                            format!(
-                                "rank {rank} on {} {what}; ending the other ranks",
-                                host_name(rank)
-                            ),
-                            c,
-                            Cause::RankFailed { rank, host },
-                            on,
-                        );
+                        // Wait a moment for a likelier cause: a rank killed by a signal, whose
+                        // peers then fail on their broken channels, may be reaped later.
+                        match &mut failing {
+                            None => failing = Some((Instant::now(), vec![(rank, code, signal)])),
+                            Some((_, v)) => v.push((rank, code, signal)),
+                        }
                     }
                 }
             }
@@ -249,6 +259,35 @@ pub fn supervise(job: &Job, n: usize, watch: &Watch, on: &mut dyn FnMut(Report))
             }
             Err(RecvTimeoutError::Timeout) => {}
             Err(RecvTimeoutError::Disconnected) => break,
+        }
+        if st.ending_since.is_some() {
+            failing = None;
+        }
+        let settle = failing.as_ref().is_some_and(|(t, v)| {
+            t.elapsed() > Duration::from_millis(150)
+                || v.iter().any(|(_, _, sig)| sig.is_some())
+                || st.remaining == 0
+        });
+        if settle {
+            if let Some((_, v)) = failing.take() {
+                // A signal death is the cause if there is one; else the first failed exit.
+                let &(rank, code, signal) =
+                    v.iter().find(|(_, _, sig)| sig.is_some()).unwrap_or(&v[0]);
+                let (what, c) = describe(code, signal);
+                let host = job.placement().get(rank).copied().unwrap_or(0);
+                st.suspect(host);
+                st.end_all(
+                    job,
+                    watch,
+                    format!(
+                        "rank {rank} on {} {what}; ending the other ranks",
+                        host_name(rank)
+                    ),
+                    c,
+                    Cause::RankFailed { rank, host },
+                    on,
+                );
+            }
         }
         if watch.act_on_reports && st.ending_since.is_none() && reported.is_none() {
             reported = job
@@ -320,7 +359,9 @@ pub fn supervise(job: &Job, n: usize, watch: &Watch, on: &mut dyn FnMut(Report))
             }
         }
     }
-    // Drain output still on its way (bounded: a grandchild may hold a pipe open).
+    // No spawns once the job's own ranks have ended; then drain output still on its way
+    // (bounded: a grandchild may hold a pipe open).
+    job.stop_spawning();
     let drain_until = Instant::now() + Duration::from_secs(2);
     while let Ok(ev) = job.recv_timeout(drain_until.saturating_duration_since(Instant::now())) {
         if let Event::Output { rank, stream, line } = ev {
