@@ -92,45 +92,93 @@ impl Path {
     }
 }
 
+/// A flow in progress (or waiting behind another on its connection).
 #[derive(Debug, Clone)]
 struct Flow {
     key: usize,
     path: Path,
     start: f64,
     bytes: f64,
-    /// Bytes left at `since` (the flow moves at `rate` from then on; `rate` is NaN until the
-    /// first recompute after it joins).
-    left: f64,
-    since: f64,
-    rate: f64,
     alone: f64,
-    /// A network-wide stamp, renewed whenever `rate` or `left` changes: heap entries with
-    /// another stamp (older, or of an earlier flow in the same slot) are stale.
+    /// Its bottleneck group (the resource whose saturation fixed its rate in the last
+    /// progressive filling), [`NO_GROUP`] until the first filling after it joins, or
+    /// [`UNBOUNDED`] when its path has only infinite resources.
+    group: usize,
+    /// In a group: the group's served amount at which it ends. Not yet in one: the bytes left.
+    /// Unbounded: the instant it ends (it joined then).
+    target: f64,
+    /// A network-wide stamp, renewed whenever the flow changes group or a successor takes over
+    /// its slot: heap entries with another stamp are stale.
     ver: u64,
     /// Index of this flow in `members[r]` of each resource `r` of its path.
     pos: [usize; 3],
-    /// The rate found by the last progressive filling, and in which one (`fill`).
-    new_rate: f64,
-    fixed_in: u64,
 }
 
-impl Flow {
-    fn left_at(&self, t: f64) -> f64 {
-        if self.rate.is_nan() {
-            self.left // not moving yet: it has never had a rate
-        } else if self.rate.is_infinite() {
-            0.0
+/// Not yet in a group (joined since the last filling).
+const NO_GROUP: usize = usize::MAX;
+/// Crosses only infinite resources: ends the instant it starts.
+const UNBOUNDED: usize = usize::MAX - 1;
+
+/// The flows whose rate the same resource fixed: they all move at that resource's fair share
+/// (`rate`), so they share one clock of **served bytes**, `served + rate · (t − since)`, and
+/// a flow ends when that clock reaches its `target`. A rate change touches the group, not its
+/// flows.
+#[derive(Debug, Clone, Default)]
+struct Group {
+    rate: f64,
+    served: f64,
+    since: f64,
+    len: u32,
+    /// (resource, how many flows of the group cross it), the group's own resource included.
+    coupling: Vec<(usize, u32)>,
+    /// (target, slot, flow stamp), smallest target first; stale entries are skipped.
+    heap: BinaryHeap<Reverse<Finish>>,
+    /// Stamp of the group's entry in the network's heap of group finishes.
+    ver: u64,
+    /// The filling that fixed it last.
+    fixed_in: u64,
+    /// Already listed in `touched`.
+    touched: bool,
+}
+
+impl Group {
+    /// The served clock at `t` (a group without a rate yet has not moved).
+    fn served_at(&self, t: f64) -> f64 {
+        if self.rate > 0.0 && self.rate.is_finite() {
+            self.served + self.rate * (t - self.since)
         } else {
-            (self.left - self.rate * (t - self.since)).max(0.0)
+            self.served
         }
     }
 
-    /// When it ends at its current rate.
-    fn finish(&self) -> f64 {
-        if self.left <= 0.0 || self.rate.is_infinite() {
+    /// Re-base the clock at `t`.
+    fn settle(&mut self, t: f64) {
+        self.served = self.served_at(t);
+        self.since = t;
+    }
+
+    fn couple(&mut self, r: usize, by: i32) {
+        match self.coupling.iter().position(|&(q, _)| q == r) {
+            Some(i) => {
+                let c = self.coupling[i].1 as i32 + by;
+                if c <= 0 {
+                    self.coupling.swap_remove(i);
+                } else {
+                    self.coupling[i].1 = c as u32;
+                }
+            }
+            None if by > 0 => self.coupling.push((r, by as u32)),
+            None => {}
+        }
+    }
+
+    /// When a flow ending at served amount `target` ends.
+    fn finish_of(&self, target: f64) -> f64 {
+        let left = target - self.served;
+        if left <= 0.0 || self.rate.is_infinite() {
             self.since
         } else if self.rate > 0.0 {
-            self.since + self.left / self.rate
+            self.since + left / self.rate
         } else {
             f64::INFINITY
         }
@@ -153,13 +201,21 @@ pub struct Done {
 /// Cost: the rates depend only on the set of paths in flight, so they are recomputed only when
 /// that set changes — a connection starts or goes idle — and at most once per instant, however
 /// many flows start or end then. When a flow ends and the next message on its connection takes
-/// its place, the set is the same: the successor takes over its slot and rate and nothing else
-/// moves (O(log F)). A recompute is progressive filling over the resources' member lists, which
-/// are kept up to date as flows come and go: O(F · path) array updates plus O(R log R) for a
-/// heap of resource shares (a share only grows while filling, so a stale entry is pushed back
-/// when it surfaces rather than on every update). Only flows whose rate changed get a new
-/// entry in the heap of finish times (stale entries skipped by a version stamp), and a flow's
-/// progress is kept as (bytes left, since when), so moving time on costs nothing.
+/// its place, the set is the same: the successor takes over its slot, group and rate, and
+/// nothing else moves (O(log F)).
+///
+/// Flows are kept in **bottleneck groups**, one per resource: the flows whose rate that
+/// resource fixed in the last progressive filling. A group's flows all move at its rate, so a
+/// group keeps one clock of served bytes and a heap of the amounts at which its flows end; a
+/// rate change settles the group's clock and renews its one entry in the heap of group
+/// finishes — no per-flow work. Progressive filling runs over groups too: when a resource
+/// saturates, the unfixed flows crossing it are its group's (all of them), plus any of other
+/// unfixed groups, which are then moved to it (found by scanning the resource's member list
+/// only when its count of unfixed users says there are some). Fixing a group subtracts its
+/// per-resource counts (`coupling`) from the resources its flows cross. A recompute thus costs
+/// O(R log R) for the heap of resource shares plus the groups' coupling entries (at most the
+/// paths' resources, often far fewer), plus O(path + log) per flow that changes group. No
+/// allocation per event once the buffers have grown.
 #[derive(Debug, Clone)]
 pub struct Network {
     caps: Capacities,
@@ -173,21 +229,32 @@ pub struct Network {
     /// Resources with at least one member, and each one's index in it.
     live: Vec<usize>,
     live_at: Vec<usize>,
-    /// Slots of the flows in progress whose path has only infinite resources.
-    unbounded: Vec<usize>,
+    /// Bottleneck groups, one per resource.
+    groups: Vec<Group>,
+    /// Groups whose finish entry must be renewed.
+    touched: Vec<usize>,
+    /// (finish time, group, group stamp), earliest first.
+    finishes: BinaryHeap<Reverse<Finish>>,
+    /// Flows crossing only infinite resources: (instant, slot, stamp); they end at once.
+    unbounded: Vec<Finish>,
+    /// How many flows in progress are unbounded.
+    n_unbounded: usize,
     // Per connection (src, dst): flows waiting behind the active one.
     waiting: HashMap<(usize, usize), VecDeque<Flow>>,
     busy_conn: HashMap<(usize, usize), usize>,
     /// The set of paths in flight changed since the rates were computed.
     dirty: bool,
-    /// (finish time, slot, version), earliest first.
-    finishes: BinaryHeap<Reverse<Finish>>,
     // Scratch for progressive filling.
     cap_left: Vec<f64>,
     users: Vec<u32>,
-    heap: BinaryHeap<Reverse<Share>>,
+    /// The live resources by their share at the start of the last filling (kept from one
+    /// filling to the next: nearly sorted already), and which resources it holds.
+    order: Vec<Share>,
+    in_order: Vec<bool>,
+    /// Resources whose share grew while filling, smallest first.
+    regrown: BinaryHeap<Reverse<Share>>,
     recomputes: u64,
-    /// The last stamp given to a flow (`Flow::ver`).
+    /// The last stamp given (flows and groups).
     stamp: u64,
 }
 
@@ -204,14 +271,19 @@ impl Network {
             members: vec![Vec::new(); r],
             live: Vec::new(),
             live_at: vec![usize::MAX; r],
+            groups: vec![Group::default(); r],
+            touched: Vec::new(),
+            finishes: BinaryHeap::new(),
             unbounded: Vec::new(),
+            n_unbounded: 0,
             waiting: HashMap::new(),
             busy_conn: HashMap::new(),
             dirty: false,
-            finishes: BinaryHeap::new(),
             cap_left: vec![0.0; r],
             users: vec![0; r],
-            heap: BinaryHeap::new(),
+            order: Vec::new(),
+            in_order: vec![false; r],
+            regrown: BinaryHeap::new(),
             recomputes: 0,
             stamp: 0,
         }
@@ -242,6 +314,99 @@ impl Network {
         }
     }
 
+    fn next_stamp(&mut self) -> u64 {
+        self.stamp += 1;
+        self.stamp
+    }
+
+    fn touch(&mut self, g: usize) {
+        if !self.groups[g].touched {
+            self.groups[g].touched = true;
+            self.touched.push(g);
+        }
+    }
+
+    /// Renew the finish entry of every touched group.
+    fn renew_touched(&mut self) {
+        while let Some(g) = self.touched.pop() {
+            let stamp = self.next_stamp();
+            let flows = &self.flows;
+            let grp = &mut self.groups[g];
+            grp.touched = false;
+            grp.ver = stamp;
+            while let Some(&Reverse(Finish(target, slot, ver))) = grp.heap.peek() {
+                match &flows[slot] {
+                    Some(f) if f.ver == ver && f.group == g => {
+                        let at = grp.finish_of(target);
+                        self.finishes.push(Reverse(Finish(at, g, stamp)));
+                        break;
+                    }
+                    _ => {
+                        grp.heap.pop();
+                    }
+                }
+            }
+        }
+        // Drop stale group entries once they outnumber the live ones.
+        if self.finishes.len() > 2 * self.live.len() + 64 {
+            let groups = &self.groups;
+            self.finishes
+                .retain(|Reverse(Finish(_, g, v))| groups[*g].ver == *v);
+        }
+    }
+
+    /// Put the flow in `slot` (bytes `left` to go) into group `g` at the current instant.
+    fn join_group(&mut self, slot: usize, g: usize, left: f64) {
+        let ver = self.next_stamp();
+        let now = self.now;
+        let Some(f) = self.flows[slot].as_mut() else {
+            return;
+        };
+        let grp = &mut self.groups[g];
+        if grp.len == 0 {
+            // An empty group's clock restarts at 0 (keeps the served amounts small).
+            grp.served = 0.0;
+            grp.since = now;
+        }
+        let target = grp.served_at(now) + left;
+        f.group = g;
+        f.target = target;
+        f.ver = ver;
+        grp.len += 1;
+        for &q in f.path.ids() {
+            grp.couple(q, 1);
+        }
+        grp.heap.push(Reverse(Finish(target, slot, ver)));
+        // Drop stale entries once they outnumber the live ones.
+        if grp.heap.len() > 2 * grp.len as usize + 16 {
+            let flows = &self.flows;
+            grp.heap.retain(|Reverse(Finish(_, s, v))| {
+                matches!(&flows[*s], Some(f) if f.ver == *v && f.group == g)
+            });
+        }
+        self.touch(g);
+    }
+
+    /// Take the flow in `slot` out of its group; the bytes it has left.
+    fn leave_group(&mut self, slot: usize) -> f64 {
+        let now = self.now;
+        let Some(f) = self.flows[slot].as_ref() else {
+            return 0.0;
+        };
+        let g = f.group;
+        if g == NO_GROUP || g == UNBOUNDED {
+            return if g == NO_GROUP { f.target } else { 0.0 };
+        }
+        let grp = &mut self.groups[g];
+        let left = (f.target - grp.served_at(now)).max(0.0);
+        grp.len -= 1;
+        for &q in f.path.ids() {
+            grp.couple(q, -1);
+        }
+        self.touch(g);
+        left
+    }
+
     /// Start a flow of `bytes` from `src` to `dst` (different hosts) at time `at` (≥ the last
     /// event): it moves now, or after the flows already on its connection. (A start before the
     /// network's current time moves from that time on; its delay still counts from `at`.)
@@ -261,14 +426,11 @@ impl Network {
             path,
             start: at,
             bytes: bytes as f64,
-            left: bytes as f64,
-            since: self.now,
-            rate: f64::NAN,
             alone,
+            group: NO_GROUP,
+            target: bytes as f64,
             ver: 0,
             pos: [usize::MAX; 3],
-            new_rate: f64::INFINITY,
-            fixed_in: 0,
         };
         let conn = (src, dst);
         let n = self.busy_conn.entry(conn).or_insert(0);
@@ -304,16 +466,25 @@ impl Network {
             self.members[r].push(slot);
         }
         if !bounded {
-            self.unbounded.push(slot);
+            f.group = UNBOUNDED;
+            f.target = self.now;
+            f.ver = self.next_stamp();
+            self.unbounded.push(Finish(self.now, slot, f.ver));
+            self.n_unbounded += 1;
         }
         self.flows[slot] = Some(f);
         self.in_flight += 1;
         slot
     }
 
-    /// A flow leaves the network: out of its resources' member lists, its slot freed.
+    /// A flow leaves the network: out of its group and its resources' member lists, its slot
+    /// freed.
     fn remove(&mut self, slot: usize) -> Option<Flow> {
+        self.leave_group(slot);
         let f = self.flows[slot].take()?;
+        if f.group == UNBOUNDED {
+            self.n_unbounded -= 1;
+        }
         for (k, &r) in f.path.ids().iter().enumerate() {
             let i = f.pos[k];
             let m = &mut self.members[r];
@@ -334,18 +505,9 @@ impl Network {
                 self.live_at[r] = usize::MAX;
             }
         }
-        if let Some(i) = self.unbounded.iter().position(|&s| s == slot) {
-            self.unbounded.swap_remove(i);
-        }
         self.free.push(slot);
         self.in_flight -= 1;
         Some(f)
-    }
-
-    fn push_finish(&mut self, slot: usize) {
-        if let Some(f) = &self.flows[slot] {
-            self.finishes.push(Reverse(Finish(f.finish(), slot, f.ver)));
-        }
     }
 
     /// When the next flow in progress finishes at the current rates (`None` when idle).
@@ -353,15 +515,57 @@ impl Network {
         if self.dirty {
             self.rates();
         }
-        while let Some(&Reverse(Finish(t, slot, ver))) = self.finishes.peek() {
-            match &self.flows[slot] {
-                Some(f) if f.ver == ver => return Some(t),
-                _ => {
-                    self.finishes.pop();
+        let instant = self.unbounded.first().map(|u| u.0);
+        while let Some(&Reverse(Finish(t, g, ver))) = self.finishes.peek() {
+            if self.groups[g].ver == ver {
+                return Some(instant.map_or(t, |i| i.min(t)));
+            }
+            self.finishes.pop();
+        }
+        instant
+    }
+
+    /// The flow in `slot` has ended: report it, and let the next message on its connection
+    /// take over its slot (same path, so the same set of paths in flight: the same rates), or
+    /// free the slot and mark the rates for recompute.
+    fn end(&mut self, slot: usize, out: &mut Vec<Done>) {
+        let now = self.now;
+        let Some(f) = self.flows[slot].as_mut() else {
+            return;
+        };
+        out.push(Done {
+            key: f.key,
+            at: now,
+            delay: (now - f.start - f.alone).max(0.0),
+        });
+        let np = self.caps.nic_out.len();
+        let conn = (f.path.res[0], f.path.res[1] - np);
+        match self.waiting.get_mut(&conn).and_then(VecDeque::pop_front) {
+            Some(next) => {
+                f.key = next.key;
+                f.start = next.start;
+                f.bytes = next.bytes;
+                f.alone = next.alone;
+                let g = f.group;
+                if g == UNBOUNDED {
+                    let ver = self.next_stamp();
+                    if let Some(f) = self.flows[slot].as_mut() {
+                        f.ver = ver;
+                        f.target = now;
+                    }
+                    self.unbounded.push(Finish(now, slot, ver));
+                } else {
+                    // Same group: out and back in with the successor's bytes.
+                    self.leave_group(slot);
+                    self.join_group(slot, g, next.bytes);
                 }
             }
+            None => {
+                self.remove(slot);
+                self.busy_conn.remove(&conn);
+                self.dirty = true;
+            }
         }
-        None
     }
 
     /// Move time to `t` and finish every flow done by then (at most until the next finish:
@@ -371,128 +575,149 @@ impl Network {
             self.rates();
         }
         self.move_to(t);
+        let now = self.now;
+        // Unbounded flows end the instant they start.
+        let mut i = 0;
+        while i < self.unbounded.len() {
+            let Finish(at, slot, ver) = self.unbounded[i];
+            if at > now + 1e-9 {
+                i += 1;
+                continue;
+            }
+            self.unbounded.swap_remove(i);
+            if matches!(&self.flows[slot], Some(f) if f.ver == ver && f.group == UNBOUNDED) {
+                self.end(slot, out);
+            }
+        }
         // A flow is done when what is left would take under a nanosecond.
-        while let Some(&Reverse(Finish(ft, slot, ver))) = self.finishes.peek() {
-            if ft > self.now + 1e-9 {
+        while let Some(&Reverse(Finish(ft, g, ver))) = self.finishes.peek() {
+            if ft > now + 1e-9 {
                 break;
             }
             self.finishes.pop();
-            let Some(f) = self.flows[slot].as_mut() else {
-                continue;
-            };
-            if f.ver != ver {
+            if self.groups[g].ver != ver {
                 continue;
             }
-            out.push(Done {
-                key: f.key,
-                at: self.now,
-                delay: (self.now - f.start - f.alone).max(0.0),
-            });
-            let np = self.caps.nic_out.len();
-            let conn = (f.path.res[0], f.path.res[1] - np);
-            match self.waiting.get_mut(&conn).and_then(VecDeque::pop_front) {
-                Some(next) => {
-                    // Same path, so the same set of paths in flight: the same rates. The
-                    // successor takes over the slot (and its places in the member lists).
-                    f.key = next.key;
-                    f.start = next.start;
-                    f.bytes = next.bytes;
-                    f.alone = next.alone;
-                    f.left = next.bytes;
-                    f.since = self.now;
-                    self.stamp += 1;
-                    f.ver = self.stamp;
-                    self.push_finish(slot);
+            loop {
+                let grp = &mut self.groups[g];
+                let Some(&Reverse(Finish(target, slot, fver))) = grp.heap.peek() else {
+                    break;
+                };
+                let valid = matches!(&self.flows[slot], Some(f) if f.ver == fver && f.group == g);
+                if !valid {
+                    grp.heap.pop();
+                    continue;
                 }
-                None => {
-                    self.remove(slot);
-                    self.busy_conn.remove(&conn);
-                    self.dirty = true;
+                if grp.finish_of(target) > now + 1e-9 {
+                    break;
                 }
+                grp.heap.pop();
+                self.end(slot, out);
             }
+            self.touch(g);
         }
+        self.renew_touched();
     }
 
     /// Max–min fair rates by progressive filling: repeatedly saturate the resource with the
-    /// smallest fair share among the flows not yet fixed, fixing those flows at that share.
-    /// Settles the progress of the flows whose rate changed at the current instant and gives
-    /// them a new finish time.
+    /// smallest fair share among the flows not yet fixed, fixing those flows at that share —
+    /// a group at a time (see [`Network`]). Settles the clocks of the groups whose rate changed
+    /// at the current instant and renews their finish entries.
     fn rates(&mut self) {
         self.dirty = false;
         self.recomputes += 1;
         let fill = self.recomputes;
         let now = self.now;
-        self.heap.clear();
         for &r in &self.live {
-            let c = self.caps.capacity(r);
-            self.cap_left[r] = c;
+            self.cap_left[r] = self.caps.capacity(r);
             self.users[r] = self.members[r].len() as u32;
-            let share = c / self.users[r] as f64;
-            if share.is_finite() {
-                self.heap.push(Reverse(Share(share, r)));
+            if !self.in_order[r] {
+                self.in_order[r] = true;
+                self.order.push(Share(0.0, r));
             }
         }
-        while let Some(Reverse(Share(share, r))) = self.heap.pop() {
+        // Shares at the start, sorted by insertion (O(R) plus the few resources that moved).
+        let (live_at, in_order) = (&self.live_at, &mut self.in_order);
+        self.order.retain(|s| {
+            let keep = live_at[s.1] != usize::MAX;
+            in_order[s.1] = keep;
+            keep
+        });
+        for s in &mut self.order {
+            s.0 = self.cap_left[s.1] / self.users[s.1] as f64;
+        }
+        for i in 1..self.order.len() {
+            let mut j = i;
+            while j > 0 && self.order[j] < self.order[j - 1] {
+                self.order.swap(j, j - 1);
+                j -= 1;
+            }
+        }
+        // Resources in that order, or the one whose share grew, whichever is smaller; the
+        // filling stops once every bounded flow is fixed, so resources with slack left are
+        // never visited.
+        self.regrown.clear();
+        let mut next = 0;
+        let mut unfixed = self.in_flight - self.n_unbounded;
+        while unfixed > 0 {
+            let first = self.order.get(next).copied().filter(|s| s.0.is_finite());
+            let Share(share, r) = match (first, self.regrown.peek()) {
+                (Some(a), Some(&Reverse(b))) if b < a => {
+                    self.regrown.pop();
+                    b
+                }
+                (Some(a), _) => {
+                    next += 1;
+                    a
+                }
+                (None, Some(&Reverse(b))) => {
+                    self.regrown.pop();
+                    b
+                }
+                (None, None) => break,
+            };
             if self.users[r] == 0 {
                 continue;
             }
             let cur = self.cap_left[r] / self.users[r] as f64;
             if cur != share {
-                // Flows fixed elsewhere since this entry: the share grew; back in the heap.
-                self.heap.push(Reverse(Share(cur, r)));
+                // Flows fixed elsewhere since: the share grew; it comes back in its turn.
+                self.regrown.push(Reverse(Share(cur, r)));
                 continue;
             }
+            if self.users[r] > self.groups[r].len {
+                // Unfixed flows crossing r from other groups (or new ones): r fixes them.
+                for k in 0..self.members[r].len() {
+                    let slot = self.members[r][k];
+                    let Some(f) = self.flows[slot].as_ref() else {
+                        continue;
+                    };
+                    let g = f.group;
+                    if g == r
+                        || g == UNBOUNDED
+                        || (g != NO_GROUP && self.groups[g].fixed_in == fill)
+                    {
+                        continue;
+                    }
+                    let left = self.leave_group(slot);
+                    self.join_group(slot, r, left);
+                }
+            }
             let rate = share.max(0.0);
-            for k in 0..self.members[r].len() {
-                let slot = self.members[r][k];
-                let Some(f) = self.flows[slot].as_mut() else {
-                    continue;
-                };
-                if f.fixed_in == fill {
-                    continue;
-                }
-                f.fixed_in = fill;
-                f.new_rate = rate;
-                for &q in f.path.ids() {
-                    self.cap_left[q] -= share;
-                    self.users[q] -= 1;
-                }
+            let grp = &mut self.groups[r];
+            grp.fixed_in = fill;
+            unfixed = unfixed.saturating_sub(grp.len as usize);
+            for &(q, n) in &grp.coupling {
+                self.cap_left[q] -= share * n as f64;
+                self.users[q] -= n;
+            }
+            if grp.rate != rate {
+                grp.settle(now);
+                grp.rate = rate;
+                self.touch(r);
             }
         }
-        // Flows crossing only infinite resources are unbounded.
-        for &slot in &self.unbounded {
-            if let Some(f) = self.flows[slot].as_mut() {
-                f.fixed_in = fill;
-                f.new_rate = f64::INFINITY;
-            }
-        }
-        // Settle progress at the old rate and switch to the new one where it changed. Every
-        // flow in progress is a member of some live resource.
-        let mut stale = 0usize;
-        for &r in &self.live {
-            for &slot in &self.members[r] {
-                let Some(f) = self.flows[slot].as_mut() else {
-                    continue;
-                };
-                // Visit each flow once: through the first resource of its path.
-                if f.path.res[0] != r || f.new_rate == f.rate {
-                    continue;
-                }
-                f.left = f.left_at(now);
-                f.since = now;
-                f.rate = f.new_rate;
-                self.stamp += 1;
-                f.ver = self.stamp;
-                self.finishes.push(Reverse(Finish(f.finish(), slot, f.ver)));
-                stale += 1;
-            }
-        }
-        // Drop the stale entries once they outnumber the live ones.
-        if stale > 0 && self.finishes.len() > 2 * self.in_flight + 64 {
-            let flows = &self.flows;
-            self.finishes
-                .retain(|Reverse(Finish(_, s, v))| matches!(&flows[*s], Some(f) if f.ver == *v));
-        }
+        self.renew_touched();
     }
 }
 
