@@ -114,6 +114,16 @@ struct Flow {
     pos: [usize; 3],
 }
 
+/// What a local filling found.
+enum Local {
+    /// The max–min fair rates.
+    Solved,
+    /// More groups to solve (added to `s_list`).
+    Again,
+    /// Something only the full filling can settle.
+    Full,
+}
+
 /// Not yet in a group (joined since the last filling).
 const NO_GROUP: usize = usize::MAX;
 /// Crosses only infinite resources: ends the instant it starts.
@@ -157,21 +167,6 @@ impl Group {
         self.since = t;
     }
 
-    fn couple(&mut self, r: usize, by: i32) {
-        match self.coupling.iter().position(|&(q, _)| q == r) {
-            Some(i) => {
-                let c = self.coupling[i].1 as i32 + by;
-                if c <= 0 {
-                    self.coupling.swap_remove(i);
-                } else {
-                    self.coupling[i].1 = c as u32;
-                }
-            }
-            None if by > 0 => self.coupling.push((r, by as u32)),
-            None => {}
-        }
-    }
-
     /// When a flow ending at served amount `target` ends.
     fn finish_of(&self, target: f64) -> f64 {
         let left = target - self.served;
@@ -182,6 +177,22 @@ impl Group {
         } else {
             f64::INFINITY
         }
+    }
+}
+
+/// Add `by` to the count of `key` in a short list of (key, count), dropping zero counts.
+fn adjust(list: &mut Vec<(usize, u32)>, key: usize, by: i32) {
+    match list.iter().position(|&(k, _)| k == key) {
+        Some(i) => {
+            let c = list[i].1 as i32 + by;
+            if c <= 0 {
+                list.swap_remove(i);
+            } else {
+                list[i].1 = c as u32;
+            }
+        }
+        None if by > 0 => list.push((key, by as u32)),
+        None => {}
     }
 }
 
@@ -231,8 +242,26 @@ pub struct Network {
     live_at: Vec<usize>,
     /// Bottleneck groups, one per resource.
     groups: Vec<Group>,
+    /// Per resource: (group, how many of its flows cross the resource).
+    rcoup: Vec<Vec<(usize, u32)>>,
     /// Groups whose finish entry must be renewed.
     touched: Vec<usize>,
+    /// Resources on the paths of flows that joined or left since the last filling.
+    dirty_res: Vec<usize>,
+    res_dirty: Vec<bool>,
+    /// Flows that joined since the last filling (no group yet).
+    fresh: Vec<usize>,
+    /// The groups solved again in this recompute (`s_mark == call`), and the resources their
+    /// flows cross (`q_mark == epoch`).
+    s_list: Vec<usize>,
+    s_mark: Vec<u64>,
+    q_list: Vec<usize>,
+    q_mark: Vec<u64>,
+    local_order: Vec<Share>,
+    call: u64,
+    /// Stamp of the current filling attempt (`Group::fixed_in`).
+    epoch: u64,
+    full_fills: u64,
     /// (finish time, group, group stamp), earliest first.
     finishes: BinaryHeap<Reverse<Finish>>,
     /// Flows crossing only infinite resources: (instant, slot, stamp); they end at once.
@@ -272,7 +301,19 @@ impl Network {
             live: Vec::new(),
             live_at: vec![usize::MAX; r],
             groups: vec![Group::default(); r],
+            rcoup: vec![Vec::new(); r],
             touched: Vec::new(),
+            dirty_res: Vec::new(),
+            res_dirty: vec![false; r],
+            fresh: Vec::new(),
+            s_list: Vec::new(),
+            s_mark: vec![0; r],
+            q_list: Vec::new(),
+            q_mark: vec![0; r],
+            local_order: Vec::new(),
+            call: 0,
+            epoch: 0,
+            full_fills: 0,
             finishes: BinaryHeap::new(),
             unbounded: Vec::new(),
             n_unbounded: 0,
@@ -374,7 +415,8 @@ impl Network {
         f.ver = ver;
         grp.len += 1;
         for &q in f.path.ids() {
-            grp.couple(q, 1);
+            adjust(&mut grp.coupling, q, 1);
+            adjust(&mut self.rcoup[q], g, 1);
         }
         grp.heap.push(Reverse(Finish(target, slot, ver)));
         // Drop stale entries once they outnumber the live ones.
@@ -401,7 +443,8 @@ impl Network {
         let left = (f.target - grp.served_at(now)).max(0.0);
         grp.len -= 1;
         for &q in f.path.ids() {
-            grp.couple(q, -1);
+            adjust(&mut grp.coupling, q, -1);
+            adjust(&mut self.rcoup[q], g, -1);
         }
         self.touch(g);
         left
@@ -458,6 +501,10 @@ impl Network {
             if self.caps.capacity(r).is_finite() {
                 bounded = true;
             }
+            if !self.res_dirty[r] {
+                self.res_dirty[r] = true;
+                self.dirty_res.push(r);
+            }
             if self.members[r].is_empty() {
                 self.live_at[r] = self.live.len();
                 self.live.push(r);
@@ -471,6 +518,8 @@ impl Network {
             f.ver = self.next_stamp();
             self.unbounded.push(Finish(self.now, slot, f.ver));
             self.n_unbounded += 1;
+        } else {
+            self.fresh.push(slot);
         }
         self.flows[slot] = Some(f);
         self.in_flight += 1;
@@ -486,6 +535,10 @@ impl Network {
             self.n_unbounded -= 1;
         }
         for (k, &r) in f.path.ids().iter().enumerate() {
+            if !self.res_dirty[r] {
+                self.res_dirty[r] = true;
+                self.dirty_res.push(r);
+            }
             let i = f.pos[k];
             let m = &mut self.members[r];
             m.swap_remove(i);
@@ -619,14 +672,251 @@ impl Network {
         self.renew_touched();
     }
 
+    /// Recompute the max–min fair rates after flows joined or left: first locally (see
+    /// [`Network::fill_local`]), growing the set of groups solved again until the result
+    /// passes the max–min conditions; over everything ([`Network::fill_all`]) when that set
+    /// grows past half the groups or after a few rounds. Renews the finish entries of the
+    /// groups whose rate changed.
+    fn rates(&mut self) {
+        self.dirty = false;
+        self.recomputes += 1;
+        self.call += 1;
+        let call = self.call;
+        self.s_list.clear();
+        for i in 0..self.dirty_res.len() {
+            let d = self.dirty_res[i];
+            if self.groups[d].len > 0 && self.s_mark[d] != call {
+                self.s_mark[d] = call;
+                self.s_list.push(d);
+            }
+        }
+        let flows = &self.flows;
+        self.fresh
+            .retain(|&slot| matches!(&flows[slot], Some(f) if f.group == NO_GROUP));
+        let mut rounds = 0;
+        loop {
+            rounds += 1;
+            if rounds > 4 || 2 * self.s_list.len() > self.live.len() {
+                self.fill_all();
+                break;
+            }
+            match self.fill_local() {
+                Local::Solved => break,
+                Local::Again => {}
+                Local::Full => {
+                    self.fill_all();
+                    break;
+                }
+            }
+        }
+        for &d in &self.dirty_res {
+            self.res_dirty[d] = false;
+        }
+        self.dirty_res.clear();
+        self.fresh.clear();
+        self.renew_touched();
+    }
+
+    /// How many recomputes fell back to progressive filling over every resource (for tests).
+    pub fn full_fills(&self) -> u64 {
+        self.full_fills
+    }
+
+    fn add_s(&mut self, g: usize) {
+        if self.s_mark[g] != self.call {
+            self.s_mark[g] = self.call;
+            self.s_list.push(g);
+        }
+    }
+
+    fn add_q(&mut self, q: usize) {
+        if self.q_mark[q] != self.epoch {
+            self.q_mark[q] = self.epoch;
+            self.q_list.push(q);
+        }
+    }
+
+    /// Progressive filling of the flows of the groups in `s_list` and the fresh flows, every
+    /// other group keeping its rate (what it takes of each resource is subtracted first). Its
+    /// result is the max–min fair allocation if every flow has a bottleneck — a saturated
+    /// resource on which no flow is faster — and no resource is over capacity (the allocation
+    /// is unique). The filling gives that to the flows it fixes; it is checked here for the
+    /// groups on the resources it touched (the others' resources saw no change). A group
+    /// that fails joins `s_list` and the answer is `false` (fill again); so does a group met
+    /// while filling whose resource saturates at another level than its rate.
+    fn fill_local(&mut self) -> Local {
+        self.epoch += 1;
+        let (call, ep, now) = (self.call, self.epoch, self.now);
+        // The resources concerned, their unfixed users and what the other groups leave.
+        self.q_list.clear();
+        for i in 0..self.s_list.len() {
+            let g = self.s_list[i];
+            self.add_q(g);
+            for k in 0..self.groups[g].coupling.len() {
+                let q = self.groups[g].coupling[k].0;
+                self.add_q(q);
+            }
+        }
+        for i in 0..self.dirty_res.len() {
+            let d = self.dirty_res[i];
+            self.add_q(d);
+        }
+        for &q in &self.q_list {
+            let mut users = 0u32;
+            let mut cap = self.caps.capacity(q);
+            for &(h, n) in &self.rcoup[q] {
+                if self.s_mark[h] == call {
+                    users += n;
+                } else {
+                    cap -= self.groups[h].rate * n as f64;
+                }
+            }
+            self.users[q] = users;
+            self.cap_left[q] = cap;
+        }
+        let mut unfixed = 0usize;
+        for &slot in &self.fresh {
+            // (A fresh flow a previous round put in a group is counted with its group.)
+            if let Some(f) = self.flows[slot].as_ref().filter(|f| f.group == NO_GROUP) {
+                for &q in f.path.ids() {
+                    self.users[q] += 1;
+                }
+                unfixed += 1;
+            }
+        }
+        for &g in &self.s_list {
+            unfixed += self.groups[g].len as usize;
+        }
+        self.local_order.clear();
+        for &q in &self.q_list {
+            if self.users[q] > 0 {
+                let share = self.cap_left[q] / self.users[q] as f64;
+                if share.is_finite() {
+                    self.local_order.push(Share(share, q));
+                }
+            }
+        }
+        self.local_order.sort_unstable();
+        self.regrown.clear();
+        let mut next = 0;
+        while unfixed > 0 {
+            let first = self.local_order.get(next).copied();
+            let Share(share, r) = match (first, self.regrown.peek()) {
+                (Some(a), Some(&Reverse(b))) if b < a => {
+                    self.regrown.pop();
+                    b
+                }
+                (Some(a), _) => {
+                    next += 1;
+                    a
+                }
+                (None, Some(&Reverse(b))) => {
+                    self.regrown.pop();
+                    b
+                }
+                (None, None) => break,
+            };
+            if self.users[r] == 0 {
+                continue;
+            }
+            let cur = self.cap_left[r] / self.users[r] as f64;
+            if cur != share {
+                self.regrown.push(Reverse(Share(cur, r)));
+                continue;
+            }
+            if self.s_mark[r] != call {
+                if self.groups[r].len > 0 {
+                    // A group kept at its rate on a resource saturating now: solve it too.
+                    self.add_s(r);
+                    return Local::Again;
+                }
+                self.add_s(r);
+            }
+            if self.users[r] > self.groups[r].len {
+                for k in 0..self.members[r].len() {
+                    let slot = self.members[r][k];
+                    let Some(f) = self.flows[slot].as_ref() else {
+                        continue;
+                    };
+                    let g = f.group;
+                    let unfixed_elsewhere = g == NO_GROUP
+                        || (g != r
+                            && g != UNBOUNDED
+                            && self.s_mark[g] == call
+                            && self.groups[g].fixed_in != ep);
+                    if unfixed_elsewhere {
+                        let left = self.leave_group(slot);
+                        self.join_group(slot, r, left);
+                    }
+                }
+            }
+            let rate = share.max(0.0);
+            let grp = &mut self.groups[r];
+            grp.fixed_in = ep;
+            unfixed = unfixed.saturating_sub(grp.len as usize);
+            for &(q, n) in &grp.coupling {
+                self.cap_left[q] -= share * n as f64;
+                self.users[q] -= n;
+            }
+            if grp.rate != rate {
+                grp.settle(now);
+                grp.rate = rate;
+                self.touch(r);
+            }
+        }
+        // The max–min conditions on every resource touched.
+        const TOL: f64 = 1e-12;
+        let mut ok = true;
+        for i in 0..self.q_list.len() {
+            let q = self.q_list[i];
+            let c = self.caps.capacity(q);
+            if !c.is_finite() {
+                continue;
+            }
+            let (mut load, mut fastest) = (0.0f64, 0.0f64);
+            for &(h, n) in &self.rcoup[q] {
+                let rate = self.groups[h].rate;
+                load += rate * n as f64;
+                fastest = fastest.max(rate);
+            }
+            if load > c * (1.0 + TOL) + f64::MIN_POSITIVE {
+                // Over capacity (rounding): trust only the full filling.
+                return Local::Full;
+            }
+            if self.groups[q].len == 0 {
+                continue;
+            }
+            let own = self.groups[q].rate;
+            if self.s_mark[q] != call {
+                if load < c * (1.0 - TOL) || fastest > own * (1.0 + TOL) {
+                    self.add_s(q);
+                    ok = false;
+                }
+            } else if fastest > own * (1.0 + TOL) {
+                for k in 0..self.rcoup[q].len() {
+                    let h = self.rcoup[q][k].0;
+                    if self.groups[h].rate > own * (1.0 + TOL) {
+                        self.add_s(h);
+                    }
+                }
+                ok = false;
+            }
+        }
+        if ok {
+            Local::Solved
+        } else {
+            Local::Again
+        }
+    }
+
     /// Max–min fair rates by progressive filling: repeatedly saturate the resource with the
     /// smallest fair share among the flows not yet fixed, fixing those flows at that share —
     /// a group at a time (see [`Network`]). Settles the clocks of the groups whose rate changed
     /// at the current instant and renews their finish entries.
-    fn rates(&mut self) {
-        self.dirty = false;
-        self.recomputes += 1;
-        let fill = self.recomputes;
+    fn fill_all(&mut self) {
+        self.full_fills += 1;
+        self.epoch += 1;
+        let fill = self.epoch;
         let now = self.now;
         for &r in &self.live {
             self.cap_left[r] = self.caps.capacity(r);
@@ -717,7 +1007,6 @@ impl Network {
                 self.touch(r);
             }
         }
-        self.renew_touched();
     }
 }
 
