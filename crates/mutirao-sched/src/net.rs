@@ -244,6 +244,9 @@ pub struct Network {
     groups: Vec<Group>,
     /// Per resource: (group, how many of its flows cross the resource).
     rcoup: Vec<Vec<(usize, u32)>>,
+    /// Per resource: the sum of the rates of the flows in groups crossing it (kept up to date
+    /// as rates change and flows come and go; exactly 0 when none).
+    load: Vec<f64>,
     /// Groups whose finish entry must be renewed.
     touched: Vec<usize>,
     /// Resources on the paths of flows that joined or left since the last filling.
@@ -257,7 +260,9 @@ pub struct Network {
     s_mark: Vec<u64>,
     q_list: Vec<usize>,
     q_mark: Vec<u64>,
-    local_order: Vec<Share>,
+    local_order: Vec<Reverse<Share>>,
+    /// Per resource: the fastest rate given in this local filling to a group crossing it.
+    fast_s: Vec<f64>,
     call: u64,
     /// Stamp of the current filling attempt (`Group::fixed_in`).
     epoch: u64,
@@ -302,6 +307,7 @@ impl Network {
             live_at: vec![usize::MAX; r],
             groups: vec![Group::default(); r],
             rcoup: vec![Vec::new(); r],
+            load: vec![0.0; r],
             touched: Vec::new(),
             dirty_res: Vec::new(),
             res_dirty: vec![false; r],
@@ -311,6 +317,7 @@ impl Network {
             q_list: Vec::new(),
             q_mark: vec![0; r],
             local_order: Vec::new(),
+            fast_s: vec![0.0; r],
             call: 0,
             epoch: 0,
             full_fills: 0,
@@ -417,6 +424,7 @@ impl Network {
         for &q in f.path.ids() {
             adjust(&mut grp.coupling, q, 1);
             adjust(&mut self.rcoup[q], g, 1);
+            self.load[q] += grp.rate;
         }
         grp.heap.push(Reverse(Finish(target, slot, ver)));
         // Drop stale entries once they outnumber the live ones.
@@ -445,6 +453,11 @@ impl Network {
         for &q in f.path.ids() {
             adjust(&mut grp.coupling, q, -1);
             adjust(&mut self.rcoup[q], g, -1);
+            self.load[q] = if self.rcoup[q].is_empty() {
+                0.0 // exactly: no rounding carried over
+            } else {
+                self.load[q] - grp.rate
+            };
         }
         self.touch(g);
         left
@@ -744,9 +757,9 @@ impl Network {
     /// groups on the resources it touched (the others' resources saw no change). A group
     /// that fails joins `s_list` and the answer is `false` (fill again); so does a group met
     /// while filling whose resource saturates at another level than its rate.
+
     fn fill_local(&mut self) -> Local {
         self.epoch += 1;
-        let (call, ep, now) = (self.call, self.epoch, self.now);
         // The resources concerned, their unfixed users and what the other groups leave.
         self.q_list.clear();
         for i in 0..self.s_list.len() {
@@ -762,17 +775,16 @@ impl Network {
             self.add_q(d);
         }
         for &q in &self.q_list {
-            let mut users = 0u32;
-            let mut cap = self.caps.capacity(q);
-            for &(h, n) in &self.rcoup[q] {
-                if self.s_mark[h] == call {
-                    users += n;
-                } else {
-                    cap -= self.groups[h].rate * n as f64;
-                }
+            self.users[q] = 0;
+            self.cap_left[q] = self.caps.capacity(q) - self.load[q];
+            self.fast_s[q] = 0.0;
+        }
+        for &g in &self.s_list {
+            let grp = &self.groups[g];
+            for &(q, n) in &grp.coupling {
+                self.users[q] += n;
+                self.cap_left[q] += grp.rate * n as f64;
             }
-            self.users[q] = users;
-            self.cap_left[q] = cap;
         }
         let mut unfixed = 0usize;
         for &slot in &self.fresh {
@@ -787,41 +799,40 @@ impl Network {
         for &g in &self.s_list {
             unfixed += self.groups[g].len as usize;
         }
-        self.local_order.clear();
+        // Resources by share (a heap: the filling often ends after a few of them).
+        let mut order = std::mem::take(&mut self.local_order);
+        order.clear();
         for &q in &self.q_list {
             if self.users[q] > 0 {
                 let share = self.cap_left[q] / self.users[q] as f64;
                 if share.is_finite() {
-                    self.local_order.push(Share(share, q));
+                    order.push(Reverse(Share(share, q)));
                 }
             }
         }
-        self.local_order.sort_unstable();
-        self.regrown.clear();
-        let mut next = 0;
+        let mut heap = BinaryHeap::from(order);
+        let solved = self.fill_local_from(&mut heap, unfixed);
+        self.local_order = heap.into_vec();
+        solved
+    }
+
+    /// The filling and checks of [`Network::fill_local`], from the heap of resource shares.
+    fn fill_local_from(
+        &mut self,
+        heap: &mut BinaryHeap<Reverse<Share>>,
+        mut unfixed: usize,
+    ) -> Local {
+        let (call, ep, now) = (self.call, self.epoch, self.now);
         while unfixed > 0 {
-            let first = self.local_order.get(next).copied();
-            let Share(share, r) = match (first, self.regrown.peek()) {
-                (Some(a), Some(&Reverse(b))) if b < a => {
-                    self.regrown.pop();
-                    b
-                }
-                (Some(a), _) => {
-                    next += 1;
-                    a
-                }
-                (None, Some(&Reverse(b))) => {
-                    self.regrown.pop();
-                    b
-                }
-                (None, None) => break,
+            let Some(Reverse(Share(share, r))) = heap.pop() else {
+                break;
             };
             if self.users[r] == 0 {
                 continue;
             }
             let cur = self.cap_left[r] / self.users[r] as f64;
             if cur != share {
-                self.regrown.push(Reverse(Share(cur, r)));
+                heap.push(Reverse(Share(cur, r)));
                 continue;
             }
             if self.s_mark[r] != call {
@@ -857,14 +868,21 @@ impl Network {
             for &(q, n) in &grp.coupling {
                 self.cap_left[q] -= share * n as f64;
                 self.users[q] -= n;
+                self.fast_s[q] = self.fast_s[q].max(rate);
             }
             if grp.rate != rate {
                 grp.settle(now);
+                let d = rate - grp.rate;
                 grp.rate = rate;
+                for &(q, n) in &grp.coupling {
+                    self.load[q] += d * n as f64;
+                }
                 self.touch(r);
             }
         }
-        // The max–min conditions on every resource touched.
+        // The max–min conditions on every resource touched. What is left of a resource's
+        // capacity is `cap_left`; the groups kept were max–min fair before (their rates did
+        // not change), so only the new rates can be faster than a kept group's.
         const TOL: f64 = 1e-12;
         let mut ok = true;
         for i in 0..self.q_list.len() {
@@ -873,13 +891,7 @@ impl Network {
             if !c.is_finite() {
                 continue;
             }
-            let (mut load, mut fastest) = (0.0f64, 0.0f64);
-            for &(h, n) in &self.rcoup[q] {
-                let rate = self.groups[h].rate;
-                load += rate * n as f64;
-                fastest = fastest.max(rate);
-            }
-            if load > c * (1.0 + TOL) + f64::MIN_POSITIVE {
+            if self.cap_left[q] < -c * TOL - f64::MIN_POSITIVE {
                 // Over capacity (rounding): trust only the full filling.
                 return Local::Full;
             }
@@ -888,18 +900,18 @@ impl Network {
             }
             let own = self.groups[q].rate;
             if self.s_mark[q] != call {
-                if load < c * (1.0 - TOL) || fastest > own * (1.0 + TOL) {
+                if self.cap_left[q] > c * TOL || self.fast_s[q] > own * (1.0 + TOL) {
                     self.add_s(q);
                     ok = false;
                 }
-            } else if fastest > own * (1.0 + TOL) {
+            } else {
                 for k in 0..self.rcoup[q].len() {
                     let h = self.rcoup[q][k].0;
                     if self.groups[h].rate > own * (1.0 + TOL) {
                         self.add_s(h);
+                        ok = false;
                     }
                 }
-                ok = false;
             }
         }
         if ok {
@@ -913,6 +925,7 @@ impl Network {
     /// smallest fair share among the flows not yet fixed, fixing those flows at that share —
     /// a group at a time (see [`Network`]). Settles the clocks of the groups whose rate changed
     /// at the current instant and renews their finish entries.
+
     fn fill_all(&mut self) {
         self.full_fills += 1;
         self.epoch += 1;
@@ -1003,7 +1016,11 @@ impl Network {
             }
             if grp.rate != rate {
                 grp.settle(now);
+                let d = rate - grp.rate;
                 grp.rate = rate;
+                for &(q, n) in &grp.coupling {
+                    self.load[q] += d * n as f64;
+                }
                 self.touch(r);
             }
         }
