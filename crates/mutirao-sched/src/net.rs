@@ -755,9 +755,8 @@ impl Network {
     /// resource on which no flow is faster — and no resource is over capacity (the allocation
     /// is unique). The filling gives that to the flows it fixes; it is checked here for the
     /// groups on the resources it touched (the others' resources saw no change). A group
-    /// that fails joins `s_list` and the answer is `false` (fill again); so does a group met
+    /// that fails joins `s_list` and the answer is [`Local::Again`]; so does a group met
     /// while filling whose resource saturates at another level than its rate.
-
     fn fill_local(&mut self) -> Local {
         self.epoch += 1;
         // The resources concerned, their unfixed users and what the other groups leave.
@@ -925,7 +924,6 @@ impl Network {
     /// smallest fair share among the flows not yet fixed, fixing those flows at that share —
     /// a group at a time (see [`Network`]). Settles the clocks of the groups whose rate changed
     /// at the current instant and renews their finish entries.
-
     fn fill_all(&mut self) {
         self.full_fills += 1;
         self.epoch += 1;
