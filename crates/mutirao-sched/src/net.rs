@@ -837,8 +837,33 @@ impl Network {
             if self.s_mark[r] != call {
                 if self.groups[r].len > 0 {
                     // A group kept at its rate on a resource saturating now: solve it too.
+                    // If its rate is not below this level and none of the resources its flows
+                    // cross has been saturated yet, a filling with it from the start would
+                    // have gone the same way so far (its flows' resources' shares lie between
+                    // their shares here and its rate): take it in and go on. Else start again.
                     self.add_s(r);
-                    return Local::Again;
+                    let grp = &self.groups[r];
+                    let popped = |q: usize| self.s_mark[q] == call && self.groups[q].fixed_in == ep;
+                    if grp.rate < share || grp.coupling.iter().any(|&(q, _)| popped(q)) {
+                        return Local::Again;
+                    }
+                    for k in 0..self.groups[r].coupling.len() {
+                        let (q, n) = self.groups[r].coupling[k];
+                        if self.q_mark[q] != self.epoch {
+                            self.add_q(q);
+                            self.users[q] = 0;
+                            self.cap_left[q] = self.caps.capacity(q) - self.load[q];
+                            self.fast_s[q] = 0.0;
+                        }
+                        self.users[q] += n;
+                        self.cap_left[q] += self.groups[r].rate * n as f64;
+                        let sh = self.cap_left[q] / self.users[q] as f64;
+                        if sh.is_finite() {
+                            heap.push(Reverse(Share(sh, q)));
+                        }
+                    }
+                    unfixed += self.groups[r].len as usize;
+                    continue;
                 }
                 self.add_s(r);
             }
@@ -898,12 +923,19 @@ impl Network {
                 continue;
             }
             let own = self.groups[q].rate;
-            if self.s_mark[q] != call {
+            // (Groups fixed by this filling; not those this loop has just marked to solve.)
+            let solved = self.s_mark[q] == call && self.groups[q].fixed_in == ep;
+            if !solved {
                 if self.cap_left[q] > c * TOL || self.fast_s[q] > own * (1.0 + TOL) {
                     self.add_s(q);
                     ok = false;
                 }
             } else {
+                if self.cap_left[q] > c * TOL {
+                    // Saturated when fixed, then given back (cannot happen when the group
+                    // taken in on the way met the conditions above).
+                    return Local::Full;
+                }
                 for k in 0..self.rcoup[q].len() {
                     let h = self.rcoup[q][k].0;
                     if self.groups[h].rate > own * (1.0 + TOL) {
