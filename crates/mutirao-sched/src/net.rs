@@ -16,7 +16,9 @@
 //! Pure: no I/O, time is passed in.
 
 use std::cmp::Reverse;
+use std::collections::hash_map::Entry;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::hash::{BuildHasherDefault, Hasher};
 
 /// Capacities of a platform's shared resources, bytes per second, resolved per host.
 #[derive(Debug, Clone, PartialEq)]
@@ -273,9 +275,8 @@ pub struct Network {
     unbounded: Vec<Finish>,
     /// How many flows in progress are unbounded.
     n_unbounded: usize,
-    // Per connection (src, dst): flows waiting behind the active one.
-    waiting: HashMap<(usize, usize), VecDeque<Flow>>,
-    busy_conn: HashMap<(usize, usize), usize>,
+    /// The busy connections (src, dst), each with the flows waiting behind its active one.
+    conns: HashMap<(usize, usize), VecDeque<Flow>, BuildHasherDefault<ConnHasher>>,
     /// The set of paths in flight changed since the rates were computed.
     dirty: bool,
     // Scratch for progressive filling.
@@ -324,8 +325,7 @@ impl Network {
             finishes: BinaryHeap::new(),
             unbounded: Vec::new(),
             n_unbounded: 0,
-            waiting: HashMap::new(),
-            busy_conn: HashMap::new(),
+            conns: HashMap::default(),
             dirty: false,
             cap_left: vec![0.0; r],
             users: vec![0; r],
@@ -488,14 +488,13 @@ impl Network {
             ver: 0,
             pos: [usize::MAX; 3],
         };
-        let conn = (src, dst);
-        let n = self.busy_conn.entry(conn).or_insert(0);
-        if *n > 0 {
-            self.waiting.entry(conn).or_default().push_back(f);
-        } else {
-            *n = 1;
-            self.insert(f);
-            self.dirty = true;
+        match self.conns.entry((src, dst)) {
+            Entry::Occupied(mut e) => e.get_mut().push_back(f),
+            Entry::Vacant(e) => {
+                e.insert(VecDeque::new());
+                self.insert(f);
+                self.dirty = true;
+            }
         }
     }
 
@@ -606,7 +605,7 @@ impl Network {
         });
         let np = self.caps.nic_out.len();
         let conn = (f.path.res[0], f.path.res[1] - np);
-        match self.waiting.get_mut(&conn).and_then(VecDeque::pop_front) {
+        match self.conns.get_mut(&conn).and_then(VecDeque::pop_front) {
             Some(next) => {
                 f.key = next.key;
                 f.start = next.start;
@@ -628,7 +627,7 @@ impl Network {
             }
             None => {
                 self.remove(slot);
-                self.busy_conn.remove(&conn);
+                self.conns.remove(&conn);
                 self.dirty = true;
             }
         }
@@ -1078,6 +1077,28 @@ impl FlowNetwork for Network {
     }
     fn finish_until(&mut self, t: f64, out: &mut Vec<Done>) {
         Network::finish_until(self, t, out)
+    }
+}
+
+/// Hashes a connection's host indices by multiplying (as rustc's Fx hash): the keys are small
+/// trusted integers, so SipHash's resistance to chosen keys buys nothing here.
+#[derive(Default)]
+struct ConnHasher(u64);
+
+impl Hasher for ConnHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(b as u64);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+    fn write_usize(&mut self, n: usize) {
+        self.write_u64(n as u64);
     }
 }
 
