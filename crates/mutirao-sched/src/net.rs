@@ -265,6 +265,8 @@ pub struct Network {
     local_order: Vec<Reverse<Share>>,
     /// Per resource: the fastest rate given in this local filling to a group crossing it.
     fast_s: Vec<f64>,
+    /// Resources found over capacity while left out of a local filling (`== call`).
+    forced: Vec<u64>,
     call: u64,
     /// Stamp of the current filling attempt (`Group::fixed_in`).
     epoch: u64,
@@ -319,6 +321,7 @@ impl Network {
             q_mark: vec![0; r],
             local_order: Vec::new(),
             fast_s: vec![0.0; r],
+            forced: vec![0; r],
             call: 0,
             epoch: 0,
             full_fills: 0,
@@ -758,14 +761,19 @@ impl Network {
     /// while filling whose resource saturates at another level than its rate.
     fn fill_local(&mut self) -> Local {
         self.epoch += 1;
-        // The resources concerned, their unfixed users and what the other groups leave.
+        // The resources concerned, their unfixed users and what the other groups leave. A
+        // resource the groups' flows cross that fixes no group, saw no flow come or go and
+        // was not found over capacity before is left out ("light"): it has slack, and only
+        // whether the new rates overload it is checked after the filling.
         self.q_list.clear();
         for i in 0..self.s_list.len() {
             let g = self.s_list[i];
             self.add_q(g);
             for k in 0..self.groups[g].coupling.len() {
                 let q = self.groups[g].coupling[k].0;
-                self.add_q(q);
+                if self.groups[q].len > 0 || self.res_dirty[q] || self.forced[q] == self.call {
+                    self.add_q(q);
+                }
             }
         }
         for i in 0..self.dirty_res.len() {
@@ -780,8 +788,10 @@ impl Network {
         for &g in &self.s_list {
             let grp = &self.groups[g];
             for &(q, n) in &grp.coupling {
-                self.users[q] += n;
-                self.cap_left[q] += grp.rate * n as f64;
+                if self.q_mark[q] == self.epoch {
+                    self.users[q] += n;
+                    self.cap_left[q] += grp.rate * n as f64;
+                }
             }
         }
         let mut unfixed = 0usize;
@@ -848,14 +858,29 @@ impl Network {
                     }
                     for k in 0..self.groups[r].coupling.len() {
                         let (q, n) = self.groups[r].coupling[k];
-                        if self.q_mark[q] != self.epoch {
+                        if self.q_mark[q] != ep {
+                            // A light resource joins: its users and what is left of it, from
+                            // the groups crossing it (this one included).
                             self.add_q(q);
-                            self.users[q] = 0;
-                            self.cap_left[q] = self.caps.capacity(q) - self.load[q];
-                            self.fast_s[q] = 0.0;
+                            let (mut users, mut left, mut fast) =
+                                (0u32, self.caps.capacity(q) - self.load[q], 0.0f64);
+                            for &(h, m) in &self.rcoup[q] {
+                                if self.s_mark[h] == call {
+                                    if self.groups[h].fixed_in == ep {
+                                        fast = fast.max(self.groups[h].rate);
+                                    } else {
+                                        users += m;
+                                        left += self.groups[h].rate * m as f64;
+                                    }
+                                }
+                            }
+                            self.users[q] = users;
+                            self.cap_left[q] = left;
+                            self.fast_s[q] = fast;
+                        } else {
+                            self.users[q] += n;
+                            self.cap_left[q] += self.groups[r].rate * n as f64;
                         }
-                        self.users[q] += n;
-                        self.cap_left[q] += self.groups[r].rate * n as f64;
                         let sh = self.cap_left[q] / self.users[q] as f64;
                         if sh.is_finite() {
                             heap.push(Reverse(Share(sh, q)));
@@ -889,9 +914,11 @@ impl Network {
             grp.fixed_in = ep;
             unfixed = unfixed.saturating_sub(grp.len as usize);
             for &(q, n) in &grp.coupling {
-                self.cap_left[q] -= share * n as f64;
-                self.users[q] -= n;
-                self.fast_s[q] = self.fast_s[q].max(rate);
+                if self.q_mark[q] == ep {
+                    self.cap_left[q] -= share * n as f64;
+                    self.users[q] -= n;
+                    self.fast_s[q] = self.fast_s[q].max(rate);
+                }
             }
             if grp.rate != rate {
                 grp.settle(now);
@@ -908,6 +935,18 @@ impl Network {
         // not change), so only the new rates can be faster than a kept group's.
         const TOL: f64 = 1e-12;
         let mut ok = true;
+        for i in 0..self.s_list.len() {
+            let g = self.s_list[i];
+            for k in 0..self.groups[g].coupling.len() {
+                let q = self.groups[g].coupling[k].0;
+                let c = self.caps.capacity(q);
+                if self.q_mark[q] != ep && self.load[q] > c * (1.0 + TOL) {
+                    // A light resource the new rates overload: fill again with it.
+                    self.forced[q] = call;
+                    ok = false;
+                }
+            }
+        }
         for i in 0..self.q_list.len() {
             let q = self.q_list[i];
             let c = self.caps.capacity(q);
