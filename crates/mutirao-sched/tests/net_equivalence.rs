@@ -190,3 +190,43 @@ fn a_successor_on_a_busy_connection_costs_no_recompute() {
     // Once when the connection started, once when it went idle.
     assert_eq!(net.recomputes(), 2);
 }
+
+#[test]
+fn recomputes_stay_local_on_a_busy_platform() {
+    // 16 hosts on 4 sites, every host sending to four others across the sites, starts spread
+    // over time: every recompute is solved locally (no filling over every resource), and the
+    // finishes are the reference's.
+    let hosts = 16;
+    let c = Capacities {
+        nic_out: vec![1e8; hosts],
+        nic_in: vec![1e8; hosts],
+        site_of: (0..hosts).map(|h| h % 4).collect(),
+        sites: 4,
+        site_link: (0..16)
+            .map(|i| if i / 4 == i % 4 { None } else { Some(2e8) })
+            .collect(),
+    };
+    let flows: Vec<(f64, usize, usize, u64)> = (0..hosts * 4)
+        .map(|i| {
+            let (s, k) = (i % hosts, i / hosts);
+            (i as f64 * 1e-3, s, (s + 1 + 3 * k) % hosts, 1_000_000)
+        })
+        .collect();
+    let mut net = Network::new(c.clone());
+    let new = drive(&mut net, &flows);
+    let old = drive(&mut Reference::new(c), &flows);
+    assert_eq!(new.len(), flows.len());
+    for d in &new {
+        let r = old
+            .iter()
+            .find(|o| o.key == d.key)
+            .expect("reference finish");
+        assert!(close(d.at, r.at), "flow {}: {} vs {}", d.key, d.at, r.at);
+    }
+    assert!(
+        net.recomputes() >= flows.len() as u64,
+        "{}",
+        net.recomputes()
+    );
+    assert_eq!(net.full_fills(), 0);
+}
