@@ -267,6 +267,8 @@ pub struct Network {
     fast_s: Vec<f64>,
     /// Resources found over capacity while left out of a local filling (`== call`).
     forced: Vec<u64>,
+    /// Groups of this local filling that got faster or took in flows.
+    raised: Vec<usize>,
     call: u64,
     /// Stamp of the current filling attempt (`Group::fixed_in`).
     epoch: u64,
@@ -322,6 +324,7 @@ impl Network {
             local_order: Vec::new(),
             fast_s: vec![0.0; r],
             forced: vec![0; r],
+            raised: Vec::new(),
             call: 0,
             epoch: 0,
             full_fills: 0,
@@ -744,10 +747,15 @@ impl Network {
         }
     }
 
+    /// Resource `q` joins the local filling: no unfixed users yet, and what the groups' rates
+    /// leave of it.
     fn add_q(&mut self, q: usize) {
         if self.q_mark[q] != self.epoch {
             self.q_mark[q] = self.epoch;
             self.q_list.push(q);
+            self.users[q] = 0;
+            self.cap_left[q] = self.caps.capacity(q) - self.load[q];
+            self.fast_s[q] = 0.0;
         }
     }
 
@@ -766,31 +774,27 @@ impl Network {
         // was not found over capacity before is left out ("light"): it has slack, and only
         // whether the new rates overload it is checked after the filling.
         self.q_list.clear();
+        self.raised.clear();
         for i in 0..self.s_list.len() {
             let g = self.s_list[i];
             self.add_q(g);
-            for k in 0..self.groups[g].coupling.len() {
-                let q = self.groups[g].coupling[k].0;
-                if self.groups[q].len > 0 || self.res_dirty[q] || self.forced[q] == self.call {
-                    self.add_q(q);
-                }
-            }
         }
         for i in 0..self.dirty_res.len() {
             let d = self.dirty_res[i];
             self.add_q(d);
         }
-        for &q in &self.q_list {
-            self.users[q] = 0;
-            self.cap_left[q] = self.caps.capacity(q) - self.load[q];
-            self.fast_s[q] = 0.0;
-        }
-        for &g in &self.s_list {
-            let grp = &self.groups[g];
-            for &(q, n) in &grp.coupling {
-                if self.q_mark[q] == self.epoch {
+        for i in 0..self.s_list.len() {
+            let g = self.s_list[i];
+            let rate = self.groups[g].rate;
+            for k in 0..self.groups[g].coupling.len() {
+                let (q, n) = self.groups[g].coupling[k];
+                if self.q_mark[q] == self.epoch
+                    || self.groups[q].len > 0
+                    || self.forced[q] == self.call
+                {
+                    self.add_q(q);
                     self.users[q] += n;
-                    self.cap_left[q] += grp.rate * n as f64;
+                    self.cap_left[q] += rate * n as f64;
                 }
             }
         }
@@ -862,8 +866,7 @@ impl Network {
                             // A light resource joins: its users and what is left of it, from
                             // the groups crossing it (this one included).
                             self.add_q(q);
-                            let (mut users, mut left, mut fast) =
-                                (0u32, self.caps.capacity(q) - self.load[q], 0.0f64);
+                            let (mut users, mut left, mut fast) = (0u32, self.cap_left[q], 0.0f64);
                             for &(h, m) in &self.rcoup[q] {
                                 if self.s_mark[h] == call {
                                     if self.groups[h].fixed_in == ep {
@@ -891,7 +894,9 @@ impl Network {
                 }
                 self.add_s(r);
             }
-            if self.users[r] > self.groups[r].len {
+            let moved = self.users[r] > self.groups[r].len;
+            if moved {
+                self.raised.push(r);
                 for k in 0..self.members[r].len() {
                     let slot = self.members[r][k];
                     let Some(f) = self.flows[slot].as_ref() else {
@@ -913,20 +918,25 @@ impl Network {
             let grp = &mut self.groups[r];
             grp.fixed_in = ep;
             unfixed = unfixed.saturating_sub(grp.len as usize);
+            let d = rate - grp.rate;
+            if d != 0.0 {
+                grp.settle(now);
+                grp.rate = rate;
+            }
             for &(q, n) in &grp.coupling {
                 if self.q_mark[q] == ep {
                     self.cap_left[q] -= share * n as f64;
                     self.users[q] -= n;
                     self.fast_s[q] = self.fast_s[q].max(rate);
                 }
-            }
-            if grp.rate != rate {
-                grp.settle(now);
-                let d = rate - grp.rate;
-                grp.rate = rate;
-                for &(q, n) in &grp.coupling {
+                if d != 0.0 {
                     self.load[q] += d * n as f64;
                 }
+            }
+            if d > 0.0 && !moved {
+                self.raised.push(r);
+            }
+            if d != 0.0 {
                 self.touch(r);
             }
         }
@@ -935,8 +945,9 @@ impl Network {
         // not change), so only the new rates can be faster than a kept group's.
         const TOL: f64 = 1e-12;
         let mut ok = true;
-        for i in 0..self.s_list.len() {
-            let g = self.s_list[i];
+        // Only a group that got faster, or took in flows, can add load to a light resource.
+        for i in 0..self.raised.len() {
+            let g = self.raised[i];
             for k in 0..self.groups[g].coupling.len() {
                 let q = self.groups[g].coupling[k].0;
                 let c = self.caps.capacity(q);
