@@ -218,17 +218,20 @@ pub struct Done {
 /// nothing else moves (O(log F)).
 ///
 /// Flows are kept in **bottleneck groups**, one per resource: the flows whose rate that
-/// resource fixed in the last progressive filling. A group's flows all move at its rate, so a
-/// group keeps one clock of served bytes and a heap of the amounts at which its flows end; a
-/// rate change settles the group's clock and renews its one entry in the heap of group
-/// finishes — no per-flow work. Progressive filling runs over groups too: when a resource
-/// saturates, the unfixed flows crossing it are its group's (all of them), plus any of other
-/// unfixed groups, which are then moved to it (found by scanning the resource's member list
-/// only when its count of unfixed users says there are some). Fixing a group subtracts its
-/// per-resource counts (`coupling`) from the resources its flows cross. A recompute thus costs
-/// O(R log R) for the heap of resource shares plus the groups' coupling entries (at most the
-/// paths' resources, often far fewer), plus O(path + log) per flow that changes group. No
-/// allocation per event once the buffers have grown.
+/// resource fixed. A group's flows all move at its rate, so a group keeps one clock of served
+/// bytes and a heap of the amounts at which its flows end; a rate change settles the group's
+/// clock and renews its one entry in the heap of group finishes — no per-flow work.
+///
+/// A recompute is **local** (`fill_local`): progressive filling of the groups on the
+/// resources of the flows that came or went (and of the new flows), every other group held at
+/// its rate — per-resource loads are kept up to date, so that costs the solved groups'
+/// resources, not the network's. When a resource saturates, the unfixed flows crossing it are
+/// its group's plus any of other unfixed groups, moved to it (found by scanning its member list
+/// only when its count of unfixed users says there are some). The result is then checked
+/// against the max–min conditions on every resource whose load changed; a group that fails is
+/// solved too, in another round. The allocation is unique, so what passes is exact (within
+/// rounding). After four rounds, or when the groups to solve pass half the resources in use,
+/// the filling runs over everything (`fill_all`). No allocation per event once the buffers have grown.
 #[derive(Debug, Clone)]
 pub struct Network {
     caps: Capacities,
@@ -693,8 +696,8 @@ impl Network {
     /// Recompute the max–min fair rates after flows joined or left: first locally (see
     /// [`Network::fill_local`]), growing the set of groups solved again until the result
     /// passes the max–min conditions; over everything ([`Network::fill_all`]) when that set
-    /// grows past half the groups or after a few rounds. Renews the finish entries of the
-    /// groups whose rate changed.
+    /// grows past half the resources in use or after four rounds. Renews the finish entries of
+    /// the groups whose rate changed.
     fn rates(&mut self) {
         self.dirty = false;
         self.recomputes += 1;
@@ -1004,7 +1007,7 @@ impl Network {
     /// Max–min fair rates by progressive filling: repeatedly saturate the resource with the
     /// smallest fair share among the flows not yet fixed, fixing those flows at that share —
     /// a group at a time (see [`Network`]). Settles the clocks of the groups whose rate changed
-    /// at the current instant and renews their finish entries.
+    /// at the current instant and marks them for a new finish entry.
     fn fill_all(&mut self) {
         self.full_fills += 1;
         self.epoch += 1;
