@@ -223,7 +223,8 @@ pub struct Done {
 /// clock and renews its one entry in the heap of group finishes — no per-flow work.
 ///
 /// A recompute is **local** (`fill_local`): progressive filling of the groups on the
-/// resources of the flows that came or went (and of the new flows), every other group held at
+/// resources of the flows that came or went, the groups on those groups' resources, and the new
+/// flows, every other group held at
 /// its rate — per-resource loads are kept up to date, so that costs the solved groups'
 /// resources, not the network's. When a resource saturates, the unfixed flows crossing it are
 /// its group's plus any of other unfixed groups, moved to it (found by scanning its member list
@@ -709,6 +710,18 @@ impl Network {
             if self.groups[d].len > 0 && self.s_mark[d] != call {
                 self.s_mark[d] = call;
                 self.s_list.push(d);
+            }
+        }
+        // And the groups on their resources: a change of their rates most often leaves those
+        // unsaturated, which the checks would find only after a first round.
+        let n0 = self.s_list.len();
+        for i in 0..n0 {
+            let g = self.s_list[i];
+            for k in 0..self.groups[g].coupling.len() {
+                let q = self.groups[g].coupling[k].0;
+                if self.groups[q].len > 0 {
+                    self.add_s(q);
+                }
             }
         }
         let flows = &self.flows;
