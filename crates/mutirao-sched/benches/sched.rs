@@ -3,8 +3,10 @@
 //!   (target < 5 s);
 //! * `simulate_1e6_tasks_contention`: the same with link contention, the 64 hosts in 4 sites
 //!   (1 Gbit/s NICs and site links, about the model's 800 Mbit/s links; issue 11 target < 5 s;
-//!   about a minute per iteration today, so ten samples take over ten minutes);
-//! * `simulate_1e5_tasks_contention`: the same graph shape at 10⁵ tasks (seconds per iteration);
+//!   about 10 s per iteration on the shared development machine, see docs/scheduling.md, so
+//!   its ten samples take a few minutes);
+//! * `simulate_1e5_tasks_contention`: the same graph shape at 10⁵ tasks (about a second per
+//!   iteration: the one to run before and after a change to the network);
 //! * `hlogp_heft_1e4_tasks_64_hosts`: the thesis's scheduler on 10⁴ tasks (target < 10 s);
 //! * `predict_200_tasks_32_hosts`: resolve the model, check the schedule and simulate
 //!   (target < 50 ms).
