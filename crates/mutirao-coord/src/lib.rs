@@ -22,10 +22,16 @@
 
 #![forbid(unsafe_code)]
 
+pub mod api;
+pub mod auth;
 mod model;
+pub mod repo;
 mod sqlite;
 
-pub use model::{Event, Host, HostReport, Job, JobState, NewJob};
+pub use model::{
+    Event, Host, HostReport, Job, JobState, LogChunk, NewJob, MAX_ARGS, MAX_FIELD, MAX_RANKS,
+};
+pub use repo::{verify, Repo};
 pub use sqlite::SqliteStore;
 
 /// Errors of the coordinator's store.
@@ -50,6 +56,28 @@ pub enum Error {
     /// The database failed or is not one of ours.
     #[error("database: {0}")]
     Db(String),
+    /// No such content in the application repository.
+    #[error("{0} is not in the application repository; upload it first")]
+    NoBlob(String),
+    /// Content whose digest is not the one it was named by.
+    #[error("content named {expected} has digest {actual}: it was altered or corrupted; refusing to use it")]
+    Tampered {
+        /// The digest it was asked by.
+        expected: String,
+        /// The digest of the bytes received.
+        actual: String,
+    },
+    /// Content larger than the repository accepts.
+    #[error("{size} bytes is more than the repository accepts ({max} bytes); raise --max-upload or split the input")]
+    TooLarge {
+        /// Its size.
+        size: u64,
+        /// The limit.
+        max: u64,
+    },
+    /// A file-system failure.
+    #[error("{0}")]
+    Io(String),
 }
 
 impl From<rusqlite::Error> for Error {
@@ -63,7 +91,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Where the coordinator keeps jobs, events and hosts. Every method is one atomic change:
 /// after it returns, a crash of the coordinator loses nothing it did.
-pub trait Store: Send {
+pub trait Store: Send + Sync {
     /// Record a submitted job (state `waiting`, event "submitted").
     fn create_job(&self, j: &NewJob) -> Result<Job>;
     /// One job.
@@ -80,4 +108,20 @@ pub trait Store: Send {
     fn report_host(&self, r: &HostReport) -> Result<Host>;
     /// Every host known, by name.
     fn hosts(&self) -> Result<Vec<Host>>;
+    /// One host, if it ever reported.
+    fn host(&self, name: &str) -> Result<Option<Host>>;
+    /// Append output to a job's log; returns the log's new length in bytes.
+    fn append_log(&self, id: i64, data: &[u8]) -> Result<u64>;
+    /// At most `max` bytes of a job's log from byte `offset`, and the log's length.
+    fn read_log(&self, id: i64, offset: u64, max: usize) -> Result<LogChunk>;
+}
+
+/// Copy the part of a log chunk stored at `start` that lies at or after `offset` into `out`,
+/// keeping `out` at most `max` bytes (the stores keep logs as chunks at byte offsets).
+fn gather(out: &mut Vec<u8>, start: i64, chunk: &[u8], offset: u64, max: usize) {
+    let start = start.max(0) as u64;
+    let skip = offset.saturating_sub(start).min(chunk.len() as u64) as usize;
+    let room = max.saturating_sub(out.len());
+    let take = (chunk.len() - skip).min(room);
+    out.extend_from_slice(&chunk[skip..skip + take]);
 }

@@ -2,7 +2,7 @@
 //! returns), every method one transaction, the schema versioned by `PRAGMA user_version` and
 //! migrated forward on open.
 
-use crate::model::{Event, Host, HostReport, Job, JobState, NewJob};
+use crate::model::{Event, Host, HostReport, Job, JobState, LogChunk, NewJob};
 use crate::{Error, Result, Store};
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 use std::path::Path;
@@ -35,6 +35,13 @@ const MIGRATIONS: &[&str] = &[
      );",
     // 2: a user's jobs are listed often.
     "CREATE INDEX jobs_owner ON jobs(owner, id);",
+    // 3: each job's output, in chunks at their byte offsets.
+    "CREATE TABLE logs (
+        job INTEGER NOT NULL REFERENCES jobs(id),
+        start INTEGER NOT NULL,
+        data BLOB NOT NULL,
+        PRIMARY KEY (job, start)
+     );",
 ];
 
 /// The SQLite store.
@@ -146,22 +153,7 @@ fn append(
 
 impl Store for SqliteStore {
     fn create_job(&self, j: &NewJob) -> Result<Job> {
-        if j.ranks == 0 {
-            return Err(Error::Invalid("a job needs at least 1 rank".into()));
-        }
-        if j.program.trim().is_empty() {
-            return Err(Error::Invalid("a job needs a program".into()));
-        }
-        if j.owner.trim().is_empty() {
-            return Err(Error::Invalid("a job needs an owner".into()));
-        }
-        if let Some(s) = j.checkpoint_interval_s {
-            if !(s.is_finite() && s > 0.0) {
-                return Err(Error::Invalid(format!(
-                    "checkpoint interval {s} s must be a positive number"
-                )));
-            }
-        }
+        j.validate().map_err(Error::Invalid)?;
         let spec = serde_json::to_string(j).map_err(|e| Error::Invalid(e.to_string()))?;
         let mut c = self.lock();
         let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
@@ -297,15 +289,7 @@ impl Store for SqliteStore {
     }
 
     fn report_host(&self, r: &HostReport) -> Result<Host> {
-        if r.name.trim().is_empty() {
-            return Err(Error::Invalid("a host report needs a host name".into()));
-        }
-        if !(r.idle_cpu.is_finite() && r.idle_cpu >= 0.0 && r.load.is_finite() && r.load >= 0.0) {
-            return Err(Error::Invalid(format!(
-                "host {}: idle cpu {} and load {} must be non-negative numbers",
-                r.name, r.idle_cpu, r.load
-            )));
-        }
+        r.validate().map_err(Error::Invalid)?;
         let at = now_ms();
         let text = serde_json::to_string(r).map_err(|e| Error::Invalid(e.to_string()))?;
         self.lock().execute(
@@ -340,5 +324,85 @@ impl Store for SqliteStore {
             });
         }
         Ok(out)
+    }
+
+    fn host(&self, name: &str) -> Result<Option<Host>> {
+        let c = self.lock();
+        let row = c
+            .query_row(
+                "SELECT report, last_seen_ms FROM hosts WHERE name = ?1",
+                [name],
+                |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)),
+            )
+            .optional()?;
+        match row {
+            None => Ok(None),
+            Some((text, last_seen_ms)) => Ok(Some(Host {
+                report: serde_json::from_str(&text).map_err(|e| {
+                    Error::Db(format!("host {name}: stored report is malformed: {e}"))
+                })?,
+                last_seen_ms,
+            })),
+        }
+    }
+
+    fn append_log(&self, id: i64, data: &[u8]) -> Result<u64> {
+        let mut c = self.lock();
+        let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let exists: bool = tx
+            .query_row("SELECT 1 FROM jobs WHERE id = ?1", [id], |_| Ok(true))
+            .optional()?
+            .unwrap_or(false);
+        if !exists {
+            return Err(Error::NoJob(id));
+        }
+        let len: i64 = tx.query_row(
+            "SELECT COALESCE(MAX(start + length(data)), 0) FROM logs WHERE job = ?1",
+            [id],
+            |r| r.get(0),
+        )?;
+        if data.is_empty() {
+            return Ok(len as u64);
+        }
+        tx.execute(
+            "INSERT INTO logs (job, start, data) VALUES (?1, ?2, ?3)",
+            params![id, len, data],
+        )?;
+        tx.commit()?;
+        Ok(len as u64 + data.len() as u64)
+    }
+
+    fn read_log(&self, id: i64, offset: u64, max: usize) -> Result<LogChunk> {
+        let c = self.lock();
+        let exists: bool = c
+            .query_row("SELECT 1 FROM jobs WHERE id = ?1", [id], |_| Ok(true))
+            .optional()?
+            .unwrap_or(false);
+        if !exists {
+            return Err(Error::NoJob(id));
+        }
+        let length: i64 = c.query_row(
+            "SELECT COALESCE(MAX(start + length(data)), 0) FROM logs WHERE job = ?1",
+            [id],
+            |r| r.get(0),
+        )?;
+        let off = i64::try_from(offset).unwrap_or(i64::MAX);
+        let mut st = c.prepare(
+            "SELECT start, data FROM logs WHERE job = ?1 AND start + length(data) > ?2 ORDER BY start",
+        )?;
+        let mut rows = st.query(params![id, off])?;
+        let mut data = Vec::new();
+        while let Some(r) = rows.next()? {
+            if data.len() >= max {
+                break;
+            }
+            let start: i64 = r.get(0)?;
+            let chunk: Vec<u8> = r.get(1)?;
+            crate::gather(&mut data, start, &chunk, offset, max);
+        }
+        Ok(LogChunk {
+            data,
+            length: length as u64,
+        })
     }
 }

@@ -48,7 +48,7 @@ fn a_restarted_coordinator_finds_every_job_event_and_host() {
         // dropped here without any shutdown step: what a crash leaves
     };
     let s = SqliteStore::open(&db).unwrap();
-    assert_eq!(s.schema_version().unwrap(), 2);
+    assert_eq!(s.schema_version().unwrap(), 3);
     assert_eq!(s.job(a).unwrap().state, JobState::Running);
     assert_eq!(s.job(b).unwrap().state, JobState::Waiting);
     let story: Vec<(String, String)> = s
