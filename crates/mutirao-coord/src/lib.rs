@@ -25,12 +25,14 @@
 pub mod api;
 pub mod auth;
 mod model;
+mod pg;
 pub mod repo;
 mod sqlite;
 
 pub use model::{
     Event, Host, HostReport, Job, JobState, LogChunk, NewJob, MAX_ARGS, MAX_FIELD, MAX_RANKS,
 };
+pub use pg::PgStore;
 pub use repo::{verify, Repo};
 pub use sqlite::SqliteStore;
 
@@ -92,6 +94,8 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// Where the coordinator keeps jobs, events and hosts. Every method is one atomic change:
 /// after it returns, a crash of the coordinator loses nothing it did.
 pub trait Store: Send + Sync {
+    /// The schema version (migrations applied).
+    fn schema_version(&self) -> Result<i64>;
     /// Record a submitted job (state `waiting`, event "submitted").
     fn create_job(&self, j: &NewJob) -> Result<Job>;
     /// One job.

@@ -93,13 +93,6 @@ impl SqliteStore {
         })
     }
 
-    /// The schema version (migrations applied).
-    pub fn schema_version(&self) -> Result<i64> {
-        Ok(self
-            .lock()
-            .pragma_query_value(None, "user_version", |r| r.get(0))?)
-    }
-
     fn lock(&self) -> std::sync::MutexGuard<'_, Connection> {
         // rusqlite rolls back an unfinished transaction when it is dropped, so a panic in
         // another thread leaves the database consistent: a poisoned lock is still usable.
@@ -152,6 +145,12 @@ fn append(
 }
 
 impl Store for SqliteStore {
+    fn schema_version(&self) -> Result<i64> {
+        Ok(self
+            .lock()
+            .pragma_query_value(None, "user_version", |r| r.get(0))?)
+    }
+
     fn create_job(&self, j: &NewJob) -> Result<Job> {
         j.validate().map_err(Error::Invalid)?;
         let spec = serde_json::to_string(j).map_err(|e| Error::Invalid(e.to_string()))?;

@@ -14,6 +14,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tower::ServiceExt;
 
+mod common;
+
 const ANA: &str = "ana-token-0123456789";
 const BIA: &str = "bia-token-0123456789";
 const N1: &str = "n1-agent-token-012345";
@@ -31,13 +33,16 @@ impl Drop for T {
 }
 
 fn setup(tag: &str) -> T {
+    setup_with(tag, Arc::new(SqliteStore::open_in_memory().unwrap()))
+}
+
+fn setup_with(tag: &str, store: Arc<dyn mutirao_coord::Store>) -> T {
     let dir = std::env::temp_dir().join(format!("mutirao-api-{}-{tag}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let mut tokens = Tokens::new();
     tokens.add(Kind::User, "ana", ANA).unwrap();
     tokens.add(Kind::User, "bia", BIA).unwrap();
     tokens.add(Kind::Agent, "n1", N1).unwrap();
-    let store = Arc::new(SqliteStore::open_in_memory().unwrap());
     let repo = Repo::open(&dir.join("repo"), 4096).unwrap();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -156,6 +161,48 @@ fn a_user_submits_lists_reads_and_cancels_a_job_and_the_journal_tells_it() {
     assert_eq!(
         t.call("GET", "/jobs/999", Some(ANA), "").status,
         StatusCode::NOT_FOUND
+    );
+}
+
+#[test]
+fn the_api_works_the_same_over_postgresql() {
+    let server = match common::pg::PgServer::start("api") {
+        Ok(s) => s,
+        Err(why) => {
+            println!("skipped: cannot start a PostgreSQL server: {why}");
+            return;
+        }
+    };
+    let store = Arc::new(mutirao_coord::PgStore::connect(&server.fresh_db()).unwrap());
+    let t = setup_with("pg", store);
+    let prog = t.upload(b"prog");
+    let job: Job = t.submit(ANA, &prog).json();
+    assert_eq!(t.submit(BIA, &prog).status, StatusCode::CREATED);
+    let mine: Vec<Job> = t.call("GET", "/jobs", Some(ANA), "").json();
+    assert_eq!(mine.iter().map(|j| j.id).collect::<Vec<_>>(), [job.id]);
+    let logs = format!("/jobs/{}/logs", job.id);
+    t.call("POST", &logs, Some(N1), "out\n");
+    assert_eq!(t.call("GET", &logs, Some(ANA), "").text(), "out\n");
+    assert_eq!(
+        t.call("POST", "/agents/register", Some(N1), report("n1"))
+            .status,
+        StatusCode::OK
+    );
+    let a = t.call("POST", &format!("/jobs/{}/cancel", job.id), Some(ANA), "");
+    assert_eq!(a.json::<Job>().state, JobState::Cancelled);
+    let v: JobView = t
+        .call("GET", &format!("/jobs/{}", job.id), Some(ANA), "")
+        .json();
+    assert_eq!(v.events.len(), 2);
+    assert_eq!(
+        t.call(
+            "POST",
+            "/jobs",
+            Some(ANA),
+            r#"{"ranks":1,"program":"x\u0000"}"#
+        )
+        .status,
+        StatusCode::BAD_REQUEST
     );
 }
 
