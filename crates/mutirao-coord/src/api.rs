@@ -232,6 +232,7 @@ impl From<Error> for ApiError {
             Error::Tampered { .. } | Error::Db(_) | Error::Io(_) => {
                 StatusCode::INTERNAL_SERVER_ERROR
             }
+            Error::Remote { .. } | Error::Unreachable(_) => StatusCode::BAD_GATEWAY,
         };
         ApiError::new(status, e.to_string())
     }
@@ -743,5 +744,38 @@ pub fn openapi() -> serde_json::Value {
                 "parameters": [{ "name": "digest", "in": "path", "required": true, "schema": { "type": "string", "pattern": "^sha256:[0-9a-f]{64}$" } }],
                 "responses": common(json!({ "200": { "description": "The content", "content": { "application/octet-stream": { "schema": { "type": "string", "format": "binary" } } } }, "404": err("Not in the repository") })) } }
         }
+    })
+}
+
+/// Bind `listen`, call `ready` with the address bound (port 0 picks a free one), and serve
+/// until SIGINT or SIGTERM, on a runtime of its own. Blocks.
+pub fn serve_blocking(
+    listen: std::net::SocketAddr,
+    c: Arc<Coordinator>,
+    ready: impl FnOnce(std::net::SocketAddr),
+) -> std::io::Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(listen).await.map_err(|e| {
+            std::io::Error::new(e.kind(), format!("cannot listen on {listen}: {e}"))
+        })?;
+        ready(listener.local_addr()?);
+        let stop = async {
+            let term = async {
+                match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                    Ok(mut s) => {
+                        s.recv().await;
+                    }
+                    Err(_) => std::future::pending::<()>().await,
+                }
+            };
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {},
+                _ = term => {},
+            }
+        };
+        serve(listener, c, stop).await
     })
 }

@@ -24,6 +24,7 @@
 
 pub mod api;
 pub mod auth;
+pub mod client;
 mod model;
 mod pg;
 pub mod repo;
@@ -80,6 +81,17 @@ pub enum Error {
     /// A file-system failure.
     #[error("{0}")]
     Io(String),
+    /// The coordinator answered with an error (client side).
+    #[error("the coordinator refused: {status} {message}")]
+    Remote {
+        /// The HTTP status.
+        status: u16,
+        /// Its message.
+        message: String,
+    },
+    /// The coordinator could not be reached or answered nonsense (client side).
+    #[error("{0}")]
+    Unreachable(String),
 }
 
 impl From<rusqlite::Error> for Error {
