@@ -5,11 +5,13 @@ use anyhow::{bail, Context};
 use clap::Args;
 use mutirao_coord::api::{serve_blocking, Coordinator};
 use mutirao_coord::auth::Tokens;
+use mutirao_coord::exec::{Dispatcher, RunExecutor};
 use mutirao_coord::{PgStore, Repo, SqliteStore, Store};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// The grid coordinator: jobs, hosts and the application repository behind an HTTP API.
 ///
@@ -21,6 +23,10 @@ use std::sync::Arc;
 ///
 /// State lives in SQLite by default (one file, survives restarts) or in PostgreSQL. Programs
 /// and inputs live in a content-addressed repository directory.
+///
+/// Submitted jobs are placed on registered, alive hosts whose owner is away and which meet
+/// the job's --require (cpu, mem, load of the agents' reports), then run with `mutirao run`
+/// through those hosts' agents; their output goes to the job's log, their end to its state.
 ///
 /// Examples:
 ///   mutirao coordinator --tokens grid.tokens
@@ -56,6 +62,14 @@ pub struct CoordArgs {
     /// Largest program or input accepted, in MiB.
     #[arg(long, default_value_t = 256, value_name = "MIB")]
     max_upload_mib: u64,
+    /// Directory where placed jobs get their program, hostfile and checkpoints (default: the
+    /// database's name + `.jobs`).
+    #[arg(long, value_name = "DIR")]
+    jobs_dir: Option<PathBuf>,
+    /// The agents' shared secret, for starting ranks through them (passed to `mutirao run
+    /// --token-file`; default: its default).
+    #[arg(long, value_name = "FILE")]
+    agent_token_file: Option<PathBuf>,
 }
 
 pub fn run(a: CoordArgs) -> anyhow::Result<ExitCode> {
@@ -74,14 +88,16 @@ pub fn run(a: CoordArgs) -> anyhow::Result<ExitCode> {
         Some(url) => Arc::new(PgStore::connect(url)?),
         None => Arc::new(SqliteStore::open(&a.db)?),
     };
-    let repo_dir = a.repo.clone().unwrap_or_else(|| match &a.postgres {
-        Some(_) => PathBuf::from("mutirao-coord.repo"),
+    let beside_db = |ext: &str| match &a.postgres {
+        Some(_) => PathBuf::from(format!("mutirao-coord{ext}")),
         None => {
             let mut p = a.db.clone().into_os_string();
-            p.push(".repo");
+            p.push(ext);
             PathBuf::from(p)
         }
-    });
+    };
+    let repo_dir = a.repo.clone().unwrap_or_else(|| beside_db(".repo"));
+    let jobs_dir = a.jobs_dir.clone().unwrap_or_else(|| beside_db(".jobs"));
     let repo = Repo::open(&repo_dir, a.max_upload_mib.saturating_mul(1 << 20))?;
     if !a.listen.ip().is_loopback() {
         eprintln!(
@@ -90,6 +106,18 @@ pub fn run(a: CoordArgs) -> anyhow::Result<ExitCode> {
         );
     }
     let c = Coordinator::new(store, tokens, repo);
+    let exec = RunExecutor {
+        exe: std::env::current_exe().context("cannot find the mutirao binary to run jobs with")?,
+        agent_token_file: a.agent_token_file.clone(),
+        grace: Duration::from_secs(5),
+    };
+    let dispatcher = Dispatcher::install(c.clone(), Arc::new(exec), &jobs_dir)?;
+    let requeued = dispatcher.requeue_orphans()?;
+    if requeued > 0 {
+        eprintln!("mutirao coordinator: {requeued} job(s) left running by the previous coordinator re-queued");
+    }
+    // Hosts come and go: waiting jobs are placed again every 2 s (and at once on submission).
+    let _placing = dispatcher.spawn_loop(Duration::from_secs(2));
     let backend = match &a.postgres {
         Some(_) => "PostgreSQL".to_string(),
         None => a.db.display().to_string(),

@@ -1,6 +1,7 @@
 //! `mutirao coordinator` as a process on loopback, driven by the client commands: submit
 //! (uploads, then queues), jobs, job, logs, cancel; an unknown token (401) and another user's
-//! job (403) refused with a message, changing nothing.
+//! job (403) refused with a message, changing nothing; and a job run end to end through a
+//! registered agent on this machine (submit → running → finished, its output in its log).
 
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
@@ -26,6 +27,10 @@ impl Drop for Coord {
 }
 
 fn start(tag: &str) -> Coord {
+    start_with(tag, &[])
+}
+
+fn start_with(tag: &str, extra: &[&str]) -> Coord {
     let dir = std::env::temp_dir().join(format!("mutirao-grid-{}-{tag}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
@@ -40,6 +45,7 @@ fn start(tag: &str) -> Coord {
         .arg(dir.join("coord.sqlite"))
         .arg("--tokens")
         .arg(&tokens)
+        .args(extra)
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
@@ -131,7 +137,8 @@ fn submit_jobs_job_logs_cancel_through_a_coordinator_process() {
         "{one}"
     );
     let why = ok(&mutirao(&c, ANA, &["job", &id.to_string(), "--why"]));
-    assert!(why.contains("no placement decision recorded yet"), "{why}");
+    // No agent registered: the coordinator journals why the job waits.
+    assert!(why.contains("no host has registered"), "{why}");
     assert_eq!(ok(&mutirao(&c, ANA, &["logs", &id.to_string()])), "");
 
     // 401: an unknown token; 403: bia cancelling ana's job. Neither changes anything.
@@ -186,4 +193,208 @@ fn client_commands_explain_what_is_missing() {
         .output()
         .unwrap();
     assert!(err(&o).contains("no token file"));
+}
+
+const N1: &str = "n1-agent-token-0123456";
+
+struct Agent {
+    child: Child,
+    addr: String,
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start_agent(dir: &std::path::Path) -> (Agent, PathBuf) {
+    let tok = dir.join("agent.token");
+    let o = Command::new(BIN)
+        .args(["agent", "--gen-token"])
+        .arg(&tok)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let mut child = Command::new(BIN)
+        .args([
+            "agent",
+            "--listen",
+            "127.0.0.1:0",
+            "--print-addr",
+            "--token-file",
+        ])
+        .arg(&tok)
+        .arg("--dir-socket")
+        .arg(dir.join("agent-dir.sock"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr = line.trim().to_string();
+    assert!(!addr.is_empty(), "the agent printed no address");
+    (Agent { child, addr }, tok)
+}
+
+fn wait_state(c: &Coord, id: i64, want: &str, limit: Duration) -> serde_json::Value {
+    let t0 = Instant::now();
+    loop {
+        let o = mutirao(c, ANA, &["job", "--json", &id.to_string()]);
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
+        if v["job"]["state"] == want {
+            return v;
+        }
+        assert!(
+            t0.elapsed() < limit,
+            "job {id} not {want} after {limit:?}: {v:#}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn a_submitted_job_runs_through_a_registered_agent_to_finished() {
+    let tmp = std::env::temp_dir().join(format!("mutirao-grid-{}-agent", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    std::fs::create_dir_all(&tmp).unwrap();
+    let (agent, agent_tok) = start_agent(&tmp);
+    let c = start_with("run", &["--agent-token-file", agent_tok.to_str().unwrap()]);
+    // The agent's host reports to the coordinator (as `mutirao agent --coord` will).
+    let n1 = mutirao_coord::client::Client::new(&c.url, N1).unwrap();
+    n1.register(&mutirao_coord::HostReport {
+        name: "n1".into(),
+        addr: agent.addr.clone(),
+        idle_cpu: 2.0,
+        free_mem_mib: 4096,
+        load: 0.1,
+        owner_active: false,
+    })
+    .unwrap();
+
+    let prog = c.dir.join("hello.sh");
+    std::fs::write(
+        &prog,
+        "#!/bin/sh\necho \"rank $MUTIRAO_RANK of $MUTIRAO_SIZE says $1\"\n",
+    )
+    .unwrap();
+    let id: i64 = ok(&mutirao(
+        &c,
+        ANA,
+        &[
+            "submit",
+            "-n",
+            "2",
+            "--require",
+            "cpu>=1",
+            prog.to_str().unwrap(),
+            "hi",
+        ],
+    ))
+    .trim()
+    .parse()
+    .unwrap();
+    // --follow prints the output as it comes and ends with the job, successfully.
+    let o = mutirao(&c, ANA, &["logs", "--follow", &id.to_string()]);
+    let out = ok(&o);
+    let v = wait_state(&c, id, "finished", Duration::from_secs(30));
+    let all = ok(&mutirao(&c, ANA, &["logs", &id.to_string()]));
+    for r in 0..2 {
+        assert!(
+            out.contains(&format!("[{r}] rank {r} of 2 says hi")),
+            "followed: {out:?}; whole log: {all:?}; {v:#}"
+        );
+    }
+    let story: Vec<String> = v["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            format!(
+                "{} {}",
+                e["kind"].as_str().unwrap(),
+                e["detail"].as_str().unwrap()
+            )
+        })
+        .collect();
+    assert!(
+        story
+            .iter()
+            .any(|l| l.starts_with("placement 2 ranks on n1×2")),
+        "{story:#?}"
+    );
+    assert!(
+        story.iter().any(|l| l == "state started on n1"),
+        "{story:#?}"
+    );
+    assert_eq!(story.last().unwrap(), "state exit 0", "{story:#?}");
+    let why = ok(&mutirao(&c, ANA, &["job", "--why", &id.to_string()]));
+    assert!(why.contains("n1×2") && why.contains("verified"), "{why}");
+
+    // A failing program fails its job; a long one is cancelled and ends.
+    let bad = c.dir.join("bad.sh");
+    std::fs::write(&bad, "#!/bin/sh\necho failing >&2\nexit 3\n").unwrap();
+    let id: i64 = ok(&mutirao(
+        &c,
+        ANA,
+        &["submit", "-n", "1", bad.to_str().unwrap()],
+    ))
+    .trim()
+    .parse()
+    .unwrap();
+    let v = wait_state(&c, id, "failed", Duration::from_secs(30));
+    let last = v["events"].as_array().unwrap().last().unwrap()["detail"].clone();
+    assert!(last.as_str().unwrap().contains("exit status"), "{v:#}");
+    assert!(ok(&mutirao(&c, ANA, &["logs", &id.to_string()])).contains("failing"));
+
+    let slow = c.dir.join("slow.sh");
+    std::fs::write(&slow, "#!/bin/sh\necho started\nsleep 60\n").unwrap();
+    let id: i64 = ok(&mutirao(
+        &c,
+        ANA,
+        &["submit", "-n", "1", slow.to_str().unwrap()],
+    ))
+    .trim()
+    .parse()
+    .unwrap();
+    wait_state(&c, id, "running", Duration::from_secs(30));
+    let t0 = Instant::now();
+    while !ok(&mutirao(&c, ANA, &["logs", &id.to_string()])).contains("started") {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "no output from the slow job"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let program = c.dir.join(format!("coord.sqlite.jobs/{id}/program"));
+    let program = program.to_str().unwrap();
+    let ps = || {
+        let o = Command::new("ps").args(["-eo", "args"]).output().unwrap();
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    assert!(
+        ps().contains(program),
+        "the job's rank is not running:\n{}",
+        ps()
+    );
+    ok(&mutirao(&c, ANA, &["cancel", &id.to_string()]));
+    wait_state(&c, id, "cancelled", Duration::from_secs(5));
+    // Its launcher and rank are gone within the grace period.
+    let t0 = Instant::now();
+    loop {
+        let ps = ps();
+        if !ps.contains(program) {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(15),
+            "the cancelled job still runs:\n{ps}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let _ = std::fs::remove_dir_all(&tmp);
 }

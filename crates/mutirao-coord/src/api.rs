@@ -367,6 +367,10 @@ async fn submit(State(c): C, h: HeaderMap, body: Bytes) -> Result<Response, ApiE
         checkpoint_interval_s: r.checkpoint_interval_s,
     };
     nj.validate().map_err(ApiError::bad)?;
+    if let Some(r) = &nj.require {
+        crate::place::Requirement::parse(r)
+            .map_err(|e| ApiError::bad(format!("requirement: {e}")))?;
+    }
     if !c.repo.contains(&nj.program)? {
         return Err(ApiError::bad(format!(
             "program {} is not in the application repository; upload it to POST /blobs first",
@@ -439,8 +443,13 @@ async fn read_logs(
         notified.as_mut().enable();
         let store = c.store.clone();
         let offset = q.offset;
-        let (chunk, job) =
-            blocking(move || Ok((store.read_log(id, offset, max)?, store.job(id)?))).await?;
+        // The state first: output is stored before the end it precedes, so a final state read
+        // here means the log read next is complete.
+        let (job, chunk) = blocking(move || {
+            let job = store.job(id)?;
+            Ok((job, store.read_log(id, offset, max)?))
+        })
+        .await?;
         if !chunk.data.is_empty()
             || job.state.is_final()
             || offset > chunk.length

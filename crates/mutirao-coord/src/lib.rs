@@ -25,8 +25,10 @@
 pub mod api;
 pub mod auth;
 pub mod client;
+pub mod exec;
 mod model;
 mod pg;
+pub mod place;
 pub mod repo;
 mod sqlite;
 
