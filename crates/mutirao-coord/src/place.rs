@@ -263,7 +263,8 @@ mod tests {
             ("cpu", "expected ATTR OP NUMBER"),
             ("cpu>=two", "not a number"),
             ("site=north", "not \"site\""),
-            ("cpu=>2", "unknown comparison"),
+            ("cpu=>2", "\">2\" is not a number"),
+            ("cpu~2", "expected ATTR OP NUMBER"),
             ("cpu>=inf", "not a number"),
         ] {
             let e = Requirement::parse(bad).unwrap_err();
