@@ -292,7 +292,12 @@ impl Dispatcher {
     pub fn requeue_orphans(&self) -> Result<usize> {
         let store = self.c.store();
         let mut n = 0;
-        for j in store.jobs(None)? {
+        for j in store.jobs_in(&[
+            JobState::Running,
+            JobState::Checkpointing,
+            JobState::Recovering,
+            JobState::Suspended,
+        ])? {
             let why = "the coordinator restarted and lost track of this run; re-queued";
             let r = match j.state {
                 JobState::Running | JobState::Checkpointing => self
@@ -314,12 +319,7 @@ impl Dispatcher {
     pub fn place_waiting(&self) -> Result<usize> {
         let _one_at_a_time = self.placing.lock().unwrap_or_else(|p| p.into_inner());
         let store = self.c.store();
-        let mut waiting: Vec<Job> = store
-            .jobs(None)?
-            .into_iter()
-            .filter(|j| j.state == JobState::Waiting)
-            .collect();
-        waiting.reverse();
+        let waiting = store.jobs_in(&[JobState::Waiting])?;
         let mut started = 0;
         for j in waiting {
             match self.try_start(&j) {

@@ -116,6 +116,8 @@ pub trait Store: Send + Sync {
     fn job(&self, id: i64) -> Result<Job>;
     /// Jobs, newest first; only `owner`'s if given.
     fn jobs(&self, owner: Option<&str>) -> Result<Vec<Job>>;
+    /// Every job in one of `states`, oldest first (what the dispatcher scans).
+    fn jobs_in(&self, states: &[JobState]) -> Result<Vec<Job>>;
     /// Move a job to `to` if the state machine allows it, journalling `detail`.
     fn transition(&self, id: i64, to: JobState, detail: &str) -> Result<Job>;
     /// Journal an event that changes no state (placement chosen, host refused, …).

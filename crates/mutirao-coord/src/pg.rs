@@ -46,6 +46,8 @@ const MIGRATIONS: &[&str] = &[
         data BYTEA NOT NULL,
         PRIMARY KEY (job, start)
      );",
+    // 4: the dispatcher scans jobs by state.
+    "CREATE INDEX jobs_state ON jobs(state, id);",
 ];
 
 /// The PostgreSQL store.
@@ -277,6 +279,18 @@ impl Store for PgStore {
             ),
         }
         .map_err(db)?;
+        rows.iter().map(|r| to_job(job_row(r))).collect()
+    }
+
+    fn jobs_in(&self, states: &[JobState]) -> Result<Vec<Job>> {
+        let names: Vec<&str> = states.iter().map(|s| s.as_str()).collect();
+        let rows = self
+            .lock()
+            .query(
+                "SELECT id, spec, state, created_ms, updated_ms FROM jobs WHERE state = ANY($1) ORDER BY id",
+                &[&names],
+            )
+            .map_err(db)?;
         rows.iter().map(|r| to_job(job_row(r))).collect()
     }
 

@@ -42,6 +42,8 @@ const MIGRATIONS: &[&str] = &[
         data BLOB NOT NULL,
         PRIMARY KEY (job, start)
      );",
+    // 4: the dispatcher scans jobs by state.
+    "CREATE INDEX jobs_state ON jobs(state, id);",
 ];
 
 /// The SQLite store.
@@ -194,6 +196,22 @@ impl Store for SqliteStore {
         )?;
         let rows = st.query_map([owner], job_row)?;
         rows.map(|r| to_job(r?)).collect()
+    }
+
+    fn jobs_in(&self, states: &[JobState]) -> Result<Vec<Job>> {
+        let c = self.lock();
+        let mut st = c.prepare(
+            "SELECT id, spec, state, created_ms, updated_ms FROM jobs WHERE state = ?1 ORDER BY id",
+        )?;
+        let mut out = Vec::new();
+        for s in states {
+            let rows = st.query_map([s.as_str()], job_row)?;
+            for r in rows {
+                out.push(to_job(r?)?);
+            }
+        }
+        out.sort_by_key(|j| j.id);
+        Ok(out)
     }
 
     fn transition(&self, id: i64, to: JobState, detail: &str) -> Result<Job> {

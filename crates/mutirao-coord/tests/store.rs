@@ -56,7 +56,7 @@ fn restart_loses_nothing(open: Open) {
         // dropped here without any shutdown step: what a crash leaves
     };
     let s = open();
-    assert_eq!(s.schema_version().unwrap(), 3);
+    assert_eq!(s.schema_version().unwrap(), 4);
     assert_eq!(s.job(a).unwrap().state, JobState::Running);
     assert_eq!(s.job(b).unwrap().state, JobState::Waiting);
     let story: Vec<(String, String)> = s
@@ -86,6 +86,15 @@ fn restart_loses_nothing(open: Open) {
         "newest first"
     );
     assert_eq!(s.read_log(a, 0, 100).unwrap().data, b"rank 0 ok\n");
+    let ids =
+        |st: &[JobState]| -> Vec<i64> { s.jobs_in(st).unwrap().iter().map(|j| j.id).collect() };
+    assert_eq!(ids(&[JobState::Waiting]), [b]);
+    assert_eq!(
+        ids(&[JobState::Running, JobState::Waiting]),
+        [a, b],
+        "oldest first"
+    );
+    assert!(ids(&[JobState::Failed]).is_empty());
 }
 
 fn bad_input_changes_nothing(s: &dyn Store) {
@@ -241,7 +250,7 @@ fn postgres_passes_the_same_suite_and_refuses_a_newer_schema() {
         })
         .collect();
     for t in th {
-        assert_eq!(t.join().unwrap().unwrap(), 3);
+        assert_eq!(t.join().unwrap().unwrap(), 4);
     }
     let mut c = postgres::Client::connect(&url, postgres::NoTls).unwrap();
     c.execute("UPDATE mutirao_schema SET version = 99", &[])
