@@ -73,6 +73,17 @@ pub struct Coordinator {
 impl Coordinator {
     /// A coordinator over `store`, knowing `tokens`, keeping content in `repo`.
     pub fn new(store: Arc<dyn Store>, tokens: Tokens, repo: Repo) -> Arc<Coordinator> {
+        Self::with_heartbeat(store, tokens, repo, Duration::from_secs(5))
+    }
+
+    /// The same, asking agents to heartbeat every `heartbeat_interval` (a host is lost after
+    /// three).
+    pub fn with_heartbeat(
+        store: Arc<dyn Store>,
+        tokens: Tokens,
+        repo: Repo,
+        heartbeat_interval: Duration,
+    ) -> Arc<Coordinator> {
         Arc::new(Coordinator {
             store,
             tokens,
@@ -80,7 +91,7 @@ impl Coordinator {
             changed: tokio::sync::Notify::new(),
             audit: Mutex::new(VecDeque::new()),
             hook: Mutex::new(None),
-            heartbeat_interval: Duration::from_secs(5),
+            heartbeat_interval,
         })
     }
 

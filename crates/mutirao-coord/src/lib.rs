@@ -30,6 +30,7 @@ mod model;
 mod pg;
 pub mod place;
 pub mod repo;
+pub mod report;
 mod sqlite;
 
 pub use model::{
