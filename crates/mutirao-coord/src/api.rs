@@ -524,10 +524,11 @@ async fn report(
     r.validate().map_err(ApiError::bad)?;
     let store = c.store.clone();
     let host = blocking(move || {
-        if !register && store.host(&r.name)?.is_none() {
-            return Ok(None);
+        if register {
+            store.report_host(&r).map(Some)
+        } else {
+            store.heartbeat_host(&r)
         }
-        store.report_host(&r).map(Some)
     })
     .await?;
     let Some(host) = host else {

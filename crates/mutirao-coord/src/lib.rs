@@ -125,8 +125,11 @@ pub trait Store: Send + Sync {
     fn note(&self, id: i64, kind: &str, detail: &str) -> Result<Event>;
     /// The job's journal, oldest first.
     fn events(&self, id: i64) -> Result<Vec<Event>>;
-    /// Record a host's heartbeat and resource report.
+    /// Record a host's registration (or a report replacing its last one).
     fn report_host(&self, r: &HostReport) -> Result<Host>;
+    /// Record a heartbeat of a registered host; `None` (and nothing changed) if it never
+    /// registered. One statement: heartbeats are the coordinator's most frequent write.
+    fn heartbeat_host(&self, r: &HostReport) -> Result<Option<Host>>;
     /// Every host known, by name.
     fn hosts(&self) -> Result<Vec<Host>>;
     /// One host, if it ever reported.

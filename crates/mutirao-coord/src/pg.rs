@@ -382,6 +382,23 @@ impl Store for PgStore {
         })
     }
 
+    fn heartbeat_host(&self, r: &HostReport) -> Result<Option<Host>> {
+        r.validate().map_err(Error::Invalid)?;
+        let at = now_ms();
+        let text = serde_json::to_string(r).map_err(|e| Error::Invalid(e.to_string()))?;
+        let n = self
+            .lock()
+            .execute(
+                "UPDATE hosts SET report = $2, last_seen_ms = $3 WHERE name = $1",
+                &[&r.name, &text, &at],
+            )
+            .map_err(db)?;
+        Ok((n > 0).then(|| Host {
+            report: r.clone(),
+            last_seen_ms: at,
+        }))
+    }
+
     fn hosts(&self) -> Result<Vec<Host>> {
         let rows = self
             .lock()

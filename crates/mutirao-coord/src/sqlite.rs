@@ -309,15 +309,35 @@ impl Store for SqliteStore {
         r.validate().map_err(Error::Invalid)?;
         let at = now_ms();
         let text = serde_json::to_string(r).map_err(|e| Error::Invalid(e.to_string()))?;
-        self.lock().execute(
-            "INSERT INTO hosts (name, report, last_seen_ms) VALUES (?1, ?2, ?3)
-             ON CONFLICT(name) DO UPDATE SET report = excluded.report, last_seen_ms = excluded.last_seen_ms",
-            params![r.name, text, at],
-        )?;
+        self.lock()
+            .prepare_cached(
+                "INSERT INTO hosts (name, report, last_seen_ms) VALUES (?1, ?2, ?3)
+                 ON CONFLICT(name) DO UPDATE SET report = excluded.report, last_seen_ms = excluded.last_seen_ms",
+            )?
+            .execute(params![r.name, text, at])?;
         Ok(Host {
             report: r.clone(),
             last_seen_ms: at,
         })
+    }
+
+    fn heartbeat_host(&self, r: &HostReport) -> Result<Option<Host>> {
+        r.validate().map_err(Error::Invalid)?;
+        let at = now_ms();
+        let text = serde_json::to_string(r).map_err(|e| Error::Invalid(e.to_string()))?;
+        let c = self.lock();
+        // A heartbeat is soft state, restored by the next one: committed to the WAL without
+        // waiting for the disk (a coordinator crash loses nothing; an OS crash may lose the
+        // last seconds of heartbeats). Jobs and events stay synchronous=FULL.
+        c.pragma_update(None, "synchronous", "NORMAL")?;
+        let n = c
+            .prepare_cached("UPDATE hosts SET report = ?2, last_seen_ms = ?3 WHERE name = ?1")
+            .and_then(|mut st| st.execute(params![r.name, text, at]));
+        c.pragma_update(None, "synchronous", "FULL")?;
+        Ok((n? > 0).then(|| Host {
+            report: r.clone(),
+            last_seen_ms: at,
+        }))
     }
 
     fn hosts(&self) -> Result<Vec<Host>> {

@@ -131,6 +131,11 @@ fn bad_input_changes_nothing(s: &dyn Store) {
 }
 
 fn hosts_are_upserted(s: &dyn Store) {
+    assert_eq!(s.heartbeat_host(&report("n2", 1.0)).unwrap(), None);
+    assert!(
+        s.hosts().unwrap().is_empty(),
+        "a heartbeat does not register"
+    );
     s.report_host(&report("n2", 1.0)).unwrap();
     s.report_host(&report("n1", 1.0)).unwrap();
     s.report_host(&report("n1", 0.25)).unwrap();
@@ -142,6 +147,9 @@ fn hosts_are_upserted(s: &dyn Store) {
         .collect();
     assert_eq!(names, ["n1", "n2"]);
     assert_eq!(s.host("n1").unwrap().unwrap().report.idle_cpu, 0.25);
+    let h = s.heartbeat_host(&report("n2", 3.0)).unwrap().unwrap();
+    assert_eq!(s.host("n2").unwrap().unwrap(), h);
+    assert_eq!(h.report.idle_cpu, 3.0);
 }
 
 fn logs_read_back_from_any_offset(s: &dyn Store) {
