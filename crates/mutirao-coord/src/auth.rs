@@ -2,12 +2,15 @@
 //! cancels its own jobs; an agent reports its host and appends the output of the jobs it runs.
 //!
 //! A token file has one principal a line, `KIND NAME TOKEN` (`user ana 6f1c…`,
-//! `agent n1 90ab…`); `#` starts a comment. Tokens are kept only as SHA-256 digests and compared
-//! in constant time, every entry every time, so the time taken tells nothing about which
-//! entry (or how much of one) matched.
+//! `agent n1 90ab…`); `#` starts a comment. Tokens are kept only as SHA-256 digests. A request's
+//! token is hashed and its digest looked up in a map, then compared with the entry found in
+//! constant time: the time taken depends only on the digest of what the caller sent, which
+//! tells the caller nothing about any stored token (finding a token from its digest is a
+//! preimage attack on SHA-256). The lookup costs the same with 10 or 10 000 principals.
 
 use crate::{Error, Result};
 use sha2::{Digest, Sha256};
+use std::collections::HashMap;
 use std::path::Path;
 use subtle::ConstantTimeEq;
 
@@ -51,7 +54,7 @@ impl std::fmt::Display for Principal {
 /// The principals a coordinator knows.
 #[derive(Debug, Clone, Default)]
 pub struct Tokens {
-    entries: Vec<(Principal, [u8; 32])>,
+    entries: HashMap<[u8; 32], Principal>,
 }
 
 fn digest(token: &str) -> [u8; 32] {
@@ -78,19 +81,19 @@ impl Tokens {
             )));
         }
         let d = digest(token);
-        if self.entries.iter().any(|(_, e)| bool::from(e.ct_eq(&d))) {
+        if self.entries.contains_key(&d) {
             return Err(Error::Invalid(format!(
                 "the token of {} {name} is already another principal's; every principal needs its own",
                 kind.as_str()
             )));
         }
-        self.entries.push((
+        self.entries.insert(
+            d,
             Principal {
                 kind,
                 name: name.to_string(),
             },
-            d,
-        ));
+        );
         Ok(())
     }
 
@@ -143,16 +146,11 @@ impl Tokens {
         self.entries.is_empty()
     }
 
-    /// The principal whose token this is. Every entry is compared, in constant time.
+    /// The principal whose token this is (see the module's note on timing).
     pub fn authenticate(&self, token: &str) -> Option<Principal> {
         let d = digest(token);
-        let mut found = None;
-        for (p, e) in &self.entries {
-            if bool::from(e.ct_eq(&d)) {
-                found = Some(p.clone());
-            }
-        }
-        found
+        let (stored, p) = self.entries.get_key_value(&d)?;
+        bool::from(stored.ct_eq(&d)).then(|| p.clone())
     }
 }
 
