@@ -63,6 +63,12 @@ pub enum GridCommand {
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
+        /// Show at most the newest N jobs.
+        #[arg(long, default_value_t = 100, value_name = "N", conflicts_with = "all")]
+        limit: u64,
+        /// Show every job.
+        #[arg(long)]
+        all: bool,
     },
     /// Show one of your grid jobs and its journal (every state change and event).
     Job {
@@ -158,14 +164,28 @@ fn print_jobs(jobs: &[Job]) {
 pub fn run(c: GridCommand) -> anyhow::Result<ExitCode> {
     match c {
         GridCommand::Submit(a) => submit(a),
-        GridCommand::Jobs { conn, json } => {
-            let jobs = conn.client()?.jobs()?;
+        GridCommand::Jobs {
+            conn,
+            json,
+            limit,
+            all,
+        } => {
+            let client = conn.client()?;
+            let limit = limit.max(1);
+            let jobs = if all {
+                client.jobs()?
+            } else {
+                client.jobs_newest(limit)?
+            };
             if json {
                 println!("{}", serde_json::to_string_pretty(&jobs)?);
             } else if jobs.is_empty() {
                 println!("no jobs; submit one with `mutirao submit -n N PROG ARGS`");
             } else {
                 print_jobs(&jobs);
+                if !all && jobs.len() as u64 == limit {
+                    println!("(the newest {limit}; --all for every job, --limit N for more)");
+                }
             }
             Ok(ExitCode::SUCCESS)
         }

@@ -147,6 +147,15 @@ fn bench(label: &str, store: Arc<dyn Store>, dir: &std::path::Path) {
         median(st).0,
         median(ser).0
     );
+    let ana = Client::new(&url, "ana-token-0123456789").unwrap();
+    let mut times = Vec::new();
+    for _ in 0..21 {
+        let t = Instant::now();
+        assert_eq!(ana.jobs_newest(100).unwrap().len(), 100);
+        times.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    let (m, x) = median(times);
+    println!("{label}: GET /jobs?limit=100 (what `mutirao jobs` asks) of a user owning {JOBS} jobs: median {m:.1} ms, max {x:.1} ms");
     let bia = Client::new(&url, "bia-token-0123456789").unwrap();
     let mut times = Vec::new();
     for _ in 0..21 {

@@ -397,12 +397,28 @@ async fn submit(State(c): C, h: HeaderMap, body: Bytes) -> Result<Response, ApiE
     Ok((StatusCode::CREATED, Json(job)).into_response())
 }
 
-async fn list_jobs(State(c): C, h: HeaderMap) -> Result<Json<Vec<Job>>, ApiError> {
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ListQuery {
+    limit: Option<u64>,
+}
+
+async fn list_jobs(
+    State(c): C,
+    h: HeaderMap,
+    Query(q): Query<ListQuery>,
+) -> Result<Json<Vec<Job>>, ApiError> {
     const WHAT: &str = "GET /jobs";
     let p = c.authenticate(&h, WHAT)?;
     c.require(&p, Kind::User, WHAT)?;
+    if q.limit == Some(0) {
+        return Err(ApiError::bad("limit must be at least 1"));
+    }
     let store = c.store.clone();
-    Ok(Json(blocking(move || store.jobs(Some(&p.name))).await?))
+    let limit = q.limit.unwrap_or(u64::MAX);
+    Ok(Json(
+        blocking(move || store.jobs_newest(Some(&p.name), limit)).await?,
+    ))
 }
 
 async fn one_job(
@@ -732,7 +748,9 @@ pub fn openapi() -> serde_json::Value {
             "/jobs": {
                 "post": { "summary": "Submit a job (users)", "requestBody": { "required": true, "content": { "application/json": { "schema": { "$ref": "#/components/schemas/SubmitRequest" } } } },
                     "responses": common(json!({ "201": ok_json("The job, waiting", json!({ "$ref": "#/components/schemas/Job" })) })) },
-                "get": { "summary": "My jobs, newest first (users)", "responses": common(json!({ "200": ok_json("Jobs", json!({ "type": "array", "items": { "$ref": "#/components/schemas/Job" } })) })) }
+                "get": { "summary": "My jobs, newest first (users); the newest `limit` if given",
+                    "parameters": [{ "name": "limit", "in": "query", "required": false, "schema": { "type": "integer", "minimum": 1 } }],
+                    "responses": common(json!({ "200": ok_json("Jobs", json!({ "type": "array", "items": { "$ref": "#/components/schemas/Job" } })) })) }
             },
             "/jobs/{id}": { "get": { "summary": "One of my jobs with its journal", "parameters": [id_param.clone()],
                 "responses": common(json!({ "200": ok_json("The job and its events", json!({ "$ref": "#/components/schemas/JobView" })), "404": err("No such job") })) } },

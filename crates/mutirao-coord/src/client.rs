@@ -150,6 +150,16 @@ impl Client {
         Self::json(r, "jobs")
     }
 
+    /// My newest `limit` jobs, newest first.
+    pub fn jobs_newest(&self, limit: u64) -> Result<Vec<Job>> {
+        let r = self
+            .req("GET", "/jobs")
+            .query("limit", &limit.max(1).to_string())
+            .call()
+            .map_err(|e| remote(e, "jobs"))?;
+        Self::json(r, "jobs")
+    }
+
     /// One job and its journal.
     pub fn job(&self, id: i64) -> Result<JobView> {
         let r = self

@@ -116,7 +116,11 @@ pub trait Store: Send + Sync {
     /// One job.
     fn job(&self, id: i64) -> Result<Job>;
     /// Jobs, newest first; only `owner`'s if given.
-    fn jobs(&self, owner: Option<&str>) -> Result<Vec<Job>>;
+    fn jobs(&self, owner: Option<&str>) -> Result<Vec<Job>> {
+        self.jobs_newest(owner, u64::MAX)
+    }
+    /// The newest `limit` jobs, newest first; only `owner`'s if given.
+    fn jobs_newest(&self, owner: Option<&str>, limit: u64) -> Result<Vec<Job>>;
     /// Every job in one of `states`, oldest first (what the dispatcher scans).
     fn jobs_in(&self, states: &[JobState]) -> Result<Vec<Job>>;
     /// Move a job to `to` if the state machine allows it, journalling `detail`.

@@ -267,15 +267,16 @@ impl Store for PgStore {
         to_job(job_row(&row))
     }
 
-    fn jobs(&self, owner: Option<&str>) -> Result<Vec<Job>> {
+    fn jobs_newest(&self, owner: Option<&str>, limit: u64) -> Result<Vec<Job>> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let rows = match owner {
             Some(o) => self.lock().query(
-                "SELECT id, spec, state, created_ms, updated_ms FROM jobs WHERE owner = $1 ORDER BY id DESC",
-                &[&o],
+                "SELECT id, spec, state, created_ms, updated_ms FROM jobs WHERE owner = $1 ORDER BY id DESC LIMIT $2",
+                &[&o, &limit],
             ),
             None => self.lock().query(
-                "SELECT id, spec, state, created_ms, updated_ms FROM jobs ORDER BY id DESC",
-                &[],
+                "SELECT id, spec, state, created_ms, updated_ms FROM jobs ORDER BY id DESC LIMIT $1",
+                &[&limit],
             ),
         }
         .map_err(db)?;

@@ -188,13 +188,20 @@ impl Store for SqliteStore {
         to_job(row)
     }
 
-    fn jobs(&self, owner: Option<&str>) -> Result<Vec<Job>> {
+    fn jobs_newest(&self, owner: Option<&str>, limit: u64) -> Result<Vec<Job>> {
         let c = self.lock();
-        let mut st = c.prepare(
-            "SELECT id, spec, state, created_ms, updated_ms FROM jobs
-             WHERE ?1 IS NULL OR owner = ?1 ORDER BY id DESC",
-        )?;
-        let rows = st.query_map([owner], job_row)?;
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let mut st = match owner {
+            Some(_) => c.prepare_cached(
+                "SELECT id, spec, state, created_ms, updated_ms FROM jobs
+                 WHERE owner = ?1 ORDER BY id DESC LIMIT ?2",
+            )?,
+            None => c.prepare_cached(
+                "SELECT id, spec, state, created_ms, updated_ms FROM jobs
+                 WHERE ?1 IS NULL ORDER BY id DESC LIMIT ?2",
+            )?,
+        };
+        let rows = st.query_map(params![owner, limit], job_row)?;
         rows.map(|r| to_job(r?)).collect()
     }
 

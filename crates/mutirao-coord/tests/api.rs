@@ -141,6 +141,13 @@ fn a_user_submits_lists_reads_and_cancels_a_job_and_the_journal_tells_it() {
     assert_eq!(t.submit(BIA, &prog).status, StatusCode::CREATED);
     let mine: Vec<Job> = t.call("GET", "/jobs", Some(ANA), "").json();
     assert_eq!(mine.iter().map(|j| j.id).collect::<Vec<_>>(), [job.id]);
+    let newer: Job = t.submit(ANA, &prog).json();
+    let one: Vec<Job> = t.call("GET", "/jobs?limit=1", Some(ANA), "").json();
+    assert_eq!(one.iter().map(|j| j.id).collect::<Vec<_>>(), [newer.id]);
+    assert_eq!(
+        t.call("GET", "/jobs?limit=0", Some(ANA), "").status,
+        StatusCode::BAD_REQUEST
+    );
 
     let a = t.call("POST", &format!("/jobs/{}/cancel", job.id), Some(ANA), "");
     assert_eq!(a.status, StatusCode::OK, "{}", a.text());

@@ -76,6 +76,12 @@ fn restart_loses_nothing(open: Open) {
     assert_eq!(s.hosts().unwrap()[0].report.idle_cpu, 1.5);
     assert_eq!(s.jobs(Some("ana")).unwrap().len(), 1);
     assert_eq!(s.jobs(None).unwrap().len(), 2);
+    let newest = |o: Option<&str>, n| -> Vec<i64> {
+        s.jobs_newest(o, n).unwrap().iter().map(|j| j.id).collect()
+    };
+    assert_eq!(newest(None, 1), [b]);
+    assert_eq!(newest(Some("ana"), 1), [a]);
+    assert_eq!(newest(None, u64::MAX), [b, a]);
     assert_eq!(
         s.jobs(None)
             .unwrap()
