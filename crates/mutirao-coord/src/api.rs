@@ -603,17 +603,25 @@ async fn upload(
     const WHAT: &str = "POST /blobs";
     let p = c.authenticate(&h, WHAT)?;
     c.require(&p, Kind::User, WHAT)?;
-    if let Some(d) = &q.digest {
-        crate::repo::verify(d, &body).map_err(|e| {
-            ApiError::new(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                format!("upload refused: {e}"),
-            )
-        })?;
-    }
     let repo = c.repo.clone();
     let size = body.len() as u64;
-    let digest = blocking(move || repo.put(&body)).await?;
+    // Hashing up to the repository's limit is CPU work: off the async workers.
+    let digest = blocking(move || {
+        if let Some(d) = &q.digest {
+            if let Err(e) = crate::repo::verify(d, &body) {
+                return Ok(Err(e));
+            }
+        }
+        repo.put(&body).map(Ok)
+    })
+    .await?
+    .map_err(|e| {
+        let status = match e {
+            Error::Invalid(_) => StatusCode::BAD_REQUEST,
+            _ => StatusCode::UNPROCESSABLE_ENTITY,
+        };
+        ApiError::new(status, format!("upload refused: {e}"))
+    })?;
     Ok((StatusCode::CREATED, Json(Uploaded { digest, size })).into_response())
 }
 

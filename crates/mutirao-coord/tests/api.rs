@@ -438,6 +438,33 @@ fn the_repository_serves_content_by_digest_and_refuses_tampered_or_oversized_con
 }
 
 #[test]
+fn uploads_larger_than_a_json_body_are_taken_up_to_the_repository_limit() {
+    let dir = std::env::temp_dir().join(format!("mutirao-api-{}-big", std::process::id()));
+    let mut t = setup("big");
+    t.c = Coordinator::new(
+        Arc::new(SqliteStore::open_in_memory().unwrap()),
+        {
+            let mut k = Tokens::new();
+            k.add(Kind::User, "ana", ANA).unwrap();
+            k
+        },
+        Repo::open(&dir.join("repo"), 4 << 20).unwrap(),
+    );
+    let big = vec![7u8; 3 << 20]; // more than api::MAX_BODY, less than the repository's limit
+    assert!(big.len() > api::MAX_BODY);
+    let a = t.call("POST", "/blobs", Some(ANA), big.clone());
+    assert_eq!(a.status, StatusCode::CREATED, "{}", a.text());
+    let d = a.json::<Uploaded>().digest;
+    assert_eq!(
+        t.call("GET", &format!("/blobs/{d}"), Some(ANA), "").body,
+        big
+    );
+    let a = t.call("POST", "/blobs", Some(ANA), vec![0u8; 5 << 20]);
+    assert_eq!(a.status, StatusCode::PAYLOAD_TOO_LARGE);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn the_openapi_document_describes_every_route_and_only_those() {
     let t = setup("openapi");
     let a = t.call("GET", "/openapi.json", None, "");
