@@ -128,6 +128,11 @@ fn submit_jobs_job_logs_cancel_through_a_coordinator_process() {
     assert_eq!(json[0]["id"], id);
     assert_eq!(json[0]["spec"]["ranks"], 2);
     assert_eq!(json[0]["spec"]["require"], "cpu>=1");
+    let limited = ok(&mutirao(&c, ANA, &["jobs", "--limit", "1"]));
+    assert!(
+        limited.contains("the newest 1; --all for every job"),
+        "{limited}"
+    );
     // bia sees none of ana's jobs.
     assert!(ok(&mutirao(&c, BIA, &["jobs"])).contains("no jobs"));
 
@@ -259,10 +264,17 @@ fn wait_state(c: &Coord, id: i64, want: &str, limit: Duration) -> serde_json::Va
 
 #[test]
 fn a_submitted_job_runs_through_a_registered_agent_to_finished() {
-    let tmp = std::env::temp_dir().join(format!("mutirao-grid-{}-agent", std::process::id()));
-    let _ = std::fs::remove_dir_all(&tmp);
-    std::fs::create_dir_all(&tmp).unwrap();
-    let (agent, agent_tok) = start_agent(&tmp);
+    struct Scratch(PathBuf);
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+    let tmp =
+        Scratch(std::env::temp_dir().join(format!("mutirao-grid-{}-agent", std::process::id())));
+    let _ = std::fs::remove_dir_all(&tmp.0);
+    std::fs::create_dir_all(&tmp.0).unwrap();
+    let (agent, agent_tok) = start_agent(&tmp.0);
     let c = start_with("run", &["--agent-token-file", agent_tok.to_str().unwrap()]);
     // The agent's host reports to the coordinator (as `mutirao agent --coord` will).
     let n1 = mutirao_coord::client::Client::new(&c.url, N1).unwrap();
@@ -396,5 +408,4 @@ fn a_submitted_job_runs_through_a_registered_agent_to_finished() {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
-    let _ = std::fs::remove_dir_all(&tmp);
 }
