@@ -53,6 +53,10 @@ const MIGRATIONS: &[&str] = &[
 /// The PostgreSQL store.
 pub struct PgStore {
     client: Mutex<Client>,
+    /// A second connection for heartbeats, soft state: `synchronous_commit = off` (no wait
+    /// for the WAL flush; a server crash may lose the last heartbeats, never consistency), and
+    /// its own lock, so 200 heartbeats a second do not queue job changes behind them.
+    soft: Mutex<(Client, postgres::Statement)>,
 }
 
 fn db(e: postgres::Error) -> Error {
@@ -96,8 +100,21 @@ impl PgStore {
         client
             .execute("SELECT pg_advisory_unlock($1)", &[&MIGRATION_LOCK])
             .map_err(db)?;
+        let mut soft = Client::connect(url, NoTls).map_err(|e| {
+            Error::Db(format!(
+                "cannot connect to PostgreSQL ({url}): {}",
+                describe(&e)
+            ))
+        })?;
+        soft.batch_execute("SET synchronous_commit = off")
+            .map_err(db)?;
+        // Prepared once: a query given as text is parsed on every call.
+        let heartbeat = soft
+            .prepare("UPDATE hosts SET report = $2, last_seen_ms = $3 WHERE name = $1")
+            .map_err(db)?;
         Ok(PgStore {
             client: Mutex::new(client),
+            soft: Mutex::new((soft, heartbeat)),
         })
     }
 
@@ -387,13 +404,9 @@ impl Store for PgStore {
         r.validate().map_err(Error::Invalid)?;
         let at = now_ms();
         let text = serde_json::to_string(r).map_err(|e| Error::Invalid(e.to_string()))?;
-        let n = self
-            .lock()
-            .execute(
-                "UPDATE hosts SET report = $2, last_seen_ms = $3 WHERE name = $1",
-                &[&r.name, &text, &at],
-            )
-            .map_err(db)?;
+        let mut soft = self.soft.lock().unwrap_or_else(|p| p.into_inner());
+        let (client, st) = &mut *soft;
+        let n = client.execute(&*st, &[&r.name, &text, &at]).map_err(db)?;
         Ok((n > 0).then(|| Host {
             report: r.clone(),
             last_seen_ms: at,
