@@ -1,10 +1,17 @@
-//! # mutirao-coord: the coordinator's state (issue 14)
+//! # mutirao-coord: the grid coordinator (issue 14, docs/grid.md)
 //!
-//! What a grid coordinator must never lose — jobs, their states, the story of each job, the
-//! hosts and their last reports — behind a [`Store`] trait, with an SQLite implementation
-//! ([`SqliteStore`]: schema migrations, WAL, every change one transaction, fsynced). The job
-//! lifecycle is a pure state machine ([`JobState::can_become`]); the store refuses a transition
-//! the machine does not allow and journals every one it makes.
+//! What a grid coordinator must never lose — jobs, their states, the story of each job, its
+//! output, the hosts and their last reports — behind a [`Store`] trait, on SQLite
+//! ([`SqliteStore`]: schema migrations, WAL, every change one transaction, fsynced) or
+//! PostgreSQL ([`PgStore`], the same migrations). The job lifecycle is a pure state machine
+//! ([`JobState::can_become`]); the store refuses a transition the machine does not allow and
+//! journals every one it makes.
+//!
+//! Around it: [`auth`] (user and agent tokens), [`repo`] (the content-addressed application
+//! repository and [`verify`]), [`api`] (the HTTP + JSON API and its OpenAPI document),
+//! [`client`] (a blocking client of it), [`place`] (requirements and placement, pure),
+//! [`exec`] (the [`exec::Executor`] trait and the dispatcher that runs placed jobs), and
+//! [`report`] (what an agent reports, and its heartbeat thread).
 //!
 //! ```
 //! use mutirao_coord::{JobState, NewJob, SqliteStore, Store};
