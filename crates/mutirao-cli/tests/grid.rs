@@ -22,7 +22,9 @@ impl Drop for Coord {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
+        if !self.dir.as_os_str().is_empty() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
     }
 }
 
@@ -34,12 +36,27 @@ fn start_with(tag: &str, extra: &[&str]) -> Coord {
     let dir = std::env::temp_dir().join(format!("mutirao-grid-{}-{tag}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    let tokens = dir.join("grid.tokens");
     std::fs::write(
-        &tokens,
+        dir.join("grid.tokens"),
         format!("# test grid\nuser ana {ANA}\nuser bia {BIA}\nagent n1 n1-agent-token-0123456\n"),
     )
     .unwrap();
+    spawn_coord(dir, extra)
+}
+
+impl Coord {
+    /// Kill this coordinator (SIGKILL: what a crash leaves) and start another on its files.
+    fn crash_and_restart(mut self, extra: &[&str]) -> Coord {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let dir = std::mem::take(&mut self.dir);
+        drop(self); // removes nothing: its dir was taken
+        spawn_coord(dir, extra)
+    }
+}
+
+fn spawn_coord(dir: PathBuf, extra: &[&str]) -> Coord {
+    let tokens = dir.join("grid.tokens");
     let mut child = Command::new(BIN)
         .args(["coordinator", "--listen", "127.0.0.1:0", "--db"])
         .arg(dir.join("coord.sqlite"))
@@ -408,4 +425,77 @@ fn a_submitted_job_runs_through_a_registered_agent_to_finished() {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
+}
+
+#[test]
+fn a_coordinator_crash_mid_job_loses_nothing_and_the_job_completes() {
+    struct Scratch(PathBuf);
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+    let tmp = Scratch(
+        std::env::temp_dir().join(format!("mutirao-grid-{}-crash-agent", std::process::id())),
+    );
+    let _ = std::fs::remove_dir_all(&tmp.0);
+    std::fs::create_dir_all(&tmp.0).unwrap();
+    let (agent, agent_tok) = start_agent(&tmp.0);
+    let extra = ["--agent-token-file", agent_tok.to_str().unwrap()];
+    let c = start_with("crash", &extra);
+    let report = mutirao_coord::HostReport {
+        name: "n1".into(),
+        addr: agent.addr.clone(),
+        idle_cpu: 2.0,
+        free_mem_mib: 4096,
+        load: 0.1,
+        owner_active: false,
+    };
+    mutirao_coord::client::Client::new(&c.url, N1)
+        .unwrap()
+        .register(&report)
+        .unwrap();
+    let prog = c.dir.join("slow.sh");
+    std::fs::write(
+        &prog,
+        "#!/bin/sh\necho begun $MUTIRAO_RANK\nsleep 2\necho done $MUTIRAO_RANK\n",
+    )
+    .unwrap();
+    let id: i64 = ok(&mutirao(
+        &c,
+        ANA,
+        &["submit", "-n", "2", prog.to_str().unwrap()],
+    ))
+    .trim()
+    .parse()
+    .unwrap();
+    wait_state(&c, id, "running", Duration::from_secs(30));
+
+    let c = c.crash_and_restart(&extra);
+    // The host's registration survived too; the agent reports again to the new coordinator.
+    mutirao_coord::client::Client::new(&c.url, N1)
+        .unwrap()
+        .heartbeat(&report)
+        .unwrap();
+    let v = wait_state(&c, id, "finished", Duration::from_secs(60));
+    let story: Vec<String> = v["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["detail"].as_str().unwrap().to_string())
+        .collect();
+    let restarted = story
+        .iter()
+        .position(|d| d.contains("re-queued"))
+        .unwrap_or_else(|| panic!("{story:#?}"));
+    assert!(
+        story[restarted..].iter().any(|d| d == "started on n1"),
+        "started again after the restart: {story:#?}"
+    );
+    assert_eq!(story.last().unwrap(), "exit 0", "{story:#?}");
+    let log = ok(&mutirao(&c, ANA, &["logs", &id.to_string()]));
+    assert!(
+        log.contains("[0] done 0") && log.contains("[1] done 1"),
+        "{log}"
+    );
 }
