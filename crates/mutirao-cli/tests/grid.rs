@@ -8,6 +8,9 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+#[path = "../../mutirao-coord/tests/common/pg.rs"]
+mod pg;
+
 const BIN: &str = env!("CARGO_BIN_EXE_mutirao");
 const ANA: &str = "ana-token-0123456789";
 const BIA: &str = "bia-token-0123456789";
@@ -57,9 +60,17 @@ impl Coord {
 
 fn spawn_coord(dir: PathBuf, extra: &[&str]) -> Coord {
     let tokens = dir.join("grid.tokens");
-    let mut child = Command::new(BIN)
-        .args(["coordinator", "--listen", "127.0.0.1:0", "--db"])
-        .arg(dir.join("coord.sqlite"))
+    let mut cmd = Command::new(BIN);
+    cmd.args(["coordinator", "--listen", "127.0.0.1:0"]);
+    if extra.contains(&"--postgres") {
+        cmd.arg("--repo")
+            .arg(dir.join("repo"))
+            .arg("--jobs-dir")
+            .arg(dir.join("jobs"));
+    } else {
+        cmd.arg("--db").arg(dir.join("coord.sqlite"));
+    }
+    let mut child = cmd
         .arg("--tokens")
         .arg(&tokens)
         .args(extra)
@@ -498,4 +509,45 @@ fn a_coordinator_crash_mid_job_loses_nothing_and_the_job_completes() {
         log.contains("[0] done 0") && log.contains("[1] done 1"),
         "{log}"
     );
+}
+
+#[test]
+fn a_coordinator_on_postgresql_keeps_jobs_across_a_crash() {
+    let server = match pg::PgServer::start("cli") {
+        Ok(s) => s,
+        Err(why) => {
+            println!("skipped: cannot start a PostgreSQL server: {why}");
+            return;
+        }
+    };
+    let url = server.fresh_db();
+    let extra = ["--postgres", url.as_str()];
+    let c = start_with("pg", &extra);
+    let prog = c.dir.join("p.sh");
+    std::fs::write(&prog, "#!/bin/sh\ntrue\n").unwrap();
+    let id: i64 = ok(&mutirao(
+        &c,
+        ANA,
+        &[
+            "submit",
+            "-n",
+            "3",
+            "--require",
+            "mem>=1",
+            prog.to_str().unwrap(),
+            "a b",
+        ],
+    ))
+    .trim()
+    .parse()
+    .unwrap();
+    let c = c.crash_and_restart(&extra);
+    let v: serde_json::Value =
+        serde_json::from_str(&ok(&mutirao(&c, ANA, &["job", "--json", &id.to_string()]))).unwrap();
+    assert_eq!(v["job"]["state"], "waiting");
+    assert_eq!(v["job"]["spec"]["args"][0], "a b");
+    assert_eq!(v["events"][0]["detail"], "submitted");
+    assert!(ok(&mutirao(&c, ANA, &["jobs"])).contains("waiting"));
+    let e = err(&mutirao(&c, BIA, &["job", &id.to_string()]));
+    assert!(e.contains("403"), "{e}");
 }
