@@ -6,6 +6,7 @@ use clap::{Parser, Subcommand};
 mod capacity_spec;
 mod cmd_agent;
 mod cmd_calibrate;
+mod cmd_coord;
 mod cmd_dir;
 mod cmd_exec;
 mod cmd_fit;
@@ -14,6 +15,7 @@ mod cmd_predict;
 mod cmd_predict_machine;
 mod cmd_run;
 mod cmd_sched;
+mod cmd_submit;
 mod cmd_testbed;
 use mutirao_launch::{fsutil, hostfile};
 
@@ -58,6 +60,11 @@ enum Command {
     Calibrate(cmd_calibrate::CalibrateArgs),
     /// PeMPSys interval prediction: [t_min; t_max] of an application on chosen machines; op counting of Rust tasks; JoiN shares.
     Predict(cmd_predict::PredictArgs),
+    // (its help text is CoordArgs's doc comment)
+    Coordinator(cmd_coord::CoordArgs),
+    /// Grid jobs: submit, jobs, job, logs, cancel.
+    #[command(flatten)]
+    Grid(cmd_submit::GridCommand),
     // NEW SUBCOMMANDS: add one variant here and one match arm below, nothing else.
 }
 
@@ -76,6 +83,8 @@ fn main() -> std::process::ExitCode {
         Command::ExecDag(a) => cmd_exec::run(a),
         Command::Calibrate(a) => cmd_calibrate::run(a),
         Command::Predict(a) => cmd_predict::run(a),
+        Command::Coordinator(a) => cmd_coord::run(a),
+        Command::Grid(c) => cmd_submit::run(c),
         // NEW MATCH ARMS
     };
     match result {

@@ -1,10 +1,17 @@
-//! # mutirao-coord: the coordinator's state (issue 14)
+//! # mutirao-coord: the grid coordinator (issue 14, docs/grid.md)
 //!
-//! What a grid coordinator must never lose — jobs, their states, the story of each job, the
-//! hosts and their last reports — behind a [`Store`] trait, with an SQLite implementation
-//! ([`SqliteStore`]: schema migrations, WAL, every change one transaction, fsynced). The job
-//! lifecycle is a pure state machine ([`JobState::can_become`]); the store refuses a transition
-//! the machine does not allow and journals every one it makes.
+//! What a grid coordinator must never lose — jobs, their states, the story of each job, its
+//! output, the hosts and their last reports — behind a [`Store`] trait, on SQLite
+//! ([`SqliteStore`]: schema migrations, WAL, every change one transaction, fsynced) or
+//! PostgreSQL ([`PgStore`], the same migrations). The job lifecycle is a pure state machine
+//! ([`JobState::can_become`]); the store refuses a transition the machine does not allow and
+//! journals every one it makes.
+//!
+//! Around it: [`auth`] (user and agent tokens), [`repo`] (the content-addressed application
+//! repository and [`verify`]), [`api`] (the HTTP + JSON API and its OpenAPI document),
+//! [`client`] (a blocking client of it), [`place`] (requirements and placement, pure),
+//! [`exec`] (the [`exec::Executor`] trait and the dispatcher that runs placed jobs), and
+//! [`report`] (what an agent reports, and its heartbeat thread).
 //!
 //! ```
 //! use mutirao_coord::{JobState, NewJob, SqliteStore, Store};
@@ -22,10 +29,22 @@
 
 #![forbid(unsafe_code)]
 
+pub mod api;
+pub mod auth;
+pub mod client;
+pub mod exec;
 mod model;
+mod pg;
+pub mod place;
+pub mod repo;
+pub mod report;
 mod sqlite;
 
-pub use model::{Event, Host, HostReport, Job, JobState, NewJob};
+pub use model::{
+    Event, Host, HostReport, Job, JobState, LogChunk, NewJob, MAX_ARGS, MAX_FIELD, MAX_RANKS,
+};
+pub use pg::PgStore;
+pub use repo::{verify, Repo};
 pub use sqlite::SqliteStore;
 
 /// Errors of the coordinator's store.
@@ -50,6 +69,39 @@ pub enum Error {
     /// The database failed or is not one of ours.
     #[error("database: {0}")]
     Db(String),
+    /// No such content in the application repository.
+    #[error("{0} is not in the application repository; upload it first")]
+    NoBlob(String),
+    /// Content whose digest is not the one it was named by.
+    #[error("content named {expected} has digest {actual}: it was altered or corrupted; refusing to use it")]
+    Tampered {
+        /// The digest it was asked by.
+        expected: String,
+        /// The digest of the bytes received.
+        actual: String,
+    },
+    /// Content larger than the repository accepts.
+    #[error("{size} bytes is more than the repository accepts ({max} bytes); raise --max-upload or split the input")]
+    TooLarge {
+        /// Its size.
+        size: u64,
+        /// The limit.
+        max: u64,
+    },
+    /// A file-system failure.
+    #[error("{0}")]
+    Io(String),
+    /// The coordinator answered with an error (client side).
+    #[error("the coordinator refused: {status} {message}")]
+    Remote {
+        /// The HTTP status.
+        status: u16,
+        /// Its message.
+        message: String,
+    },
+    /// The coordinator could not be reached or answered nonsense (client side).
+    #[error("{0}")]
+    Unreachable(String),
 }
 
 impl From<rusqlite::Error> for Error {
@@ -63,21 +115,48 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Where the coordinator keeps jobs, events and hosts. Every method is one atomic change:
 /// after it returns, a crash of the coordinator loses nothing it did.
-pub trait Store: Send {
+pub trait Store: Send + Sync {
+    /// The schema version (migrations applied).
+    fn schema_version(&self) -> Result<i64>;
     /// Record a submitted job (state `waiting`, event "submitted").
     fn create_job(&self, j: &NewJob) -> Result<Job>;
     /// One job.
     fn job(&self, id: i64) -> Result<Job>;
     /// Jobs, newest first; only `owner`'s if given.
-    fn jobs(&self, owner: Option<&str>) -> Result<Vec<Job>>;
+    fn jobs(&self, owner: Option<&str>) -> Result<Vec<Job>> {
+        self.jobs_newest(owner, u64::MAX)
+    }
+    /// The newest `limit` jobs, newest first; only `owner`'s if given.
+    fn jobs_newest(&self, owner: Option<&str>, limit: u64) -> Result<Vec<Job>>;
+    /// Every job in one of `states`, oldest first (what the dispatcher scans).
+    fn jobs_in(&self, states: &[JobState]) -> Result<Vec<Job>>;
     /// Move a job to `to` if the state machine allows it, journalling `detail`.
     fn transition(&self, id: i64, to: JobState, detail: &str) -> Result<Job>;
     /// Journal an event that changes no state (placement chosen, host refused, …).
     fn note(&self, id: i64, kind: &str, detail: &str) -> Result<Event>;
     /// The job's journal, oldest first.
     fn events(&self, id: i64) -> Result<Vec<Event>>;
-    /// Record a host's heartbeat and resource report.
+    /// Record a host's registration (or a report replacing its last one).
     fn report_host(&self, r: &HostReport) -> Result<Host>;
+    /// Record a heartbeat of a registered host; `None` (and nothing changed) if it never
+    /// registered. One statement: heartbeats are the coordinator's most frequent write.
+    fn heartbeat_host(&self, r: &HostReport) -> Result<Option<Host>>;
     /// Every host known, by name.
     fn hosts(&self) -> Result<Vec<Host>>;
+    /// One host, if it ever reported.
+    fn host(&self, name: &str) -> Result<Option<Host>>;
+    /// Append output to a job's log; returns the log's new length in bytes.
+    fn append_log(&self, id: i64, data: &[u8]) -> Result<u64>;
+    /// At most `max` bytes of a job's log from byte `offset`, and the log's length.
+    fn read_log(&self, id: i64, offset: u64, max: usize) -> Result<LogChunk>;
+}
+
+/// Copy the part of a log chunk stored at `start` that lies at or after `offset` into `out`,
+/// keeping `out` at most `max` bytes (the stores keep logs as chunks at byte offsets).
+fn gather(out: &mut Vec<u8>, start: i64, chunk: &[u8], offset: u64, max: usize) {
+    let start = start.max(0) as u64;
+    let skip = offset.saturating_sub(start).min(chunk.len() as u64) as usize;
+    let room = max.saturating_sub(out.len());
+    let take = (chunk.len() - skip).min(room);
+    out.extend_from_slice(&chunk[skip..skip + take]);
 }

@@ -174,3 +174,104 @@ pub struct Host {
     /// When it came, ms since the epoch.
     pub last_seen_ms: i64,
 }
+
+/// Longest string field accepted (program, argument, requirement, host name, address).
+pub const MAX_FIELD: usize = 4096;
+/// Most arguments a job may have.
+pub const MAX_ARGS: usize = 4096;
+/// Most ranks a job may ask for.
+pub const MAX_RANKS: u32 = 1 << 20;
+
+fn check_text(what: &str, s: &str) -> Result<(), String> {
+    if s.len() > MAX_FIELD {
+        return Err(format!(
+            "{what} is {} bytes long; at most {MAX_FIELD} are accepted",
+            s.len()
+        ));
+    }
+    if s.contains('\0') {
+        return Err(format!("{what} contains a NUL character"));
+    }
+    Ok(())
+}
+
+impl NewJob {
+    /// Why this submission cannot be stored, if it cannot (both stores call this first, so
+    /// they accept and refuse the same submissions).
+    pub fn validate(&self) -> Result<(), String> {
+        if self.ranks == 0 {
+            return Err("a job needs at least 1 rank".into());
+        }
+        if self.ranks > MAX_RANKS {
+            return Err(format!(
+                "{} ranks asked; at most {MAX_RANKS} are accepted",
+                self.ranks
+            ));
+        }
+        if self.program.trim().is_empty() {
+            return Err("a job needs a program".into());
+        }
+        if self.owner.trim().is_empty() {
+            return Err("a job needs an owner".into());
+        }
+        check_text("the owner", &self.owner)?;
+        check_text("the program", &self.program)?;
+        if self.args.len() > MAX_ARGS {
+            return Err(format!(
+                "{} arguments; at most {MAX_ARGS} are accepted",
+                self.args.len()
+            ));
+        }
+        for (i, a) in self.args.iter().enumerate() {
+            check_text(&format!("argument {}", i + 1), a)?;
+        }
+        if let Some(r) = &self.require {
+            check_text("the requirement", r)?;
+        }
+        if let Some(s) = self.checkpoint_interval_s {
+            if !(s.is_finite() && s > 0.0) {
+                return Err(format!(
+                    "checkpoint interval {s} s must be a positive number"
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl HostReport {
+    /// Why this report cannot be stored, if it cannot.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.name.trim().is_empty() {
+            return Err("a host report needs a host name".into());
+        }
+        check_text("the host name", &self.name)?;
+        check_text("the address", &self.addr)?;
+        if !(self.idle_cpu.is_finite()
+            && self.idle_cpu >= 0.0
+            && self.load.is_finite()
+            && self.load >= 0.0)
+        {
+            return Err(format!(
+                "host {}: idle cpu {} and load {} must be non-negative numbers",
+                self.name, self.idle_cpu, self.load
+            ));
+        }
+        if self.free_mem_mib > i64::MAX as u64 {
+            return Err(format!(
+                "host {}: free memory {} MiB is not believable",
+                self.name, self.free_mem_mib
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// One read of a job's output log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogChunk {
+    /// The bytes from the asked offset (possibly none).
+    pub data: Vec<u8>,
+    /// The log's whole length now, bytes.
+    pub length: u64,
+}

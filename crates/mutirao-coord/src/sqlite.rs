@@ -2,7 +2,7 @@
 //! returns), every method one transaction, the schema versioned by `PRAGMA user_version` and
 //! migrated forward on open.
 
-use crate::model::{Event, Host, HostReport, Job, JobState, NewJob};
+use crate::model::{Event, Host, HostReport, Job, JobState, LogChunk, NewJob};
 use crate::{Error, Result, Store};
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 use std::path::Path;
@@ -35,6 +35,15 @@ const MIGRATIONS: &[&str] = &[
      );",
     // 2: a user's jobs are listed often.
     "CREATE INDEX jobs_owner ON jobs(owner, id);",
+    // 3: each job's output, in chunks at their byte offsets.
+    "CREATE TABLE logs (
+        job INTEGER NOT NULL REFERENCES jobs(id),
+        start INTEGER NOT NULL,
+        data BLOB NOT NULL,
+        PRIMARY KEY (job, start)
+     );",
+    // 4: the dispatcher scans jobs by state.
+    "CREATE INDEX jobs_state ON jobs(state, id);",
 ];
 
 /// The SQLite store.
@@ -84,13 +93,6 @@ impl SqliteStore {
         Ok(SqliteStore {
             conn: Mutex::new(conn),
         })
-    }
-
-    /// The schema version (migrations applied).
-    pub fn schema_version(&self) -> Result<i64> {
-        Ok(self
-            .lock()
-            .pragma_query_value(None, "user_version", |r| r.get(0))?)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Connection> {
@@ -145,23 +147,14 @@ fn append(
 }
 
 impl Store for SqliteStore {
+    fn schema_version(&self) -> Result<i64> {
+        Ok(self
+            .lock()
+            .pragma_query_value(None, "user_version", |r| r.get(0))?)
+    }
+
     fn create_job(&self, j: &NewJob) -> Result<Job> {
-        if j.ranks == 0 {
-            return Err(Error::Invalid("a job needs at least 1 rank".into()));
-        }
-        if j.program.trim().is_empty() {
-            return Err(Error::Invalid("a job needs a program".into()));
-        }
-        if j.owner.trim().is_empty() {
-            return Err(Error::Invalid("a job needs an owner".into()));
-        }
-        if let Some(s) = j.checkpoint_interval_s {
-            if !(s.is_finite() && s > 0.0) {
-                return Err(Error::Invalid(format!(
-                    "checkpoint interval {s} s must be a positive number"
-                )));
-            }
-        }
+        j.validate().map_err(Error::Invalid)?;
         let spec = serde_json::to_string(j).map_err(|e| Error::Invalid(e.to_string()))?;
         let mut c = self.lock();
         let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
@@ -195,14 +188,37 @@ impl Store for SqliteStore {
         to_job(row)
     }
 
-    fn jobs(&self, owner: Option<&str>) -> Result<Vec<Job>> {
+    fn jobs_newest(&self, owner: Option<&str>, limit: u64) -> Result<Vec<Job>> {
+        let c = self.lock();
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let mut st = match owner {
+            Some(_) => c.prepare_cached(
+                "SELECT id, spec, state, created_ms, updated_ms FROM jobs
+                 WHERE owner = ?1 ORDER BY id DESC LIMIT ?2",
+            )?,
+            None => c.prepare_cached(
+                "SELECT id, spec, state, created_ms, updated_ms FROM jobs
+                 WHERE ?1 IS NULL ORDER BY id DESC LIMIT ?2",
+            )?,
+        };
+        let rows = st.query_map(params![owner, limit], job_row)?;
+        rows.map(|r| to_job(r?)).collect()
+    }
+
+    fn jobs_in(&self, states: &[JobState]) -> Result<Vec<Job>> {
         let c = self.lock();
         let mut st = c.prepare(
-            "SELECT id, spec, state, created_ms, updated_ms FROM jobs
-             WHERE ?1 IS NULL OR owner = ?1 ORDER BY id DESC",
+            "SELECT id, spec, state, created_ms, updated_ms FROM jobs WHERE state = ?1 ORDER BY id",
         )?;
-        let rows = st.query_map([owner], job_row)?;
-        rows.map(|r| to_job(r?)).collect()
+        let mut out = Vec::new();
+        for s in states {
+            let rows = st.query_map([s.as_str()], job_row)?;
+            for r in rows {
+                out.push(to_job(r?)?);
+            }
+        }
+        out.sort_by_key(|j| j.id);
+        Ok(out)
     }
 
     fn transition(&self, id: i64, to: JobState, detail: &str) -> Result<Job> {
@@ -297,26 +313,38 @@ impl Store for SqliteStore {
     }
 
     fn report_host(&self, r: &HostReport) -> Result<Host> {
-        if r.name.trim().is_empty() {
-            return Err(Error::Invalid("a host report needs a host name".into()));
-        }
-        if !(r.idle_cpu.is_finite() && r.idle_cpu >= 0.0 && r.load.is_finite() && r.load >= 0.0) {
-            return Err(Error::Invalid(format!(
-                "host {}: idle cpu {} and load {} must be non-negative numbers",
-                r.name, r.idle_cpu, r.load
-            )));
-        }
+        r.validate().map_err(Error::Invalid)?;
         let at = now_ms();
         let text = serde_json::to_string(r).map_err(|e| Error::Invalid(e.to_string()))?;
-        self.lock().execute(
-            "INSERT INTO hosts (name, report, last_seen_ms) VALUES (?1, ?2, ?3)
-             ON CONFLICT(name) DO UPDATE SET report = excluded.report, last_seen_ms = excluded.last_seen_ms",
-            params![r.name, text, at],
-        )?;
+        self.lock()
+            .prepare_cached(
+                "INSERT INTO hosts (name, report, last_seen_ms) VALUES (?1, ?2, ?3)
+                 ON CONFLICT(name) DO UPDATE SET report = excluded.report, last_seen_ms = excluded.last_seen_ms",
+            )?
+            .execute(params![r.name, text, at])?;
         Ok(Host {
             report: r.clone(),
             last_seen_ms: at,
         })
+    }
+
+    fn heartbeat_host(&self, r: &HostReport) -> Result<Option<Host>> {
+        r.validate().map_err(Error::Invalid)?;
+        let at = now_ms();
+        let text = serde_json::to_string(r).map_err(|e| Error::Invalid(e.to_string()))?;
+        let c = self.lock();
+        // A heartbeat is soft state, restored by the next one: committed to the WAL without
+        // waiting for the disk (a coordinator crash loses nothing; an OS crash may lose the
+        // last seconds of heartbeats). Jobs and events stay synchronous=FULL.
+        c.pragma_update(None, "synchronous", "NORMAL")?;
+        let n = c
+            .prepare_cached("UPDATE hosts SET report = ?2, last_seen_ms = ?3 WHERE name = ?1")
+            .and_then(|mut st| st.execute(params![r.name, text, at]));
+        c.pragma_update(None, "synchronous", "FULL")?;
+        Ok((n? > 0).then(|| Host {
+            report: r.clone(),
+            last_seen_ms: at,
+        }))
     }
 
     fn hosts(&self) -> Result<Vec<Host>> {
@@ -340,5 +368,85 @@ impl Store for SqliteStore {
             });
         }
         Ok(out)
+    }
+
+    fn host(&self, name: &str) -> Result<Option<Host>> {
+        let c = self.lock();
+        let row = c
+            .query_row(
+                "SELECT report, last_seen_ms FROM hosts WHERE name = ?1",
+                [name],
+                |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)),
+            )
+            .optional()?;
+        match row {
+            None => Ok(None),
+            Some((text, last_seen_ms)) => Ok(Some(Host {
+                report: serde_json::from_str(&text).map_err(|e| {
+                    Error::Db(format!("host {name}: stored report is malformed: {e}"))
+                })?,
+                last_seen_ms,
+            })),
+        }
+    }
+
+    fn append_log(&self, id: i64, data: &[u8]) -> Result<u64> {
+        let mut c = self.lock();
+        let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let exists: bool = tx
+            .query_row("SELECT 1 FROM jobs WHERE id = ?1", [id], |_| Ok(true))
+            .optional()?
+            .unwrap_or(false);
+        if !exists {
+            return Err(Error::NoJob(id));
+        }
+        let len: i64 = tx.query_row(
+            "SELECT COALESCE(MAX(start + length(data)), 0) FROM logs WHERE job = ?1",
+            [id],
+            |r| r.get(0),
+        )?;
+        if data.is_empty() {
+            return Ok(len as u64);
+        }
+        tx.execute(
+            "INSERT INTO logs (job, start, data) VALUES (?1, ?2, ?3)",
+            params![id, len, data],
+        )?;
+        tx.commit()?;
+        Ok(len as u64 + data.len() as u64)
+    }
+
+    fn read_log(&self, id: i64, offset: u64, max: usize) -> Result<LogChunk> {
+        let c = self.lock();
+        let exists: bool = c
+            .query_row("SELECT 1 FROM jobs WHERE id = ?1", [id], |_| Ok(true))
+            .optional()?
+            .unwrap_or(false);
+        if !exists {
+            return Err(Error::NoJob(id));
+        }
+        let length: i64 = c.query_row(
+            "SELECT COALESCE(MAX(start + length(data)), 0) FROM logs WHERE job = ?1",
+            [id],
+            |r| r.get(0),
+        )?;
+        let off = i64::try_from(offset).unwrap_or(i64::MAX);
+        let mut st = c.prepare(
+            "SELECT start, data FROM logs WHERE job = ?1 AND start + length(data) > ?2 ORDER BY start",
+        )?;
+        let mut rows = st.query(params![id, off])?;
+        let mut data = Vec::new();
+        while let Some(r) = rows.next()? {
+            if data.len() >= max {
+                break;
+            }
+            let start: i64 = r.get(0)?;
+            let chunk: Vec<u8> = r.get(1)?;
+            crate::gather(&mut data, start, &chunk, offset, max);
+        }
+        Ok(LogChunk {
+            data,
+            length: length as u64,
+        })
     }
 }

@@ -1,0 +1,136 @@
+//! `mutirao coordinator`: the grid coordinator (jobs, journals, logs, hosts, the application
+//! repository) behind an authenticated HTTP + JSON API. A thin shell over `mutirao-coord`.
+
+use anyhow::{bail, Context};
+use clap::Args;
+use mutirao_coord::api::{serve_blocking, Coordinator};
+use mutirao_coord::auth::Tokens;
+use mutirao_coord::exec::{Dispatcher, RunExecutor};
+use mutirao_coord::{PgStore, Repo, SqliteStore, Store};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The grid coordinator: jobs, hosts and the application repository behind an HTTP API.
+///
+/// Users submit jobs to it (`mutirao submit`); agents register and heartbeat to it.
+///
+/// Principals come from a token file, one a line: `user NAME TOKEN` or `agent HOSTNAME TOKEN`
+/// (tokens at least 16 characters; make one with `head -c 24 /dev/urandom | base64`). Users
+/// see and cancel only their own jobs; an agent reports only its own host.
+///
+/// State lives in SQLite by default (one file, survives restarts) or in PostgreSQL. Programs
+/// and inputs live in a content-addressed repository directory.
+///
+/// Submitted jobs are placed on registered, alive hosts whose owner is away and which meet
+/// the job's --require (cpu, mem, load of the agents' reports), then run with `mutirao run`
+/// through those hosts' agents; their output goes to the job's log, their end to its state.
+///
+/// Examples:
+///   mutirao coordinator --tokens grid.tokens
+///   mutirao coordinator --listen 127.0.0.1:7210 --db /var/lib/mutirao/coord.sqlite --tokens /etc/mutirao/grid.tokens
+///   mutirao coordinator --postgres 'host=/run/postgresql user=mutirao dbname=grid' --tokens grid.tokens
+///
+/// The API is described at GET /openapi.json. Stop it with Ctrl-C or SIGTERM.
+#[derive(Args)]
+#[command(verbatim_doc_comment)]
+pub struct CoordArgs {
+    /// Address to listen on (loopback by default: the API is plain HTTP, so put a TLS proxy
+    /// in front before exposing it).
+    #[arg(long, default_value = "127.0.0.1:7210", value_name = "ADDR")]
+    listen: SocketAddr,
+    /// SQLite database file (created and migrated if needed).
+    #[arg(
+        long,
+        value_name = "PATH",
+        default_value = "mutirao-coord.sqlite",
+        conflicts_with = "postgres"
+    )]
+    db: PathBuf,
+    /// PostgreSQL connection string instead of SQLite (`host=/run/postgresql user=u dbname=d`
+    /// or `postgresql://u@host/d`).
+    #[arg(long, value_name = "URL")]
+    postgres: Option<String>,
+    /// Token file naming the users and agents (or set MUTIRAO_COORD_TOKENS).
+    #[arg(long, value_name = "FILE")]
+    tokens: Option<PathBuf>,
+    /// Directory of the application repository (default: the database's name + `.repo`).
+    #[arg(long, value_name = "DIR")]
+    repo: Option<PathBuf>,
+    /// Largest program or input accepted, in MiB.
+    #[arg(long, default_value_t = 256, value_name = "MIB")]
+    max_upload_mib: u64,
+    /// Directory where placed jobs get their program, hostfile and checkpoints (default: the
+    /// database's name + `.jobs`).
+    #[arg(long, value_name = "DIR")]
+    jobs_dir: Option<PathBuf>,
+    /// The agents' shared secret, for starting ranks through them (passed to `mutirao run
+    /// --token-file`; default: its default).
+    #[arg(long, value_name = "FILE")]
+    agent_token_file: Option<PathBuf>,
+}
+
+pub fn run(a: CoordArgs) -> anyhow::Result<ExitCode> {
+    let tokens_path = match a.tokens.clone().or_else(|| std::env::var_os("MUTIRAO_COORD_TOKENS").map(PathBuf::from)) {
+        Some(p) => p,
+        None => bail!("no token file: pass --tokens FILE (or set MUTIRAO_COORD_TOKENS); each line is `user NAME TOKEN` or `agent HOSTNAME TOKEN`"),
+    };
+    let tokens = Tokens::load(&tokens_path)?;
+    if tokens.is_empty() {
+        bail!(
+            "{} names no principal: every request would be refused; add `user NAME TOKEN` lines",
+            tokens_path.display()
+        );
+    }
+    let store: Arc<dyn Store> = match &a.postgres {
+        Some(url) => Arc::new(PgStore::connect(url)?),
+        None => Arc::new(SqliteStore::open(&a.db)?),
+    };
+    let beside_db = |ext: &str| match &a.postgres {
+        Some(_) => PathBuf::from(format!("mutirao-coord{ext}")),
+        None => {
+            let mut p = a.db.clone().into_os_string();
+            p.push(ext);
+            PathBuf::from(p)
+        }
+    };
+    let repo_dir = a.repo.clone().unwrap_or_else(|| beside_db(".repo"));
+    let jobs_dir = a.jobs_dir.clone().unwrap_or_else(|| beside_db(".jobs"));
+    let repo = Repo::open(&repo_dir, a.max_upload_mib.saturating_mul(1 << 20))?;
+    if !a.listen.ip().is_loopback() {
+        eprintln!(
+            "mutirao coordinator: warning: listening on {} (not loopback); the API is plain HTTP and tokens travel in clear",
+            a.listen
+        );
+    }
+    let c = Coordinator::new(store, tokens, repo);
+    let exec = RunExecutor {
+        exe: std::env::current_exe().context("cannot find the mutirao binary to run jobs with")?,
+        agent_token_file: a.agent_token_file.clone(),
+        grace: Duration::from_secs(5),
+    };
+    let dispatcher = Dispatcher::install(c.clone(), Arc::new(exec), &jobs_dir)?;
+    let requeued = dispatcher.requeue_orphans()?;
+    if requeued > 0 {
+        eprintln!("mutirao coordinator: {requeued} job(s) left running by the previous coordinator re-queued");
+    }
+    // Hosts come and go: waiting jobs are placed again every 2 s (and at once on submission).
+    let _placing = dispatcher.spawn_loop(Duration::from_secs(2));
+    let backend = match &a.postgres {
+        Some(_) => "PostgreSQL".to_string(),
+        None => a.db.display().to_string(),
+    };
+    serve_blocking(a.listen, c, |addr| {
+        // The first line is for people and scripts alike (port 0 picks a free port).
+        println!(
+            "mutirao coordinator: listening on http://{addr} (state: {backend}, repository: {})",
+            repo_dir.display()
+        );
+        use std::io::Write;
+        let _ = std::io::stdout().flush();
+    })
+    .context("the coordinator stopped")?;
+    Ok(ExitCode::SUCCESS)
+}

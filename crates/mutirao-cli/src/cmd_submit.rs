@@ -1,0 +1,295 @@
+//! The grid's client commands: `mutirao submit`, `jobs`, `job`, `logs`, `cancel` — thin shells
+//! over `mutirao_coord::client::Client`.
+
+use anyhow::{bail, Context};
+use clap::{Args, Subcommand};
+use mutirao_coord::api::SubmitRequest;
+use mutirao_coord::client::Client;
+use mutirao_coord::{Job, JobState};
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// Where the coordinator is and who you are.
+#[derive(Args, Clone)]
+pub struct ConnArgs {
+    /// The coordinator's URL (default: $MUTIRAO_COORD, else http://127.0.0.1:7210).
+    #[arg(long, value_name = "URL")]
+    coord: Option<String>,
+    /// Your token (default: $MUTIRAO_COORD_TOKEN; a flag is visible to other local users in
+    /// `ps`, the variable is not).
+    #[arg(long, value_name = "TOKEN")]
+    token: Option<String>,
+}
+
+impl ConnArgs {
+    fn client(&self) -> anyhow::Result<Client> {
+        let url = self
+            .coord
+            .clone()
+            .or_else(|| std::env::var("MUTIRAO_COORD").ok())
+            .unwrap_or_else(|| "http://127.0.0.1:7210".into());
+        let token = self
+            .token
+            .clone()
+            .or_else(|| std::env::var("MUTIRAO_COORD_TOKEN").ok())
+            .unwrap_or_default();
+        if token.is_empty() {
+            bail!("no token: set MUTIRAO_COORD_TOKEN (or pass --token); your grid administrator gives you one (the coordinator's token file)");
+        }
+        Ok(Client::new(&url, &token)?)
+    }
+}
+
+#[derive(Subcommand)]
+pub enum GridCommand {
+    /// Submit a program to the grid: upload it, queue it as a job of N ranks.
+    ///
+    /// The program file is uploaded to the coordinator's application repository, named by its
+    /// SHA-256 digest (agents check the digest before running it), then queued as a job.
+    ///
+    /// Examples:
+    ///   export MUTIRAO_COORD=http://127.0.0.1:7210 MUTIRAO_COORD_TOKEN=...
+    ///   mutirao submit -n 8 ./matmul 2000
+    ///   mutirao submit -n 8 --require 'cpu>=2 & site=north' --checkpoint-interval 60 -- ./solver --tol 1e-9
+    ///
+    /// Prints the job's id; follow it with `mutirao job ID` and `mutirao logs ID --follow`.
+    #[command(verbatim_doc_comment)]
+    Submit(SubmitArgs),
+    /// List your jobs on the grid, newest first.
+    Jobs {
+        #[command(flatten)]
+        conn: ConnArgs,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+        /// Show at most the newest N jobs.
+        #[arg(long, default_value_t = 100, value_name = "N", conflicts_with = "all")]
+        limit: u64,
+        /// Show every job.
+        #[arg(long)]
+        all: bool,
+    },
+    /// Show one of your grid jobs and its journal (every state change and event).
+    Job {
+        /// The job's id.
+        id: i64,
+        /// Explain the placement: the requirement, the hosts chosen and refused, and why.
+        #[arg(long)]
+        why: bool,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        conn: ConnArgs,
+    },
+    /// Print a grid job's output; with --follow, keep printing until the job ends.
+    Logs {
+        /// The job's id.
+        id: i64,
+        /// Wait for more output until the job is finished, failed or cancelled.
+        #[arg(long, short = 'f')]
+        follow: bool,
+        #[command(flatten)]
+        conn: ConnArgs,
+    },
+    /// Cancel one of your grid jobs.
+    Cancel {
+        /// The job's id.
+        id: i64,
+        #[command(flatten)]
+        conn: ConnArgs,
+    },
+}
+
+#[derive(Args)]
+pub struct SubmitArgs {
+    /// Number of ranks.
+    #[arg(short = 'n', long = "ranks", value_name = "N")]
+    ranks: u32,
+    /// Requirement on hosts, e.g. 'cpu>=2 & site=north'.
+    #[arg(long, value_name = "EXPR")]
+    require: Option<String>,
+    /// Seconds between checkpoint waves (programs with checkpoint points).
+    #[arg(long, value_name = "S")]
+    checkpoint_interval: Option<f64>,
+    #[command(flatten)]
+    conn: ConnArgs,
+    /// The program (a file here; it is uploaded) and its arguments.
+    #[arg(
+        required = true,
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "PROG ARGS"
+    )]
+    command: Vec<String>,
+}
+
+fn age(ms: i64) -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0);
+    let s = ((now - ms) / 1000).max(0);
+    match s {
+        0..=119 => format!("{s}s"),
+        120..=7199 => format!("{}m", s / 60),
+        7200..=172_799 => format!("{}h", s / 3600),
+        _ => format!("{}d", s / 86400),
+    }
+}
+
+fn short(digest: &str) -> &str {
+    digest.get(..19).unwrap_or(digest)
+}
+
+fn print_jobs(jobs: &[Job]) {
+    println!(
+        "{:>6}  {:<13} {:>5}  {:>5}  PROGRAM",
+        "ID", "STATE", "RANKS", "AGE"
+    );
+    for j in jobs {
+        println!(
+            "{:>6}  {:<13} {:>5}  {:>5}  {} {}",
+            j.id,
+            j.state,
+            j.spec.ranks,
+            age(j.created_ms),
+            short(&j.spec.program),
+            j.spec.args.join(" ")
+        );
+    }
+}
+
+pub fn run(c: GridCommand) -> anyhow::Result<ExitCode> {
+    match c {
+        GridCommand::Submit(a) => submit(a),
+        GridCommand::Jobs {
+            conn,
+            json,
+            limit,
+            all,
+        } => {
+            let client = conn.client()?;
+            let limit = limit.max(1);
+            let jobs = if all {
+                client.jobs()?
+            } else {
+                client.jobs_newest(limit)?
+            };
+            if json {
+                println!("{}", serde_json::to_string_pretty(&jobs)?);
+            } else if jobs.is_empty() {
+                println!("no jobs; submit one with `mutirao submit -n N PROG ARGS`");
+            } else {
+                print_jobs(&jobs);
+                if !all && jobs.len() as u64 == limit {
+                    println!("(the newest {limit}; --all for every job, --limit N for more)");
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        GridCommand::Job {
+            id,
+            why,
+            json,
+            conn,
+        } => {
+            let v = conn.client()?.job(id)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&v)?);
+                return Ok(ExitCode::SUCCESS);
+            }
+            let s = &v.job.spec;
+            println!(
+                "job {}: {} ({} ranks), owner {}",
+                v.job.id, v.job.state, s.ranks, s.owner
+            );
+            println!("program {} {}", s.program, s.args.join(" "));
+            if let Some(r) = &s.require {
+                println!("requires {r}");
+            }
+            if let Some(i) = s.checkpoint_interval_s {
+                println!("checkpoint every {i} s");
+            }
+            if why {
+                let reasons: Vec<_> = v.events.iter().filter(|e| e.kind != "state").collect();
+                if reasons.is_empty() {
+                    println!("no placement decision recorded yet (the job is {}; the coordinator journals the hosts chosen and refused when it places it)", v.job.state);
+                } else {
+                    println!("placement:");
+                    for e in reasons {
+                        println!("  {:<10} {}", e.kind, e.detail);
+                    }
+                }
+            } else {
+                println!("journal:");
+                for e in &v.events {
+                    let what = match e.to {
+                        Some(s) => format!("-> {s}"),
+                        None => e.kind.clone(),
+                    };
+                    println!(
+                        "  {:>3} {:>6} ago  {:<16} {}",
+                        e.seq,
+                        age(e.at_ms),
+                        what,
+                        e.detail
+                    );
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        GridCommand::Logs { id, follow, conn } => {
+            let client = conn.client()?;
+            let mut offset = 0u64;
+            let mut out = std::io::stdout().lock();
+            loop {
+                let r = client.read_log(id, offset, if follow { 25_000 } else { 0 })?;
+                offset += r.data.len() as u64;
+                out.write_all(&r.data)?;
+                out.flush()?;
+                if r.data.is_empty() && (!follow || r.state.is_final()) {
+                    if follow {
+                        eprintln!("mutirao: job {id} is {}", r.state);
+                        if r.state != JobState::Finished {
+                            return Ok(ExitCode::from(1));
+                        }
+                    }
+                    return Ok(ExitCode::SUCCESS);
+                }
+                if !follow && offset >= r.length {
+                    return Ok(ExitCode::SUCCESS);
+                }
+            }
+        }
+        GridCommand::Cancel { id, conn } => {
+            let j = conn.client()?.cancel(id)?;
+            println!("job {}: {}", j.id, j.state);
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+fn submit(a: SubmitArgs) -> anyhow::Result<ExitCode> {
+    let client = a.conn.client()?;
+    let (prog, args) = a.command.split_first().context("no program given")?;
+    let path = PathBuf::from(prog);
+    let bytes = std::fs::read(&path).with_context(|| {
+        format!("cannot read the program {prog}: give a path to a file (it is uploaded to the coordinator's repository)")
+    })?;
+    let up = client.upload(&bytes)?;
+    let job = client.submit(&SubmitRequest {
+        ranks: a.ranks,
+        program: up.digest.clone(),
+        args: args.to_vec(),
+        require: a.require,
+        checkpoint_interval_s: a.checkpoint_interval,
+    })?;
+    eprintln!(
+        "mutirao: uploaded {prog} ({} bytes) as {}",
+        up.size, up.digest
+    );
+    println!("{}", job.id);
+    Ok(ExitCode::SUCCESS)
+}

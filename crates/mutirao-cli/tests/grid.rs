@@ -1,0 +1,553 @@
+//! `mutirao coordinator` as a process on loopback, driven by the client commands: submit
+//! (uploads, then queues), jobs, job, logs, cancel; an unknown token (401) and another user's
+//! job (403) refused with a message, changing nothing; and a job run end to end through a
+//! registered agent on this machine (submit → running → finished, its output in its log).
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+#[path = "../../mutirao-coord/tests/common/pg.rs"]
+mod pg;
+
+const BIN: &str = env!("CARGO_BIN_EXE_mutirao");
+const ANA: &str = "ana-token-0123456789";
+const BIA: &str = "bia-token-0123456789";
+
+struct Coord {
+    child: Child,
+    url: String,
+    dir: PathBuf,
+}
+
+impl Drop for Coord {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if !self.dir.as_os_str().is_empty() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+fn start(tag: &str) -> Coord {
+    start_with(tag, &[])
+}
+
+fn start_with(tag: &str, extra: &[&str]) -> Coord {
+    let dir = std::env::temp_dir().join(format!("mutirao-grid-{}-{tag}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("grid.tokens"),
+        format!("# test grid\nuser ana {ANA}\nuser bia {BIA}\nagent n1 n1-agent-token-0123456\n"),
+    )
+    .unwrap();
+    spawn_coord(dir, extra)
+}
+
+impl Coord {
+    /// Kill this coordinator (SIGKILL: what a crash leaves) and start another on its files.
+    fn crash_and_restart(mut self, extra: &[&str]) -> Coord {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let dir = std::mem::take(&mut self.dir);
+        drop(self); // removes nothing: its dir was taken
+        spawn_coord(dir, extra)
+    }
+}
+
+fn spawn_coord(dir: PathBuf, extra: &[&str]) -> Coord {
+    let tokens = dir.join("grid.tokens");
+    let mut cmd = Command::new(BIN);
+    cmd.args(["coordinator", "--listen", "127.0.0.1:0"]);
+    if extra.contains(&"--postgres") {
+        cmd.arg("--repo")
+            .arg(dir.join("repo"))
+            .arg("--jobs-dir")
+            .arg(dir.join("jobs"));
+    } else {
+        cmd.arg("--db").arg(dir.join("coord.sqlite"));
+    }
+    let mut child = cmd
+        .arg("--tokens")
+        .arg(&tokens)
+        .args(extra)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start mutirao coordinator");
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = BufReader::new(stdout).read_line(&mut line);
+        let _ = tx.send(line);
+    });
+    let line = rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the coordinator says where it listens within 30 s");
+    let url = line
+        .split_whitespace()
+        .find(|w| w.starts_with("http://"))
+        .unwrap_or_else(|| panic!("no URL in {line:?}"))
+        .to_string();
+    Coord { child, url, dir }
+}
+
+fn mutirao(c: &Coord, token: &str, args: &[&str]) -> Output {
+    Command::new(BIN)
+        .args(args)
+        .env("MUTIRAO_COORD", &c.url)
+        .env("MUTIRAO_COORD_TOKEN", token)
+        .output()
+        .unwrap()
+}
+
+fn ok(o: &Output) -> String {
+    assert!(
+        o.status.success(),
+        "failed: {}\n{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn err(o: &Output) -> String {
+    assert!(
+        !o.status.success(),
+        "succeeded: {}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn submit_jobs_job_logs_cancel_through_a_coordinator_process() {
+    let c = start("cli");
+    let prog = c.dir.join("hello.sh");
+    std::fs::write(&prog, "#!/bin/sh\necho hello from $1\n").unwrap();
+    let id = ok(&mutirao(
+        &c,
+        ANA,
+        &[
+            "submit",
+            "-n",
+            "2",
+            "--require",
+            "cpu>=1",
+            "--",
+            prog.to_str().unwrap(),
+            "--flag",
+            "x",
+        ],
+    ));
+    let id: i64 = id.trim().parse().expect("submit prints the job id");
+
+    let list = ok(&mutirao(&c, ANA, &["jobs"]));
+    assert!(
+        list.contains("waiting") && list.contains("--flag x"),
+        "{list}"
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(&ok(&mutirao(&c, ANA, &["jobs", "--json"]))).unwrap();
+    assert_eq!(json[0]["id"], id);
+    assert_eq!(json[0]["spec"]["ranks"], 2);
+    assert_eq!(json[0]["spec"]["require"], "cpu>=1");
+    let limited = ok(&mutirao(&c, ANA, &["jobs", "--limit", "1"]));
+    assert!(
+        limited.contains("the newest 1; --all for every job"),
+        "{limited}"
+    );
+    // bia sees none of ana's jobs.
+    assert!(ok(&mutirao(&c, BIA, &["jobs"])).contains("no jobs"));
+
+    let one = ok(&mutirao(&c, ANA, &["job", &id.to_string()]));
+    assert!(
+        one.contains("waiting") && one.contains("submitted"),
+        "{one}"
+    );
+    let why = ok(&mutirao(&c, ANA, &["job", &id.to_string(), "--why"]));
+    // No agent registered: the coordinator journals why the job waits.
+    assert!(why.contains("no host has registered"), "{why}");
+    assert_eq!(ok(&mutirao(&c, ANA, &["logs", &id.to_string()])), "");
+
+    // 401: an unknown token; 403: bia cancelling ana's job. Neither changes anything.
+    let e = err(&mutirao(
+        &c,
+        "not-a-token-of-this-grid",
+        &["cancel", &id.to_string()],
+    ));
+    assert!(e.contains("401") && e.contains("unknown token"), "{e}");
+    let e = err(&mutirao(&c, BIA, &["cancel", &id.to_string()]));
+    assert!(e.contains("403") && e.contains("not yours"), "{e}");
+    let e = err(&mutirao(&c, BIA, &["logs", &id.to_string()]));
+    assert!(e.contains("403"), "{e}");
+    assert!(ok(&mutirao(&c, ANA, &["jobs"])).contains("waiting"));
+
+    let out = ok(&mutirao(&c, ANA, &["cancel", &id.to_string()]));
+    assert!(out.contains("cancelled"), "{out}");
+    let one = ok(&mutirao(&c, ANA, &["job", &id.to_string()]));
+    assert!(one.contains("cancelled by ana"), "{one}");
+    // Following a cancelled job's log ends at once, saying why, with a failing status.
+    let t0 = Instant::now();
+    let o = mutirao(&c, ANA, &["logs", "--follow", &id.to_string()]);
+    assert!(err(&o).contains("cancelled"));
+    assert!(t0.elapsed() < Duration::from_secs(10));
+    let e = err(&mutirao(&c, ANA, &["cancel", &id.to_string()]));
+    assert!(e.contains("409"), "{e}");
+    let e = err(&mutirao(&c, ANA, &["job", "424242"]));
+    assert!(e.contains("404") && e.contains("does not exist"), "{e}");
+}
+
+#[test]
+fn client_commands_explain_what_is_missing() {
+    let c = start("missing");
+    let e = err(&mutirao(&c, "", &["jobs"]));
+    assert!(e.contains("MUTIRAO_COORD_TOKEN"), "{e}");
+    let e = err(&mutirao(
+        &c,
+        ANA,
+        &["submit", "-n", "2", "/no/such/program"],
+    ));
+    assert!(e.contains("cannot read the program"), "{e}");
+    let o = Command::new(BIN)
+        .args(["jobs", "--coord", "http://127.0.0.1:9"])
+        .env("MUTIRAO_COORD_TOKEN", ANA)
+        .output()
+        .unwrap();
+    let e = err(&o);
+    assert!(e.contains("cannot reach the coordinator"), "{e}");
+    let o = Command::new(BIN)
+        .args(["coordinator", "--listen", "127.0.0.1:0"])
+        .env_remove("MUTIRAO_COORD_TOKENS")
+        .output()
+        .unwrap();
+    assert!(err(&o).contains("no token file"));
+}
+
+const N1: &str = "n1-agent-token-0123456";
+
+struct Agent {
+    child: Child,
+    addr: String,
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start_agent(dir: &std::path::Path) -> (Agent, PathBuf) {
+    let tok = dir.join("agent.token");
+    let o = Command::new(BIN)
+        .args(["agent", "--gen-token"])
+        .arg(&tok)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let mut child = Command::new(BIN)
+        .args([
+            "agent",
+            "--listen",
+            "127.0.0.1:0",
+            "--print-addr",
+            "--token-file",
+        ])
+        .arg(&tok)
+        .arg("--dir-socket")
+        .arg(dir.join("agent-dir.sock"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr = line.trim().to_string();
+    assert!(!addr.is_empty(), "the agent printed no address");
+    (Agent { child, addr }, tok)
+}
+
+fn wait_state(c: &Coord, id: i64, want: &str, limit: Duration) -> serde_json::Value {
+    let t0 = Instant::now();
+    loop {
+        let o = mutirao(c, ANA, &["job", "--json", &id.to_string()]);
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
+        if v["job"]["state"] == want {
+            return v;
+        }
+        assert!(
+            t0.elapsed() < limit,
+            "job {id} not {want} after {limit:?}: {v:#}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn a_submitted_job_runs_through_a_registered_agent_to_finished() {
+    struct Scratch(PathBuf);
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+    let tmp =
+        Scratch(std::env::temp_dir().join(format!("mutirao-grid-{}-agent", std::process::id())));
+    let _ = std::fs::remove_dir_all(&tmp.0);
+    std::fs::create_dir_all(&tmp.0).unwrap();
+    let (agent, agent_tok) = start_agent(&tmp.0);
+    let c = start_with("run", &["--agent-token-file", agent_tok.to_str().unwrap()]);
+    // The agent's host reports to the coordinator (as `mutirao agent --coord` will).
+    let n1 = mutirao_coord::client::Client::new(&c.url, N1).unwrap();
+    n1.register(&mutirao_coord::HostReport {
+        name: "n1".into(),
+        addr: agent.addr.clone(),
+        idle_cpu: 2.0,
+        free_mem_mib: 4096,
+        load: 0.1,
+        owner_active: false,
+    })
+    .unwrap();
+
+    let prog = c.dir.join("hello.sh");
+    std::fs::write(
+        &prog,
+        "#!/bin/sh\necho \"rank $MUTIRAO_RANK of $MUTIRAO_SIZE says $1\"\n",
+    )
+    .unwrap();
+    let id: i64 = ok(&mutirao(
+        &c,
+        ANA,
+        &[
+            "submit",
+            "-n",
+            "2",
+            "--require",
+            "cpu>=1",
+            prog.to_str().unwrap(),
+            "hi",
+        ],
+    ))
+    .trim()
+    .parse()
+    .unwrap();
+    // --follow prints the output as it comes and ends with the job, successfully.
+    let o = mutirao(&c, ANA, &["logs", "--follow", &id.to_string()]);
+    let out = ok(&o);
+    let v = wait_state(&c, id, "finished", Duration::from_secs(30));
+    let all = ok(&mutirao(&c, ANA, &["logs", &id.to_string()]));
+    for r in 0..2 {
+        assert!(
+            out.contains(&format!("[{r}] rank {r} of 2 says hi")),
+            "followed: {out:?}; whole log: {all:?}; {v:#}"
+        );
+    }
+    let story: Vec<String> = v["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            format!(
+                "{} {}",
+                e["kind"].as_str().unwrap(),
+                e["detail"].as_str().unwrap()
+            )
+        })
+        .collect();
+    assert!(
+        story
+            .iter()
+            .any(|l| l.starts_with("placement 2 ranks on n1×2")),
+        "{story:#?}"
+    );
+    assert!(
+        story.iter().any(|l| l == "state started on n1"),
+        "{story:#?}"
+    );
+    assert_eq!(story.last().unwrap(), "state exit 0", "{story:#?}");
+    let why = ok(&mutirao(&c, ANA, &["job", "--why", &id.to_string()]));
+    assert!(why.contains("n1×2") && why.contains("verified"), "{why}");
+
+    // A failing program fails its job; a long one is cancelled and ends.
+    let bad = c.dir.join("bad.sh");
+    std::fs::write(&bad, "#!/bin/sh\necho failing >&2\nexit 3\n").unwrap();
+    let id: i64 = ok(&mutirao(
+        &c,
+        ANA,
+        &["submit", "-n", "1", bad.to_str().unwrap()],
+    ))
+    .trim()
+    .parse()
+    .unwrap();
+    let v = wait_state(&c, id, "failed", Duration::from_secs(30));
+    let last = v["events"].as_array().unwrap().last().unwrap()["detail"].clone();
+    assert!(last.as_str().unwrap().contains("exit status"), "{v:#}");
+    assert!(ok(&mutirao(&c, ANA, &["logs", &id.to_string()])).contains("failing"));
+
+    let slow = c.dir.join("slow.sh");
+    std::fs::write(&slow, "#!/bin/sh\necho started\nsleep 60\n").unwrap();
+    let id: i64 = ok(&mutirao(
+        &c,
+        ANA,
+        &["submit", "-n", "1", slow.to_str().unwrap()],
+    ))
+    .trim()
+    .parse()
+    .unwrap();
+    wait_state(&c, id, "running", Duration::from_secs(30));
+    let t0 = Instant::now();
+    while !ok(&mutirao(&c, ANA, &["logs", &id.to_string()])).contains("started") {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "no output from the slow job"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let program = c.dir.join(format!("coord.sqlite.jobs/{id}/program"));
+    let program = program.to_str().unwrap();
+    let ps = || {
+        let o = Command::new("ps").args(["-eo", "args"]).output().unwrap();
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    assert!(
+        ps().contains(program),
+        "the job's rank is not running:\n{}",
+        ps()
+    );
+    ok(&mutirao(&c, ANA, &["cancel", &id.to_string()]));
+    wait_state(&c, id, "cancelled", Duration::from_secs(5));
+    // Its launcher and rank are gone within the grace period.
+    let t0 = Instant::now();
+    loop {
+        let ps = ps();
+        if !ps.contains(program) {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(15),
+            "the cancelled job still runs:\n{ps}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn a_coordinator_crash_mid_job_loses_nothing_and_the_job_completes() {
+    struct Scratch(PathBuf);
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+    let tmp = Scratch(
+        std::env::temp_dir().join(format!("mutirao-grid-{}-crash-agent", std::process::id())),
+    );
+    let _ = std::fs::remove_dir_all(&tmp.0);
+    std::fs::create_dir_all(&tmp.0).unwrap();
+    let (agent, agent_tok) = start_agent(&tmp.0);
+    let extra = ["--agent-token-file", agent_tok.to_str().unwrap()];
+    let c = start_with("crash", &extra);
+    let report = mutirao_coord::HostReport {
+        name: "n1".into(),
+        addr: agent.addr.clone(),
+        idle_cpu: 2.0,
+        free_mem_mib: 4096,
+        load: 0.1,
+        owner_active: false,
+    };
+    mutirao_coord::client::Client::new(&c.url, N1)
+        .unwrap()
+        .register(&report)
+        .unwrap();
+    let prog = c.dir.join("slow.sh");
+    std::fs::write(
+        &prog,
+        "#!/bin/sh\necho begun $MUTIRAO_RANK\nsleep 2\necho done $MUTIRAO_RANK\n",
+    )
+    .unwrap();
+    let id: i64 = ok(&mutirao(
+        &c,
+        ANA,
+        &["submit", "-n", "2", prog.to_str().unwrap()],
+    ))
+    .trim()
+    .parse()
+    .unwrap();
+    wait_state(&c, id, "running", Duration::from_secs(30));
+
+    let c = c.crash_and_restart(&extra);
+    // The host's registration survived too; the agent reports again to the new coordinator.
+    mutirao_coord::client::Client::new(&c.url, N1)
+        .unwrap()
+        .heartbeat(&report)
+        .unwrap();
+    let v = wait_state(&c, id, "finished", Duration::from_secs(60));
+    let story: Vec<String> = v["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["detail"].as_str().unwrap().to_string())
+        .collect();
+    let restarted = story
+        .iter()
+        .position(|d| d.contains("re-queued"))
+        .unwrap_or_else(|| panic!("{story:#?}"));
+    assert!(
+        story[restarted..].iter().any(|d| d == "started on n1"),
+        "started again after the restart: {story:#?}"
+    );
+    assert_eq!(story.last().unwrap(), "exit 0", "{story:#?}");
+    let log = ok(&mutirao(&c, ANA, &["logs", &id.to_string()]));
+    assert!(
+        log.contains("[0] done 0") && log.contains("[1] done 1"),
+        "{log}"
+    );
+}
+
+#[test]
+fn a_coordinator_on_postgresql_keeps_jobs_across_a_crash() {
+    let server = match pg::PgServer::start("cli") {
+        Ok(s) => s,
+        Err(why) => {
+            println!("skipped: cannot start a PostgreSQL server: {why}");
+            return;
+        }
+    };
+    let url = server.fresh_db();
+    let extra = ["--postgres", url.as_str()];
+    let c = start_with("pg", &extra);
+    let prog = c.dir.join("p.sh");
+    std::fs::write(&prog, "#!/bin/sh\ntrue\n").unwrap();
+    let id: i64 = ok(&mutirao(
+        &c,
+        ANA,
+        &[
+            "submit",
+            "-n",
+            "3",
+            "--require",
+            "mem>=1",
+            prog.to_str().unwrap(),
+            "a b",
+        ],
+    ))
+    .trim()
+    .parse()
+    .unwrap();
+    let c = c.crash_and_restart(&extra);
+    let v: serde_json::Value =
+        serde_json::from_str(&ok(&mutirao(&c, ANA, &["job", "--json", &id.to_string()]))).unwrap();
+    assert_eq!(v["job"]["state"], "waiting");
+    assert_eq!(v["job"]["spec"]["args"][0], "a b");
+    assert_eq!(v["events"][0]["detail"], "submitted");
+    assert!(ok(&mutirao(&c, ANA, &["jobs"])).contains("waiting"));
+    let e = err(&mutirao(&c, BIA, &["job", &id.to_string()]));
+    assert!(e.contains("403"), "{e}");
+}

@@ -1,0 +1,828 @@
+//! The coordinator's HTTP + JSON API (axum), over any [`Store`].
+//!
+//! Every route but `/openapi.json` needs `Authorization: Bearer <token>` of a known principal
+//! ([`Tokens`]): none or an unknown one is 401; a user calling an agent's route, an agent
+//! calling a user's, a user touching another user's job or an agent reporting another host is
+//! 403. Every refusal is logged (stderr and [`Coordinator::audit`]) and changes nothing.
+//! Malformed requests are 4xx with a message; 5xx means the coordinator itself failed
+//! (its database or disk). The routes are [`ROUTES`]; [`openapi`] describes each.
+//!
+//! Store calls are blocking (SQLite fsyncs, the synchronous PostgreSQL client): handlers run
+//! them on tokio's blocking pool.
+
+use crate::auth::{Kind, Principal, Tokens};
+use crate::repo::{check_digest, Repo};
+use crate::{Error, Event, Host, HostReport, Job, JobState, NewJob, Store};
+use axum::body::{Body, Bytes};
+use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::{Deserialize, Serialize};
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Every route: method and path (axum's `{param}` syntax, as in the OpenAPI document).
+pub const ROUTES: &[(&str, &str)] = &[
+    ("GET", "/openapi.json"),
+    ("POST", "/jobs"),
+    ("GET", "/jobs"),
+    ("GET", "/jobs/{id}"),
+    ("POST", "/jobs/{id}/cancel"),
+    ("GET", "/jobs/{id}/logs"),
+    ("POST", "/jobs/{id}/logs"),
+    ("POST", "/agents/register"),
+    ("POST", "/agents/heartbeat"),
+    ("GET", "/hosts"),
+    ("POST", "/blobs"),
+    ("GET", "/blobs/{digest}"),
+];
+
+/// Longest wait of a log long-poll (`wait_ms`).
+pub const MAX_WAIT_MS: u64 = 60_000;
+/// Largest log read (`max`).
+pub const MAX_LOG_READ: usize = 1 << 20;
+/// Largest JSON body or log append accepted.
+pub const MAX_BODY: usize = 1 << 20;
+/// Audit lines kept in memory.
+const AUDIT_KEPT: usize = 1000;
+
+/// Something the coordinator is told when a job is submitted or cancelled (the executor that
+/// places and runs jobs). Called on tokio's blocking pool; must not block for long.
+pub trait JobHook: Send + Sync {
+    /// A job was stored, state `waiting`.
+    fn submitted(&self, c: &Arc<Coordinator>, job: &Job);
+    /// A job's owner cancelled it (its state is already `cancelled`).
+    fn cancelled(&self, c: &Arc<Coordinator>, job: &Job);
+}
+
+/// The coordinator's shared state: the store, the principals, the repository.
+pub struct Coordinator {
+    store: Arc<dyn Store>,
+    tokens: Tokens,
+    repo: Repo,
+    changed: tokio::sync::Notify,
+    audit: Mutex<VecDeque<String>>,
+    hook: Mutex<Option<Arc<dyn JobHook>>>,
+    /// How often agents are asked to heartbeat.
+    pub heartbeat_interval: Duration,
+}
+
+impl Coordinator {
+    /// A coordinator over `store`, knowing `tokens`, keeping content in `repo`.
+    pub fn new(store: Arc<dyn Store>, tokens: Tokens, repo: Repo) -> Arc<Coordinator> {
+        Self::with_heartbeat(store, tokens, repo, Duration::from_secs(5))
+    }
+
+    /// The same, asking agents to heartbeat every `heartbeat_interval` (a host is lost after
+    /// three).
+    pub fn with_heartbeat(
+        store: Arc<dyn Store>,
+        tokens: Tokens,
+        repo: Repo,
+        heartbeat_interval: Duration,
+    ) -> Arc<Coordinator> {
+        Arc::new(Coordinator {
+            store,
+            tokens,
+            repo,
+            changed: tokio::sync::Notify::new(),
+            audit: Mutex::new(VecDeque::new()),
+            hook: Mutex::new(None),
+            heartbeat_interval,
+        })
+    }
+
+    /// Install what is told of submissions and cancellations (replaces any earlier one).
+    pub fn set_hook(&self, h: Arc<dyn JobHook>) {
+        *self.hook.lock().unwrap_or_else(|p| p.into_inner()) = Some(h);
+    }
+
+    fn hook(&self) -> Option<Arc<dyn JobHook>> {
+        self.hook.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    /// The application repository.
+    pub fn repo(&self) -> &Repo {
+        &self.repo
+    }
+
+    /// The refusals logged, oldest first (the last 1000).
+    pub fn audit(&self) -> Vec<String> {
+        self.audit
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .cloned()
+            .collect()
+    }
+
+    fn log_refusal(&self, line: String) {
+        eprintln!("mutirao coordinator: {line}");
+        let mut a = self.audit.lock().unwrap_or_else(|p| p.into_inner());
+        if a.len() >= AUDIT_KEPT {
+            a.pop_front();
+        }
+        a.push_back(line);
+    }
+
+    /// Append a job's output and wake the log followers (for executors in this process).
+    pub fn append_log(&self, id: i64, data: &[u8]) -> crate::Result<u64> {
+        let n = self.store.append_log(id, data)?;
+        self.changed.notify_waiters();
+        Ok(n)
+    }
+
+    /// Move a job through the state machine and wake the log followers.
+    pub fn transition(&self, id: i64, to: JobState, detail: &str) -> crate::Result<Job> {
+        let j = self.store.transition(id, to, detail)?;
+        self.changed.notify_waiters();
+        Ok(j)
+    }
+
+    fn authenticate(&self, h: &HeaderMap, what: &str) -> Result<Principal, ApiError> {
+        let token = h
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(str::trim);
+        let Some(token) = token else {
+            self.log_refusal(format!("401 {what}: no bearer token"));
+            return Err(ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "no token: send `Authorization: Bearer <token>` (mutirao's client commands take --token or MUTIRAO_COORD_TOKEN)",
+            ));
+        };
+        match self.tokens.authenticate(token) {
+            Some(p) => Ok(p),
+            None => {
+                self.log_refusal(format!("401 {what}: unknown token"));
+                Err(ApiError::new(
+                    StatusCode::UNAUTHORIZED,
+                    "unknown token: it is not in the coordinator's token file",
+                ))
+            }
+        }
+    }
+
+    fn require(&self, p: &Principal, kind: Kind, what: &str) -> Result<(), ApiError> {
+        if p.kind == kind {
+            return Ok(());
+        }
+        self.log_refusal(format!("403 {what}: {p} is not a {}", kind.as_str()));
+        Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            format!(
+                "{what} is for {} principals; this token is {p}'s",
+                kind.as_str()
+            ),
+        ))
+    }
+
+    /// Load a job `p` may see: its owner's, or any for an agent when `agents_too`.
+    async fn owned_job(
+        self: &Arc<Self>,
+        p: &Principal,
+        id: i64,
+        what: &str,
+        agents_too: bool,
+    ) -> Result<Job, ApiError> {
+        let store = self.store.clone();
+        let job = blocking(move || store.job(id)).await?;
+        let allowed = match p.kind {
+            Kind::User => job.spec.owner == p.name,
+            Kind::Agent => agents_too,
+        };
+        if !allowed {
+            self.log_refusal(format!(
+                "403 {what}: {p} may not touch job {id} ({}'s)",
+                job.spec.owner
+            ));
+            return Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                format!("job {id} is not yours"),
+            ));
+        }
+        Ok(job)
+    }
+}
+
+/// An error answer: a status and a message, sent as `{"error": "..."}`.
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    message: String,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status,
+            message: message.into(),
+        }
+    }
+    fn bad(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::BAD_REQUEST, message)
+    }
+}
+
+impl From<Error> for ApiError {
+    fn from(e: Error) -> ApiError {
+        let status = match &e {
+            Error::NoJob(_) | Error::NoBlob(_) => StatusCode::NOT_FOUND,
+            Error::Transition { .. } => StatusCode::CONFLICT,
+            Error::Invalid(_) => StatusCode::BAD_REQUEST,
+            Error::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Error::Tampered { .. } | Error::Db(_) | Error::Io(_) => {
+                StatusCode::INTERNAL_SERVER_ERROR
+            }
+            Error::Remote { .. } | Error::Unreachable(_) => StatusCode::BAD_GATEWAY,
+        };
+        ApiError::new(status, e.to_string())
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        if self.status.is_server_error() {
+            eprintln!("mutirao coordinator: {}: {}", self.status, self.message);
+        }
+        (
+            self.status,
+            Json(serde_json::json!({ "error": self.message })),
+        )
+            .into_response()
+    }
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> crate::Result<T> + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| {
+            ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("a store task failed: {e}"),
+            )
+        })?
+        .map_err(ApiError::from)
+}
+
+fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8], what: &str) -> Result<T, ApiError> {
+    serde_json::from_slice(body).map_err(|e| ApiError::bad(format!("{what}: {e}")))
+}
+
+/// A submission as sent (the owner is the authenticated user).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SubmitRequest {
+    /// Ranks.
+    pub ranks: u32,
+    /// The program's digest in the application repository (`sha256:…`).
+    pub program: String,
+    /// Its arguments.
+    #[serde(default)]
+    pub args: Vec<String>,
+    /// A requirement on hosts (`cpu>=2 & site=north`).
+    #[serde(default)]
+    pub require: Option<String>,
+    /// Seconds between checkpoint waves.
+    #[serde(default)]
+    pub checkpoint_interval_s: Option<f64>,
+}
+
+/// A job with its journal.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobView {
+    /// The job.
+    pub job: Job,
+    /// Its journal, oldest first.
+    pub events: Vec<Event>,
+}
+
+/// A host as listed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HostView {
+    /// The host and its last report.
+    #[serde(flatten)]
+    pub host: Host,
+    /// It reported within three heartbeat intervals.
+    pub alive: bool,
+}
+
+/// The answer to a registration or heartbeat.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Registered {
+    /// The host as stored.
+    pub host: Host,
+    /// Report again within this many seconds.
+    pub heartbeat_interval_s: f64,
+}
+
+/// The answer to an upload.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Uploaded {
+    /// Its name in the repository.
+    pub digest: String,
+    /// Bytes.
+    pub size: u64,
+}
+
+/// Headers of a log read.
+pub const LOG_LENGTH_HEADER: &str = "x-mutirao-log-length";
+/// The job's state when the log was read.
+pub const JOB_STATE_HEADER: &str = "x-mutirao-job-state";
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LogQuery {
+    #[serde(default)]
+    offset: u64,
+    max: Option<usize>,
+    #[serde(default)]
+    wait_ms: u64,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct UploadQuery {
+    digest: Option<String>,
+}
+
+type C = State<Arc<Coordinator>>;
+
+async fn submit(State(c): C, h: HeaderMap, body: Bytes) -> Result<Response, ApiError> {
+    const WHAT: &str = "POST /jobs";
+    let p = c.authenticate(&h, WHAT)?;
+    c.require(&p, Kind::User, WHAT)?;
+    let r: SubmitRequest = parse_json(&body, "submission")?;
+    check_digest(&r.program).map_err(|e| {
+        ApiError::bad(format!(
+            "{e}; upload the program to POST /blobs first and submit its digest"
+        ))
+    })?;
+    let nj = NewJob {
+        owner: p.name.clone(),
+        ranks: r.ranks,
+        program: r.program,
+        args: r.args,
+        require: r.require,
+        checkpoint_interval_s: r.checkpoint_interval_s,
+    };
+    nj.validate().map_err(ApiError::bad)?;
+    if let Some(r) = &nj.require {
+        crate::place::Requirement::parse(r)
+            .map_err(|e| ApiError::bad(format!("requirement: {e}")))?;
+    }
+    if !c.repo.contains(&nj.program)? {
+        return Err(ApiError::bad(format!(
+            "program {} is not in the application repository; upload it to POST /blobs first",
+            nj.program
+        )));
+    }
+    let store = c.store.clone();
+    let job = blocking(move || store.create_job(&nj)).await?;
+    if let Some(hook) = c.hook() {
+        let (c2, j2) = (c.clone(), job.clone());
+        tokio::task::spawn_blocking(move || hook.submitted(&c2, &j2));
+    }
+    Ok((StatusCode::CREATED, Json(job)).into_response())
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ListQuery {
+    limit: Option<u64>,
+}
+
+async fn list_jobs(
+    State(c): C,
+    h: HeaderMap,
+    Query(q): Query<ListQuery>,
+) -> Result<Json<Vec<Job>>, ApiError> {
+    const WHAT: &str = "GET /jobs";
+    let p = c.authenticate(&h, WHAT)?;
+    c.require(&p, Kind::User, WHAT)?;
+    if q.limit == Some(0) {
+        return Err(ApiError::bad("limit must be at least 1"));
+    }
+    let store = c.store.clone();
+    let limit = q.limit.unwrap_or(u64::MAX);
+    Ok(Json(
+        blocking(move || store.jobs_newest(Some(&p.name), limit)).await?,
+    ))
+}
+
+async fn one_job(
+    State(c): C,
+    h: HeaderMap,
+    Path(id): Path<i64>,
+) -> Result<Json<JobView>, ApiError> {
+    const WHAT: &str = "GET /jobs/{id}";
+    let p = c.authenticate(&h, WHAT)?;
+    c.require(&p, Kind::User, WHAT)?;
+    let job = c.owned_job(&p, id, WHAT, false).await?;
+    let store = c.store.clone();
+    let events = blocking(move || store.events(id)).await?;
+    Ok(Json(JobView { job, events }))
+}
+
+async fn cancel(State(c): C, h: HeaderMap, Path(id): Path<i64>) -> Result<Json<Job>, ApiError> {
+    const WHAT: &str = "POST /jobs/{id}/cancel";
+    let p = c.authenticate(&h, WHAT)?;
+    c.require(&p, Kind::User, WHAT)?;
+    c.owned_job(&p, id, WHAT, false).await?;
+    let c2 = c.clone();
+    let detail = format!("cancelled by {}", p.name);
+    let job = blocking(move || c2.transition(id, JobState::Cancelled, &detail)).await?;
+    if let Some(hook) = c.hook() {
+        let (c2, j2) = (c.clone(), job.clone());
+        tokio::task::spawn_blocking(move || hook.cancelled(&c2, &j2));
+    }
+    Ok(Json(job))
+}
+
+async fn read_logs(
+    State(c): C,
+    h: HeaderMap,
+    Path(id): Path<i64>,
+    Query(q): Query<LogQuery>,
+) -> Result<Response, ApiError> {
+    const WHAT: &str = "GET /jobs/{id}/logs";
+    let p = c.authenticate(&h, WHAT)?;
+    c.require(&p, Kind::User, WHAT)?;
+    c.owned_job(&p, id, WHAT, false).await?;
+    let max = q.max.unwrap_or(MAX_LOG_READ).clamp(1, MAX_LOG_READ);
+    let wait = Duration::from_millis(q.wait_ms.min(MAX_WAIT_MS));
+    let deadline = tokio::time::Instant::now() + wait;
+    loop {
+        // Registered before reading, so an append between the read and the wait wakes us.
+        let notified = c.changed.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        let store = c.store.clone();
+        let offset = q.offset;
+        // The state first: output is stored before the end it precedes, so a final state read
+        // here means the log read next is complete.
+        let (job, chunk) = blocking(move || {
+            let job = store.job(id)?;
+            Ok((job, store.read_log(id, offset, max)?))
+        })
+        .await?;
+        if !chunk.data.is_empty()
+            || job.state.is_final()
+            || offset > chunk.length
+            || tokio::time::Instant::now() >= deadline
+        {
+            let mut r = Response::new(Body::from(chunk.data));
+            let hd = r.headers_mut();
+            hd.insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/octet-stream"),
+            );
+            hd.insert(LOG_LENGTH_HEADER, HeaderValue::from(chunk.length));
+            hd.insert(
+                JOB_STATE_HEADER,
+                HeaderValue::from_static(job.state.as_str()),
+            );
+            return Ok(r);
+        }
+        let _ = tokio::time::timeout_at(deadline, notified).await;
+    }
+}
+
+async fn append_logs(
+    State(c): C,
+    h: HeaderMap,
+    Path(id): Path<i64>,
+    body: Bytes,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    const WHAT: &str = "POST /jobs/{id}/logs";
+    let p = c.authenticate(&h, WHAT)?;
+    c.require(&p, Kind::Agent, WHAT)?;
+    let c2 = c.clone();
+    let n = blocking(move || c2.append_log(id, &body)).await?;
+    Ok(Json(serde_json::json!({ "length": n })))
+}
+
+async fn report(
+    c: Arc<Coordinator>,
+    h: HeaderMap,
+    body: Bytes,
+    register: bool,
+) -> Result<Json<Registered>, ApiError> {
+    let what = if register {
+        "POST /agents/register"
+    } else {
+        "POST /agents/heartbeat"
+    };
+    let p = c.authenticate(&h, what)?;
+    c.require(&p, Kind::Agent, what)?;
+    let r: HostReport = parse_json(&body, "host report")?;
+    if r.name != p.name {
+        c.log_refusal(format!("403 {what}: {p} reported for host {:?}", r.name));
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            format!(
+                "this token is agent {}'s; it may report only host {}",
+                p.name, p.name
+            ),
+        ));
+    }
+    r.validate().map_err(ApiError::bad)?;
+    let store = c.store.clone();
+    let host = blocking(move || {
+        if register {
+            store.report_host(&r).map(Some)
+        } else {
+            store.heartbeat_host(&r)
+        }
+    })
+    .await?;
+    let Some(host) = host else {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!(
+                "host {} is not registered; POST /agents/register first",
+                p.name
+            ),
+        ));
+    };
+    Ok(Json(Registered {
+        host,
+        heartbeat_interval_s: c.heartbeat_interval.as_secs_f64(),
+    }))
+}
+
+async fn register(State(c): C, h: HeaderMap, body: Bytes) -> Result<Json<Registered>, ApiError> {
+    report(c, h, body, true).await
+}
+
+async fn heartbeat(State(c): C, h: HeaderMap, body: Bytes) -> Result<Json<Registered>, ApiError> {
+    report(c, h, body, false).await
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+async fn hosts(State(c): C, h: HeaderMap) -> Result<Json<Vec<HostView>>, ApiError> {
+    c.authenticate(&h, "GET /hosts")?;
+    let store = c.store.clone();
+    let hosts = blocking(move || store.hosts()).await?;
+    let lost_after = 3 * c.heartbeat_interval.as_millis() as i64;
+    let now = now_ms();
+    Ok(Json(
+        hosts
+            .into_iter()
+            .map(|host| HostView {
+                alive: now - host.last_seen_ms <= lost_after,
+                host,
+            })
+            .collect(),
+    ))
+}
+
+async fn upload(
+    State(c): C,
+    h: HeaderMap,
+    Query(q): Query<UploadQuery>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    const WHAT: &str = "POST /blobs";
+    let p = c.authenticate(&h, WHAT)?;
+    c.require(&p, Kind::User, WHAT)?;
+    let repo = c.repo.clone();
+    let size = body.len() as u64;
+    // Hashing up to the repository's limit is CPU work: off the async workers.
+    let digest = blocking(move || {
+        if let Some(d) = &q.digest {
+            if let Err(e) = crate::repo::verify(d, &body) {
+                return Ok(Err(e));
+            }
+        }
+        repo.put(&body).map(Ok)
+    })
+    .await?
+    .map_err(|e| {
+        let status = match e {
+            Error::Invalid(_) => StatusCode::BAD_REQUEST,
+            _ => StatusCode::UNPROCESSABLE_ENTITY,
+        };
+        ApiError::new(status, format!("upload refused: {e}"))
+    })?;
+    Ok((StatusCode::CREATED, Json(Uploaded { digest, size })).into_response())
+}
+
+async fn download(
+    State(c): C,
+    h: HeaderMap,
+    Path(digest): Path<String>,
+) -> Result<Response, ApiError> {
+    c.authenticate(&h, "GET /blobs/{digest}")?;
+    check_digest(&digest)?;
+    let repo = c.repo.clone();
+    let bytes = blocking(move || repo.get(&digest)).await?;
+    let mut r = Response::new(Body::from(bytes));
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/octet-stream"),
+    );
+    Ok(r)
+}
+
+async fn openapi_doc() -> Json<serde_json::Value> {
+    Json(openapi())
+}
+
+async fn no_route(method: Method, uri: Uri) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        format!(
+            "no route {method} {}; the API is described at GET /openapi.json",
+            uri.path()
+        ),
+    )
+}
+
+/// The API's routes over `c`.
+pub fn router(c: Arc<Coordinator>) -> Router {
+    let upload_limit = usize::try_from(c.repo.max_bytes())
+        .unwrap_or(usize::MAX)
+        .saturating_add(1);
+    Router::new()
+        .route("/openapi.json", get(openapi_doc))
+        .route("/jobs", post(submit).get(list_jobs))
+        .route("/jobs/{id}", get(one_job))
+        .route("/jobs/{id}/cancel", post(cancel))
+        .route("/jobs/{id}/logs", get(read_logs).post(append_logs))
+        .route("/agents/register", post(register))
+        .route("/agents/heartbeat", post(heartbeat))
+        .route("/hosts", get(hosts))
+        .route(
+            "/blobs",
+            post(upload).layer(DefaultBodyLimit::max(upload_limit)),
+        )
+        .route("/blobs/{digest}", get(download))
+        .fallback(no_route)
+        .layer(DefaultBodyLimit::max(MAX_BODY))
+        .with_state(c)
+}
+
+/// Serve the API on `listener` until `shutdown` completes.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    c: Arc<Coordinator>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router(c))
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+/// The OpenAPI 3 document of [`ROUTES`].
+pub fn openapi() -> serde_json::Value {
+    use serde_json::json;
+    let err = |d: &str| json!({ "description": d, "content": { "application/json": { "schema": { "$ref": "#/components/schemas/Error" } } } });
+    let ok_json = |d: &str, schema: serde_json::Value| json!({ "description": d, "content": { "application/json": { "schema": schema } } });
+    let id_param = json!({ "name": "id", "in": "path", "required": true, "schema": { "type": "integer", "format": "int64" } });
+    let common = |mut responses: serde_json::Value| {
+        responses["401"] = err("No token or an unknown one");
+        responses["403"] = err("The wrong kind of principal, or another user's job or host");
+        responses["400"] = err("Malformed request");
+        responses
+    };
+    let report_body = json!({ "required": true, "content": { "application/json": { "schema": { "$ref": "#/components/schemas/HostReport" } } } });
+    json!({
+        "openapi": "3.0.3",
+        "info": {
+            "title": "mutirão grid coordinator",
+            "version": env!("CARGO_PKG_VERSION"),
+            "description": "Jobs, their journals and logs, hosts and their agents, and the content-addressed application repository. Every route but /openapi.json needs `Authorization: Bearer <token>`; users and agents are distinct principals."
+        },
+        "components": {
+            "securitySchemes": { "bearer": { "type": "http", "scheme": "bearer" } },
+            "schemas": {
+                "Error": { "type": "object", "required": ["error"], "properties": { "error": { "type": "string" } } },
+                "SubmitRequest": { "type": "object", "required": ["ranks", "program"], "additionalProperties": false, "properties": {
+                    "ranks": { "type": "integer", "minimum": 1, "maximum": crate::MAX_RANKS },
+                    "program": { "type": "string", "pattern": "^sha256:[0-9a-f]{64}$", "description": "digest of an uploaded program" },
+                    "args": { "type": "array", "items": { "type": "string" } },
+                    "require": { "type": "string", "nullable": true, "description": "requirement on hosts, e.g. cpu>=2 & site=north" },
+                    "checkpoint_interval_s": { "type": "number", "nullable": true, "exclusiveMinimum": true, "minimum": 0 } } },
+                "NewJob": { "type": "object", "properties": {
+                    "owner": { "type": "string" }, "ranks": { "type": "integer" }, "program": { "type": "string" },
+                    "args": { "type": "array", "items": { "type": "string" } },
+                    "require": { "type": "string", "nullable": true }, "checkpoint_interval_s": { "type": "number", "nullable": true } } },
+                "JobState": { "type": "string", "enum": JobState::ALL.iter().map(|s| s.as_str()).collect::<Vec<_>>() },
+                "Job": { "type": "object", "properties": {
+                    "id": { "type": "integer", "format": "int64" }, "spec": { "$ref": "#/components/schemas/NewJob" },
+                    "state": { "$ref": "#/components/schemas/JobState" },
+                    "created_ms": { "type": "integer" }, "updated_ms": { "type": "integer" } } },
+                "Event": { "type": "object", "properties": {
+                    "job": { "type": "integer" }, "seq": { "type": "integer" }, "at_ms": { "type": "integer" },
+                    "kind": { "type": "string" }, "to": { "allOf": [{ "$ref": "#/components/schemas/JobState" }], "nullable": true },
+                    "detail": { "type": "string" } } },
+                "JobView": { "type": "object", "properties": {
+                    "job": { "$ref": "#/components/schemas/Job" },
+                    "events": { "type": "array", "items": { "$ref": "#/components/schemas/Event" } } } },
+                "HostReport": { "type": "object", "required": ["name", "addr", "idle_cpu", "free_mem_mib", "load", "owner_active"], "properties": {
+                    "name": { "type": "string" }, "addr": { "type": "string" },
+                    "idle_cpu": { "type": "number", "minimum": 0 }, "free_mem_mib": { "type": "integer", "minimum": 0 },
+                    "load": { "type": "number", "minimum": 0 }, "owner_active": { "type": "boolean" } } },
+                "Host": { "type": "object", "properties": {
+                    "report": { "$ref": "#/components/schemas/HostReport" }, "last_seen_ms": { "type": "integer" } } },
+                "HostView": { "type": "object", "properties": {
+                    "report": { "$ref": "#/components/schemas/HostReport" }, "last_seen_ms": { "type": "integer" }, "alive": { "type": "boolean" } } },
+                "Registered": { "type": "object", "properties": {
+                    "host": { "$ref": "#/components/schemas/Host" }, "heartbeat_interval_s": { "type": "number" } } },
+                "Uploaded": { "type": "object", "properties": { "digest": { "type": "string" }, "size": { "type": "integer" } } }
+            }
+        },
+        "security": [ { "bearer": [] } ],
+        "paths": {
+            "/openapi.json": { "get": { "summary": "This document", "security": [], "responses": { "200": { "description": "OpenAPI 3 document", "content": { "application/json": {} } } } } },
+            "/jobs": {
+                "post": { "summary": "Submit a job (users)", "requestBody": { "required": true, "content": { "application/json": { "schema": { "$ref": "#/components/schemas/SubmitRequest" } } } },
+                    "responses": common(json!({ "201": ok_json("The job, waiting", json!({ "$ref": "#/components/schemas/Job" })) })) },
+                "get": { "summary": "My jobs, newest first (users); the newest `limit` if given",
+                    "parameters": [{ "name": "limit", "in": "query", "required": false, "schema": { "type": "integer", "minimum": 1 } }],
+                    "responses": common(json!({ "200": ok_json("Jobs", json!({ "type": "array", "items": { "$ref": "#/components/schemas/Job" } })) })) }
+            },
+            "/jobs/{id}": { "get": { "summary": "One of my jobs with its journal", "parameters": [id_param.clone()],
+                "responses": common(json!({ "200": ok_json("The job and its events", json!({ "$ref": "#/components/schemas/JobView" })), "404": err("No such job") })) } },
+            "/jobs/{id}/cancel": { "post": { "summary": "Cancel one of my jobs", "parameters": [id_param.clone()],
+                "responses": common(json!({ "200": ok_json("The job, cancelled", json!({ "$ref": "#/components/schemas/Job" })), "404": err("No such job"), "409": err("Already finished, failed or cancelled") })) } },
+            "/jobs/{id}/logs": {
+                "get": { "summary": "Read one of my job's output from a byte offset; long-polls up to wait_ms for new output",
+                    "parameters": [id_param.clone(),
+                        { "name": "offset", "in": "query", "schema": { "type": "integer", "minimum": 0 } },
+                        { "name": "max", "in": "query", "schema": { "type": "integer", "minimum": 1, "maximum": MAX_LOG_READ } },
+                        { "name": "wait_ms", "in": "query", "schema": { "type": "integer", "minimum": 0, "maximum": MAX_WAIT_MS } }],
+                    "responses": common(json!({ "200": { "description": "Output bytes from offset; headers give the log's length and the job's state",
+                        "headers": { "x-mutirao-log-length": { "schema": { "type": "integer" } }, "x-mutirao-job-state": { "schema": { "$ref": "#/components/schemas/JobState" } } },
+                        "content": { "application/octet-stream": { "schema": { "type": "string", "format": "binary" } } } }, "404": err("No such job") })) },
+                "post": { "summary": "Append output to a job's log (agents)", "parameters": [id_param],
+                    "requestBody": { "required": true, "content": { "application/octet-stream": { "schema": { "type": "string", "format": "binary" } } } },
+                    "responses": common(json!({ "200": ok_json("The log's new length", json!({ "type": "object", "properties": { "length": { "type": "integer" } } })), "404": err("No such job"), "413": err("Too large") })) }
+            },
+            "/agents/register": { "post": { "summary": "An agent registers its host with a resource report (agents; the host name is the agent's)", "requestBody": report_body.clone(),
+                "responses": common(json!({ "200": ok_json("Registered", json!({ "$ref": "#/components/schemas/Registered" })) })) } },
+            "/agents/heartbeat": { "post": { "summary": "An agent's heartbeat with a resource report", "requestBody": report_body,
+                "responses": common(json!({ "200": ok_json("Recorded", json!({ "$ref": "#/components/schemas/Registered" })), "404": err("Not registered") })) } },
+            "/hosts": { "get": { "summary": "Hosts known, with their last report and whether they are alive",
+                "responses": common(json!({ "200": ok_json("Hosts", json!({ "type": "array", "items": { "$ref": "#/components/schemas/HostView" } })) })) } },
+            "/blobs": { "post": { "summary": "Upload a program or input to the application repository (users); named by its SHA-256 digest",
+                "parameters": [{ "name": "digest", "in": "query", "required": false, "description": "the digest the client computed; a mismatch refuses the upload", "schema": { "type": "string" } }],
+                "requestBody": { "required": true, "content": { "application/octet-stream": { "schema": { "type": "string", "format": "binary" } } } },
+                "responses": common(json!({ "201": ok_json("Stored", json!({ "$ref": "#/components/schemas/Uploaded" })), "413": err("Too large"), "422": err("Content does not match the digest given") })) } },
+            "/blobs/{digest}": { "get": { "summary": "Download content by digest (verify it before use)",
+                "parameters": [{ "name": "digest", "in": "path", "required": true, "schema": { "type": "string", "pattern": "^sha256:[0-9a-f]{64}$" } }],
+                "responses": common(json!({ "200": { "description": "The content", "content": { "application/octet-stream": { "schema": { "type": "string", "format": "binary" } } } }, "404": err("Not in the repository") })) } }
+        }
+    })
+}
+
+/// Bind `listen`, call `ready` with the address bound (port 0 picks a free one), and serve
+/// until SIGINT or SIGTERM, on a runtime of its own. Blocks.
+pub fn serve_blocking(
+    listen: std::net::SocketAddr,
+    c: Arc<Coordinator>,
+    ready: impl FnOnce(std::net::SocketAddr),
+) -> std::io::Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(listen).await.map_err(|e| {
+            std::io::Error::new(e.kind(), format!("cannot listen on {listen}: {e}"))
+        })?;
+        ready(listener.local_addr()?);
+        let stop = async {
+            let term = async {
+                match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                    Ok(mut s) => {
+                        s.recv().await;
+                    }
+                    Err(_) => std::future::pending::<()>().await,
+                }
+            };
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {},
+                _ = term => {},
+            }
+        };
+        serve(listener, c, stop).await
+    })
+}

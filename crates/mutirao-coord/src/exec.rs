@@ -1,0 +1,516 @@
+//! Running placed jobs. The coordinator calls an [`Executor`] to start a job's ranks on the
+//! hosts chosen and gets its events back ([`ExecEvent`]: output, a host lost, the end). The
+//! [`Dispatcher`] ties it to the API: it places waiting jobs ([`crate::place`]), fetches and
+//! verifies the program from the repository, journals the decision, starts the job, feeds
+//! output into the job's log and the end into its state, and cancels on request.
+//!
+//! [`RunExecutor`] is a first executor: it runs `mutirao run -n N --hostfile H PROG ARGS` (the
+//! launcher, through the chosen hosts' agents) as a child process. The launch library
+//! (`mutirao-launch`) is meant to replace it with an in-process implementation.
+
+use crate::api::{Coordinator, JobHook};
+use crate::place::{place, Placement, Requirement, Slot};
+use crate::{Error, Job, JobState, Result};
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+/// What an execution reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ExecEvent {
+    /// Output of the job's ranks (stdout and stderr, as it comes).
+    Output(Vec<u8>),
+    /// A host of the job stopped answering.
+    HostLost(String),
+    /// The job ended; nothing follows.
+    Exited {
+        /// The program succeeded on every rank.
+        success: bool,
+        /// For the journal (`exit 0`, `exit status 3`, `cancelled`, …).
+        detail: String,
+    },
+}
+
+/// A job to start.
+#[derive(Debug, Clone)]
+pub struct Launch {
+    /// The job.
+    pub job: Job,
+    /// The verified program, executable, on this host.
+    pub program: PathBuf,
+    /// A directory of its own (hostfile, checkpoints).
+    pub work_dir: PathBuf,
+    /// Where its ranks go.
+    pub hosts: Vec<Slot>,
+}
+
+/// Where a job's events go; called from one thread at a time, in order.
+pub type EventSink = Box<dyn FnMut(ExecEvent) + Send>;
+
+/// Starts placed jobs.
+pub trait Executor: Send + Sync {
+    /// Start `l`; its events go to `events` until an [`ExecEvent::Exited`].
+    fn start(&self, l: &Launch, events: EventSink) -> Result<Box<dyn Execution>>;
+}
+
+/// A started job.
+pub trait Execution: Send + Sync {
+    /// End it (an `Exited` event follows).
+    fn cancel(&self);
+}
+
+/// Runs `EXE run -n N --tag-output --hostfile H [--token-file T] [--checkpoint-interval S]
+/// -- PROG ARGS` in the job's directory.
+pub struct RunExecutor {
+    /// The `mutirao` binary.
+    pub exe: PathBuf,
+    /// The agents' shared secret, passed as `--token-file`.
+    pub agent_token_file: Option<PathBuf>,
+    /// How long a cancelled run gets after SIGINT before SIGKILL.
+    pub grace: Duration,
+}
+
+struct RunExecution {
+    child: Arc<Mutex<Child>>,
+    cancelled: Arc<AtomicBool>,
+    grace: Duration,
+}
+
+impl Execution for RunExecution {
+    fn cancel(&self) {
+        self.cancelled.store(true, Ordering::SeqCst);
+        let pid = self.child.lock().unwrap_or_else(|p| p.into_inner()).id();
+        // SIGINT: `mutirao run` then ends its ranks, local and remote.
+        let _ = Command::new("kill")
+            .args(["-INT", &pid.to_string()])
+            .stderr(Stdio::null())
+            .status();
+        let child = self.child.clone();
+        let grace = self.grace;
+        std::thread::spawn(move || {
+            let t0 = Instant::now();
+            while t0.elapsed() < grace {
+                let mut c = child.lock().unwrap_or_else(|p| p.into_inner());
+                if !matches!(c.try_wait(), Ok(None)) {
+                    return;
+                }
+                drop(c);
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = child.lock().unwrap_or_else(|p| p.into_inner()).kill();
+        });
+    }
+}
+
+fn hostfile(hosts: &[Slot]) -> Result<String> {
+    let mut s = String::new();
+    for h in hosts {
+        let (host, port) = h.addr.rsplit_once(':').ok_or_else(|| {
+            Error::Invalid(format!(
+                "host {}: agent address {:?} has no port",
+                h.name, h.addr
+            ))
+        })?;
+        s.push_str(&format!("{host} slots={} port={port}\n", h.ranks));
+    }
+    Ok(s)
+}
+
+impl Executor for RunExecutor {
+    fn start(&self, l: &Launch, mut events: EventSink) -> Result<Box<dyn Execution>> {
+        let io =
+            |what: &str, e: std::io::Error| Error::Io(format!("job {}: {what}: {e}", l.job.id));
+        let hf = l.work_dir.join("hostfile");
+        write_atomic(&hf, hostfile(&l.hosts)?.as_bytes(), false)
+            .map_err(|e| io("cannot write the hostfile", e))?;
+        let n: u32 = l.hosts.iter().map(|h| h.ranks).sum();
+        let mut cmd = Command::new(&self.exe);
+        cmd.arg("run")
+            .args(["-n", &n.to_string(), "--tag-output", "--hostfile"])
+            .arg(&hf);
+        if let Some(t) = &self.agent_token_file {
+            cmd.arg("--token-file").arg(t);
+        }
+        if let Some(s) = l.job.spec.checkpoint_interval_s {
+            cmd.arg("--checkpoint-interval")
+                .arg(s.to_string())
+                .arg("--checkpoint-dir")
+                .arg(l.work_dir.join("ckpt"));
+        }
+        cmd.arg("--")
+            .arg(&l.program)
+            .args(&l.job.spec.args)
+            .current_dir(&l.work_dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| io(&format!("cannot start {}", self.exe.display()), e))?;
+        let (tx, rx) = mpsc::channel::<Vec<u8>>();
+        for pipe in [
+            child
+                .stdout
+                .take()
+                .map(|p| Box::new(p) as Box<dyn Read + Send>),
+            child
+                .stderr
+                .take()
+                .map(|p| Box::new(p) as Box<dyn Read + Send>),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            let tx = tx.clone();
+            std::thread::spawn(move || {
+                let mut pipe = pipe;
+                let mut buf = vec![0u8; 16 * 1024];
+                while let Ok(n) = pipe.read(&mut buf) {
+                    if n == 0 || tx.send(buf[..n].to_vec()).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+        drop(tx);
+        let child = Arc::new(Mutex::new(child));
+        let cancelled = Arc::new(AtomicBool::new(false));
+        let (c2, k2) = (child.clone(), cancelled.clone());
+        std::thread::spawn(move || {
+            let status = loop {
+                let closed = match rx.recv_timeout(Duration::from_millis(100)) {
+                    Ok(b) => {
+                        events(ExecEvent::Output(b));
+                        false
+                    }
+                    Err(mpsc::RecvTimeoutError::Timeout) => false,
+                    Err(mpsc::RecvTimeoutError::Disconnected) => true,
+                };
+                let mut c = c2.lock().unwrap_or_else(|p| p.into_inner());
+                match c.try_wait() {
+                    Ok(Some(st)) => break Ok(st),
+                    Ok(None) => {}
+                    Err(e) => break Err(e),
+                }
+                drop(c);
+                if closed {
+                    // Pipes closed but the process still there: don't spin.
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+            };
+            // Output written just before the end: read until both pipes close (5 s at most:
+            // a rank's own children may hold them open).
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+                match rx.recv_timeout(left) {
+                    Ok(b) => events(ExecEvent::Output(b)),
+                    Err(_) => break,
+                }
+            }
+            let (success, detail) = match status {
+                _ if k2.load(Ordering::SeqCst) => (false, "cancelled".to_string()),
+                Ok(st) if st.success() => (true, "exit 0".to_string()),
+                Ok(st) => match st.code() {
+                    Some(c) => (false, format!("exit status {c}")),
+                    None => (false, format!("ended by a signal ({st})")),
+                },
+                Err(e) => (false, format!("cannot wait for the launcher: {e}")),
+            };
+            events(ExecEvent::Exited { success, detail });
+        });
+        Ok(Box::new(RunExecution {
+            child,
+            cancelled,
+            grace: self.grace,
+        }))
+    }
+}
+
+/// Write `bytes` to `path` atomically (temporary file, fsync, rename), executable if asked.
+fn write_atomic(path: &Path, bytes: &[u8], executable: bool) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = path.with_extension("tmp");
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(bytes)?;
+    if executable {
+        f.set_permissions(std::fs::Permissions::from_mode(0o755))?;
+    }
+    f.sync_all()?;
+    drop(f);
+    std::fs::rename(&tmp, path)?;
+    if let Some(d) = path.parent() {
+        std::fs::File::open(d)?.sync_all()?;
+    }
+    Ok(())
+}
+
+/// Places waiting jobs and runs them through an [`Executor`].
+pub struct Dispatcher {
+    c: Arc<Coordinator>,
+    exec: Arc<dyn Executor>,
+    work: PathBuf,
+    running: Mutex<HashMap<i64, Box<dyn Execution>>>,
+    last_refusal: Mutex<HashMap<i64, String>>,
+    placing: Mutex<()>,
+    me: Weak<Dispatcher>,
+}
+
+impl Dispatcher {
+    /// A dispatcher for `c`, running jobs with `exec`, each in a directory under `work`;
+    /// installed as `c`'s job hook.
+    pub fn install(
+        c: Arc<Coordinator>,
+        exec: Arc<dyn Executor>,
+        work: &Path,
+    ) -> Result<Arc<Dispatcher>> {
+        std::fs::create_dir_all(work).map_err(|e| {
+            Error::Io(format!(
+                "cannot create the jobs directory {}: {e}",
+                work.display()
+            ))
+        })?;
+        let d = Arc::new_cyclic(|me| Dispatcher {
+            c: c.clone(),
+            exec,
+            work: work.to_path_buf(),
+            running: Mutex::new(HashMap::new()),
+            last_refusal: Mutex::new(HashMap::new()),
+            placing: Mutex::new(()),
+            me: me.clone(),
+        });
+        c.set_hook(d.clone());
+        Ok(d)
+    }
+
+    /// Jobs a previous coordinator left started (its executions died with it, or can no
+    /// longer be followed): each is re-queued (or failed if it cannot be), journalled. Returns
+    /// how many. Call once, before serving.
+    pub fn requeue_orphans(&self) -> Result<usize> {
+        let store = self.c.store();
+        let mut n = 0;
+        for j in store.jobs_in(&[
+            JobState::Running,
+            JobState::Checkpointing,
+            JobState::Recovering,
+            JobState::Suspended,
+        ])? {
+            let why = "the coordinator restarted and lost track of this run; re-queued";
+            let r = match j.state {
+                JobState::Running | JobState::Checkpointing => self
+                    .c
+                    .transition(j.id, JobState::Recovering, "the coordinator restarted")
+                    .and_then(|_| self.c.transition(j.id, JobState::Waiting, why)),
+                JobState::Recovering | JobState::Suspended => {
+                    self.c.transition(j.id, JobState::Waiting, why)
+                }
+                _ => continue,
+            };
+            r?;
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    /// Try to place and start every waiting job, oldest first; returns how many started.
+    pub fn place_waiting(&self) -> Result<usize> {
+        let _one_at_a_time = self.placing.lock().unwrap_or_else(|p| p.into_inner());
+        let store = self.c.store();
+        let waiting = store.jobs_in(&[JobState::Waiting])?;
+        let mut started = 0;
+        for j in waiting {
+            match self.try_start(&j) {
+                Ok(true) => started += 1,
+                Ok(false) => {}
+                Err(e) => {
+                    let _ =
+                        self.c
+                            .transition(j.id, JobState::Failed, &format!("cannot start: {e}"));
+                }
+            }
+        }
+        Ok(started)
+    }
+
+    fn try_start(&self, j: &Job) -> Result<bool> {
+        let store = self.c.store();
+        let lost_after = 3 * self.c.heartbeat_interval.as_millis() as i64;
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as i64)
+            .unwrap_or(0);
+        let hosts: Vec<_> = store
+            .hosts()?
+            .into_iter()
+            .map(|h| {
+                let alive = now - h.last_seen_ms <= lost_after;
+                (h, alive)
+            })
+            .collect();
+        let req =
+            Requirement::parse(j.spec.require.as_deref().unwrap_or("")).map_err(Error::Invalid)?;
+        let p: Placement = place(j.spec.ranks, &req, &hosts);
+        if p.chosen.is_empty() {
+            let why = if p.refused.is_empty() {
+                "no host has registered; waiting for agents".to_string()
+            } else {
+                let list: Vec<String> =
+                    p.refused.iter().map(|(h, w)| format!("{h}: {w}")).collect();
+                format!("no eligible host ({}); waiting", list.join("; "))
+            };
+            let mut last = self.last_refusal.lock().unwrap_or_else(|p| p.into_inner());
+            if last.get(&j.id) != Some(&why) {
+                store.note(j.id, "refused", &why)?;
+                last.insert(j.id, why);
+            }
+            return Ok(false);
+        }
+        self.last_refusal
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&j.id);
+        // The program, checked against its digest before anything runs it.
+        let bytes = self.c.repo().get(&j.spec.program)?;
+        let dir = self.work.join(j.id.to_string());
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| Error::Io(format!("cannot create {}: {e}", dir.display())))?;
+        let program = dir.join("program");
+        write_atomic(&program, &bytes, true)
+            .map_err(|e| Error::Io(format!("cannot write {}: {e}", program.display())))?;
+        let chosen: Vec<String> = p
+            .chosen
+            .iter()
+            .map(|s| format!("{}×{}", s.name, s.ranks))
+            .collect();
+        store.note(
+            j.id,
+            "placement",
+            &format!(
+                "{} ranks on {} (idle cores first; program {} verified)",
+                j.spec.ranks,
+                chosen.join(", "),
+                j.spec.program
+            ),
+        )?;
+        for (h, why) in &p.refused {
+            store.note(j.id, "refused", &format!("{h}: {why}"))?;
+        }
+        let names: Vec<&str> = p.chosen.iter().map(|s| s.name.as_str()).collect();
+        self.c.transition(
+            j.id,
+            JobState::Running,
+            &format!("started on {}", names.join(", ")),
+        )?;
+        let launch = Launch {
+            job: j.clone(),
+            program,
+            work_dir: dir,
+            hosts: p.chosen,
+        };
+        let (c, id, me) = (self.c.clone(), j.id, self.me.clone());
+        let sink: EventSink = Box::new(move |ev| match ev {
+            ExecEvent::Output(b) => {
+                if let Err(e) = c.append_log(id, &b) {
+                    eprintln!("mutirao coordinator: job {id}: cannot store output: {e}");
+                }
+            }
+            ExecEvent::HostLost(h) => {
+                let _ = c.store().note(id, "host-lost", &h);
+            }
+            ExecEvent::Exited { success, detail } => {
+                let to = if success {
+                    JobState::Finished
+                } else {
+                    JobState::Failed
+                };
+                // Already cancelled: the transition is refused, the journal says so already.
+                let _ = c.transition(id, to, &detail);
+                if let Some(d) = me.upgrade() {
+                    d.running
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .remove(&id);
+                }
+            }
+        });
+        match self.exec.start(&launch, sink) {
+            Ok(x) => {
+                let mut run = self.running.lock().unwrap_or_else(|p| p.into_inner());
+                if store.job(id)?.state.is_final() {
+                    // Cancelled (or ended) while starting.
+                    x.cancel();
+                } else {
+                    run.insert(id, x);
+                }
+                Ok(true)
+            }
+            Err(e) => {
+                self.c
+                    .transition(id, JobState::Failed, &format!("cannot start: {e}"))?;
+                Ok(false)
+            }
+        }
+    }
+
+    /// How many jobs run now.
+    pub fn running(&self) -> usize {
+        self.running.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    /// Place waiting jobs every `every` (hosts come and go) until the handle is dropped.
+    pub fn spawn_loop(self: &Arc<Self>, every: Duration) -> LoopHandle {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (d, s) = (Arc::downgrade(self), stop.clone());
+        let th = std::thread::spawn(move || {
+            while !s.load(Ordering::SeqCst) {
+                let Some(d) = d.upgrade() else { return };
+                if let Err(e) = d.place_waiting() {
+                    eprintln!("mutirao coordinator: placing waiting jobs: {e}");
+                }
+                drop(d);
+                let t0 = Instant::now();
+                while t0.elapsed() < every && !s.load(Ordering::SeqCst) {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            }
+        });
+        LoopHandle { stop, th: Some(th) }
+    }
+}
+
+/// Stops the placement loop when dropped.
+pub struct LoopHandle {
+    stop: Arc<AtomicBool>,
+    th: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for LoopHandle {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.th.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl JobHook for Dispatcher {
+    fn submitted(&self, _c: &Arc<Coordinator>, _job: &Job) {
+        if let Err(e) = self.place_waiting() {
+            eprintln!("mutirao coordinator: placing waiting jobs: {e}");
+        }
+    }
+
+    fn cancelled(&self, _c: &Arc<Coordinator>, job: &Job) {
+        let x = self
+            .running
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&job.id);
+        if let Some(x) = x {
+            x.cancel();
+        }
+    }
+}

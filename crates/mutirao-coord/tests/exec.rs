@@ -1,0 +1,205 @@
+//! The dispatcher over a scripted executor (no processes): a waiting job is placed on an
+//! eligible host, its program verified, its output logged and its end recorded; a job no host
+//! can take waits with its reasons journalled once; a tampered program fails its job without
+//! running; a cancel reaches the execution; a restarted coordinator re-queues orphans.
+
+use mutirao_coord::api::Coordinator;
+use mutirao_coord::auth::Tokens;
+use mutirao_coord::exec::{Dispatcher, EventSink, ExecEvent, Execution, Executor, Launch};
+use mutirao_coord::{HostReport, JobState, NewJob, Repo, SqliteStore};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+#[derive(Default)]
+struct Script {
+    launches: Mutex<Vec<Launch>>,
+    cancelled: Arc<AtomicBool>,
+    finish: bool,
+}
+
+struct Handle(Arc<AtomicBool>);
+impl Execution for Handle {
+    fn cancel(&self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
+impl Executor for Script {
+    fn start(
+        &self,
+        l: &Launch,
+        mut events: EventSink,
+    ) -> mutirao_coord::Result<Box<dyn Execution>> {
+        assert_eq!(std::fs::read(&l.program).unwrap(), b"prog");
+        self.launches.lock().unwrap().push(l.clone());
+        let finish = self.finish;
+        std::thread::spawn(move || {
+            events(ExecEvent::Output(b"[0] hello\n".to_vec()));
+            if finish {
+                events(ExecEvent::Exited {
+                    success: true,
+                    detail: "exit 0".into(),
+                });
+            }
+        });
+        Ok(Box::new(Handle(self.cancelled.clone())))
+    }
+}
+
+fn setup(
+    tag: &str,
+    finish: bool,
+) -> (
+    Arc<Coordinator>,
+    Arc<Script>,
+    Arc<Dispatcher>,
+    std::path::PathBuf,
+) {
+    let dir = std::env::temp_dir().join(format!("mutirao-exec-{}-{tag}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let c = Coordinator::new(
+        Arc::new(SqliteStore::open_in_memory().unwrap()),
+        Tokens::new(),
+        Repo::open(&dir.join("repo"), 1000).unwrap(),
+    );
+    let s = Arc::new(Script {
+        finish,
+        ..Script::default()
+    });
+    let d = Dispatcher::install(c.clone(), s.clone(), &dir.join("jobs")).unwrap();
+    (c, s, d, dir)
+}
+
+fn host(c: &Coordinator, name: &str, idle: f64, owner: bool) {
+    c.store()
+        .report_host(&HostReport {
+            name: name.into(),
+            addr: "127.0.0.1:7207".into(),
+            idle_cpu: idle,
+            free_mem_mib: 100,
+            load: 0.0,
+            owner_active: owner,
+        })
+        .unwrap();
+}
+
+fn submit(c: &Coordinator, ranks: u32, require: &str) -> i64 {
+    let program = c.repo().put(b"prog").unwrap();
+    c.store()
+        .create_job(&NewJob {
+            owner: "ana".into(),
+            ranks,
+            program,
+            args: vec![],
+            require: Some(require.into()),
+            checkpoint_interval_s: None,
+        })
+        .unwrap()
+        .id
+}
+
+fn wait(c: &Coordinator, id: i64, want: JobState) {
+    let t0 = Instant::now();
+    while c.store().job(id).unwrap().state != want {
+        assert!(t0.elapsed() < Duration::from_secs(10), "not {want}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn a_waiting_job_is_placed_run_logged_and_finished() {
+    let (c, s, d, dir) = setup("run", true);
+    host(&c, "n1", 2.0, false);
+    host(&c, "n2", 8.0, true);
+    let id = submit(&c, 3, "cpu>=1");
+    assert_eq!(d.place_waiting().unwrap(), 1);
+    wait(&c, id, JobState::Finished);
+    let l = s.launches.lock().unwrap()[0].clone();
+    assert_eq!(l.hosts.len(), 1);
+    assert_eq!((l.hosts[0].name.as_str(), l.hosts[0].ranks), ("n1", 3));
+    assert_eq!(c.store().read_log(id, 0, 100).unwrap().data, b"[0] hello\n");
+    let story: Vec<String> = c
+        .store()
+        .events(id)
+        .unwrap()
+        .into_iter()
+        .map(|e| format!("{} {}", e.kind, e.detail))
+        .collect();
+    assert_eq!(
+        story[1],
+        format!(
+            "placement 3 ranks on n1×3 (idle cores first; program {} verified)",
+            l.job.spec.program
+        )
+    );
+    assert_eq!(story[2], "refused n2: its owner is active");
+    assert_eq!(story[3], "state started on n1");
+    assert_eq!(story[4], "state exit 0");
+    assert_eq!(d.running(), 0);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_job_no_host_can_take_waits_and_says_why_once() {
+    let (c, s, d, dir) = setup("wait", true);
+    let id = submit(&c, 2, "cpu>=4");
+    host(&c, "n1", 2.0, false);
+    for _ in 0..3 {
+        assert_eq!(d.place_waiting().unwrap(), 0);
+    }
+    let ev = c.store().events(id).unwrap();
+    assert_eq!(ev.len(), 2, "{ev:#?}");
+    assert_eq!(
+        ev[1].detail,
+        "no eligible host (n1: cpu is 2, not >=4); waiting"
+    );
+    assert!(s.launches.lock().unwrap().is_empty());
+    host(&c, "n2", 4.0, false);
+    assert_eq!(d.place_waiting().unwrap(), 1);
+    wait(&c, id, JobState::Finished);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_tampered_program_fails_its_job_and_never_runs() {
+    let (c, s, d, dir) = setup("tamper", true);
+    host(&c, "n1", 2.0, false);
+    let id = submit(&c, 1, "");
+    let digest = c.store().job(id).unwrap().spec.program;
+    std::fs::write(dir.join("repo").join(&digest["sha256:".len()..]), b"evil").unwrap();
+    d.place_waiting().unwrap();
+    let j = c.store().job(id).unwrap();
+    assert_eq!(j.state, JobState::Failed);
+    let last = c.store().events(id).unwrap().pop().unwrap().detail;
+    assert!(last.contains("altered or corrupted"), "{last}");
+    assert!(s.launches.lock().unwrap().is_empty());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn cancel_reaches_the_execution_and_a_restart_requeues_orphans() {
+    let (c, s, d, dir) = setup("cancel", false);
+    host(&c, "n1", 2.0, false);
+    let a = submit(&c, 1, "");
+    let b = submit(&c, 1, "");
+    d.place_waiting().unwrap();
+    assert_eq!(d.running(), 2);
+    let j = c
+        .transition(a, JobState::Cancelled, "cancelled by ana")
+        .unwrap();
+    use mutirao_coord::api::JobHook;
+    d.cancelled(&c, &j);
+    assert!(s.cancelled.load(Ordering::SeqCst));
+    assert_eq!(d.running(), 1);
+    // A new coordinator over the same store: b was running under the old one.
+    let c2 = Coordinator::new(c.store().clone(), Tokens::new(), c.repo().clone());
+    let d2 =
+        Dispatcher::install(c2.clone(), Arc::new(Script::default()), &dir.join("jobs")).unwrap();
+    assert_eq!(d2.requeue_orphans().unwrap(), 1);
+    assert_eq!(c.store().job(b).unwrap().state, JobState::Waiting);
+    assert_eq!(c.store().job(a).unwrap().state, JobState::Cancelled);
+    let last = c.store().events(b).unwrap().pop().unwrap().detail;
+    assert!(last.contains("re-queued"), "{last}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
