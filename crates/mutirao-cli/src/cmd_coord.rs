@@ -5,7 +5,7 @@ use anyhow::{bail, Context};
 use clap::Args;
 use mutirao_coord::api::{serve_blocking, Coordinator};
 use mutirao_coord::auth::Tokens;
-use mutirao_coord::exec::{Dispatcher, RunExecutor};
+use mutirao_coord::exec::{Dispatcher, LaunchExecutor};
 use mutirao_coord::{PgStore, Repo, SqliteStore, Store};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -66,8 +66,8 @@ pub struct CoordArgs {
     /// database's name + `.jobs`).
     #[arg(long, value_name = "DIR")]
     jobs_dir: Option<PathBuf>,
-    /// The agents' shared secret, for starting ranks through them (passed to `mutirao run
-    /// --token-file`; default: its default).
+    /// The agents' shared secret, for starting ranks through them (default:
+    /// $MUTIRAO_AGENT_TOKEN_FILE or ~/.mutirao/agent.token, as `mutirao run`).
     #[arg(long, value_name = "FILE")]
     agent_token_file: Option<PathBuf>,
 }
@@ -106,10 +106,11 @@ pub fn run(a: CoordArgs) -> anyhow::Result<ExitCode> {
         );
     }
     let c = Coordinator::new(store, tokens, repo);
-    let exec = RunExecutor {
-        exe: std::env::current_exe().context("cannot find the mutirao binary to run jobs with")?,
-        agent_token_file: a.agent_token_file.clone(),
-        grace: Duration::from_secs(5),
+    let exec = LaunchExecutor {
+        agent_token_file: a
+            .agent_token_file
+            .clone()
+            .unwrap_or_else(mutirao_launch::proto::default_token_path),
     };
     let dispatcher = Dispatcher::install(c.clone(), Arc::new(exec), &jobs_dir)?;
     let requeued = dispatcher.requeue_orphans()?;

@@ -12,11 +12,10 @@ use crate::api::{Coordinator, JobHook};
 use crate::place::{place, Placement, Requirement, Slot};
 use crate::{Error, Job, JobState, Result};
 use std::collections::HashMap;
-use std::io::{Read, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 /// What an execution reports.
@@ -63,170 +62,121 @@ pub trait Execution: Send + Sync {
     fn cancel(&self);
 }
 
-/// Runs `EXE run -n N --tag-output --hostfile H [--token-file T] [--checkpoint-interval S]
-/// -- PROG ARGS` in the job's directory.
-pub struct RunExecutor {
-    /// The `mutirao` binary.
-    pub exe: PathBuf,
-    /// The agents' shared secret, passed as `--token-file`.
-    pub agent_token_file: Option<PathBuf>,
-    /// How long a cancelled run gets after SIGINT before SIGKILL.
-    pub grace: Duration,
+/// Runs placed jobs through the launch library (`mutirao-launch`, the same code as `mutirao
+/// run`): ranks on the chosen agents, output tagged `[rank]`, and with a checkpoint interval,
+/// waves and recovery from the last committed epoch (checkpoints in the job's directory).
+pub struct LaunchExecutor {
+    /// The agents' shared secret.
+    pub agent_token_file: PathBuf,
 }
 
-struct RunExecution {
-    child: Arc<Mutex<Child>>,
+struct LaunchExecution {
     cancelled: Arc<AtomicBool>,
-    grace: Duration,
 }
 
-impl Execution for RunExecution {
+impl Execution for LaunchExecution {
     fn cancel(&self) {
         self.cancelled.store(true, Ordering::SeqCst);
-        let pid = self.child.lock().unwrap_or_else(|p| p.into_inner()).id();
-        // SIGINT: `mutirao run` then ends its ranks, local and remote.
-        let _ = Command::new("kill")
-            .args(["-INT", &pid.to_string()])
-            .stderr(Stdio::null())
-            .status();
-        let child = self.child.clone();
-        let grace = self.grace;
-        std::thread::spawn(move || {
-            let t0 = Instant::now();
-            while t0.elapsed() < grace {
-                let mut c = child.lock().unwrap_or_else(|p| p.into_inner());
-                if !matches!(c.try_wait(), Ok(None)) {
-                    return;
-                }
-                drop(c);
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            let _ = child.lock().unwrap_or_else(|p| p.into_inner()).kill();
-        });
     }
 }
 
-fn hostfile(hosts: &[Slot]) -> Result<String> {
-    let mut s = String::new();
-    for h in hosts {
-        let (host, port) = h.addr.rsplit_once(':').ok_or_else(|| {
-            Error::Invalid(format!(
-                "host {}: agent address {:?} has no port",
-                h.name, h.addr
-            ))
-        })?;
-        s.push_str(&format!("{host} slots={} port={port}\n", h.ranks));
-    }
-    Ok(s)
+/// The hostfile entries of a placement: one per host, as many slots as ranks placed there.
+fn host_entries(hosts: &[Slot]) -> Result<Vec<mutirao_launch::hostfile::HostEntry>> {
+    hosts
+        .iter()
+        .map(|h| {
+            let (host, port) = h.addr.rsplit_once(':').ok_or_else(|| {
+                Error::Invalid(format!(
+                    "host {}: agent address {:?} has no port",
+                    h.name, h.addr
+                ))
+            })?;
+            let port = port.parse().map_err(|_| {
+                Error::Invalid(format!("host {}: agent port {port:?} is not a number", h.name))
+            })?;
+            Ok(mutirao_launch::hostfile::HostEntry {
+                host: host.to_string(),
+                slots: h.ranks as usize,
+                port,
+            })
+        })
+        .collect()
 }
 
-impl Executor for RunExecutor {
+impl Executor for LaunchExecutor {
     fn start(&self, l: &Launch, mut events: EventSink) -> Result<Box<dyn Execution>> {
-        let io =
-            |what: &str, e: std::io::Error| Error::Io(format!("job {}: {what}: {e}", l.job.id));
-        let hf = l.work_dir.join("hostfile");
-        write_atomic(&hf, hostfile(&l.hosts)?.as_bytes(), false)
-            .map_err(|e| io("cannot write the hostfile", e))?;
-        let n: u32 = l.hosts.iter().map(|h| h.ranks).sum();
-        let mut cmd = Command::new(&self.exe);
-        cmd.arg("run")
-            .args(["-n", &n.to_string(), "--tag-output", "--hostfile"])
-            .arg(&hf);
-        if let Some(t) = &self.agent_token_file {
-            cmd.arg("--token-file").arg(t);
-        }
-        if let Some(s) = l.job.spec.checkpoint_interval_s {
-            cmd.arg("--checkpoint-interval")
-                .arg(s.to_string())
-                .arg("--checkpoint-dir")
-                .arg(l.work_dir.join("ckpt"));
-        }
-        cmd.arg("--")
-            .arg(&l.program)
-            .args(&l.job.spec.args)
-            .current_dir(&l.work_dir)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        let mut child = cmd
-            .spawn()
-            .map_err(|e| io(&format!("cannot start {}", self.exe.display()), e))?;
-        let (tx, rx) = mpsc::channel::<Vec<u8>>();
-        for pipe in [
-            child
-                .stdout
-                .take()
-                .map(|p| Box::new(p) as Box<dyn Read + Send>),
-            child
-                .stderr
-                .take()
-                .map(|p| Box::new(p) as Box<dyn Read + Send>),
-        ]
-        .into_iter()
-        .flatten()
-        {
-            let tx = tx.clone();
-            std::thread::spawn(move || {
-                let mut pipe = pipe;
-                let mut buf = vec![0u8; 16 * 1024];
-                while let Ok(n) = pipe.read(&mut buf) {
-                    if n == 0 || tx.send(buf[..n].to_vec()).is_err() {
-                        break;
-                    }
-                }
-            });
-        }
-        drop(tx);
-        let child = Arc::new(Mutex::new(child));
+        use mutirao_launch::job::JobSpec;
+        use mutirao_launch::supervise::{supervise, Cause, Report, Watch};
+        let hosts = host_entries(&l.hosts)?;
+        let n: usize = hosts.iter().map(|h| h.slots).sum();
+        let secret = mutirao_launch::proto::read_token_file(&self.agent_token_file)
+            .map_err(Error::Invalid)?;
+        let mut spec = JobSpec::local(
+            n,
+            l.program.display().to_string(),
+            l.job.spec.args.clone(),
+        );
+        spec.hosts = Some(hosts);
+        spec.secret = Some(secret);
+        spec.cwd = Some(l.work_dir.clone());
         let cancelled = Arc::new(AtomicBool::new(false));
-        let (c2, k2) = (child.clone(), cancelled.clone());
-        std::thread::spawn(move || {
-            let status = loop {
-                let closed = match rx.recv_timeout(Duration::from_millis(100)) {
-                    Ok(b) => {
-                        events(ExecEvent::Output(b));
-                        false
-                    }
-                    Err(mpsc::RecvTimeoutError::Timeout) => false,
-                    Err(mpsc::RecvTimeoutError::Disconnected) => true,
+        let watch = Watch {
+            interrupted: cancelled.clone(),
+            ..Watch::default()
+        };
+        let interval = l.job.spec.checkpoint_interval_s;
+        let ckpt_dir = l.work_dir.join("ckpt");
+        let job_id = l.job.id;
+        let handle = cancelled.clone();
+        std::thread::Builder::new()
+            .name(format!("job-{job_id}"))
+            .spawn(move || {
+                let mut on = |r: Report| {
+                    let line = match r {
+                        Report::Output { rank, line, .. } => format!("[{rank}] {line}\n"),
+                        Report::Notice(n) => format!("mutirao: {n}\n"),
+                    };
+                    events(ExecEvent::Output(line.into_bytes()));
                 };
-                let mut c = c2.lock().unwrap_or_else(|p| p.into_inner());
-                match c.try_wait() {
-                    Ok(Some(st)) => break Ok(st),
-                    Ok(None) => {}
-                    Err(e) => break Err(e),
-                }
-                drop(c);
-                if closed {
-                    // Pipes closed but the process still there: don't spin.
-                    std::thread::sleep(Duration::from_millis(50));
-                }
-            };
-            // Output written just before the end: read until both pipes close (5 s at most:
-            // a rank's own children may hold them open).
-            let deadline = Instant::now() + Duration::from_secs(5);
-            while let Some(left) = deadline.checked_duration_since(Instant::now()) {
-                match rx.recv_timeout(left) {
-                    Ok(b) => events(ExecEvent::Output(b)),
-                    Err(_) => break,
-                }
-            }
-            let (success, detail) = match status {
-                _ if k2.load(Ordering::SeqCst) => (false, "cancelled".to_string()),
-                Ok(st) if st.success() => (true, "exit 0".to_string()),
-                Ok(st) => match st.code() {
-                    Some(c) => (false, format!("exit status {c}")),
-                    None => (false, format!("ended by a signal ({st})")),
-                },
-                Err(e) => (false, format!("cannot wait for the launcher: {e}")),
-            };
-            events(ExecEvent::Exited { success, detail });
-        });
-        Ok(Box::new(RunExecution {
-            child,
-            cancelled,
-            grace: self.grace,
-        }))
+                let ended = match interval {
+                    None => mutirao_launch::job::Job::start(&spec).map(|job| {
+                        let e = supervise(&job, spec.n, &watch, &mut on);
+                        (e.code, e.cause)
+                    }),
+                    Some(s) => mutirao_launch::ckpt_dir::DirSink::new(&ckpt_dir, n as u32)
+                        .and_then(|sink| {
+                            let rec = mutirao_launch::recovery::Recovery {
+                                sink: Arc::new(sink),
+                                interval: s,
+                                mode: Default::default(),
+                                max_restarts: 3,
+                                rank_hosts: None,
+                            };
+                            mutirao_launch::recovery::run_with_recovery(&spec, &rec, &watch, &mut on)
+                        })
+                        .map(|o| (o.code, None)),
+                };
+                let (success, detail) = match ended {
+                    _ if cancelled.load(Ordering::SeqCst) => (false, "cancelled".to_string()),
+                    Ok((0, _)) => (true, "exit 0".to_string()),
+                    Ok((code, cause)) => {
+                        if let Some(Cause::HostLost { host, .. }) = &cause {
+                            let name = spec
+                                .hosts
+                                .as_ref()
+                                .and_then(|h| h.get(*host))
+                                .map(|h| h.host.clone())
+                                .unwrap_or_default();
+                            events(ExecEvent::HostLost(name));
+                        }
+                        (false, format!("exit status {code}"))
+                    }
+                    Err(e) => (false, format!("cannot run the job: {e:#}")),
+                };
+                events(ExecEvent::Exited { success, detail });
+            })
+            .map_err(|e| Error::Io(format!("job {job_id}: cannot start its thread: {e}")))?;
+        Ok(Box::new(LaunchExecution { cancelled: handle }))
     }
 }
 

@@ -67,6 +67,9 @@ pub struct JobSpec {
     pub heartbeat: Option<Duration>,
     /// Local runs: host a resource directory for the job unless `MUTIRAO_DIR_SOCKET` is set.
     pub host_directory: bool,
+    /// The ranks' working directory (default: this process's; agents use it when it exists
+    /// on their host).
+    pub cwd: Option<PathBuf>,
 }
 
 impl std::fmt::Debug for JobSpec {
@@ -98,6 +101,7 @@ impl JobSpec {
             checkpoints: None,
             heartbeat: Some(Duration::from_secs(1)),
             host_directory: true,
+            cwd: None,
         }
     }
 
@@ -548,10 +552,12 @@ struct Ctx<'a> {
 }
 
 /// Start one process on this host as world rank `rank`, its output and exit as events.
+#[allow(clippy::too_many_arguments)]
 fn start_one_local(
     program: &str,
     args: &[String],
     env: &BTreeMap<String, String>,
+    cwd: Option<&Path>,
     dir_socket: Option<&Path>,
     rank: usize,
     tx: &Sender<Event>,
@@ -560,6 +566,9 @@ fn start_one_local(
     let mut cmd = Command::new(program);
     if let Some(sock) = dir_socket {
         cmd.env("MUTIRAO_DIR_SOCKET", sock);
+    }
+    if let Some(d) = cwd {
+        cmd.current_dir(d);
     }
     cmd.args(args)
         .envs(env)
@@ -615,6 +624,7 @@ fn start_local(
             &spec.program,
             &spec.args,
             &env,
+            spec.cwd.as_deref(),
             dir_socket,
             rank,
             ctx.tx,
@@ -770,8 +780,10 @@ fn start_remote(
         .context("no host received ranks")?;
     let pmi = start_pmi(spec, SocketAddr::new(local_ip, 0), token_bytes, spawner)
         .with_context(|| format!("cannot start the bootstrap server on {local_ip}"))?;
-    let cwd = std::env::current_dir()
-        .ok()
+    let cwd = spec
+        .cwd
+        .clone()
+        .or_else(|| std::env::current_dir().ok())
         .map(|p| p.display().to_string());
     let mut hosts_of = vec![String::new(); spec.n];
     for (i, c) in conns.into_iter().enumerate() {
@@ -964,6 +976,7 @@ impl JobSpawner {
                             &program,
                             &req.args,
                             &env,
+                            None,
                             self.dir_socket.as_deref(),
                             rank as usize,
                             ctx.tx,
