@@ -58,6 +58,14 @@ pub struct AgentArgs {
     /// Keep no checkpoint replicas (store requests are refused).
     #[arg(long, conflicts_with = "store_dir")]
     pub no_store: bool,
+    /// Register with this grid coordinator (`mutirao coordinator`) and send it resource
+    /// reports (idle CPU, memory, load) at the period it asks for; its dispatcher then places
+    /// submitted jobs here. The agent's coordinator token comes from $MUTIRAO_COORD_TOKEN.
+    #[arg(long, value_name = "URL")]
+    pub coordinator: Option<String>,
+    /// The name this host registers under (default: its host name).
+    #[arg(long, value_name = "NAME")]
+    pub name: Option<String>,
     /// Node number in the directory's resource ids (default: derived from the listen port).
     #[arg(long, value_name = "N")]
     pub dir_node: Option<u16>,
@@ -171,6 +179,28 @@ pub fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
             .map_err(|e| anyhow::anyhow!("checkpoint store {}: {e}", dir.display()))?;
         log(&format!("keeping checkpoint replicas in {}", dir.display()));
         Some(Arc::new(s))
+    };
+    // Kept alive while the agent serves: dropping it stops the heartbeats.
+    let _heartbeat = match &args.coordinator {
+        None => None,
+        Some(url) => {
+            let token = std::env::var("MUTIRAO_COORD_TOKEN").map_err(|_| {
+                anyhow::anyhow!(
+                    "--coordinator needs this agent's coordinator token in $MUTIRAO_COORD_TOKEN (an `agent` line of the coordinator's token file)"
+                )
+            })?;
+            let client = mutirao_coord::client::Client::new(url, &token)
+                .map_err(|e| anyhow::anyhow!("--coordinator {url}: {e}"))?;
+            let name = args.name.clone().unwrap_or_else(agent::host_name);
+            let addr = bound.to_string();
+            let hb = mutirao_coord::report::spawn_heartbeat(
+                client,
+                Box::new(move || mutirao_coord::report::measure(&name, &addr, false)),
+            )
+            .map_err(|e| anyhow::anyhow!("cannot register with the coordinator at {url}: {e}"))?;
+            log(&format!("registered with the coordinator at {url}"));
+            Some(hb)
+        }
     };
     log(&format!("listening on {bound}"));
     agent::serve_forever(

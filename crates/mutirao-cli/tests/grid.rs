@@ -242,7 +242,7 @@ impl Drop for Agent {
     }
 }
 
-fn start_agent(dir: &std::path::Path) -> (Agent, PathBuf) {
+fn start_agent(dir: &std::path::Path, coord: Option<(&str, &str)>) -> (Agent, PathBuf) {
     let tok = dir.join("agent.token");
     let o = Command::new(BIN)
         .args(["agent", "--gen-token"])
@@ -261,6 +261,15 @@ fn start_agent(dir: &std::path::Path) -> (Agent, PathBuf) {
         .arg(&tok)
         .arg("--dir-socket")
         .arg(dir.join("agent-dir.sock"))
+        .args(
+            coord
+                .map(|(url, _)| vec!["--coordinator", url, "--name", "n1"])
+                .unwrap_or_default(),
+        )
+        .env(
+            "MUTIRAO_COORD_TOKEN",
+            coord.map(|(_, t)| t).unwrap_or_default(),
+        )
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -302,19 +311,30 @@ fn a_submitted_job_runs_through_a_registered_agent_to_finished() {
         Scratch(std::env::temp_dir().join(format!("mutirao-grid-{}-agent", std::process::id())));
     let _ = std::fs::remove_dir_all(&tmp.0);
     std::fs::create_dir_all(&tmp.0).unwrap();
-    let (agent, agent_tok) = start_agent(&tmp.0);
+    // The agent's token file first (the coordinator starts ranks through the agent with it),
+    // then the agent, which registers with the coordinator itself (`--coordinator`).
+    let agent_tok = tmp.0.join("agent.token");
+    let o = Command::new(BIN)
+        .args(["agent", "--gen-token"])
+        .arg(&agent_tok)
+        .output()
+        .unwrap();
+    assert!(o.status.success());
     let c = start_with("run", &["--agent-token-file", agent_tok.to_str().unwrap()]);
-    // The agent's host reports to the coordinator (as `mutirao agent --coord` will).
-    let n1 = mutirao_coord::client::Client::new(&c.url, N1).unwrap();
-    n1.register(&mutirao_coord::HostReport {
-        name: "n1".into(),
-        addr: agent.addr.clone(),
-        idle_cpu: 2.0,
-        free_mem_mib: 4096,
-        load: 0.1,
-        owner_active: false,
-    })
-    .unwrap();
+    let (_agent, _) = start_agent(&tmp.0, Some((&c.url, N1)));
+    let ana = mutirao_coord::client::Client::new(&c.url, ANA).unwrap();
+    let t0 = Instant::now();
+    while !ana
+        .hosts()
+        .map(|h| h.iter().any(|h| h.host.report.name == "n1"))
+        .unwrap_or(false)
+    {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "the agent did not register with the coordinator"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
 
     let prog = c.dir.join("hello.sh");
     std::fs::write(
@@ -451,7 +471,7 @@ fn a_coordinator_crash_mid_job_loses_nothing_and_the_job_completes() {
     );
     let _ = std::fs::remove_dir_all(&tmp.0);
     std::fs::create_dir_all(&tmp.0).unwrap();
-    let (agent, agent_tok) = start_agent(&tmp.0);
+    let (agent, agent_tok) = start_agent(&tmp.0, None);
     let extra = ["--agent-token-file", agent_tok.to_str().unwrap()];
     let c = start_with("crash", &extra);
     let report = mutirao_coord::HostReport {

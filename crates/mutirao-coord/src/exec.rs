@@ -92,7 +92,10 @@ fn host_entries(hosts: &[Slot]) -> Result<Vec<mutirao_launch::hostfile::HostEntr
                 ))
             })?;
             let port = port.parse().map_err(|_| {
-                Error::Invalid(format!("host {}: agent port {port:?} is not a number", h.name))
+                Error::Invalid(format!(
+                    "host {}: agent port {port:?} is not a number",
+                    h.name
+                ))
             })?;
             Ok(mutirao_launch::hostfile::HostEntry {
                 host: host.to_string(),
@@ -111,11 +114,7 @@ impl Executor for LaunchExecutor {
         let n: usize = hosts.iter().map(|h| h.slots).sum();
         let secret = mutirao_launch::proto::read_token_file(&self.agent_token_file)
             .map_err(Error::Invalid)?;
-        let mut spec = JobSpec::local(
-            n,
-            l.program.display().to_string(),
-            l.job.spec.args.clone(),
-        );
+        let mut spec = JobSpec::local(n, l.program.display().to_string(), l.job.spec.args.clone());
         spec.hosts = Some(hosts);
         spec.secret = Some(secret);
         spec.cwd = Some(l.work_dir.clone());
@@ -152,7 +151,9 @@ impl Executor for LaunchExecutor {
                                 max_restarts: 3,
                                 rank_hosts: None,
                             };
-                            mutirao_launch::recovery::run_with_recovery(&spec, &rec, &watch, &mut on)
+                            mutirao_launch::recovery::run_with_recovery(
+                                &spec, &rec, &watch, &mut on,
+                            )
                         })
                         .map(|o| (o.code, None)),
                 };
