@@ -47,6 +47,36 @@ fn rank_pid(parent: u32, rank: usize) -> Option<i32> {
     None
 }
 
+/// The checksum jacobi prints after a failure-free run of `n` ranks.
+fn plain_checksum(j: &Path, n: usize, args: &[&str]) -> String {
+    let plain = Command::new(env!("CARGO_BIN_EXE_mutirao"))
+        .args(["run", "-n", &n.to_string(), "--timeout", "120"])
+        .arg(j)
+        .arg("--")
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        plain.status.success(),
+        "{}",
+        String::from_utf8_lossy(&plain.stderr)
+    );
+    checksum(&String::from_utf8_lossy(&plain.stdout)).expect("a checksum")
+}
+
+/// A new agent token in `d`.
+fn gen_token(d: &Path) -> PathBuf {
+    let token = d.join("agent.token");
+    assert!(Command::new(env!("CARGO_BIN_EXE_mutirao"))
+        .args(["agent", "--gen-token"])
+        .arg(&token)
+        .output()
+        .unwrap()
+        .status
+        .success());
+    token
+}
+
 fn checksum(out: &str) -> Option<String> {
     out.split_whitespace()
         .find(|w| w.starts_with("checksum="))
@@ -61,19 +91,7 @@ fn a_killed_rank_restarts_the_job_from_the_last_committed_epoch() {
     };
     let bin = env!("CARGO_BIN_EXE_mutirao");
     let args = ["--n", "64", "--iters", "6000"];
-    let plain = Command::new(bin)
-        .args(["run", "-n", "3", "--timeout", "120"])
-        .arg(&j)
-        .arg("--")
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        plain.status.success(),
-        "{}",
-        String::from_utf8_lossy(&plain.stderr)
-    );
-    let want = checksum(&String::from_utf8_lossy(&plain.stdout)).expect("a checksum");
+    let want = plain_checksum(&j, 3, &args);
 
     let d = scratch("kill");
     let mut child = Command::new(bin)
@@ -272,24 +290,9 @@ fn a_silent_host_is_detected_by_heartbeat_and_its_ranks_restart_on_another() {
     };
     let bin = env!("CARGO_BIN_EXE_mutirao");
     let d = scratch("silent");
-    let token = d.join("agent.token");
-    assert!(Command::new(bin)
-        .args(["agent", "--gen-token"])
-        .arg(&token)
-        .output()
-        .unwrap()
-        .status
-        .success());
+    let token = gen_token(&d);
     let args = ["--n", "64", "--iters", "6000"];
-    let plain = Command::new(bin)
-        .args(["run", "-n", "4", "--timeout", "120"])
-        .arg(&j)
-        .arg("--")
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(plain.status.success());
-    let want = checksum(&String::from_utf8_lossy(&plain.stdout)).expect("a checksum");
+    let want = plain_checksum(&j, 4, &args);
 
     let a = agent(&token);
     let b = agent(&token);
@@ -506,24 +509,9 @@ fn replicas_on_agents(kill_agent: bool) {
     };
     let bin = env!("CARGO_BIN_EXE_mutirao");
     let d = scratch("replicas");
-    let token = d.join("agent.token");
-    assert!(Command::new(bin)
-        .args(["agent", "--gen-token"])
-        .arg(&token)
-        .output()
-        .unwrap()
-        .status
-        .success());
+    let token = gen_token(&d);
     let args = ["--n", "64", "--iters", "6000"];
-    let plain = Command::new(bin)
-        .args(["run", "-n", "3", "--timeout", "120"])
-        .arg(&j)
-        .arg("--")
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(plain.status.success());
-    let want = checksum(&String::from_utf8_lossy(&plain.stdout)).expect("a checksum");
+    let want = plain_checksum(&j, 3, &args);
     let agents = [agent(&token), agent(&token), agent(&token)];
     let stores: Vec<PathBuf> = agents
         .iter()
