@@ -10,7 +10,53 @@ use std::time::{Duration, Instant};
 
 const MUTIRAO: &str = env!("CARGO_BIN_EXE_mutirao");
 
+/// Scenarios that act before `init` (checkpoint recovery's failure cases).
+fn before_init(name: &str) {
+    let var = |k: &str| std::env::var(k).unwrap_or_default();
+    let incarnation = var("MUTIRAO_INCARNATION");
+    let rank = var("MUTIRAO_RANK");
+    match name {
+        // The first incarnation's rank 1 hangs before it ever reaches the start-up barrier.
+        "hang" if incarnation == "0" && rank == "1" => {
+            std::thread::sleep(Duration::from_secs(600));
+        }
+        // The first incarnation's rank 1 leaves its job token behind and dies; in the next
+        // incarnation rank 0 tries to register with it as rank 1 and must be refused.
+        "stale" if incarnation == "0" && rank == "1" => {
+            let dir = var("MARK_DIR");
+            let _ = std::fs::write(
+                Path::new(&dir).join("stale.token"),
+                var("MUTIRAO_JOB_TOKEN"),
+            );
+            std::process::exit(3);
+        }
+        "stale" if incarnation == "1" && rank == "0" => {
+            let dir = var("MARK_DIR");
+            let old =
+                std::fs::read_to_string(Path::new(&dir).join("stale.token")).unwrap_or_default();
+            let Some(token) = mutirao::pmi::unhex_token(old.trim()) else {
+                eprintln!("no stale token left by the first incarnation");
+                std::process::exit(5);
+            };
+            match mutirao::pmi::PmiClient::connect(
+                &var("MUTIRAO_PMI_ADDR"),
+                1,
+                &token,
+                Duration::from_secs(5),
+            ) {
+                Ok(_) => {
+                    eprintln!("a registration with the previous incarnation's token was accepted");
+                    std::process::exit(6);
+                }
+                Err(e) => println!("stale registration refused: {e}"),
+            }
+        }
+        _ => {}
+    }
+}
+
 fn scenario(name: &str) -> ! {
+    before_init(name);
     let w = match mutirao::init() {
         Ok(w) => w,
         Err(e) => {
@@ -54,6 +100,7 @@ fn scenario(name: &str) -> ! {
             }
         }
         "sleep" => std::thread::sleep(Duration::from_secs(60)),
+        "hang" | "stale" => println!("rank {r} of {} done", w.size()),
         // Rank 0 adds two ranks of this program (placement hints from SPAWN_HINT, if set); each
         // child sends its world rank to the parent over the merged communicator.
         "spawn" if w.is_spawned() => {
@@ -579,6 +626,68 @@ fn tests() -> Vec<Trial> {
                     return Err(
                         format!("exit {:?}\n{so}\n{}", out.status, text(&out.stderr)).into(),
                     );
+                }
+                Ok(())
+            },
+        ),
+        Trial::test(
+            "a_rank_that_never_reaches_the_start_up_barrier_times_out_and_the_job_recovers",
+            || {
+                let d = tmpdir("hang");
+                let mut cmd = mutirao_run(
+                    &[
+                        "-n",
+                        "3",
+                        "--timeout",
+                        "60",
+                        "--checkpoint-interval",
+                        "1",
+                        "--checkpoint-dir",
+                        d.join("ckpt").to_str().ok_or("path")?,
+                    ],
+                    "hang",
+                    None,
+                );
+                cmd.env("MUTIRAO_CONNECT_TIMEOUT_S", "2");
+                let (out, el) = run_limited(cmd, Duration::from_secs(60))?;
+                let (so, se) = (text(&out.stdout), text(&out.stderr));
+                if !out.status.success()
+                    || !se.contains("restart 1 of 3: every rank from the beginning")
+                    || (0..3).any(|r| !so.contains(&format!("rank {r} of 3 done")))
+                    || el > Duration::from_secs(30)
+                {
+                    return Err(format!("exit {:?} after {el:?}\n{so}\n{se}", out.status).into());
+                }
+                Ok(())
+            },
+        ),
+        Trial::test(
+            "a_registration_with_an_earlier_incarnations_token_is_refused",
+            || {
+                let d = tmpdir("stale");
+                let (out, _) = run_limited(
+                    mutirao_run(
+                        &[
+                            "-n",
+                            "2",
+                            "--timeout",
+                            "60",
+                            "--checkpoint-interval",
+                            "1",
+                            "--checkpoint-dir",
+                            d.join("ckpt").to_str().ok_or("path")?,
+                        ],
+                        "stale",
+                        Some(&d),
+                    ),
+                    Duration::from_secs(60),
+                )?;
+                let (so, se) = (text(&out.stdout), text(&out.stderr));
+                if !out.status.success()
+                    || !so.contains("stale registration refused")
+                    || !se.contains("restart 1 of 3")
+                {
+                    return Err(format!("exit {:?}\n{so}\n{se}", out.status).into());
                 }
                 Ok(())
             },
