@@ -626,3 +626,47 @@ fn replicas_on_agents(kill_agent: bool) {
         files[0]
     );
 }
+
+#[test]
+fn master_worker_takes_in_spawned_workers_at_perc_cons_add() {
+    let Some(mw) = Path::new(env!("CARGO_BIN_EXE_mutirao"))
+        .parent()
+        .map(|d| d.join("examples").join("mw"))
+        .filter(|p| p.is_file())
+    else {
+        println!("skipped: the mw example is not built (cargo build -p mutirao-mw --examples)");
+        return;
+    };
+    let d = scratch("inclusion");
+    let log = d.join("mw.jsonl");
+    for policy in ["hnow", "awf"] {
+        let _ = std::fs::remove_file(&log);
+        let out = Command::new(env!("CARGO_BIN_EXE_mutirao"))
+            .args(["run", "-n", "3", "--timeout", "120"])
+            .arg(&mw)
+            .args(["matmul", "--n", "200", "--policy", policy])
+            .args(["--add", "2", "--add-at", "30", "--log"])
+            .arg(&log)
+            .output()
+            .unwrap();
+        let (so, se) = (
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+        );
+        assert!(out.status.success(), "{policy}: {so}\n{se}");
+        assert!(so.contains("result correct"), "{policy}: {so}");
+        assert!(se.contains("mw: 2 worker(s) added at"), "{policy}: {se}");
+        // The added workers (ids 3 and 4) got work, and the log says when they joined.
+        assert!(
+            so.contains(", 3: ") && so.contains(", 4: "),
+            "{policy}: {so}"
+        );
+        let text = std::fs::read_to_string(&log).unwrap();
+        let joins = text
+            .lines()
+            .filter(|l| l.contains("\"event\":\"join\""))
+            .count();
+        assert_eq!(joins, 2, "{policy}: {text}");
+    }
+    let _ = std::fs::remove_dir_all(&d);
+}

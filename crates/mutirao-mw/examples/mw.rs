@@ -13,14 +13,16 @@
 //! Options: `--policy static|hnow|hnow-improved|join|gss|awf|steal` (default hnow),
 //! `--n N` (problem size), `--tam T` (TAM_BLOCO, default 10), `--config FILE` (the repository's
 //! KEY=VALUE file; `--tam` overrides it), `--log FILE` (append the JSON-lines repository log),
-//! `--table` (print the per-iteration table and the measurement algorithm's proposals).
+//! `--table` (print the per-iteration table and the measurement algorithm's proposals),
+//! `--add N --add-at PCT` (WORKERS_ADD, PERC_CONS_ADD: spawn N more workers once PCT % of the
+//! tasks are done — HNOW's dynamic inclusion; needs a launcher that spawns, `mutirao run`).
 //! Every rank builds A and B from the same seed (B is "broadcast" by construction); the rows of
 //! C travel back as 64-bit integers, so the result is bit-exact.
 
 use mutirao_mw::{driver, measure, Config, PolicyKind};
 use std::io::Write;
 
-const USAGE: &str = "usage: mw (matmul|primes|mandelbrot) [--n N] [--policy P] [--tam T] [--config FILE] [--log FILE] [--table]
+const USAGE: &str = "usage: mw (matmul|primes|mandelbrot) [--n N] [--policy P] [--tam T] [--config FILE] [--log FILE] [--table] [--add N] [--add-at PCT]
   run it under the launcher: mutirao run -n 4 target/release/examples/mw matmul --n 300";
 
 struct Opts {
@@ -69,6 +71,16 @@ fn parse() -> Result<Opts, String> {
                 o.cfg = Config::parse(&text).map_err(|e| format!("{f}: {e}"))?;
             }
             "--log" => o.log = Some(v()?),
+            "--add" => {
+                o.cfg.workers_add = v()?
+                    .parse()
+                    .map_err(|_| "--add: not a number".to_string())?
+            }
+            "--add-at" => {
+                o.cfg.perc_cons_add = v()?
+                    .parse()
+                    .map_err(|_| "--add-at: not a number".to_string())?
+            }
             "--table" => o.table = true,
             "--help" | "-h" => return Err(USAGE.into()),
             other => return Err(format!("unknown option {other:?}\n{USAGE}")),
@@ -184,6 +196,13 @@ fn main() {
 fn run(o: &Opts) -> Result<(), Box<dyn std::error::Error>> {
     let world = mutirao::init()?;
     let (tasks, mut task) = app(o);
+    if world.is_spawned() {
+        // A worker added while the job runs: the master is rank 0 of `world` (the merged
+        // communicator of the spawn).
+        driver::worker(&world, &mut *task)?;
+        world.finalize()?;
+        return Ok(());
+    }
     if world.size() < 2 {
         return Err("a master/worker run needs at least 2 ranks: mutirao run -n 4 …".into());
     }
@@ -206,7 +225,47 @@ fn run(o: &Opts) -> Result<(), Box<dyn std::error::Error>> {
         ];
         let mut primes = 0u64;
         let mut log: Vec<u8> = Vec::new();
-        let rep = driver::master(
+        // Dynamic inclusion (HNOW): WORKERS_ADD more workers of this program once
+        // PERC_CONS_ADD % of the tasks are done; a spawn that fails leaves the job as it is.
+        let mut added: Vec<mutirao::Spawned> = Vec::new();
+        let mut tried = o.cfg.workers_add == 0;
+        let mut grow = |done: u64, total: u64| -> Vec<driver::Joined> {
+            if tried || (done as f64) * 100.0 < o.cfg.perc_cons_add * total as f64 {
+                return Vec::new();
+            }
+            tried = true;
+            let spec =
+                mutirao::SpawnSpec::new(o.cfg.workers_add as usize).args(std::env::args().skip(1));
+            match world.spawn(&spec) {
+                Ok(s) => {
+                    let lat = s.elapsed.as_secs_f64();
+                    let joined = (1..s.comm.size())
+                        .map(|r| driver::Joined {
+                            comm: s.comm.clone(),
+                            rank: r,
+                            host: s
+                                .latency
+                                .get((r - 1).min(s.latency.len().saturating_sub(1)))
+                                .map(|(h, _)| h.clone())
+                                .unwrap_or_default(),
+                            spawn_latency_s: lat,
+                        })
+                        .collect();
+                    eprintln!(
+                        "mw: {} worker(s) added at {done}/{total} tasks in {:.1} ms",
+                        s.comm.size() - 1,
+                        lat * 1e3
+                    );
+                    added.push(s);
+                    joined
+                }
+                Err(e) => {
+                    eprintln!("mw: no workers added ({e}); going on with those there are");
+                    Vec::new()
+                }
+            }
+        };
+        let rep = driver::master_growing(
             &world,
             policy.as_mut(),
             tasks,
@@ -221,7 +280,12 @@ fn run(o: &Opts) -> Result<(), Box<dyn std::error::Error>> {
                 }
             },
             Some(&mut log),
+            Some(&mut grow),
         )?;
+        // The added workers' finalize is a barrier on their spawn communicator.
+        for s in &added {
+            s.comm.barrier()?;
+        }
         // Check against a serial computation on the master: everything for primes, up to 64
         // rows spread over the image or matrix otherwise (a whole serial product of a large
         // matrix would take longer than the parallel run).

@@ -74,8 +74,28 @@ pub struct Report {
     pub lost: Vec<WorkerId>,
 }
 
+/// A worker that joins a running master (dynamic inclusion): where to reach it.
+#[derive(Clone)]
+pub struct Joined {
+    /// The communicator that joins it to the master (the master is rank 0 there), e.g. the
+    /// merged communicator of a spawn.
+    pub comm: Comm,
+    /// Its rank in `comm`.
+    pub rank: usize,
+    /// Its host, for the log.
+    pub host: String,
+    /// From the spawn request to the worker being reachable, s.
+    pub spawn_latency_s: f64,
+}
+
+/// Asked at every iteration (synchronized policies) or result (pull policies) with the tasks
+/// done and the total; returns the workers to add now (HNOW's dynamic inclusion at
+/// `PERC_CONS_ADD`, JoiN's joining workers), usually none.
+pub type Grow<'g> = &'g mut dyn FnMut(u64, u64) -> Vec<Joined>;
+
 struct Master<'a> {
-    world: &'a Comm,
+    /// Worker id → its communicator and rank there.
+    routes: BTreeMap<WorkerId, (Comm, usize)>,
     ledger: Ledger,
     t0: Instant,
     issued: BTreeMap<(WorkerId, u64), (f64, u64, u64)>,
@@ -88,9 +108,38 @@ impl Master<'_> {
         self.t0.elapsed().as_secs_f64()
     }
 
+    fn route(&self, w: WorkerId) -> Result<(Comm, usize), DriverError> {
+        self.routes
+            .get(&w)
+            .cloned()
+            .ok_or_else(|| crate::Error::Invalid(format!("no route to worker {w}")).into())
+    }
+
+    /// Take in workers that joined: new ids, routes, members; logged.
+    fn join(
+        &mut self,
+        joined: Vec<Joined>,
+        members: &mut Vec<WorkerId>,
+    ) -> Result<Vec<WorkerId>, DriverError> {
+        let mut ids = Vec::new();
+        for j in joined {
+            let w = self.routes.keys().next_back().map_or(1, |m| m + 1);
+            self.routes.insert(w, (j.comm, j.rank));
+            members.push(w);
+            ids.push(w);
+            self.write(&Record::Join {
+                worker: w,
+                host: j.host,
+                spawn_latency_s: j.spawn_latency_s,
+            })?;
+        }
+        Ok(ids)
+    }
+
     fn hand(&mut self, w: WorkerId, start: u64, len: u64, id: u64) -> Result<bool, DriverError> {
         let now = self.now();
-        match self.world.send(&[id, start, len], w as usize, TAG_WORK) {
+        let (c, r) = self.route(w)?;
+        match c.send(&[id, start, len], r, TAG_WORK) {
             Ok(()) => {
                 self.issued.insert((w, id), (now, start, len));
                 Ok(true)
@@ -170,7 +219,8 @@ impl Master<'_> {
                 );
             }
             for w in holders {
-                match self.world.iprobe(w as usize, TAG_DONE) {
+                let (c, r) = self.route(w)?;
+                match c.iprobe(r, TAG_DONE) {
                     Ok(Some(_)) => return self.take_result(w).map(Some),
                     Ok(None) => {}
                     Err(MpiError::PeerFailed { reason, .. }) => {
@@ -197,8 +247,9 @@ impl Master<'_> {
         w: WorkerId,
     ) -> Result<(WorkerId, u64, u64, u64, LoadIndex, Vec<u8>), DriverError> {
         let mut hdr = [0u64; 2];
-        self.world.recv(&mut hdr, w as usize, TAG_DONE)?;
-        let (data, _) = self.world.recv_vec::<u8>(w as usize, TAG_DATA)?;
+        let (c, r) = self.route(w)?;
+        c.recv(&mut hdr, r, TAG_DONE)?;
+        let (data, _) = c.recv_vec::<u8>(r, TAG_DATA)?;
         let (sent, start, len) = self.issued.remove(&(w, hdr[0])).ok_or_else(|| {
             crate::Error::Ledger(format!(
                 "worker {w} returned block {} it was not given",
@@ -225,9 +276,25 @@ pub fn master<'a>(
     accept: &mut dyn FnMut(u64, u64, &[u8]),
     log: Option<&'a mut dyn Write>,
 ) -> Result<Report, DriverError> {
+    master_growing(world, policy, total, accept, log, None)
+}
+
+/// [`master`], and take in the workers `grow` returns while the run goes on (dynamic
+/// inclusion: they get work from the next iteration, or at once for pull policies).
+pub fn master_growing<'a>(
+    world: &'a Comm,
+    policy: &mut dyn Policy,
+    total: u64,
+    accept: &mut dyn FnMut(u64, u64, &[u8]),
+    log: Option<&'a mut dyn Write>,
+    mut grow: Option<Grow<'_>>,
+) -> Result<Report, DriverError> {
     let mut members: Vec<WorkerId> = (1..world.size() as WorkerId).collect();
     let mut m = Master {
-        world,
+        routes: members
+            .iter()
+            .map(|&w| (w, (world.clone(), w as usize)))
+            .collect(),
         ledger: Ledger::new(total),
         t0: Instant::now(),
         issued: BTreeMap::new(),
@@ -252,6 +319,10 @@ pub fn master<'a>(
         while !m.ledger.is_finished() {
             if members.is_empty() {
                 return Err(DriverError::NoWorkers(total - m.ledger.done()));
+            }
+            if let Some(g) = grow.as_mut() {
+                let joined = g(m.ledger.done(), total);
+                m.join(joined, &mut members)?;
             }
             m.report.iterations += 1;
             let plan = policy.plan_round(&members, &last, m.ledger.unassigned());
@@ -293,6 +364,12 @@ pub fn master<'a>(
     } else {
         let mut busy: BTreeMap<WorkerId, bool> = members.iter().map(|w| (*w, false)).collect();
         loop {
+            if let Some(g) = grow.as_mut() {
+                let joined = g(m.ledger.done(), total);
+                for w in m.join(joined, &mut members)? {
+                    busy.insert(w, false);
+                }
+            }
             // Feed every idle member.
             for w in members.clone() {
                 if busy.get(&w) == Some(&true) {
@@ -345,10 +422,10 @@ pub fn master<'a>(
     m.ledger.audit()?;
     m.report.tasks = m.ledger.done();
     m.report.elapsed_s = m.now();
-    for w in 1..world.size() as WorkerId {
-        if !m.report.lost.contains(&w) {
+    for (w, (c, r)) in &m.routes {
+        if !m.report.lost.contains(w) {
             // A worker that died after its last result just misses its stop.
-            match world.send(&[0u64; 0], w as usize, TAG_STOP) {
+            match c.send(&[0u64; 0], *r, TAG_STOP) {
                 Ok(()) | Err(MpiError::PeerFailed { .. }) | Err(MpiError::PeerFinalized(_)) => {}
                 Err(e) => return Err(e.into()),
             }
