@@ -576,6 +576,7 @@ fn replicas_on_agents(kill_agent: bool) {
         String::from_utf8_lossy(&out.stderr),
     );
     let files: Vec<Vec<String>> = stores.iter().map(|s| ckpt_files(s)).collect();
+    let ports: Vec<u16> = agents.iter().map(|a| a.port).collect();
     drop(agents);
     for s in &stores {
         let _ = std::fs::remove_dir_all(s);
@@ -620,11 +621,24 @@ fn replicas_on_agents(kill_agent: bool) {
         let holders = files.iter().filter(|fs| fs.contains(f)).count();
         assert_eq!(holders, 2, "{f} is on {holders} agents: {files:?}");
     }
-    assert!(
-        !files[0].iter().any(|f| f.ends_with("/0.ckpt")),
-        "rank 0's replica on its own host: {:?}",
-        files[0]
-    );
+    // No rank's replica is on the agent it ran on in the last incarnation (the launcher says
+    // where: `restart 1: ranks on [0: 127.0.0.1:PORT, …]`).
+    let line = se
+        .lines()
+        .find(|l| l.contains("restart 1: ranks on ["))
+        .unwrap_or_else(|| panic!("no placement reported:\n{se}"));
+    let list = line.split_once('[').unwrap().1.trim_end_matches(']');
+    for item in list.split(", ") {
+        let (rank, agent) = item.split_once(": ").unwrap();
+        let port: u16 = agent.rsplit_once(':').unwrap().1.parse().unwrap();
+        let own = ports.iter().position(|p| *p == port).unwrap();
+        assert!(
+            !files[own]
+                .iter()
+                .any(|f| epoch(f) == oldest && f.ends_with(&format!("/{rank}.ckpt"))),
+            "rank {rank}'s replica on its own agent {agent}: {files:?}\n{se}"
+        );
+    }
 }
 
 #[test]

@@ -194,6 +194,20 @@ pub fn run_with_recovery(
                     format!("; not on {}", names.join(", "))
                 }
             )));
+            if let Some(hosts) = &spec.hosts {
+                let shown: Vec<String> = job
+                    .placement()
+                    .iter()
+                    .take(32)
+                    .enumerate()
+                    .map(|(r, &h)| format!("{r}: {}", crate::store::agent_name(hosts, h)))
+                    .collect();
+                on(Report::Notice(format!(
+                    "restart {incarnation}: ranks on [{}{}]",
+                    shown.join(", "),
+                    if spec.n > 32 { ", …" } else { "" }
+                )));
+            }
             restarts.push(r);
         }
         let ended = supervise(&job, spec.n, &watch, on);

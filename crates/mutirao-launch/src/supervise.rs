@@ -264,7 +264,7 @@ pub fn supervise(job: &Job, n: usize, watch: &Watch, on: &mut dyn FnMut(Report))
             failing = None;
         }
         let settle = failing.as_ref().is_some_and(|(t, v)| {
-            t.elapsed() > Duration::from_millis(150)
+            t.elapsed() > Duration::from_millis(300)
                 || v.iter().any(|(_, _, sig)| sig.is_some())
                 || st.remaining == 0
         });
