@@ -471,6 +471,8 @@ mbit = 30
     let tb = Testbed::up(&spec(links), UpOptions::default()).expect("testbed up");
     let sizes = [1u64, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20];
     let mut worst = Vec::new();
+    // Ports for re-measurements, each used once.
+    let mut retry_port = 6000u16;
     // Across the WAN (30 Mbit/s, the bottleneck), and inside site a (200 Mbit/s).
     for (src, dst, mbit, port) in [("a1", "b1", 30.0, 5101u16), ("a1", "a2", 200.0, 5111)] {
         for (idle, p) in [(150u64, port), (0, port + 1)] {
@@ -480,9 +482,23 @@ mbit = 30
             // scheduler hiccup (0.7 ms for a 0.3 ms link on a loaded CI machine).
             let lat = pingpong_reps(&tb, src, dst, &[1], idle, p + 100, 15);
             let base = lat.first().map_or(r[0].1, |x| x.1);
-            for &(m, t) in &r[1..] {
+            for &(m, t0) in &r[1..] {
                 // The rate shapes whole frames (1514 B carry 1448 B of TCP payload).
                 let want = base + m as f64 * 8.0 / (mbit * 1e6 * 1448.0 / 1514.0);
+                // A loaded machine only ever adds time (a preempted sender or receiver), never
+                // removes it: when a median comes out slow, measure that size again (twice at
+                // most) and keep the fastest median. Too fast is never retried.
+                let mut t = t0;
+                for _ in 0..2 {
+                    if t - want <= 0.05 * want + 1e-4 {
+                        break;
+                    }
+                    retry_port += 1;
+                    let again = pingpong(&tb, src, dst, &[m], idle, retry_port);
+                    if let Some(&(_, t2)) = again.first() {
+                        t = t.min(t2);
+                    }
+                }
                 let err = t / want - 1.0;
                 println!(
                     "{src}->{dst} ({mbit} Mbit/s) idle {idle} ms: {m} B {:.3} ms, latency + size/rate {:.3} ms ({:+.1}%)",
