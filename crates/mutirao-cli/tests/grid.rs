@@ -349,8 +349,10 @@ fn a_submitted_job_runs_through_a_registered_agent_to_finished() {
             "submit",
             "-n",
             "2",
+            // The agent reports what /proc says; idle CPU depends on the rest of the test
+            // suite (a loaded CI machine has none), free memory does not.
             "--require",
-            "cpu>=1",
+            "mem>=1",
             prog.to_str().unwrap(),
             "hi",
         ],
