@@ -8,7 +8,8 @@
 
 use crate::{BlobStore, StoreError};
 use sha2::{Digest, Sha256};
-use std::sync::Arc;
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
 
 const MAGIC: &[u8; 4] = b"MRPL";
 const VERSION: u8 = 1;
@@ -78,7 +79,20 @@ impl ReadReport {
 pub struct Replicated {
     peers: Vec<Peer>,
     k: usize,
+    /// Fewest replicas a write may end with once every eligible peer was tried (≤ k).
+    min_k: usize,
     producer_of: ProducerOf,
+    health: Health,
+}
+
+/// What the peers did lately, so that a dead agent is reported once when it stops answering
+/// (and once when it answers again), not on every operation, and is tried after the others.
+#[derive(Default)]
+struct Health {
+    down: Mutex<BTreeSet<String>>,
+    /// The peers that were down when a write last ended with fewer than k replicas (said once
+    /// per such set).
+    degraded_for: Mutex<Option<BTreeSet<String>>>,
 }
 
 /// FNV-1a: a stable spread of keys over peers (not a security measure).
@@ -113,14 +127,66 @@ impl Replicated {
         Ok(Replicated {
             peers,
             k,
+            min_k: k,
             producer_of: Arc::new(|_| None),
+            health: Health::default(),
         })
+    }
+
+    /// Lets a write succeed with fewer than k replicas, but at least `min` (1 ≤ min ≤ k), when
+    /// every eligible peer has been tried: after hosts are lost a job keeps checkpointing on
+    /// those left instead of running unprotected. Such a write is logged as degraded.
+    pub fn with_min_replicas(mut self, min: usize) -> Replicated {
+        self.min_k = min.clamp(1, self.k);
+        self
     }
 
     /// Tells which host produced each key's blob; its replicas are placed on other hosts.
     pub fn with_producer(mut self, producer_of: ProducerOf) -> Replicated {
         self.producer_of = producer_of;
         self
+    }
+
+    /// A peer failed: the first failure after it last answered is logged.
+    fn peer_failed(&self, host: &str, op: &str, key: &str, e: &StoreError) {
+        let newly = self
+            .health
+            .down
+            .lock()
+            .map(|mut d| d.insert(host.to_string()))
+            .unwrap_or(true);
+        if newly {
+            tracing::warn!(
+                host = %host, op, key, error = %e,
+                "checkpoint peer failed; it is tried after the others and not reported again until it answers"
+            );
+        }
+    }
+
+    /// A peer answered: if it had failed before, that is logged.
+    fn peer_answered(&self, host: &str) {
+        let back = self
+            .health
+            .down
+            .lock()
+            .map(|mut d| d.remove(host))
+            .unwrap_or(false);
+        if back {
+            tracing::warn!(host = %host, "checkpoint peer answers again");
+        }
+    }
+
+    /// `order` with the peers that failed last moved to the end (stable otherwise).
+    fn up_first<'a>(&self, order: Vec<&'a Peer>) -> Vec<&'a Peer> {
+        let Ok(down) = self.health.down.lock() else {
+            return order;
+        };
+        if down.is_empty() {
+            return order;
+        }
+        let (up, dn): (Vec<&Peer>, Vec<&Peer>) =
+            order.into_iter().partition(|(h, _)| !down.contains(h));
+        up.into_iter().chain(dn).collect()
     }
 
     /// The peers eligible for `key` in placement order (the producer's host left out): the first
@@ -152,7 +218,7 @@ impl Replicated {
         bytes: &[u8],
     ) -> Result<Vec<String>, StoreError> {
         crate::check_key(key)?;
-        let order = self.placement(key, producer);
+        let order = self.up_first(self.placement(key, producer));
         let sealed = seal(bytes);
         let mut written = Vec::new();
         let mut failed = Vec::new();
@@ -187,13 +253,40 @@ impl Replicated {
             });
             for (host, r) in results {
                 match r {
-                    Ok(()) => written.push(host.clone()),
+                    Ok(()) => {
+                        self.peer_answered(host);
+                        written.push(host.clone())
+                    }
                     Err(e) => {
-                        tracing::warn!(host = %host, key, error = %e, "replica write failed, trying another host");
+                        self.peer_failed(host, "put", key, &e);
                         failed.push(format!("{host}: {e}"));
                     }
                 }
             }
+        }
+        if written.len() < self.k && written.len() >= self.min_k {
+            let down = self
+                .health
+                .down
+                .lock()
+                .map(|d| d.clone())
+                .unwrap_or_default();
+            let said = self
+                .health
+                .degraded_for
+                .lock()
+                .map(|mut d| d.replace(down.clone()) == Some(down))
+                .unwrap_or(false);
+            if !said {
+                tracing::warn!(
+                    key,
+                    written = written.len(),
+                    wanted = self.k,
+                    failed = %failed.join("; "),
+                    "checkpoints kept with fewer replicas than asked: every eligible host was tried"
+                );
+            }
+            return Ok(written);
         }
         if written.len() < self.k {
             let avoid = producer
@@ -221,13 +314,17 @@ impl Replicated {
     pub fn get_with_report(&self, key: &str) -> Result<(Option<Vec<u8>>, ReadReport), StoreError> {
         crate::check_key(key)?;
         let producer = (self.producer_of)(key);
-        let order = self.placement(key, producer.as_deref());
+        let order = self.up_first(self.placement(key, producer.as_deref()));
         let mut report = ReadReport::default();
         for (i, (host, store)) in order.into_iter().enumerate() {
             match store.get(key) {
-                Ok(Some(replica)) => match open(&replica) {
+                Ok(Some(replica)) => match open(&replica).inspect(|_| self.peer_answered(host)) {
                     Ok(data) => {
                         report.served_by = Some(host.clone());
+                        if !report.missing.is_empty() {
+                            // Only now is a missing replica news: the blob exists.
+                            tracing::info!(key, missing = ?report.missing, served_by = %host, "replicas missing (the blob was read from another)");
+                        }
                         return Ok((Some(data.to_vec()), report));
                     }
                     Err(why) => {
@@ -236,13 +333,13 @@ impl Replicated {
                     }
                 },
                 Ok(None) => {
+                    self.peer_answered(host);
                     if i < self.k {
-                        tracing::warn!(host = %host, key, "replica missing");
                         report.missing.push(host.clone());
                     }
                 }
                 Err(e) => {
-                    tracing::warn!(host = %host, key, error = %e, "replica unreachable");
+                    self.peer_failed(host, "get", key, &e);
                     report.unreachable.push((host.clone(), e.to_string()));
                 }
             }
@@ -281,13 +378,30 @@ impl BlobStore for Replicated {
     }
 
     /// Deletes the key on every peer; fails naming the peers that could not delete it (after
-    /// trying all of them).
+    /// trying all of them). A peer already known to be down is not asked (its failure was
+    /// reported when it stopped answering; what it holds stays there).
     fn delete(&self, key: &str) -> Result<(), StoreError> {
         crate::check_key(key)?;
+        let down = self
+            .health
+            .down
+            .lock()
+            .map(|d| d.clone())
+            .unwrap_or_default();
         let failed: Vec<String> = self
             .peers
             .iter()
-            .filter_map(|(h, s)| s.delete(key).err().map(|e| format!("{h}: {e}")))
+            .filter(|(h, _)| !down.contains(h))
+            .filter_map(|(h, s)| match s.delete(key) {
+                Ok(()) => {
+                    self.peer_answered(h);
+                    None
+                }
+                Err(e) => {
+                    self.peer_failed(h, "delete", key, &e);
+                    Some(format!("{h}: {e}"))
+                }
+            })
             .collect();
         if failed.is_empty() {
             Ok(())
@@ -307,9 +421,12 @@ impl BlobStore for Replicated {
         let mut failed = Vec::new();
         for (h, s) in &self.peers {
             match s.list(prefix) {
-                Ok(keys) => all.extend(keys),
+                Ok(keys) => {
+                    self.peer_answered(h);
+                    all.extend(keys)
+                }
                 Err(e) => {
-                    tracing::warn!(host = %h, error = %e, "peer could not list its replicas");
+                    self.peer_failed(h, "list", prefix, &e);
                     failed.push(format!("{h}: {e}"));
                 }
             }
@@ -413,6 +530,63 @@ mod tests {
         let (_d2, p2) = dirs(1);
         let dup = vec![p2[0].clone(), p2[0].clone()];
         assert!(Replicated::new(dup, 1).is_err());
+    }
+
+    #[test]
+    fn with_a_floor_a_write_ends_degraded_once_every_eligible_host_was_tried() {
+        let (_d, mut peers) = dirs(2);
+        peers.push(("h-down".into(), Arc::new(Down)));
+        let r = Replicated::new(peers.clone(), 2)
+            .unwrap()
+            .with_min_replicas(1);
+        // Producer h0: h1 takes it, h-down fails, nobody else is eligible → 1 replica, accepted.
+        let hosts = r.put_from(Some("h0"), "k", b"x").unwrap();
+        assert_eq!(hosts, vec!["h1".to_string()]);
+        assert_eq!(r.get("k").unwrap().as_deref(), Some(&b"x"[..]));
+        // Nobody eligible is up (producer h1, h0 excluded too by being down): still an error.
+        let only_down: Vec<Peer> = vec![peers[0].clone(), ("h-down".into(), Arc::new(Down))];
+        let r = Replicated::new(only_down, 2).unwrap().with_min_replicas(1);
+        let e = r.put_from(Some("h0"), "k2", b"x").unwrap_err().to_string();
+        assert!(e.contains("only 0 of 2"), "{e}");
+        // The floor never exceeds k nor drops below 1.
+        let (_d3, p3) = dirs(3);
+        let r = Replicated::new(p3, 2).unwrap().with_min_replicas(0);
+        assert_eq!(r.put_from(Some("h0"), "k3", b"x").unwrap().len(), 2);
+    }
+
+    /// A down peer that counts how often it is asked.
+    use std::sync::atomic::Ordering;
+    struct CountingDown(std::sync::atomic::AtomicUsize);
+    impl BlobStore for CountingDown {
+        fn put(&self, k: &str, _: &[u8]) -> Result<(), StoreError> {
+            self.0.fetch_add(1, Ordering::Relaxed);
+            Err(down(k))
+        }
+        fn get(&self, k: &str) -> Result<Option<Vec<u8>>, StoreError> {
+            self.0.fetch_add(1, Ordering::Relaxed);
+            Err(down(k))
+        }
+        fn delete(&self, k: &str) -> Result<(), StoreError> {
+            Err(down(k))
+        }
+        fn list(&self, k: &str) -> Result<Vec<String>, StoreError> {
+            Err(down(k))
+        }
+    }
+
+    #[test]
+    fn a_peer_that_failed_is_tried_after_the_others() {
+        let (_d, mut peers) = dirs(2);
+        let dead = Arc::new(CountingDown(Default::default()));
+        peers.insert(0, ("h-down".into(), dead.clone() as Arc<dyn BlobStore>));
+        let r = Replicated::new(peers, 1).unwrap();
+        for i in 0..30 {
+            let key = format!("jobs/j/1/{i}.ckpt");
+            assert_eq!(r.put_from(None, &key, b"x").unwrap().len(), 1);
+            assert_eq!(r.get(&key).unwrap().as_deref(), Some(&b"x"[..]));
+        }
+        // Asked at most once: after its first failure it comes after two good peers.
+        assert!(dead.0.load(Ordering::Relaxed) <= 1, "{:?}", dead.0);
     }
 
     /// A peer whose put only succeeds if the other peer's put runs at the same time.
@@ -526,12 +700,15 @@ mod tests {
         }
         assert!(r.list("").unwrap().is_empty());
         peers.push(("h-down".into(), Arc::new(Down)));
+        let r = Replicated::new(peers.clone(), 1).unwrap();
+        assert!(r.delete("p/0").unwrap_err().to_string().contains("h-down"));
+        // Known down now: later deletes do not ask it again (its failure was reported once).
+        assert!(r.delete("p/1").is_ok());
         let r = Replicated::new(peers, 1).unwrap();
         assert!(
             r.list("").unwrap().is_empty(),
             "one peer down: still listed"
         );
-        assert!(r.delete("p/0").unwrap_err().to_string().contains("h-down"));
     }
 
     #[test]

@@ -320,7 +320,9 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         eprintln!(
             "mutirao run: checkpoints of job {job_name} go to {}",
             match &kind {
-                StoreKind::Agents { k } => format!("{k} agent(s) other than each rank's host"),
+                StoreKind::Agents { k } => format!(
+                    "{k} agent(s) other than each rank's host (as many as are left, at least 1, once hosts are lost)"
+                ),
                 StoreKind::S3 { bucket, prefix } => format!("s3://{bucket}/{prefix}"),
                 StoreKind::Dir => unreachable!("handled above"),
             }

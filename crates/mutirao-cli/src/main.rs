@@ -22,7 +22,8 @@ use mutirao_launch::{fsutil, hostfile};
 /// mutirão: run parallel message-passing programs on unequal, non-dedicated machines —
 /// measure them, predict run times, place work, run it, and survive hosts that leave.
 #[derive(Parser)]
-#[command(name = "mutirao", version, about, long_about = None, propagate_version = true)]
+#[command(name = "mutirao", version, about, long_about = None, propagate_version = true,
+    after_help = "Environment: MUTIRAO_LOG=warn (default) | info | debug | off, or per target (e.g. mutirao_ckpt=debug): what the libraries log to stderr.")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -70,6 +71,23 @@ enum Command {
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
+    // Warnings from the libraries (a checkpoint replica missing, corrupt or written degraded, …)
+    // go to stderr; MUTIRAO_LOG=info|debug|<target>=<level> shows more, MUTIRAO_LOG=off none.
+    let filter = match tracing_subscriber::EnvFilter::try_from_env("MUTIRAO_LOG") {
+        Ok(f) => f,
+        Err(e) => {
+            if std::env::var_os("MUTIRAO_LOG").is_some() {
+                eprintln!("mutirao: MUTIRAO_LOG not understood ({e}); logging warnings only");
+            }
+            tracing_subscriber::EnvFilter::new("warn")
+        }
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .without_time()
+        .init();
     let result = match cli.command {
         Command::Model(c) => cmd_model::run(c),
         Command::Run(a) => cmd_run::run(a),

@@ -148,7 +148,12 @@ pub fn on_agents(
             peers.len().saturating_sub(1).max(1)
         );
     }
-    let rep = Replicated::new(peers, k).map_err(|e| anyhow::anyhow!("{e}"))?;
+    // After hosts are lost (recovery leaves them out) fewer than k others may be left: the job
+    // goes on checkpointing with as many replicas as there are (at least one, off the
+    // producer's host) rather than with none.
+    let rep = Replicated::new(peers, k)
+        .map_err(|e| anyhow::anyhow!("{e}"))?
+        .with_min_replicas(1);
     Ok(rep.with_producer(Arc::new(move |key: &str| {
         let (_, _, rank) = parse_rank_key(key)?;
         rank_hosts.read().ok()?.get(rank as usize).cloned()
