@@ -61,7 +61,7 @@ pub mod wire;
 
 pub use comm::{wait_all, wait_any, Comm, Completion, Recovery, Request};
 pub use init::{init, init_with, JobEnv, SpawnEnv};
-pub use spawn::{SpawnSpec, Spawned};
+pub use spawn::{PendingSpawn, SpawnSpec, Spawned};
 
 /// Receive from any source.
 pub const ANY_SOURCE: usize = usize::MAX;

@@ -282,10 +282,7 @@ impl Comm {
                     .into(),
             )
         })?;
-        let mut pmi = e
-            ._pmi
-            .take()
-            .ok_or_else(|| Error::Spawn("this rank has no connection to the launcher".into()))?;
+        let mut pmi = e._pmi.take().ok_or_else(no_launcher_connection)?;
         let res = if e.ckpt.is_some() {
             // Checkpoint waves need the launcher connection the spawn is using: do not
             // progress meanwhile (a wave waits for this rank at most the spawn's duration).
@@ -312,10 +309,187 @@ impl Comm {
         })
     }
 
+    /// Start a spawn and return at once (issue 13: the running ranks do not pause, not even
+    /// the parent): the launcher talk and the children's connections run on a helper thread
+    /// while this rank goes on with its work; [`PendingSpawn::test`] or
+    /// [`PendingSpawn::wait`] completes it. Errors are those of [`Comm::spawn`], reported by
+    /// `test`/`wait`. While it is pending this rank cannot spawn again.
+    ///
+    /// With checkpoints on, the spawn needs the launcher connection the waves use: it runs to
+    /// completion here (as [`Comm::spawn`] does) and `test` returns its result at once.
+    ///
+    /// ```no_run
+    /// # let world = mutirao::init()?;
+    /// let mut pending = world.spawn_nonblocking(&mutirao::SpawnSpec::new(2))?;
+    /// let spawned = loop {
+    ///     if let Some(s) = pending.test()? {
+    ///         break s;
+    ///     }
+    ///     // … hand out work, receive results …
+    /// };
+    /// spawned.comm.barrier()?; // the children's finalize
+    /// # Ok::<(), mutirao::Error>(())
+    /// ```
+    pub fn spawn_nonblocking(&self, spec: &SpawnSpec) -> Result<PendingSpawn, Error> {
+        spec.check()?;
+        let t0 = Instant::now();
+        let mut e = self.inner.eng.borrow_mut();
+        let launch = e.launch.clone().ok_or_else(|| {
+            Error::Spawn(
+                "this process was not started by a launcher (`mutirao run` or a LocalJob): \
+                 there is nobody to start ranks"
+                    .into(),
+            )
+        })?;
+        let mut pmi = e._pmi.take().ok_or_else(no_launcher_connection)?;
+        if e.ckpt.is_some() {
+            let res = run_spawn(&mut pmi, &launch, e.rank, spec, t0);
+            drop(e);
+            return Ok(PendingSpawn {
+                comm: self.clone(),
+                t0,
+                state: Some(Pending::Done(pmi, res)),
+            });
+        }
+        drop(e);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (me, spec2) = (self.inner.eng.borrow().rank, spec.clone());
+        let helper = std::thread::Builder::new()
+            .name("mutirao-spawn".into())
+            .spawn(move || {
+                let res = run_spawn(&mut pmi, &launch, me, &spec2, t0);
+                let _ = tx.send(());
+                (pmi, res)
+            });
+        match helper {
+            Ok(helper) => Ok(PendingSpawn {
+                comm: self.clone(),
+                t0,
+                state: Some(Pending::Running { rx, helper }),
+            }),
+            Err(err) => Err(Error::Spawn(format!(
+                "cannot start the spawn's helper thread: {err}; the launcher connection is lost \
+                 for spawns of this rank"
+            ))),
+        }
+    }
+
     /// Whether this process was started by a spawn (then [`crate::init`] returned the merged
     /// communicator of its spawn group, where the parent is rank 0).
     pub fn is_spawned(&self) -> bool {
         self.inner.eng.borrow().spawned_in.is_some()
+    }
+}
+
+fn no_launcher_connection() -> Error {
+    Error::Spawn(
+        "this rank has no connection to the launcher (a nonblocking spawn of this rank may still \
+         be pending: complete it with PendingSpawn::test or wait first)"
+            .into(),
+    )
+}
+
+type HelperResult = (PmiClient, Result<Joined, Error>);
+
+enum Pending {
+    Running {
+        rx: std::sync::mpsc::Receiver<()>,
+        helper: std::thread::JoinHandle<HelperResult>,
+    },
+    Done(PmiClient, Result<Joined, Error>),
+}
+
+/// A spawn in progress ([`Comm::spawn_nonblocking`]). Dropped unfinished, it is completed
+/// first (the children join this rank's engine and end with it).
+pub struct PendingSpawn {
+    comm: Comm,
+    t0: Instant,
+    state: Option<Pending>,
+}
+
+impl std::fmt::Debug for PendingSpawn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PendingSpawn")
+            .field("since", &self.t0.elapsed())
+            .field(
+                "finished",
+                &!matches!(self.state, Some(Pending::Running { .. })),
+            )
+            .finish()
+    }
+}
+
+impl PendingSpawn {
+    /// `Ok(None)` while the children are still starting; then the spawn's result, once.
+    /// Called again after that: an `Invalid` error.
+    pub fn test(&mut self) -> Result<Option<Spawned>, Error> {
+        match &self.state {
+            None => Err(Error::Invalid(
+                "this spawn was already completed (test or wait returned its result)".into(),
+            )),
+            Some(Pending::Running { rx, .. }) => match rx.try_recv() {
+                Err(std::sync::mpsc::TryRecvError::Empty) => Ok(None),
+                _ => self.finish().map(Some),
+            },
+            Some(Pending::Done(..)) => self.finish().map(Some),
+        }
+    }
+
+    /// Block until the spawn completes; its result.
+    pub fn wait(mut self) -> Result<Spawned, Error> {
+        self.finish()
+    }
+
+    /// How long since the request.
+    pub fn elapsed(&self) -> Duration {
+        self.t0.elapsed()
+    }
+
+    fn finish(&mut self) -> Result<Spawned, Error> {
+        let (pmi, res) = match self.state.take() {
+            None => {
+                return Err(Error::Invalid(
+                    "this spawn was already completed (test or wait returned its result)".into(),
+                ))
+            }
+            Some(Pending::Done(pmi, res)) => (pmi, res),
+            Some(Pending::Running { helper, .. }) => match helper.join() {
+                Ok(r) => r,
+                Err(_) => {
+                    return Err(Error::Spawn(
+                        "the spawn's helper thread panicked; this rank lost its launcher \
+                         connection"
+                            .into(),
+                    ))
+                }
+            },
+        };
+        let mut e = self.comm.inner.eng.borrow_mut();
+        e._pmi = Some(pmi);
+        let (group, members, chans, latency) = res?;
+        add(&mut e, chans)?;
+        let ctx = spawn_ctx(group);
+        e.scope(ctx, members.clone());
+        drop(e);
+        let ranks = members[1..].to_vec();
+        let comm = self.comm.with_group(ctx, members);
+        Ok(Spawned {
+            comm,
+            ranks,
+            latency,
+            elapsed: self.t0.elapsed(),
+            group,
+        })
+    }
+}
+
+impl Drop for PendingSpawn {
+    fn drop(&mut self) {
+        if self.state.is_some() {
+            // Give the launcher connection back and take the children in, so that they are
+            // not left waiting; errors here have nobody to go to.
+            let _ = self.finish();
+        }
     }
 }
 

@@ -378,6 +378,99 @@ fn nested(w: &Comm) -> R {
     echo_child(w)
 }
 
+/// A nonblocking spawn: rank 0 asks for a child that waits 400 ms before it starts up and
+/// keeps ping-ponging with rank 1 until `PendingSpawn::test` says the child is there; then it
+/// talks to the child. The ping-pong must go on during the spawn (rank 0 does not pause).
+fn nonblocking(w: &Comm) -> R {
+    if w.is_spawned() {
+        let mut b = [0u64];
+        w.recv(&mut b, 0, 1).map_err(e)?;
+        w.send(&[b[0] + 1], 0, 2).map_err(e)?;
+        return Ok(());
+    }
+    check!(w.size() == 2, "run with 2 ranks");
+    if w.rank() == 1 {
+        loop {
+            let mut b = [0u64];
+            let st = w.recv(&mut b, 0, mutirao::ANY_TAG).map_err(e)?;
+            if st.tag == DONE {
+                check!(
+                    b[0] >= 3,
+                    "only {} ping-pongs while the spawn was pending",
+                    b[0]
+                );
+                return Ok(());
+            }
+            w.send(&b, 0, PING).map_err(e)?;
+        }
+    }
+    let spec = SpawnSpec::new(1)
+        .args(["--delay-ms", "400"])
+        .timeout(Duration::from_secs(30));
+    let mut pending = w.spawn_nonblocking(&spec).map_err(e)?;
+    let mut rounds = 0u64;
+    let s = loop {
+        if let Some(s) = pending.test().map_err(e)? {
+            break s;
+        }
+        w.send(&[rounds], 1, PING).map_err(e)?;
+        let mut b = [0u64];
+        w.recv(&mut b, 1, PING).map_err(e)?;
+        check!(b[0] == rounds, "rank 1 echoed {b:?} for round {rounds}");
+        rounds += 1;
+    };
+    check!(
+        s.elapsed >= Duration::from_millis(350),
+        "the spawn completed in {:?}, before its child could have started",
+        s.elapsed
+    );
+    match pending.test() {
+        Err(Error::Invalid(_)) => {}
+        other => return Err(format!("a second test gave {other:?}, not Invalid")),
+    }
+    w.send(&[rounds], 1, DONE).map_err(e)?;
+    s.comm.send(&[41u64], 1, 1).map_err(e)?;
+    let mut b = [0u64];
+    s.comm.recv(&mut b, 1, 2).map_err(e)?;
+    check!(b[0] == 42, "the child answered {b:?}");
+    s.comm.barrier().map_err(e)?; // the child's finalize
+    Ok(())
+}
+
+/// A nonblocking spawn of a missing program: `test` reports the launcher's error, the job's
+/// communicator still works, and a spawn after it succeeds (the launcher connection is back).
+fn nonblocking_missing(w: &Comm) -> R {
+    if w.is_spawned() {
+        return Ok(());
+    }
+    let mut p = w
+        .spawn_nonblocking(&SpawnSpec::new(1).program("/nonexistent/mutirao-nb"))
+        .map_err(e)?;
+    let t0 = Instant::now();
+    let err = loop {
+        match p.test() {
+            Ok(None) if t0.elapsed() < Duration::from_secs(10) => {
+                std::thread::sleep(Duration::from_millis(1))
+            }
+            Ok(None) => return Err("the failed spawn never completed".into()),
+            Ok(Some(_)) => return Err("a missing program was spawned".into()),
+            Err(err) => break err.to_string(),
+        }
+    };
+    check!(
+        err.contains("cannot start /nonexistent/mutirao-nb"),
+        "{err}"
+    );
+    w.barrier().map_err(e)?;
+    let s = w
+        .spawn_nonblocking(&SpawnSpec::new(1))
+        .map_err(e)?
+        .wait()
+        .map_err(e)?;
+    s.comm.barrier().map_err(e)?;
+    Ok(())
+}
+
 fn run_scenario(name: &str) -> ! {
     let args: Vec<String> = std::env::args().collect();
     if let Some(i) = args.iter().position(|a| a == "--delay-ms") {
@@ -400,6 +493,8 @@ fn run_scenario(name: &str) -> ! {
         "concurrent" => concurrent(&w),
         "ckpt" => with_checkpoints(&w),
         "nested" => nested(&w),
+        "nonblocking" => nonblocking(&w),
+        "nbmissing" => nonblocking_missing(&w),
         "missing" => failing(
             &w,
             SpawnSpec::new(2).program("/nonexistent/mutirao-spawn-test"),
@@ -522,6 +617,22 @@ fn main() {
             },
         ));
     }
+    for transport in ["auto", "tcp"] {
+        trials.push(Trial::test(
+            format!("a_nonblocking_spawn_lets_the_parent_work_until_its_child_arrives_{transport}"),
+            move || {
+                let o = launch("nonblocking", 2, transport, true)?;
+                all_ok(&o, 1, Some(0))
+            },
+        ));
+    }
+    trials.push(Trial::test(
+        "a_failed_nonblocking_spawn_reports_its_error_and_the_next_spawn_works",
+        || {
+            let o = launch("nbmissing", 2, "auto", true)?;
+            all_ok(&o, 2, Some(0))
+        },
+    ));
     trials.push(Trial::test(
         "two_ranks_spawn_at_once_and_one_twice_with_distinct_world_ranks",
         || {
