@@ -658,7 +658,7 @@ fn master_worker_takes_in_spawned_workers_at_perc_cons_add() {
         let out = Command::new(env!("CARGO_BIN_EXE_mutirao"))
             .args(["run", "-n", "3", "--timeout", "120"])
             .arg(&mw)
-            .args(["matmul", "--n", "200", "--policy", policy])
+            .args(["matmul", "--n", "300", "--policy", policy])
             .args(["--add", "2", "--add-at", "30", "--log"])
             .arg(&log)
             .output()
@@ -682,5 +682,60 @@ fn master_worker_takes_in_spawned_workers_at_perc_cons_add() {
             .count();
         assert_eq!(joins, 2, "{policy}: {text}");
     }
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+/// `mw --choose` (issue 13 item 5) adds the candidate that shortens the predicted makespan and
+/// nobody when none does, from the spawn costs in its history file: "nohost" (never reachable)
+/// is dear there, 127.0.0.1 cheap → it spawns on 127.0.0.1 and updates the history; with
+/// 127.0.0.1 dear too it adds nobody.
+#[test]
+fn master_worker_chooses_whom_to_add_by_predicted_makespan() {
+    let Some(mw) = Path::new(env!("CARGO_BIN_EXE_mutirao"))
+        .parent()
+        .map(|d| d.join("examples").join("mw"))
+        .filter(|p| p.is_file())
+    else {
+        println!("skipped: the mw example is not built (cargo build -p mutirao-mw --examples)");
+        return;
+    };
+    let d = scratch("choose");
+    let hist = d.join("spawn.json");
+    let run = |history: &str| {
+        std::fs::write(&hist, history).unwrap();
+        let out = Command::new(env!("CARGO_BIN_EXE_mutirao"))
+            .args(["run", "-n", "3", "--timeout", "120"])
+            .arg(&mw)
+            .args([
+                "matmul", "--n", "300", "--add", "1", "--add-at", "20", "--choose",
+            ])
+            .args(["--add-hosts", "nohost,127.0.0.1"])
+            .args(["--speeds", "nohost=1,127.0.0.1=1,localhost=1"])
+            .arg("--spawn-history")
+            .arg(&hist)
+            .output()
+            .unwrap();
+        let (so, se) = (
+            String::from_utf8_lossy(&out.stdout).to_string(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        );
+        assert!(out.status.success(), "{so}\n{se}");
+        assert!(so.contains("result correct"), "{so}");
+        (so, se)
+    };
+    let (so, se) = run(r#"{"nohost": 1000.0, "127.0.0.1": 0.001}"#);
+    assert!(se.contains("adding [127.0.0.1]"), "{se}");
+    assert!(se.contains("mw: 1 worker(s) added at"), "{se}");
+    assert!(so.contains(", 3: "), "the added worker got no work: {so}");
+    let h: std::collections::BTreeMap<String, f64> =
+        serde_json::from_str(&std::fs::read_to_string(&hist).unwrap()).unwrap();
+    assert!(
+        h["127.0.0.1"] > 0.001 && h["nohost"] == 1000.0,
+        "the measured spawn cost was not recorded: {h:?}"
+    );
+    let (so, se) = run(r#"{"nohost": 1000.0, "127.0.0.1": 1000.0}"#);
+    assert!(se.contains("adding []"), "{se}");
+    assert!(!se.contains("worker(s) added"), "{se}");
+    assert!(!so.contains(", 3: "), "{so}");
     let _ = std::fs::remove_dir_all(&d);
 }

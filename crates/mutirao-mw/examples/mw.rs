@@ -15,14 +15,29 @@
 //! KEY=VALUE file; `--tam` overrides it), `--log FILE` (append the JSON-lines repository log),
 //! `--table` (print the per-iteration table and the measurement algorithm's proposals),
 //! `--add N --add-at PCT` (WORKERS_ADD, PERC_CONS_ADD: spawn N more workers once PCT % of the
-//! tasks are done — HNOW's dynamic inclusion; needs a launcher that spawns, `mutirao run`).
+//! tasks are done — HNOW's dynamic inclusion; needs a launcher that spawns, `mutirao run`; the
+//! spawn does not pause the master: it goes on handing out work until the workers are there),
+//! `--add-hosts H1,H2,…` (where to spawn them: hostfile hosts, cycled), `--choose` (spawn only
+//! on the candidates of `--add-hosts` that shorten the predicted makespan — issue 13 item 5:
+//! each candidate's rate is its relative speed times the members' measured rate per unit of
+//! speed, its spawn cost the one measured last time, `mutirao_mw::choose::choose_k` decides;
+//! up to `--add` hosts, possibly none), `--speeds H=S,…` and/or `--model FILE`
+//! (`mutirao-model/1`: host speeds by name or address, for every member and candidate host),
+//! `--spawn-history FILE` (JSON host → seconds: read for the candidates' spawn costs, updated
+//! with every spawn's measured per-host latency; unknown hosts are assumed to cost the median
+//! of those known, or 0.5 s), `--spawn-via PROG` (spawn PROG with the same arguments instead
+//! of this program, e.g. a wrapper that adds a per-host start-up delay).
 //! Every rank builds A and B from the same seed (B is "broadcast" by construction); the rows of
 //! C travel back as 64-bit integers, so the result is bit-exact.
 
+use mutirao_mw::choose::{choose, choose_k, Candidate};
 use mutirao_mw::{driver, measure, Config, PolicyKind};
+
+/// A worker's host address, to the master (`--choose`).
+const TAG_HOST: i32 = 0x4d57_0100;
 use std::io::Write;
 
-const USAGE: &str = "usage: mw (matmul|primes|mandelbrot) [--n N] [--policy P] [--tam T] [--config FILE] [--log FILE] [--table] [--add N] [--add-at PCT]
+const USAGE: &str = "usage: mw (matmul|primes|mandelbrot) [--n N] [--policy P] [--tam T] [--config FILE] [--log FILE] [--table] [--add N] [--add-at PCT] [--add-hosts H,..] [--choose] [--speeds H=S,..] [--model FILE] [--spawn-history FILE] [--spawn-via PROG]
   run it under the launcher: mutirao run -n 4 target/release/examples/mw matmul --n 300";
 
 struct Opts {
@@ -32,6 +47,11 @@ struct Opts {
     cfg: Config,
     log: Option<String>,
     table: bool,
+    add_hosts: Vec<String>,
+    choose: bool,
+    speeds: std::collections::BTreeMap<String, f64>,
+    history: Option<String>,
+    spawn_via: Option<String>,
 }
 
 fn parse() -> Result<Opts, String> {
@@ -52,6 +72,11 @@ fn parse() -> Result<Opts, String> {
         cfg: Config::default(),
         log: None,
         table: false,
+        add_hosts: Vec::new(),
+        choose: false,
+        speeds: Default::default(),
+        history: None,
+        spawn_via: None,
     };
     let mut tam = None;
     while let Some(k) = a.next() {
@@ -82,6 +107,42 @@ fn parse() -> Result<Opts, String> {
                     .map_err(|_| "--add-at: not a number".to_string())?
             }
             "--table" => o.table = true,
+            "--add-hosts" => {
+                o.add_hosts = v()?
+                    .split(',')
+                    .filter(|h| !h.is_empty())
+                    .map(str::to_string)
+                    .collect()
+            }
+            "--choose" => o.choose = true,
+            "--speeds" => {
+                for kv in v()?.split(',').filter(|x| !x.is_empty()) {
+                    let (h, sp) = kv
+                        .split_once('=')
+                        .ok_or(format!("--speeds: {kv:?} is not HOST=SPEED"))?;
+                    let sp: f64 = sp
+                        .parse()
+                        .ok()
+                        .filter(|x: &f64| x.is_finite() && *x > 0.0)
+                        .ok_or(format!("--speeds: {sp:?} is not a speed above 0"))?;
+                    o.speeds.insert(h.to_string(), sp);
+                }
+            }
+            "--model" => {
+                let f = v()?;
+                let text = std::fs::read_to_string(&f).map_err(|e| format!("{f}: {e}"))?;
+                let m = mutirao_model::Model::from_json(&text).map_err(|e| format!("{f}: {e}"))?;
+                for h in &m.hosts {
+                    o.speeds.entry(h.name.clone()).or_insert(h.speed);
+                    if let Some(a) = &h.addr {
+                        // "ip:port" or "ip": the address part names the host in hostfiles.
+                        let ip = a.rsplit_once(':').map_or(a.as_str(), |(ip, _)| ip);
+                        o.speeds.entry(ip.to_string()).or_insert(h.speed);
+                    }
+                }
+            }
+            "--spawn-history" => o.history = Some(v()?),
+            "--spawn-via" => o.spawn_via = Some(v()?),
             "--help" | "-h" => return Err(USAGE.into()),
             other => return Err(format!("unknown option {other:?}\n{USAGE}")),
         }
@@ -90,7 +151,72 @@ fn parse() -> Result<Opts, String> {
         o.cfg.tam_bloco = t;
     }
     o.cfg.validate().map_err(|e| e.to_string())?;
+    if o.choose {
+        if o.add_hosts.is_empty() {
+            return Err("--choose needs the candidates: --add-hosts H1,H2,…".into());
+        }
+        if o.cfg.workers_add == 0 {
+            return Err("--choose needs --add N (at most N hosts are added)".into());
+        }
+        if let Some(h) = o.add_hosts.iter().find(|h| !o.speeds.contains_key(*h)) {
+            return Err(format!(
+                "--choose: no speed for candidate {h}: give --speeds {h}=S or a --model naming it"
+            ));
+        }
+    }
     Ok(o)
+}
+
+/// Host → last measured spawn latency, s (`--spawn-history`).
+type History = std::collections::BTreeMap<String, f64>;
+
+fn read_history(path: &str) -> Result<History, String> {
+    match std::fs::read_to_string(path) {
+        Ok(t) => serde_json::from_str(&t).map_err(|e| {
+            format!("{path}: not a spawn history (a JSON object host → seconds): {e}")
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(History::new()),
+        Err(e) => Err(format!("{path}: {e}")),
+    }
+}
+
+/// Write the history atomically (temporary file, fsync, rename).
+fn write_history(path: &str, h: &History) -> Result<(), String> {
+    let tmp = format!("{path}.tmp{}", std::process::id());
+    let text = serde_json::to_string_pretty(h).map_err(|e| e.to_string())?;
+    let mut f = std::fs::File::create(&tmp).map_err(|e| format!("{tmp}: {e}"))?;
+    f.write_all(text.as_bytes())
+        .and_then(|_| f.sync_all())
+        .map_err(|e| format!("{tmp}: {e}"))?;
+    std::fs::rename(&tmp, path).map_err(|e| format!("{path}: {e}"))
+}
+
+/// Record a spawn's per-host latency under the names the launcher reported and, when the spawn
+/// named its hosts (one per host placed, in order), under those names too.
+fn remember(h: &mut History, s: &mutirao::Spawned, asked: &[String]) {
+    let mut distinct: Vec<&String> = Vec::new();
+    for a in asked {
+        if !distinct.contains(&a) {
+            distinct.push(a);
+        }
+    }
+    for (i, (host, d)) in s.latency.iter().enumerate() {
+        h.insert(host.clone(), d.as_secs_f64());
+        if distinct.len() == s.latency.len() {
+            h.insert(distinct[i].clone(), d.as_secs_f64());
+        }
+    }
+}
+
+/// The spawn cost assumed for a host never spawned on: the median of those known, or 0.5 s.
+fn assumed_cost(h: &History) -> f64 {
+    let mut v: Vec<f64> = h.values().copied().collect();
+    v.sort_by(f64::total_cmp);
+    if v.is_empty() {
+        0.5
+    } else {
+        v[v.len() / 2]
+    }
 }
 
 fn lcg(seed: u64, i: u64) -> i64 {
@@ -226,44 +352,138 @@ fn run(o: &Opts) -> Result<(), Box<dyn std::error::Error>> {
         let mut primes = 0u64;
         let mut log: Vec<u8> = Vec::new();
         // Dynamic inclusion (HNOW): WORKERS_ADD more workers of this program once
-        // PERC_CONS_ADD % of the tasks are done; a spawn that fails leaves the job as it is.
+        // PERC_CONS_ADD % of the tasks are done, spawned without pausing the master; a spawn
+        // that fails leaves the job as it is.
         let mut added: Vec<mutirao::Spawned> = Vec::new();
         let mut tried = o.cfg.workers_add == 0;
+        // The spawn under way and the hosts it was asked for.
+        let mut pending: Option<(mutirao::PendingSpawn, Vec<String>)> = None;
+        let mut t_first: Option<std::time::Instant> = None;
+        let mut history = match &o.history {
+            Some(p) => read_history(p)?,
+            None => History::new(),
+        };
+        // The members' hosts (every original worker told the master its address), for their
+        // speeds: the rate per unit of speed is what a candidate's speed multiplies.
+        let member_speed: f64 = if o.choose {
+            let mut sum = 0.0;
+            for r in 1..world.size() {
+                let (host, _): (String, _) = world.recv_obj(r, TAG_HOST)?;
+                sum += o.speeds.get(&host).copied().ok_or_else(|| {
+                    format!("--choose: no speed for worker {r}'s host {host}: give --speeds {host}=S or a --model naming it")
+                })?;
+            }
+            sum
+        } else {
+            0.0
+        };
+        let joined_of = |s: &mutirao::Spawned| -> Vec<driver::Joined> {
+            let lat = s.elapsed.as_secs_f64();
+            (1..s.comm.size())
+                .map(|r| driver::Joined {
+                    comm: s.comm.clone(),
+                    rank: r,
+                    host: s
+                        .latency
+                        .get((r - 1).min(s.latency.len().saturating_sub(1)))
+                        .map(|(h, _)| h.clone())
+                        .unwrap_or_default(),
+                    spawn_latency_s: lat,
+                })
+                .collect()
+        };
         let mut grow = |done: u64, total: u64| -> Vec<driver::Joined> {
+            let t0 = *t_first.get_or_insert_with(std::time::Instant::now);
+            if let Some((p, asked)) = pending.as_mut() {
+                let asked = asked.clone();
+                return match p.test() {
+                    Ok(None) => Vec::new(),
+                    Ok(Some(s)) => {
+                        pending = None;
+                        eprintln!(
+                            "mw: {} worker(s) added at {done}/{total} tasks in {:.1} ms (per host: {})",
+                            s.comm.size() - 1,
+                            s.elapsed.as_secs_f64() * 1e3,
+                            s.latency
+                                .iter()
+                                .map(|(h, d)| format!("{h} {:.1} ms", d.as_secs_f64() * 1e3))
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        );
+                        remember(&mut history, &s, &asked);
+                        let j = joined_of(&s);
+                        added.push(s);
+                        j
+                    }
+                    Err(e) => {
+                        pending = None;
+                        eprintln!("mw: no workers added ({e}); going on with those there are");
+                        Vec::new()
+                    }
+                };
+            }
             if tried || (done as f64) * 100.0 < o.cfg.perc_cons_add * total as f64 {
                 return Vec::new();
             }
             tried = true;
-            let spec =
-                mutirao::SpawnSpec::new(o.cfg.workers_add as usize).args(std::env::args().skip(1));
-            match world.spawn(&spec) {
-                Ok(s) => {
-                    let lat = s.elapsed.as_secs_f64();
-                    let joined = (1..s.comm.size())
-                        .map(|r| driver::Joined {
-                            comm: s.comm.clone(),
-                            rank: r,
-                            host: s
-                                .latency
-                                .get((r - 1).min(s.latency.len().saturating_sub(1)))
-                                .map(|(h, _)| h.clone())
-                                .unwrap_or_default(),
-                            spawn_latency_s: lat,
-                        })
-                        .collect();
-                    eprintln!(
-                        "mw: {} worker(s) added at {done}/{total} tasks in {:.1} ms",
-                        s.comm.size() - 1,
-                        lat * 1e3
-                    );
-                    added.push(s);
-                    joined
+            let hosts: Vec<String> = if o.choose {
+                let elapsed = t0.elapsed().as_secs_f64().max(1e-6);
+                let members_rate = (done as f64 / elapsed).max(1e-9);
+                let per_speed = members_rate / member_speed;
+                let default = assumed_cost(&history);
+                let cands: Vec<Candidate> = o
+                    .add_hosts
+                    .iter()
+                    .map(|h| Candidate {
+                        name: h.clone(),
+                        rate: o.speeds[h] * per_speed,
+                        spawn_s: history.get(h).copied().unwrap_or(default),
+                    })
+                    .collect();
+                let remaining = (total - done) as f64;
+                let picks = choose_k(&cands, members_rate, remaining, o.cfg.workers_add as usize);
+                let one = choose(&cands, members_rate, remaining);
+                eprintln!(
+                    "mw: at {done}/{total} tasks, {members_rate:.2} tasks/s: predicted {:.2} s without adding; {}; adding [{}]",
+                    one.without_s,
+                    cands
+                        .iter()
+                        .zip(&one.with_s)
+                        .map(|(c, t)| format!(
+                            "with {} ({:.2} tasks/s, spawn {:.2} s{}) {t:.2} s",
+                            c.name,
+                            c.rate,
+                            c.spawn_s,
+                            if history.contains_key(&c.name) { "" } else { " assumed" }
+                        ))
+                        .collect::<Vec<_>>()
+                        .join("; "),
+                    picks.iter().map(|&i| cands[i].name.as_str()).collect::<Vec<_>>().join(", ")
+                );
+                if picks.is_empty() {
+                    return Vec::new();
                 }
-                Err(e) => {
-                    eprintln!("mw: no workers added ({e}); going on with those there are");
-                    Vec::new()
-                }
+                picks.iter().map(|&i| cands[i].name.clone()).collect()
+            } else {
+                o.add_hosts.clone()
+            };
+            let n = if o.choose {
+                hosts.len()
+            } else {
+                o.cfg.workers_add as usize
+            };
+            let mut spec = mutirao::SpawnSpec::new(n)
+                .args(std::env::args().skip(1))
+                .hosts(hosts);
+            if let Some(p) = &o.spawn_via {
+                spec = spec.program(p);
             }
+            let asked = spec.hosts.clone();
+            match world.spawn_nonblocking(&spec) {
+                Ok(p) => pending = Some((p, asked)),
+                Err(e) => eprintln!("mw: no workers added ({e}); going on with those there are"),
+            }
+            Vec::new()
         };
         let rep = driver::master_growing(
             &world,
@@ -282,6 +502,26 @@ fn run(o: &Opts) -> Result<(), Box<dyn std::error::Error>> {
             Some(&mut log),
             Some(&mut grow),
         )?;
+        // A spawn still under way when the work ended: its workers are dismissed.
+        if let Some((p, asked)) = pending.take() {
+            match p.wait() {
+                Ok(s) => {
+                    eprintln!(
+                        "mw: {} worker(s) arrived after the work ended; dismissed",
+                        s.comm.size() - 1
+                    );
+                    remember(&mut history, &s, &asked);
+                    for r in 1..s.comm.size() {
+                        driver::dismiss(&s.comm, r)?;
+                    }
+                    added.push(s);
+                }
+                Err(e) => eprintln!("mw: no workers added ({e})"),
+            }
+        }
+        if let Some(p) = &o.history {
+            write_history(p, &history)?;
+        }
         // The added workers' finalize is a barrier on their spawn communicator.
         for s in &added {
             s.comm.barrier()?;
@@ -359,6 +599,10 @@ fn run(o: &Opts) -> Result<(), Box<dyn std::error::Error>> {
             std::process::exit(3);
         }
     } else {
+        if o.choose {
+            let host = std::env::var("MUTIRAO_BIND").unwrap_or_default();
+            world.send_obj(&host, 0, TAG_HOST)?;
+        }
         driver::worker(&world, &mut *task)?;
     }
     finalize(world, &lost)

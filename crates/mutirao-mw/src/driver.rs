@@ -434,6 +434,15 @@ pub fn master_growing<'a>(
     Ok(m.report)
 }
 
+/// Tell a worker that joined after the work ended (e.g. a spawn that completed late) that there
+/// is nothing to do: it returns from [`worker`] as if the run had ended normally.
+pub fn dismiss(comm: &Comm, rank: usize) -> Result<(), DriverError> {
+    match comm.send(&[0u64; 0], rank, TAG_STOP) {
+        Ok(()) | Err(MpiError::PeerFailed { .. }) | Err(MpiError::PeerFinalized(_)) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// Run a worker: compute each block the master hands out with `task(first task, tasks)` and
 /// send its result bytes back, until the master says stop.
 pub fn worker(world: &Comm, task: &mut dyn FnMut(u64, u64) -> Vec<u8>) -> Result<(), DriverError> {
