@@ -370,6 +370,12 @@ impl Job {
         self.pmi.fail(why);
     }
 
+    /// No checkpoint commit of this job lands after this returns (see
+    /// [`PmiServer::fence_checkpoints`]).
+    pub fn fence_checkpoints(&self) {
+        self.pmi.fence_checkpoints();
+    }
+
     /// Channel failures ranks reported since the last call.
     pub fn take_failures(&self) -> Vec<FailureReport> {
         self.pmi.take_failures()

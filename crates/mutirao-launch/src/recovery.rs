@@ -123,7 +123,7 @@ pub fn run_with_recovery(
     let mut restarts: Vec<Restart> = Vec::new();
     let mut incarnation = 0u32;
     let mut exclude: Vec<usize> = base.exclude.clone();
-    let mut pending: Option<(Cause, Option<u64>, Instant)> = None;
+    let mut pending: Option<(Cause, Instant)> = None;
     let mut watch = watch.clone();
     watch.act_on_reports = true;
     watch.grace = Duration::ZERO;
@@ -163,7 +163,9 @@ pub fn run_with_recovery(
                 continue;
             }
         };
-        if let Some((cause, epoch, failed_at)) = pending.take() {
+        if let Some((cause, failed_at)) = pending.take() {
+            // `epoch` is what the ranks were just given: read after the failure, so it counts
+            // a commit that landed while the failed incarnation was being ended.
             let r = Restart {
                 incarnation,
                 cause,
@@ -211,6 +213,9 @@ pub fn run_with_recovery(
             restarts.push(r);
         }
         let ended = supervise(&job, spec.n, &watch, on);
+        // Before the next incarnation reads the last committed epoch: no commit of this one
+        // may land after that read (it would name an epoch the new ranks did not start from).
+        job.fence_checkpoints();
         drop(job);
         let stop = ended.code == 0
             || watch.interrupted.load(Ordering::SeqCst)
@@ -233,9 +238,8 @@ pub fn run_with_recovery(
         }
         exclude = next_exclusion(&spec, &exclude, &ended);
         incarnation += 1;
-        let from = rec.sink.last_committed().map_err(anyhow::Error::msg)?;
         let cause = ended.cause.clone().unwrap_or(Cause::Interrupted);
-        pending = Some((cause, from, ended.failed_at.unwrap_or_else(Instant::now)));
+        pending = Some((cause, ended.failed_at.unwrap_or_else(Instant::now)));
     }
 }
 

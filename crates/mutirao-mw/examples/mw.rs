@@ -26,7 +26,8 @@
 //! `--spawn-history FILE` (JSON host → seconds: read for the candidates' spawn costs, updated
 //! with every spawn's measured per-host latency; unknown hosts are assumed to cost the median
 //! of those known, or 0.5 s), `--spawn-via PROG` (spawn PROG with the same arguments instead
-//! of this program, e.g. a wrapper that adds a per-host start-up delay).
+//! of this program, e.g. a wrapper that adds a per-host start-up delay), `--blocking-spawn`
+//! (the thesis's way: the master waits for the new workers before it goes on).
 //! Every rank builds A and B from the same seed (B is "broadcast" by construction); the rows of
 //! C travel back as 64-bit integers, so the result is bit-exact.
 
@@ -37,7 +38,7 @@ use mutirao_mw::{driver, measure, Config, PolicyKind};
 const TAG_HOST: i32 = 0x4d57_0100;
 use std::io::Write;
 
-const USAGE: &str = "usage: mw (matmul|primes|mandelbrot) [--n N] [--policy P] [--tam T] [--config FILE] [--log FILE] [--table] [--add N] [--add-at PCT] [--add-hosts H,..] [--choose] [--speeds H=S,..] [--model FILE] [--spawn-history FILE] [--spawn-via PROG]
+const USAGE: &str = "usage: mw (matmul|primes|mandelbrot) [--n N] [--policy P] [--tam T] [--config FILE] [--log FILE] [--table] [--add N] [--add-at PCT] [--add-hosts H,..] [--choose] [--speeds H=S,..] [--model FILE] [--spawn-history FILE] [--spawn-via PROG] [--blocking-spawn]
   run it under the launcher: mutirao run -n 4 target/release/examples/mw matmul --n 300";
 
 struct Opts {
@@ -52,6 +53,7 @@ struct Opts {
     speeds: std::collections::BTreeMap<String, f64>,
     history: Option<String>,
     spawn_via: Option<String>,
+    blocking_spawn: bool,
 }
 
 fn parse() -> Result<Opts, String> {
@@ -77,6 +79,7 @@ fn parse() -> Result<Opts, String> {
         speeds: Default::default(),
         history: None,
         spawn_via: None,
+        blocking_spawn: false,
     };
     let mut tam = None;
     while let Some(k) = a.next() {
@@ -143,6 +146,7 @@ fn parse() -> Result<Opts, String> {
             }
             "--spawn-history" => o.history = Some(v()?),
             "--spawn-via" => o.spawn_via = Some(v()?),
+            "--blocking-spawn" => o.blocking_spawn = true,
             "--help" | "-h" => return Err(USAGE.into()),
             other => return Err(format!("unknown option {other:?}\n{USAGE}")),
         }
@@ -479,6 +483,31 @@ fn run(o: &Opts) -> Result<(), Box<dyn std::error::Error>> {
                 spec = spec.program(p);
             }
             let asked = spec.hosts.clone();
+            if o.blocking_spawn {
+                // The thesis's way (MPI_Comm_spawn): the master waits for the new workers.
+                return match world.spawn(&spec) {
+                    Ok(s) => {
+                        eprintln!(
+                            "mw: {} worker(s) added at {done}/{total} tasks in {:.1} ms (blocking; per host: {})",
+                            s.comm.size() - 1,
+                            s.elapsed.as_secs_f64() * 1e3,
+                            s.latency
+                                .iter()
+                                .map(|(h, d)| format!("{h} {:.1} ms", d.as_secs_f64() * 1e3))
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        );
+                        remember(&mut history, &s, &asked);
+                        let j = joined_of(&s);
+                        added.push(s);
+                        j
+                    }
+                    Err(e) => {
+                        eprintln!("mw: no workers added ({e}); going on with those there are");
+                        Vec::new()
+                    }
+                };
+            }
             match world.spawn_nonblocking(&spec) {
                 Ok(p) => pending = Some((p, asked)),
                 Err(e) => eprintln!("mw: no workers added ({e}); going on with those there are"),

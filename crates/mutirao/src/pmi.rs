@@ -503,8 +503,10 @@ struct Shared {
     cv: Condvar,
     sink: Option<Arc<dyn CheckpointSink>>,
     size: u32,
-    /// Per epoch, which ranks have put their blob.
+    /// Per epoch, which ranks have put their blob. Its lock is held through a commit.
     puts: Mutex<BTreeMap<u64, Vec<bool>>>,
+    /// Set by [`PmiServer::fence_checkpoints`]: this incarnation commits nothing more.
+    ckpt_fenced: std::sync::atomic::AtomicBool,
     failures: Mutex<Vec<FailureReport>>,
     spawner: Option<Arc<dyn Spawner>>,
     spawn: Mutex<SpawnState>,
@@ -647,6 +649,7 @@ impl PmiServer {
             sink,
             size,
             puts: Mutex::new(BTreeMap::new()),
+            ckpt_fenced: std::sync::atomic::AtomicBool::new(false),
             failures: Mutex::new(Vec::new()),
             spawner,
             spawn: Mutex::new(SpawnState {
@@ -677,6 +680,17 @@ impl PmiServer {
     /// Where ranks reach this server.
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// No more checkpoint commits from this incarnation: returns once a commit in progress has
+    /// ended, and later ones are refused. A launcher about to restart a job calls it before it
+    /// reads the last committed epoch, so no commit of the dying incarnation lands after that.
+    pub fn fence_checkpoints(&self) {
+        self.state
+            .ckpt_fenced
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        // Wait for a commit holding the lock (a poisoned lock means no commit is running).
+        drop(self.state.puts.lock());
     }
 
     /// Make every pending and later fence fail with `why` (a rank died before the fence completed).
@@ -1320,6 +1334,11 @@ fn ckpt_commit(st: &Shared, rank: usize, epoch: u64) -> Result<(), String> {
             "cannot commit epoch {epoch}: ranks {missing:?} have not stored their checkpoint of it"
         ));
     }
+    if st.ckpt_fenced.load(std::sync::atomic::Ordering::SeqCst) {
+        return Err(format!(
+            "cannot commit epoch {epoch}: the launcher is ending this incarnation of the job"
+        ));
+    }
     sink.commit(epoch)?;
     puts.retain(|e, _| *e > epoch);
     Ok(())
@@ -1435,6 +1454,29 @@ mod tests {
         fn last_committed(&self) -> Result<Option<u64>, String> {
             Ok(*self.last.lock().unwrap())
         }
+    }
+
+    #[test]
+    fn after_fence_checkpoints_no_commit_lands() {
+        let token = new_token().unwrap();
+        let sink = Arc::new(MemSink::default());
+        let srv = PmiServer::start_with_checkpoints(
+            "127.0.0.1:0".parse().unwrap(),
+            1,
+            token,
+            Duration::from_secs(10),
+            sink.clone(),
+        )
+        .unwrap();
+        let t = Duration::from_secs(10);
+        let mut c0 = PmiClient::connect(&srv.addr().to_string(), 0, &token, t).unwrap();
+        c0.ckpt_put(1, b"one", t).unwrap();
+        c0.ckpt_commit(1, t).unwrap();
+        c0.ckpt_put(2, b"two", t).unwrap();
+        srv.fence_checkpoints();
+        let e = c0.ckpt_commit(2, t).unwrap_err();
+        assert!(e.contains("ending this incarnation"), "{e}");
+        assert_eq!(sink.last_committed().unwrap(), Some(1));
     }
 
     #[test]
