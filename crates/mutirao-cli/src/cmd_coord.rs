@@ -66,6 +66,10 @@ pub struct CoordArgs {
     /// database's name + `.jobs`).
     #[arg(long, value_name = "DIR")]
     jobs_dir: Option<PathBuf>,
+    /// How often agents are asked to report, seconds (a host is lost after three silent
+    /// periods; the owner's suspend and vacate are seen within one).
+    #[arg(long, default_value_t = 5.0, value_name = "SECS")]
+    heartbeat_interval: f64,
     /// The agents' shared secret, for starting ranks through them (default:
     /// $MUTIRAO_AGENT_TOKEN_FILE or ~/.mutirao/agent.token, as `mutirao run`).
     #[arg(long, value_name = "FILE")]
@@ -105,7 +109,18 @@ pub fn run(a: CoordArgs) -> anyhow::Result<ExitCode> {
             a.listen
         );
     }
-    let c = Coordinator::new(store, tokens, repo);
+    if !(a.heartbeat_interval.is_finite() && (0.05..=3600.0).contains(&a.heartbeat_interval)) {
+        bail!(
+            "--heartbeat-interval {}: expected seconds between 0.05 and 3600",
+            a.heartbeat_interval
+        );
+    }
+    let c = Coordinator::with_heartbeat(
+        store,
+        tokens,
+        repo,
+        Duration::from_secs_f64(a.heartbeat_interval),
+    );
     let exec = LaunchExecutor {
         agent_token_file: a
             .agent_token_file
@@ -117,8 +132,10 @@ pub fn run(a: CoordArgs) -> anyhow::Result<ExitCode> {
     if requeued > 0 {
         eprintln!("mutirao coordinator: {requeued} job(s) left running by the previous coordinator re-queued");
     }
-    // Hosts come and go: waiting jobs are placed again every 2 s (and at once on submission).
-    let _placing = dispatcher.spawn_loop(Duration::from_secs(2));
+    // Hosts come and go: waiting jobs are placed again every 2 s (and at once on submission),
+    // or every heartbeat period if shorter; the hosts' owners are followed as often.
+    let every = Duration::from_secs(2).min(Duration::from_secs_f64(a.heartbeat_interval));
+    let _placing = dispatcher.spawn_loop(every);
     let backend = match &a.postgres {
         Some(_) => "PostgreSQL".to_string(),
         None => a.db.display().to_string(),

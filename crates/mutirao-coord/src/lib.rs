@@ -11,7 +11,8 @@
 //! repository and [`verify`]), [`api`] (the HTTP + JSON API and its OpenAPI document),
 //! [`client`] (a blocking client of it), [`place`] (requirements and placement, pure),
 //! [`exec`] (the [`exec::Executor`] trait and the dispatcher that runs placed jobs), and
-//! [`report`] (what an agent reports, and its heartbeat thread).
+//! [`report`] (what an agent reports, and its heartbeat thread), [`policy`] (the owner's
+//! policy, pure) and [`owner`] (the agent applying it).
 //!
 //! ```
 //! use mutirao_coord::{JobState, NewJob, SqliteStore, Store};
@@ -34,8 +35,10 @@ pub mod auth;
 pub mod client;
 pub mod exec;
 mod model;
+pub mod owner;
 mod pg;
 pub mod place;
+pub mod policy;
 pub mod repo;
 pub mod report;
 mod sqlite;

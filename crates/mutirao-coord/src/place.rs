@@ -184,8 +184,12 @@ pub fn place(ranks: u32, req: &Requirement, hosts: &[(Host, bool)]) -> Placement
         let r = &h.report;
         let why = if !alive {
             Some("no heartbeat lately".to_string())
-        } else if r.owner_active {
-            Some("its owner is active".to_string())
+        } else if r.owner_busy() {
+            Some(if r.owner_why.is_empty() {
+                "its owner is active".to_string()
+            } else {
+                format!("its owner is active ({})", r.owner_why)
+            })
         } else if r.addr.is_empty() {
             Some("its agent gave no address".to_string())
         } else {
@@ -246,6 +250,7 @@ mod tests {
                 free_mem_mib: 1000,
                 load: 2.0 - idle.min(2.0),
                 owner_active: owner,
+                ..Default::default()
             },
             last_seen_ms: 0,
         }

@@ -24,6 +24,70 @@ pub struct AgentConfig {
     pub log: Arc<dyn Fn(&str) + Send + Sync>,
     /// The checkpoint replicas this agent keeps for launchers (`None`: it keeps none).
     pub store: Option<Arc<mutirao_ckpt::DirStore>>,
+    /// Every process group this agent runs for launchers (the owner's policy stops and
+    /// continues them all).
+    pub procs: Procs,
+}
+
+/// The process groups an agent runs for launchers, so that the host owner's policy can stop
+/// them (SIGSTOP) when the owner comes back and continue them (SIGCONT) when the owner leaves.
+/// A group started while they are stopped is stopped at once.
+#[derive(Clone, Default)]
+pub struct Procs(Arc<Mutex<ProcsInner>>);
+
+#[derive(Default)]
+struct ProcsInner {
+    pids: Vec<i32>,
+    stopped: bool,
+}
+
+impl Procs {
+    fn lock(&self) -> std::sync::MutexGuard<'_, ProcsInner> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Stop every group (and those started from now on); returns how many run now.
+    pub fn stop_all(&self) -> usize {
+        let mut g = self.lock();
+        g.stopped = true;
+        kill_all(&g.pids, libc::SIGSTOP);
+        g.pids.len()
+    }
+
+    /// Continue every group; returns how many run now.
+    pub fn continue_all(&self) -> usize {
+        let mut g = self.lock();
+        g.stopped = false;
+        kill_all(&g.pids, libc::SIGCONT);
+        g.pids.len()
+    }
+
+    /// Groups running and not stopped.
+    pub fn running(&self) -> usize {
+        let g = self.lock();
+        if g.stopped {
+            0
+        } else {
+            g.pids.len()
+        }
+    }
+
+    /// Groups alive (stopped or not).
+    pub fn count(&self) -> usize {
+        self.lock().pids.len()
+    }
+
+    fn add(&self, pid: i32) {
+        let mut g = self.lock();
+        if g.stopped {
+            kill_all(&[pid], libc::SIGSTOP);
+        }
+        g.pids.push(pid);
+    }
+
+    fn remove(&self, pid: i32) {
+        self.lock().pids.retain(|p| *p != pid);
+    }
 }
 
 /// Accept launchers on `listener` forever, one thread per session.
@@ -214,6 +278,7 @@ pub fn serve(conn: TcpStream, cfg: &AgentConfig) -> anyhow::Result<()> {
             }
         };
         pids.push(child.id() as i32);
+        cfg.procs.add(child.id() as i32);
         send(&Msg::Started {
             rank: spec.rank,
             pid: child.id(),
@@ -265,8 +330,10 @@ pub fn serve(conn: TcpStream, cfg: &AgentConfig) -> anyhow::Result<()> {
             }));
         }
         let w = w.clone();
+        let procs = cfg.procs.clone();
         waiters.push(std::thread::spawn(move || {
             let st = child.wait();
+            procs.remove(child.id() as i32);
             for t in readers {
                 let _ = t.join();
             }
@@ -324,6 +391,10 @@ pub fn serve(conn: TcpStream, cfg: &AgentConfig) -> anyhow::Result<()> {
                     libc::SIGTERM
                 };
                 kill_all(&pids, sig);
+                if sig == libc::SIGTERM {
+                    // Ranks the owner's policy stopped act on SIGTERM only once continued.
+                    kill_all(&pids, libc::SIGCONT);
+                }
             }
             Ok(Some(_)) => {}
             Ok(None) => {

@@ -1,0 +1,379 @@
+//! The owner's policy end to end on loopback: a coordinator and two agents (`n1`, `n2`) with
+//! `--owner-policy`, whose owner activity is simulated by the policy's `active_file` (the
+//! owner is active while the file exists). A job's ranks on the host whose owner comes back
+//! are stopped by their agent (SIGSTOP, seen in /proc), the job is `suspended`; the owner
+//! leaving continues them and the job runs again; the owner staying past the grace period
+//! vacates the host: the job is re-queued and placed on the other host, where it finishes.
+//! Every step is in the job's journal.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_mutirao");
+const ANA: &str = "ana-token-0123456789";
+
+/// Processes ended and the scratch directory removed when dropped.
+struct Grid {
+    procs: Vec<Child>,
+    dir: PathBuf,
+}
+
+impl Drop for Grid {
+    fn drop(&mut self) {
+        for c in &mut self.procs {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn first_line(child: &mut Child) -> String {
+    let out = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = BufReader::new(out).read_line(&mut line);
+        let _ = tx.send(line);
+    });
+    rx.recv_timeout(Duration::from_secs(30))
+        .expect("a first line within 30 s")
+}
+
+fn mutirao(url: &str, args: &[&str]) -> Output {
+    Command::new(BIN)
+        .args(args)
+        .env("MUTIRAO_COORD", url)
+        .env("MUTIRAO_COORD_TOKEN", ANA)
+        .output()
+        .unwrap()
+}
+
+fn job(url: &str, id: i64) -> serde_json::Value {
+    let o = mutirao(url, &["job", "--json", &id.to_string()]);
+    serde_json::from_slice(&o.stdout).unwrap_or_default()
+}
+
+fn story(v: &serde_json::Value) -> Vec<String> {
+    v["events"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|e| {
+                    format!(
+                        "{} {}",
+                        e["kind"].as_str().unwrap_or(""),
+                        e["detail"].as_str().unwrap_or("")
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn wait_for(
+    url: &str,
+    id: i64,
+    what: &str,
+    limit: Duration,
+    ok: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let t0 = Instant::now();
+    loop {
+        let v = job(url, id);
+        if ok(&v) {
+            return v;
+        }
+        assert!(
+            t0.elapsed() < limit,
+            "job {id}: not {what} after {limit:?}: {:#?}",
+            story(&v)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn state_is(want: &'static str) -> impl Fn(&serde_json::Value) -> bool {
+    move |v| v["job"]["state"] == want
+}
+
+/// The run states (`/proc/PID/stat`'s third field) of the children of `parent` and of their
+/// process groups (the ranks and what they started).
+fn rank_states(parent: u32) -> Vec<char> {
+    let mut groups = Vec::new();
+    let mut all = Vec::new();
+    for ent in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = ent.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let Some((_, rest)) = stat.rsplit_once(')') else {
+            continue;
+        };
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        if f.len() < 4 {
+            continue;
+        }
+        let (state, ppid, pgrp) = (
+            f[0].chars().next().unwrap_or('?'),
+            f[1].parse::<u32>().unwrap_or(0),
+            f[2].parse::<u32>().unwrap_or(0),
+        );
+        if ppid == parent {
+            groups.push(pgrp);
+        }
+        all.push((state, pgrp));
+    }
+    all.into_iter()
+        .filter(|(_, g)| groups.contains(g))
+        .map(|(s, _)| s)
+        .collect()
+}
+
+fn hosts_placed(line: &str) -> Vec<String> {
+    // "placement 2 ranks on n1×1, n2×1 (…)"
+    let list = line
+        .split(" on ")
+        .nth(1)
+        .and_then(|r| r.split(" (").next())
+        .unwrap_or("");
+    list.split(", ")
+        .filter_map(|h| h.split('×').next())
+        .map(str::to_string)
+        .collect()
+}
+
+fn gen_token(path: &Path) {
+    let o = Command::new(BIN)
+        .args(["agent", "--gen-token"])
+        .arg(path)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+#[test]
+fn an_active_owner_suspends_the_job_there_then_vacates_it_to_the_other_host() {
+    let dir = std::env::temp_dir().join(format!("mutirao-grid-owner-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut g = Grid {
+        procs: Vec::new(),
+        dir: dir.clone(),
+    };
+    let tok = dir.join("agent.token");
+    gen_token(&tok);
+    std::fs::write(
+        dir.join("grid.tokens"),
+        format!(
+            "user ana {ANA}\nagent n1 n1-agent-token-0123456\nagent n2 n2-agent-token-0123456\n"
+        ),
+    )
+    .unwrap();
+    let mut coord = Command::new(BIN)
+        .args([
+            "coordinator",
+            "--listen",
+            "127.0.0.1:0",
+            "--heartbeat-interval",
+            "0.3",
+        ])
+        .arg("--db")
+        .arg(dir.join("coord.sqlite"))
+        .arg("--tokens")
+        .arg(dir.join("grid.tokens"))
+        .arg("--agent-token-file")
+        .arg(&tok)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let line = first_line(&mut coord);
+    g.procs.push(coord);
+    let url = line
+        .split_whitespace()
+        .find(|w| w.starts_with("http://"))
+        .unwrap_or_else(|| panic!("no URL in {line:?}"))
+        .to_string();
+    let mut agent_pid = std::collections::HashMap::new();
+    for n in ["n1", "n2"] {
+        let policy = dir.join(format!("{n}.owner.toml"));
+        std::fs::write(
+            &policy,
+            format!(
+                "# the owner is active while this file exists\nactive_file = {:?}\ngrace_s = 4\n",
+                dir.join(format!("owner-{n}")).display().to_string()
+            ),
+        )
+        .unwrap();
+        let mut a = Command::new(BIN)
+            .args([
+                "agent",
+                "--listen",
+                "127.0.0.1:0",
+                "--print-addr",
+                "--no-dir",
+                "--no-store",
+            ])
+            .arg("--token-file")
+            .arg(&tok)
+            .args(["--coordinator", &url, "--name", n])
+            .arg("--owner-policy")
+            .arg(&policy)
+            .env("MUTIRAO_COORD_TOKEN", format!("{n}-agent-token-0123456"))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let addr = first_line(&mut a);
+        assert!(!addr.trim().is_empty(), "agent {n} printed no address");
+        agent_pid.insert(n.to_string(), a.id());
+        g.procs.push(a);
+    }
+    let ana = mutirao_coord::client::Client::new(&url, ANA).unwrap();
+    let t0 = Instant::now();
+    while ana.hosts().map(|h| h.len()).unwrap_or(0) < 2 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "the agents did not register"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    // A job that runs until told to stop, printing as it goes.
+    let done = dir.join("done");
+    let prog = dir.join("ticks.sh");
+    std::fs::write(
+        &prog,
+        format!(
+            "#!/bin/sh\nwhile [ ! -e {:?} ]; do echo \"rank $MUTIRAO_RANK tick\"; sleep 0.2; done\necho \"rank $MUTIRAO_RANK done\"\n",
+            done.display().to_string()
+        ),
+    )
+    .unwrap();
+    let o = mutirao(
+        &url,
+        &[
+            "submit",
+            "-n",
+            "2",
+            "--require",
+            "mem>=1",
+            prog.to_str().unwrap(),
+        ],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let id: i64 = String::from_utf8_lossy(&o.stdout).trim().parse().unwrap();
+    let v = wait_for(
+        &url,
+        id,
+        "running",
+        Duration::from_secs(30),
+        state_is("running"),
+    );
+    let placed = story(&v)
+        .into_iter()
+        .find(|l| l.starts_with("placement "))
+        .unwrap();
+    let first = hosts_placed(&placed);
+    let h = first[0].clone();
+    let other = if h == "n1" { "n2" } else { "n1" };
+    let pid = agent_pid[&h];
+    let t0 = Instant::now();
+    while rank_states(pid).is_empty() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "no rank runs under {h}'s agent"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    // The owner comes back briefly: stopped, suspended; leaves: continued, running.
+    let owner_file = dir.join(format!("owner-{h}"));
+    std::fs::write(&owner_file, "").unwrap();
+    wait_for(
+        &url,
+        id,
+        "suspended",
+        Duration::from_secs(10),
+        state_is("suspended"),
+    );
+    let s = rank_states(pid);
+    assert!(
+        !s.is_empty() && s.iter().all(|c| *c == 'T'),
+        "ranks on {h} not all stopped: {s:?}"
+    );
+    std::fs::remove_file(&owner_file).unwrap();
+    wait_for(
+        &url,
+        id,
+        "running again",
+        Duration::from_secs(10),
+        state_is("running"),
+    );
+    let s = rank_states(pid);
+    assert!(
+        s.iter().all(|c| *c != 'T'),
+        "ranks on {h} still stopped: {s:?}"
+    );
+
+    // Back for good: suspended, then vacated after the grace period (4 s), re-queued and
+    // placed on the other host only.
+    std::fs::write(&owner_file, "").unwrap();
+    let t_owner = Instant::now();
+    let v = wait_for(&url, id, "placed again", Duration::from_secs(30), |v| {
+        story(v)
+            .iter()
+            .filter(|l| l.starts_with("placement "))
+            .count()
+            == 2
+            && v["job"]["state"] == "running"
+    });
+    assert!(
+        t_owner.elapsed() >= Duration::from_secs(4),
+        "vacated before the grace period: {:?}",
+        t_owner.elapsed()
+    );
+    let s = story(&v);
+    let again = s.iter().rfind(|l| l.starts_with("placement ")).unwrap();
+    assert_eq!(hosts_placed(again), [other.to_string()], "{s:#?}");
+    for want in [
+        format!("owner owner active on {h} ("),
+        format!("owner the owner of {h} left"),
+        format!("owner vacating {h}: its owner stayed active past the grace period"),
+        format!("state re-queued after vacating {h}; no checkpoints"),
+        format!("refused {h}: its owner is active ("),
+    ] {
+        assert!(
+            s.iter().any(|l| l.starts_with(&want)),
+            "no {want:?} in {s:#?}"
+        );
+    }
+    // Nothing of the job is left on the vacated host.
+    let t0 = Instant::now();
+    while !rank_states(pid).is_empty() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(15),
+            "ranks left on {h}: {:?}",
+            rank_states(pid)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::fs::write(&done, "").unwrap();
+    let v = wait_for(
+        &url,
+        id,
+        "finished",
+        Duration::from_secs(30),
+        state_is("finished"),
+    );
+    let log =
+        String::from_utf8_lossy(&mutirao(&url, &["logs", &id.to_string()]).stdout).into_owned();
+    assert!(
+        log.contains("[0] rank 0 done") && log.contains("[1] rank 1 done"),
+        "{log}"
+    );
+    println!("{:#?}", story(&v));
+}
