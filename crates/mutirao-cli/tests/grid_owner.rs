@@ -154,9 +154,10 @@ fn gen_token(path: &Path) {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
 }
 
-#[test]
-fn an_active_owner_suspends_the_job_there_then_vacates_it_to_the_other_host() {
-    let dir = std::env::temp_dir().join(format!("mutirao-grid-owner-{}", std::process::id()));
+/// A coordinator and agents n1 and n2 with owner policies whose owner is active while
+/// `DIR/owner-NAME` exists; returns the grid, its URL and each agent's pid.
+fn setup(tag: &str, grace_s: f64) -> (Grid, String, std::collections::HashMap<String, u32>) {
+    let dir = std::env::temp_dir().join(format!("mutirao-grid-owner-{}-{tag}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let mut g = Grid {
@@ -203,7 +204,7 @@ fn an_active_owner_suspends_the_job_there_then_vacates_it_to_the_other_host() {
         std::fs::write(
             &policy,
             format!(
-                "# the owner is active while this file exists\nactive_file = {:?}\ngrace_s = 4\n",
+                "# the owner is active while this file exists\nactive_file = {:?}\ngrace_s = {grace_s}\n",
                 dir.join(format!("owner-{n}")).display().to_string()
             ),
         )
@@ -242,6 +243,13 @@ fn an_active_owner_suspends_the_job_there_then_vacates_it_to_the_other_host() {
         std::thread::sleep(Duration::from_millis(50));
     }
 
+    (g, url, agent_pid)
+}
+
+#[test]
+fn an_active_owner_suspends_the_job_there_then_vacates_it_to_the_other_host() {
+    let (g, url, agent_pid) = setup("plain", 4.0);
+    let dir = g.dir.clone();
     // A job that runs until told to stop, printing as it goes.
     let done = dir.join("done");
     let prog = dir.join("ticks.sh");
@@ -376,4 +384,113 @@ fn an_active_owner_suspends_the_job_there_then_vacates_it_to_the_other_host() {
         "{log}"
     );
     println!("{:#?}", story(&v));
+}
+
+fn jacobi() -> Option<PathBuf> {
+    // The runtime's examples, built by `cargo test`/`nextest` for the workspace.
+    let p = Path::new(BIN).parent()?.join("examples").join("jacobi");
+    p.is_file().then_some(p)
+}
+
+fn checksum(out: &str) -> Option<String> {
+    out.split_whitespace()
+        .find(|w| w.starts_with("checksum="))
+        .map(str::to_string)
+}
+
+#[test]
+fn a_vacated_job_with_checkpoints_resumes_elsewhere_from_its_last_committed_epoch() {
+    let Some(j) = jacobi() else {
+        println!(
+            "skipped: the jacobi example is not built (cargo build -p mutirao --example jacobi)"
+        );
+        return;
+    };
+    let args = ["--n", "64", "--iters", "20000"];
+    let plain = Command::new(BIN)
+        .args(["run", "-n", "2", "--timeout", "120"])
+        .arg(&j)
+        .arg("--")
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        plain.status.success(),
+        "{}",
+        String::from_utf8_lossy(&plain.stderr)
+    );
+    let want = checksum(&String::from_utf8_lossy(&plain.stdout)).expect("a checksum");
+
+    let (g, url, _) = setup("ckpt", 1.0);
+    let mut submit = vec![
+        "submit",
+        "-n",
+        "2",
+        "--require",
+        "mem>=1",
+        "--checkpoint-interval",
+        "0.2",
+    ];
+    submit.push(j.to_str().unwrap());
+    submit.extend(args);
+    let o = mutirao(&url, &submit);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let id: i64 = String::from_utf8_lossy(&o.stdout).trim().parse().unwrap();
+    let v = wait_for(
+        &url,
+        id,
+        "running",
+        Duration::from_secs(30),
+        state_is("running"),
+    );
+    let placed = story(&v)
+        .into_iter()
+        .find(|l| l.starts_with("placement "))
+        .unwrap();
+    let h = hosts_placed(&placed)[0].clone();
+    let other = if h == "n1" { "n2" } else { "n1" };
+    // Once an epoch is committed, the owner of the first host comes back for good.
+    let committed = g.dir.join(format!("coord.sqlite.jobs/{id}/ckpt/COMMITTED"));
+    let t0 = Instant::now();
+    while std::fs::read_to_string(&committed)
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok())
+        .is_none_or(|e| e < 1)
+    {
+        let v = job(&url, id);
+        assert!(
+            t0.elapsed() < Duration::from_secs(60) && v["job"]["state"] == "running",
+            "no epoch committed while the job ran: {:#?}",
+            story(&v)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::fs::write(g.dir.join(format!("owner-{h}")), "").unwrap();
+    let v = wait_for(&url, id, "finished", Duration::from_secs(120), |v| {
+        let st = v["job"]["state"].as_str().unwrap_or("");
+        st == "finished" || st == "failed" || st == "cancelled"
+    });
+    let s = story(&v);
+    assert_eq!(v["job"]["state"], "finished", "{s:#?}");
+    let again = s.iter().rfind(|l| l.starts_with("placement ")).unwrap();
+    assert_eq!(hosts_placed(again), [other.to_string()], "{s:#?}");
+    let epoch_line = s
+        .iter()
+        .find(|l| l.starts_with(&format!("state vacated {h}; resumes from committed epoch ")))
+        .unwrap_or_else(|| panic!("no resume epoch journalled: {s:#?}"));
+    assert!(
+        s.iter().any(|l| l.starts_with(&format!(
+            "state re-queued after vacating {h}; it resumes from committed epoch"
+        ))),
+        "{s:#?}"
+    );
+    let log =
+        String::from_utf8_lossy(&mutirao(&url, &["logs", &id.to_string()]).stdout).into_owned();
+    let epoch = epoch_line.rsplit(' ').next().unwrap();
+    assert!(
+        log.contains(&format!("(epoch {epoch})")) && log.contains("resumes at iteration"),
+        "the second run did not resume from epoch {epoch}:\n{log}"
+    );
+    assert_eq!(checksum(&log).as_deref(), Some(want.as_str()), "{log}");
+    println!("{s:#?}");
 }
