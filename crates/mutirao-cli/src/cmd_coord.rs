@@ -70,6 +70,15 @@ pub struct CoordArgs {
     /// periods; the owner's suspend and vacate are seen within one).
     #[arg(long, default_value_t = 5.0, value_name = "SECS")]
     heartbeat_interval: f64,
+    /// A calibrated model (`mutirao-model/1` JSON, from `mutirao fit`): SPMD jobs are then
+    /// placed speed-proportionally (fastest free cores first, more ranks to faster hosts) and
+    /// the predicted makespan is journalled. Hosts it does not name count as its slowest.
+    #[arg(long, value_name = "FILE")]
+    model: Option<PathBuf>,
+    /// Where the hosts' usage history (idle by hour of the week, learnt from heartbeats) is
+    /// kept (default: the database's name + `.usage.json`); saved every minute and at exit.
+    #[arg(long, value_name = "FILE")]
+    usage_file: Option<PathBuf>,
     /// The agents' shared secret, for starting ranks through them (default:
     /// $MUTIRAO_AGENT_TOKEN_FILE or ~/.mutirao/agent.token, as `mutirao run`).
     #[arg(long, value_name = "FILE")]
@@ -127,7 +136,33 @@ pub fn run(a: CoordArgs) -> anyhow::Result<ExitCode> {
             .clone()
             .unwrap_or_else(mutirao_launch::proto::default_token_path),
     };
+    let usage_file = a
+        .usage_file
+        .clone()
+        .unwrap_or_else(|| beside_db(".usage.json"));
+    c.usage().load(&usage_file)?;
     let dispatcher = Dispatcher::install(c.clone(), Arc::new(exec), &jobs_dir)?;
+    if let Some(path) = &a.model {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read the model {}", path.display()))?;
+        let speeds = mutirao_coord::exec::model_speeds(&text)
+            .with_context(|| format!("--model {}", path.display()))?;
+        eprintln!(
+            "mutirao coordinator: placing with the calibrated model {} ({} hosts)",
+            path.display(),
+            speeds.len()
+        );
+        dispatcher.set_model(speeds);
+    }
+    {
+        let (c, path) = (c.clone(), usage_file.clone());
+        std::thread::spawn(move || loop {
+            std::thread::sleep(Duration::from_secs(60));
+            if let Err(e) = c.usage().save(&path) {
+                eprintln!("mutirao coordinator: {e}");
+            }
+        });
+    }
     let requeued = dispatcher.requeue_orphans()?;
     if requeued > 0 {
         eprintln!("mutirao coordinator: {requeued} job(s) left running by the previous coordinator re-queued");
@@ -140,7 +175,7 @@ pub fn run(a: CoordArgs) -> anyhow::Result<ExitCode> {
         Some(_) => "PostgreSQL".to_string(),
         None => a.db.display().to_string(),
     };
-    serve_blocking(a.listen, c, |addr| {
+    serve_blocking(a.listen, c.clone(), |addr| {
         // The first line is for people and scripts alike (port 0 picks a free port).
         println!(
             "mutirao coordinator: listening on http://{addr} (state: {backend}, repository: {})",
@@ -150,5 +185,6 @@ pub fn run(a: CoordArgs) -> anyhow::Result<ExitCode> {
         let _ = std::io::stdout().flush();
     })
     .context("the coordinator stopped")?;
+    c.usage().save(&usage_file)?;
     Ok(ExitCode::SUCCESS)
 }

@@ -156,7 +156,11 @@ fn gen_token(path: &Path) {
 
 /// A coordinator and agents n1 and n2 with owner policies whose owner is active while
 /// `DIR/owner-NAME` exists; returns the grid, its URL and each agent's pid.
-fn setup(tag: &str, grace_s: f64) -> (Grid, String, std::collections::HashMap<String, u32>) {
+fn setup(
+    tag: &str,
+    grace_s: f64,
+    extra: &[&str],
+) -> (Grid, String, std::collections::HashMap<String, u32>) {
     let dir = std::env::temp_dir().join(format!("mutirao-grid-owner-{}-{tag}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
@@ -187,6 +191,7 @@ fn setup(tag: &str, grace_s: f64) -> (Grid, String, std::collections::HashMap<St
         .arg(dir.join("grid.tokens"))
         .arg("--agent-token-file")
         .arg(&tok)
+        .args(extra)
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
@@ -248,7 +253,7 @@ fn setup(tag: &str, grace_s: f64) -> (Grid, String, std::collections::HashMap<St
 
 #[test]
 fn an_active_owner_suspends_the_job_there_then_vacates_it_to_the_other_host() {
-    let (g, url, agent_pid) = setup("plain", 4.0);
+    let (g, url, agent_pid) = setup("plain", 4.0, &[]);
     let dir = g.dir.clone();
     // A job that runs until told to stop, printing as it goes.
     let done = dir.join("done");
@@ -421,7 +426,7 @@ fn a_vacated_job_with_checkpoints_resumes_elsewhere_from_its_last_committed_epoc
     );
     let want = checksum(&String::from_utf8_lossy(&plain.stdout)).expect("a checksum");
 
-    let (g, url, _) = setup("ckpt", 1.0);
+    let (g, url, _) = setup("ckpt", 1.0, &[]);
     let mut submit = vec![
         "submit",
         "-n",
@@ -493,4 +498,75 @@ fn a_vacated_job_with_checkpoints_resumes_elsewhere_from_its_last_committed_epoc
     );
     assert_eq!(checksum(&log).as_deref(), Some(want.as_str()), "{log}");
     println!("{s:#?}");
+}
+
+#[test]
+fn a_calibrated_model_sends_the_ranks_to_the_faster_host_and_why_says_so() {
+    let model =
+        std::env::temp_dir().join(format!("mutirao-grid-model-{}.json", std::process::id()));
+    std::fs::write(
+        &model,
+        r#"{"format": "mutirao-model/1",
+            "hosts": [{"name": "n1", "site": "s", "speed": 1.0}, {"name": "n2", "site": "s", "speed": 4.0}],
+            "links": [{"class": "intra-site", "sites": ["s", "s"],
+                       "os": [{"from": 0, "base_us": 1.0, "per_byte_us": 0.001}],
+                       "or": [{"from": 0, "base_us": 1.0, "per_byte_us": 0.001}],
+                       "l":  [{"from": 0, "base_us": 5.0, "per_byte_us": 0.01}]}]}"#,
+    )
+    .unwrap();
+    let (g, url, _) = setup("model", 60.0, &["--model", model.to_str().unwrap()]);
+    let _ = std::fs::remove_file(&model);
+    let prog = g.dir.join("hello.sh");
+    std::fs::write(&prog, "#!/bin/sh\necho \"rank $MUTIRAO_RANK here\"\n").unwrap();
+    let o = mutirao(
+        &url,
+        &[
+            "submit",
+            "-n",
+            "2",
+            "--require",
+            "mem>=1",
+            prog.to_str().unwrap(),
+        ],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let id: i64 = String::from_utf8_lossy(&o.stdout).trim().parse().unwrap();
+    wait_for(
+        &url,
+        id,
+        "finished",
+        Duration::from_secs(30),
+        state_is("finished"),
+    );
+    let why = mutirao(&url, &["job", "--why", &id.to_string()]);
+    let why = String::from_utf8_lossy(&why.stdout).into_owned();
+    assert!(why.contains("2 ranks on n2×2 (calibrated model"), "{why}");
+    // Never worse than idle cores first (better whenever n1, four times slower, is the
+    // idler of the two at that moment: both agents read the same /proc).
+    let relative: f64 = why
+        .split("(relative ")
+        .nth(1)
+        .and_then(|r| r.split(')').next())
+        .and_then(|r| r.parse().ok())
+        .unwrap_or_else(|| panic!("no predicted makespan: {why}"));
+    assert!(relative <= 1.0, "{why}");
+    assert!(
+        why.contains("n2 (stays idle") && why.contains("speed 4"),
+        "{why}"
+    );
+    assert!(why.contains("n1: not needed"), "{why}");
+    // A model that is not one is refused at start, saying what is wrong.
+    let bad = g.dir.join("bad-model.json");
+    std::fs::write(&bad, r#"{"format": "something-else"}"#).unwrap();
+    let o = Command::new(BIN)
+        .args(["coordinator", "--listen", "127.0.0.1:0", "--model"])
+        .arg(&bad)
+        .arg("--db")
+        .arg(g.dir.join("other.sqlite"))
+        .arg("--tokens")
+        .arg(g.dir.join("grid.tokens"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("--model"), "{err}");
 }

@@ -66,6 +66,7 @@ pub struct Coordinator {
     changed: tokio::sync::Notify,
     audit: Mutex<VecDeque<String>>,
     hook: Mutex<Option<Arc<dyn JobHook>>>,
+    usage: crate::usage::Usage,
     /// How often agents are asked to heartbeat.
     pub heartbeat_interval: Duration,
 }
@@ -91,6 +92,7 @@ impl Coordinator {
             changed: tokio::sync::Notify::new(),
             audit: Mutex::new(VecDeque::new()),
             hook: Mutex::new(None),
+            usage: crate::usage::Usage::default(),
             heartbeat_interval,
         })
     }
@@ -107,6 +109,11 @@ impl Coordinator {
     /// The store.
     pub fn store(&self) -> &Arc<dyn Store> {
         &self.store
+    }
+
+    /// The hosts' usage history, learnt from their reports.
+    pub fn usage(&self) -> &crate::usage::Usage {
+        &self.usage
     }
 
     /// The application repository.
@@ -538,6 +545,7 @@ async fn report(
         ));
     }
     r.validate().map_err(ApiError::bad)?;
+    let (name, idle) = (r.name.clone(), !r.owner_busy());
     let store = c.store.clone();
     let host = blocking(move || {
         if register {
@@ -556,6 +564,7 @@ async fn report(
             ),
         ));
     };
+    c.usage.record(&name, idle);
     Ok(Json(Registered {
         host,
         heartbeat_interval_s: c.heartbeat_interval.as_secs_f64(),

@@ -9,7 +9,7 @@
 //! (`mutirao-launch`) is meant to replace it with an in-process implementation.
 
 use crate::api::{Coordinator, JobHook};
-use crate::place::{place, Placement, Requirement, Slot};
+use crate::place::{place_with, Placement, Prefs, Requirement, Slot};
 use crate::{Error, Job, JobState, Result};
 use std::collections::{BTreeSet, HashMap};
 use std::io::Write;
@@ -182,7 +182,7 @@ impl Executor for LaunchExecutor {
 }
 
 /// Write `bytes` to `path` atomically (temporary file, fsync, rename), executable if asked.
-fn write_atomic(path: &Path, bytes: &[u8], executable: bool) -> std::io::Result<()> {
+pub(crate) fn write_atomic(path: &Path, bytes: &[u8], executable: bool) -> std::io::Result<()> {
     use std::os::unix::fs::PermissionsExt;
     let tmp = path.with_extension("tmp");
     let mut f = std::fs::File::create(&tmp)?;
@@ -267,7 +267,20 @@ pub struct Dispatcher {
     running: Mutex<HashMap<i64, Run>>,
     last_refusal: Mutex<HashMap<i64, String>>,
     placing: Mutex<()>,
+    model: Mutex<Option<HashMap<String, f64>>>,
     me: Weak<Dispatcher>,
+}
+
+/// Hours ahead a host should stay idle for placement to prefer it (jobs do not say how long
+/// they run).
+pub const STAY_IDLE_HOURS: u32 = 2;
+
+/// The hosts' relative speeds of a calibrated model (`mutirao-model/1` JSON), for
+/// [`Dispatcher::set_model`]; the error says what is wrong with the file.
+pub fn model_speeds(json: &str) -> Result<HashMap<String, f64>> {
+    let m = mutirao_model::Model::from_json(json)
+        .map_err(|e| Error::Invalid(format!("the calibrated model: {e}")))?;
+    Ok(m.hosts.into_iter().map(|h| (h.name, h.speed)).collect())
 }
 
 impl Dispatcher {
@@ -291,10 +304,17 @@ impl Dispatcher {
             running: Mutex::new(HashMap::new()),
             last_refusal: Mutex::new(HashMap::new()),
             placing: Mutex::new(()),
+            model: Mutex::new(None),
             me: me.clone(),
         });
         c.set_hook(d.clone());
         Ok(d)
+    }
+
+    /// Place SPMD jobs with a calibrated model's host speeds ([`model_speeds`]): more ranks to
+    /// faster hosts, the predicted makespan journalled.
+    pub fn set_model(&self, speeds: HashMap<String, f64>) {
+        *self.model.lock().unwrap_or_else(|p| p.into_inner()) = Some(speeds);
     }
 
     /// Jobs a previous coordinator left started (its executions died with it, or can no
@@ -363,7 +383,17 @@ impl Dispatcher {
             .collect();
         let req =
             Requirement::parse(j.spec.require.as_deref().unwrap_or("")).map_err(Error::Invalid)?;
-        let p: Placement = place(j.spec.ranks, &req, &hosts);
+        let prefs = Prefs {
+            stay_idle: hosts
+                .iter()
+                .map(|(h, _)| {
+                    let n = &h.report.name;
+                    (n.clone(), self.c.usage().stay_idle(n, STAY_IDLE_HOURS))
+                })
+                .collect(),
+            speed: self.model.lock().unwrap_or_else(|p| p.into_inner()).clone(),
+        };
+        let p: Placement = place_with(j.spec.ranks, &req, &hosts, &prefs);
         if p.chosen.is_empty() {
             let why = if p.refused.is_empty() {
                 "no host has registered; waiting for agents".to_string()
@@ -396,14 +426,29 @@ impl Dispatcher {
             .iter()
             .map(|s| format!("{}×{}", s.name, s.ranks))
             .collect();
+        let how = match p.predicted {
+            None => "hosts likely to stay idle first, then idle cores".to_string(),
+            Some((m, plain)) => format!(
+                "calibrated model: fastest free cores first, then speed-proportional; predicted makespan {m:.3} against {plain:.3} idle cores first (relative {:.2})",
+                if plain > 0.0 { m / plain } else { 1.0 }
+            ),
+        };
         store.note(
             j.id,
             "placement",
             &format!(
-                "{} ranks on {} (idle cores first; program {} verified)",
+                "{} ranks on {} ({how}; program {} verified)",
                 j.spec.ranks,
                 chosen.join(", "),
                 j.spec.program
+            ),
+        )?;
+        store.note(
+            j.id,
+            "order",
+            &format!(
+                "eligible hosts in order of preference: {} (stays idle: probability of the owner staying away {STAY_IDLE_HOURS} h, from the usage history)",
+                p.order.join(", ")
             ),
         )?;
         for (h, why) in &p.refused {

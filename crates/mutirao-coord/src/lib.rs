@@ -12,7 +12,8 @@
 //! [`client`] (a blocking client of it), [`place`] (requirements and placement, pure),
 //! [`exec`] (the [`exec::Executor`] trait and the dispatcher that runs placed jobs), and
 //! [`report`] (what an agent reports, and its heartbeat thread), [`policy`] (the owner's
-//! policy, pure) and [`owner`] (the agent applying it).
+//! policy, pure), [`owner`] (the agent applying it) and [`usage`] (hosts' usage history by hour
+//! of the week, for placement).
 //!
 //! ```
 //! use mutirao_coord::{JobState, NewJob, SqliteStore, Store};
@@ -42,6 +43,7 @@ pub mod policy;
 pub mod repo;
 pub mod report;
 mod sqlite;
+pub mod usage;
 
 pub use model::{
     Event, Host, HostReport, Job, JobState, LogChunk, NewJob, MAX_ARGS, MAX_FIELD, MAX_RANKS,

@@ -131,13 +131,14 @@ fn a_waiting_job_is_placed_run_logged_and_finished() {
     assert_eq!(
         story[1],
         format!(
-            "placement 3 ranks on n1×3 (idle cores first; program {} verified)",
+            "placement 3 ranks on n1×3 (hosts likely to stay idle first, then idle cores; program {} verified)",
             l.job.spec.program
         )
     );
-    assert_eq!(story[2], "refused n2: its owner is active");
-    assert_eq!(story[3], "state started on n1");
-    assert_eq!(story[4], "state exit 0");
+    assert_eq!(story[2], "order eligible hosts in order of preference: n1 (stays idle 0.25) (stays idle: probability of the owner staying away 2 h, from the usage history)");
+    assert_eq!(story[3], "refused n2: its owner is active");
+    assert_eq!(story[4], "state started on n1");
+    assert_eq!(story[5], "state exit 0");
     assert_eq!(d.running(), 0);
     let _ = std::fs::remove_dir_all(&dir);
 }
