@@ -570,3 +570,69 @@ fn a_calibrated_model_sends_the_ranks_to_the_faster_host_and_why_says_so() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success() && err.contains("--model"), "{err}");
 }
+
+#[test]
+fn an_agent_runs_a_program_only_if_it_matches_the_digest_it_was_named_by() {
+    let dir = std::env::temp_dir().join(format!("mutirao-grid-digest-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut g = Grid {
+        procs: Vec::new(),
+        dir: dir.clone(),
+    };
+    let tok = dir.join("agent.token");
+    gen_token(&tok);
+    let mut a = Command::new(BIN)
+        .args([
+            "agent",
+            "--listen",
+            "127.0.0.1:0",
+            "--print-addr",
+            "--no-dir",
+            "--no-store",
+        ])
+        .arg("--token-file")
+        .arg(&tok)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let addr = first_line(&mut a).trim().to_string();
+    g.procs.push(a);
+    let (host, port) = addr.rsplit_once(':').unwrap();
+    std::fs::write(dir.join("hosts"), format!("{host} slots=1 port={port}\n")).unwrap();
+    let prog = dir.join("hi.sh");
+    std::fs::write(&prog, "#!/bin/sh\necho hello from the agent\n").unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&prog, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let digest = mutirao_coord::repo::digest_of(&std::fs::read(&prog).unwrap());
+    let run = |d: &str| {
+        Command::new(BIN)
+            .args(["run", "-n", "1", "--timeout", "30", "--hostfile"])
+            .arg(dir.join("hosts"))
+            .env("MUTIRAO_AGENT_TOKEN_FILE", &tok)
+            .env("MUTIRAO_PROGRAM_DIGEST", d)
+            .arg(&prog)
+            .output()
+            .unwrap()
+    };
+    let o = run(&digest);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success() && out.contains("hello from the agent"),
+        "{out}\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    // The program changed after it was named: the agent refuses to start it.
+    let wrong = format!("sha256:{}", "0".repeat(64));
+    let o = run(&wrong);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{err}");
+    assert!(
+        err.contains("altered or corrupted") && err.contains(&wrong),
+        "{err}"
+    );
+    assert!(!String::from_utf8_lossy(&o.stdout).contains("hello"));
+}

@@ -118,6 +118,17 @@ impl Executor for LaunchExecutor {
         spec.hosts = Some(hosts);
         spec.secret = Some(secret);
         spec.cwd = Some(l.work_dir.clone());
+        if l.job.spec.program.starts_with("sha256:") {
+            // Each agent checks the program against its digest before it starts a rank.
+            spec.env.insert(
+                mutirao_launch::agent::PROGRAM_DIGEST_ENV.to_string(),
+                l.job.spec.program.clone(),
+            );
+            spec.env.insert(
+                mutirao_launch::agent::PROGRAM_DIGEST_OF_ENV.to_string(),
+                spec.program.clone(),
+            );
+        }
         let cancelled = Arc::new(AtomicBool::new(false));
         let watch = Watch {
             interrupted: cancelled.clone(),
