@@ -187,6 +187,8 @@ pub fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
         Some(Arc::new(s))
     };
     let procs = agent::Procs::default();
+    // Set when the owner's decision changes: the next heartbeat goes at once.
+    let nudge = Arc::new(std::sync::atomic::AtomicBool::new(false));
     // The owner's policy, evaluated every second; kept alive while the agent serves.
     let owner = match &args.owner_policy {
         None => None,
@@ -198,13 +200,14 @@ pub fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
             if policy.input_idle_s.is_some() && !mutirao_coord::owner::input_measurable() {
                 log("owner policy: keyboard and mouse use cannot be measured on this host (no i8042, keyboard or mouse line in /proc/interrupts); input_idle_s is not applied");
             }
-            let (p1, p2) = (procs.clone(), procs.clone());
+            let (p1, p2, n2) = (procs.clone(), procs.clone(), nudge.clone());
             let w = mutirao_coord::owner::spawn_owner_watch(
                 policy,
                 Duration::from_secs(1),
                 Box::new(move || p1.running()),
                 Box::new(move |from, to, why| {
                     use mutirao_coord::policy::OwnerState;
+                    n2.store(true, std::sync::atomic::Ordering::SeqCst);
                     match to {
                         OwnerState::Suspend => {
                             let n = p2.stop_all();
@@ -242,7 +245,7 @@ pub fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
                 .map_err(|e| anyhow::anyhow!("--coordinator {url}: {e}"))?;
             let name = args.name.clone().unwrap_or_else(agent::host_name);
             let addr = bound.to_string();
-            let hb = mutirao_coord::report::spawn_heartbeat(
+            let hb = mutirao_coord::report::spawn_heartbeat_nudged(
                 client,
                 Box::new(move || {
                     let owner = owner_status
@@ -251,6 +254,7 @@ pub fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
                         .unwrap_or_default();
                     mutirao_coord::report::measure(&name, &addr, &owner)
                 }),
+                nudge,
             )
             .map_err(|e| anyhow::anyhow!("cannot register with the coordinator at {url}: {e}"))?;
             log(&format!("registered with the coordinator at {url}"));

@@ -306,12 +306,17 @@ fn an_active_owner_suspends_the_job_there_then_vacates_it_to_the_other_host() {
     // The owner comes back briefly: stopped, suspended; leaves: continued, running.
     let owner_file = dir.join(format!("owner-{h}"));
     std::fs::write(&owner_file, "").unwrap();
+    let t_owner = Instant::now();
     wait_for(
         &url,
         id,
         "suspended",
         Duration::from_secs(10),
         state_is("suspended"),
+    );
+    println!(
+        "figure: owner active -> job suspended in the journal: {:.2} s",
+        t_owner.elapsed().as_secs_f64()
     );
     let s = rank_states(pid);
     assert!(
@@ -344,6 +349,10 @@ fn an_active_owner_suspends_the_job_there_then_vacates_it_to_the_other_host() {
             == 2
             && v["job"]["state"] == "running"
     });
+    println!(
+        "figure: owner active for good -> job running on {other} (grace 4 s included): {:.2} s",
+        t_owner.elapsed().as_secs_f64()
+    );
     assert!(
         t_owner.elapsed() >= Duration::from_secs(4),
         "vacated before the grace period: {:?}",

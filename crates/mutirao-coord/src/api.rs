@@ -749,7 +749,9 @@ pub fn openapi() -> serde_json::Value {
                 "HostReport": { "type": "object", "required": ["name", "addr", "idle_cpu", "free_mem_mib", "load", "owner_active"], "properties": {
                     "name": { "type": "string" }, "addr": { "type": "string" },
                     "idle_cpu": { "type": "number", "minimum": 0 }, "free_mem_mib": { "type": "integer", "minimum": 0 },
-                    "load": { "type": "number", "minimum": 0 }, "owner_active": { "type": "boolean" } } },
+                    "load": { "type": "number", "minimum": 0 }, "owner_active": { "type": "boolean" },
+                    "owner": { "type": "string", "enum": ["available", "suspend", "vacate"], "description": "The owner policy's decision (default available)" },
+                    "owner_why": { "type": "string", "description": "Why, when not available" } } },
                 "Host": { "type": "object", "properties": {
                     "report": { "$ref": "#/components/schemas/HostReport" }, "last_seen_ms": { "type": "integer" } } },
                 "HostView": { "type": "object", "properties": {

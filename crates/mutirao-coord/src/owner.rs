@@ -146,13 +146,14 @@ pub fn spawn_owner_watch(
         let before = tracker.state;
         tracker = step(&policy, tracker, !why.is_empty(), now_ms());
         let why = why.join("; ");
+        // The status first: a heartbeat `on_change` sends at once reports the new one.
+        *status.lock().unwrap_or_else(|p| p.into_inner()) = OwnerStatus {
+            state: tracker.state,
+            why: why.clone(),
+        };
         if tracker.state != before {
             on_change(before, tracker.state, &why);
         }
-        *status.lock().unwrap_or_else(|p| p.into_inner()) = OwnerStatus {
-            state: tracker.state,
-            why,
-        };
     };
     tick(&status);
     let (st, s) = (status.clone(), stop.clone());

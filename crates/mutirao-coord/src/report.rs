@@ -79,7 +79,17 @@ pub type Measure = Box<dyn FnMut() -> Result<HostReport> + Send>;
 /// interval; a coordinator that forgot the host (404, e.g. a new database) is registered with
 /// again. The first registration happens before this returns, so a wrong token or address is
 /// an error here.
-pub fn spawn_heartbeat(client: Client, mut measure: Measure) -> Result<Heartbeat> {
+pub fn spawn_heartbeat(client: Client, measure: Measure) -> Result<Heartbeat> {
+    spawn_heartbeat_nudged(client, measure, Arc::new(AtomicBool::new(false)))
+}
+
+/// [`spawn_heartbeat`], beating at once whenever `nudge` is set (and clearing it): the owner
+/// watch sets it when its decision changes, so that the coordinator learns of it at once.
+pub fn spawn_heartbeat_nudged(
+    client: Client,
+    mut measure: Measure,
+    nudge: Arc<AtomicBool>,
+) -> Result<Heartbeat> {
     let first = client.register(&measure()?)?;
     let stop = Arc::new(AtomicBool::new(false));
     let s = stop.clone();
@@ -89,6 +99,9 @@ pub fn spawn_heartbeat(client: Client, mut measure: Measure) -> Result<Heartbeat
         while t0.elapsed() < interval {
             if s.load(Ordering::SeqCst) {
                 return;
+            }
+            if nudge.swap(false, Ordering::SeqCst) {
+                break;
             }
             std::thread::sleep(Duration::from_millis(20).min(interval));
         }

@@ -108,12 +108,27 @@ pub fn now_hour_of_week() -> usize {
 #[derive(Debug, Default)]
 pub struct Usage {
     h: Mutex<History>,
+    /// The hour of the week, and when it was computed (local time is not free to read at
+    /// every heartbeat).
+    how: Mutex<Option<(std::time::Instant, usize)>>,
 }
 
 impl Usage {
+    fn how(&self) -> usize {
+        let mut g = self.how.lock().unwrap_or_else(|p| p.into_inner());
+        match *g {
+            Some((at, how)) if at.elapsed() < std::time::Duration::from_secs(10) => how,
+            _ => {
+                let how = now_hour_of_week();
+                *g = Some((std::time::Instant::now(), how));
+                how
+            }
+        }
+    }
+
     /// Count a report (idle when its owner's policy leaves the host to the grid).
     pub fn record(&self, host: &str, idle: bool) {
-        let how = now_hour_of_week();
+        let how = self.how();
         self.h
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -122,7 +137,7 @@ impl Usage {
 
     /// The probability `host` stays idle for the next `hours` hours.
     pub fn stay_idle(&self, host: &str, hours: u32) -> f64 {
-        let how = now_hour_of_week();
+        let how = self.how();
         self.h
             .lock()
             .unwrap_or_else(|p| p.into_inner())
