@@ -69,7 +69,9 @@ pub struct AgentArgs {
     /// The host owner's policy (TOML; see docs/grid.md, "Owner policy"): when the owner is
     /// active (own load, keyboard, hours, an owner-active file) the grid's processes here are
     /// stopped (SIGSTOP) and continued (SIGCONT) when the owner leaves; past the policy's grace
-    /// period the coordinator moves the job elsewhere. Reported in every heartbeat.
+    /// period the coordinator moves the job elsewhere (without --coordinator, the agent kills
+    /// them: `mutirao run --checkpoint-interval` restarts them on its other hosts). Reported in
+    /// every heartbeat.
     #[arg(long, value_name = "FILE")]
     pub owner_policy: Option<PathBuf>,
     /// Node number in the directory's resource ids (default: derived from the listen port).
@@ -201,6 +203,7 @@ pub fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
                 log("owner policy: keyboard and mouse use cannot be measured on this host (no i8042, keyboard or mouse line in /proc/interrupts); input_idle_s is not applied");
             }
             let (p1, p2, n2) = (procs.clone(), procs.clone(), nudge.clone());
+            let coordinated = args.coordinator.is_some();
             let w = mutirao_coord::owner::spawn_owner_watch(
                 policy,
                 Duration::from_secs(1),
@@ -217,9 +220,17 @@ pub fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
                             let n = p2.continue_all();
                             log(&format!("owner away ({from} before): continued {n} grid process group(s)"));
                         }
-                        OwnerState::Vacate => log(&format!(
+                        OwnerState::Vacate if coordinated => log(&format!(
                             "owner still active after the grace period ({why}): the coordinator moves the grid's work elsewhere"
                         )),
+                        OwnerState::Vacate => {
+                            // No coordinator to move the work: end it here; a launcher with
+                            // checkpoints restarts it without this host.
+                            let n = p2.kill_all();
+                            log(&format!(
+                                "owner still active after the grace period ({why}): killed {n} grid process group(s)"
+                            ));
+                        }
                     }
                 }),
             );

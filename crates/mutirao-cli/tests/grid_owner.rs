@@ -645,3 +645,75 @@ fn an_agent_runs_a_program_only_if_it_matches_the_digest_it_was_named_by() {
     );
     assert!(!String::from_utf8_lossy(&o.stdout).contains("hello"));
 }
+
+#[test]
+fn without_a_coordinator_an_agent_ends_its_ranks_when_the_owner_stays() {
+    let dir = std::env::temp_dir().join(format!("mutirao-grid-alone-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut g = Grid {
+        procs: Vec::new(),
+        dir: dir.clone(),
+    };
+    let tok = dir.join("agent.token");
+    gen_token(&tok);
+    let owner = dir.join("owner");
+    std::fs::write(
+        dir.join("owner.toml"),
+        format!(
+            "active_file = {:?}\ngrace_s = 0.5\n",
+            owner.display().to_string()
+        ),
+    )
+    .unwrap();
+    let mut a = Command::new(BIN)
+        .args([
+            "agent",
+            "--listen",
+            "127.0.0.1:0",
+            "--print-addr",
+            "--no-dir",
+            "--no-store",
+        ])
+        .arg("--token-file")
+        .arg(&tok)
+        .arg("--owner-policy")
+        .arg(dir.join("owner.toml"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let addr = first_line(&mut a).trim().to_string();
+    let agent = a.id();
+    g.procs.push(a);
+    let (host, port) = addr.rsplit_once(':').unwrap();
+    std::fs::write(dir.join("hosts"), format!("{host} slots=1 port={port}\n")).unwrap();
+    let run = Command::new(BIN)
+        .args(["run", "-n", "1", "--timeout", "60", "--hostfile"])
+        .arg(dir.join("hosts"))
+        .env("MUTIRAO_AGENT_TOKEN_FILE", &tok)
+        .args(["sh", "-c", "echo started; sleep 50"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    while rank_states(agent).is_empty() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "the rank did not start"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::fs::write(&owner, "").unwrap();
+    let t0 = Instant::now();
+    let out = run.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("killed by signal 9"), "{err}");
+    assert!(
+        t0.elapsed() < Duration::from_secs(20),
+        "the run took {:?} to end",
+        t0.elapsed()
+    );
+}

@@ -62,6 +62,13 @@ impl Procs {
         g.pids.len()
     }
 
+    /// End every group (SIGKILL; stopped ones too); returns how many there were.
+    pub fn kill_all(&self) -> usize {
+        let g = self.lock();
+        kill_all(&g.pids, libc::SIGKILL);
+        g.pids.len()
+    }
+
     /// Groups running and not stopped.
     pub fn running(&self) -> usize {
         let g = self.lock();
