@@ -342,3 +342,34 @@ fn an_owner_suspends_resumes_and_vacates_a_job_which_is_placed_again_elsewhere()
     assert!(l[2..].iter().all(|l| l.hosts[0].name == "n2"));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn the_usage_history_learnt_from_reports_orders_the_hosts() {
+    let (c, s, d, dir) = setup("usage", true);
+    host(&c, "n1", 4.0, false);
+    host(&c, "n2", 2.0, false);
+    // n1's owner has been at it at this hour, n2's away.
+    for _ in 0..100 {
+        c.usage().record("n1", false);
+        c.usage().record("n2", true);
+    }
+    let id = submit(&c, 1, "");
+    assert_eq!(d.place_waiting().unwrap(), 1);
+    wait(&c, id, JobState::Finished);
+    assert_eq!(s.launches.lock().unwrap()[0].hosts[0].name, "n2");
+    let order = c
+        .store()
+        .events(id)
+        .unwrap()
+        .into_iter()
+        .find(|e| e.kind == "order")
+        .unwrap()
+        .detail;
+    assert!(
+        order.starts_with(
+            "eligible hosts in order of preference: n2 (stays idle 0.50), n1 (stays idle 0.00)"
+        ),
+        "{order}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
