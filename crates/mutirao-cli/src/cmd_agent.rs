@@ -66,6 +66,14 @@ pub struct AgentArgs {
     /// The name this host registers under (default: its host name).
     #[arg(long, value_name = "NAME")]
     pub name: Option<String>,
+    /// The host owner's policy (TOML; see docs/grid.md, "Owner policy"): when the owner is
+    /// active (own load, keyboard, hours, an owner-active file) the grid's processes here are
+    /// stopped (SIGSTOP) and continued (SIGCONT) when the owner leaves; past the policy's grace
+    /// period the coordinator moves the job elsewhere (without --coordinator, the agent kills
+    /// them: `mutirao run --checkpoint-interval` restarts them on its other hosts). Reported in
+    /// every heartbeat.
+    #[arg(long, value_name = "FILE")]
+    pub owner_policy: Option<PathBuf>,
     /// Node number in the directory's resource ids (default: derived from the listen port).
     #[arg(long, value_name = "N")]
     pub dir_node: Option<u16>,
@@ -180,6 +188,61 @@ pub fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
         log(&format!("keeping checkpoint replicas in {}", dir.display()));
         Some(Arc::new(s))
     };
+    let procs = agent::Procs::default();
+    // Set when the owner's decision changes: the next heartbeat goes at once.
+    let nudge = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // The owner's policy, evaluated every second; kept alive while the agent serves.
+    let owner = match &args.owner_policy {
+        None => None,
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read the owner policy {}", path.display()))?;
+            let policy = mutirao_coord::policy::Policy::parse(&text)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+            if policy.input_idle_s.is_some() && !mutirao_coord::owner::input_measurable() {
+                log("owner policy: keyboard and mouse use cannot be measured on this host (no i8042, keyboard or mouse line in /proc/interrupts); input_idle_s is not applied");
+            }
+            let (p1, p2, n2) = (procs.clone(), procs.clone(), nudge.clone());
+            let coordinated = args.coordinator.is_some();
+            let w = mutirao_coord::owner::spawn_owner_watch(
+                policy,
+                Duration::from_secs(1),
+                Box::new(move || p1.running()),
+                Box::new(move |from, to, why| {
+                    use mutirao_coord::policy::OwnerState;
+                    n2.store(true, std::sync::atomic::Ordering::SeqCst);
+                    match to {
+                        OwnerState::Suspend => {
+                            let n = p2.stop_all();
+                            log(&format!("owner active ({why}): stopped {n} grid process group(s)"));
+                        }
+                        OwnerState::Available => {
+                            let n = p2.continue_all();
+                            log(&format!("owner away ({from} before): continued {n} grid process group(s)"));
+                        }
+                        OwnerState::Vacate if coordinated => log(&format!(
+                            "owner still active after the grace period ({why}): the coordinator moves the grid's work elsewhere"
+                        )),
+                        OwnerState::Vacate => {
+                            // No coordinator to move the work: end it here; a launcher with
+                            // checkpoints restarts it without this host.
+                            let n = p2.kill_all();
+                            log(&format!(
+                                "owner still active after the grace period ({why}): killed {n} grid process group(s)"
+                            ));
+                        }
+                    }
+                }),
+            );
+            log(&format!(
+                "owner policy {}: {}",
+                path.display(),
+                w.status().state
+            ));
+            Some(w)
+        }
+    };
+    let owner_status = owner.as_ref().map(|w| w.shared());
     // Kept alive while the agent serves: dropping it stops the heartbeats.
     let _heartbeat = match &args.coordinator {
         None => None,
@@ -193,9 +256,16 @@ pub fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
                 .map_err(|e| anyhow::anyhow!("--coordinator {url}: {e}"))?;
             let name = args.name.clone().unwrap_or_else(agent::host_name);
             let addr = bound.to_string();
-            let hb = mutirao_coord::report::spawn_heartbeat(
+            let hb = mutirao_coord::report::spawn_heartbeat_nudged(
                 client,
-                Box::new(move || mutirao_coord::report::measure(&name, &addr, false)),
+                Box::new(move || {
+                    let owner = owner_status
+                        .as_ref()
+                        .map(|s| s.lock().unwrap_or_else(|p| p.into_inner()).clone())
+                        .unwrap_or_default();
+                    mutirao_coord::report::measure(&name, &addr, &owner)
+                }),
+                nudge,
             )
             .map_err(|e| anyhow::anyhow!("cannot register with the coordinator at {url}: {e}"))?;
             log(&format!("registered with the coordinator at {url}"));
@@ -210,7 +280,9 @@ pub fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
             dir_socket: dir_socket.map(|p| p.as_ref().clone()),
             log: Arc::new(log),
             store,
+            procs,
         },
     );
+    drop(owner);
     Ok(ExitCode::SUCCESS)
 }

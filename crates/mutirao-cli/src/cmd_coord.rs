@@ -66,6 +66,19 @@ pub struct CoordArgs {
     /// database's name + `.jobs`).
     #[arg(long, value_name = "DIR")]
     jobs_dir: Option<PathBuf>,
+    /// How often agents are asked to report, seconds (a host is lost after three silent
+    /// periods; the owner's suspend and vacate are seen within one).
+    #[arg(long, default_value_t = 5.0, value_name = "SECS")]
+    heartbeat_interval: f64,
+    /// A calibrated model (`mutirao-model/1` JSON, from `mutirao fit`): SPMD jobs are then
+    /// placed speed-proportionally (fastest free cores first, more ranks to faster hosts) and
+    /// the predicted makespan is journalled. Hosts it does not name count as its slowest.
+    #[arg(long, value_name = "FILE")]
+    model: Option<PathBuf>,
+    /// Where the hosts' usage history (idle by hour of the week, learnt from heartbeats) is
+    /// kept (default: the database's name + `.usage.json`); saved every minute and at exit.
+    #[arg(long, value_name = "FILE")]
+    usage_file: Option<PathBuf>,
     /// The agents' shared secret, for starting ranks through them (default:
     /// $MUTIRAO_AGENT_TOKEN_FILE or ~/.mutirao/agent.token, as `mutirao run`).
     #[arg(long, value_name = "FILE")]
@@ -105,25 +118,64 @@ pub fn run(a: CoordArgs) -> anyhow::Result<ExitCode> {
             a.listen
         );
     }
-    let c = Coordinator::new(store, tokens, repo);
+    if !(a.heartbeat_interval.is_finite() && (0.05..=3600.0).contains(&a.heartbeat_interval)) {
+        bail!(
+            "--heartbeat-interval {}: expected seconds between 0.05 and 3600",
+            a.heartbeat_interval
+        );
+    }
+    let c = Coordinator::with_heartbeat(
+        store,
+        tokens,
+        repo,
+        Duration::from_secs_f64(a.heartbeat_interval),
+    );
     let exec = LaunchExecutor {
         agent_token_file: a
             .agent_token_file
             .clone()
             .unwrap_or_else(mutirao_launch::proto::default_token_path),
     };
+    let usage_file = a
+        .usage_file
+        .clone()
+        .unwrap_or_else(|| beside_db(".usage.json"));
+    c.usage().load(&usage_file)?;
     let dispatcher = Dispatcher::install(c.clone(), Arc::new(exec), &jobs_dir)?;
+    if let Some(path) = &a.model {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read the model {}", path.display()))?;
+        let speeds = mutirao_coord::exec::model_speeds(&text)
+            .with_context(|| format!("--model {}", path.display()))?;
+        eprintln!(
+            "mutirao coordinator: placing with the calibrated model {} ({} hosts)",
+            path.display(),
+            speeds.len()
+        );
+        dispatcher.set_model(speeds);
+    }
+    {
+        let (c, path) = (c.clone(), usage_file.clone());
+        std::thread::spawn(move || loop {
+            std::thread::sleep(Duration::from_secs(60));
+            if let Err(e) = c.usage().save(&path) {
+                eprintln!("mutirao coordinator: {e}");
+            }
+        });
+    }
     let requeued = dispatcher.requeue_orphans()?;
     if requeued > 0 {
         eprintln!("mutirao coordinator: {requeued} job(s) left running by the previous coordinator re-queued");
     }
-    // Hosts come and go: waiting jobs are placed again every 2 s (and at once on submission).
-    let _placing = dispatcher.spawn_loop(Duration::from_secs(2));
+    // Hosts come and go: waiting jobs are placed again every 2 s (and at once on submission),
+    // or every heartbeat period if shorter; the hosts' owners are followed as often.
+    let every = Duration::from_secs(2).min(Duration::from_secs_f64(a.heartbeat_interval));
+    let _placing = dispatcher.spawn_loop(every);
     let backend = match &a.postgres {
         Some(_) => "PostgreSQL".to_string(),
         None => a.db.display().to_string(),
     };
-    serve_blocking(a.listen, c, |addr| {
+    serve_blocking(a.listen, c.clone(), |addr| {
         // The first line is for people and scripts alike (port 0 picks a free port).
         println!(
             "mutirao coordinator: listening on http://{addr} (state: {backend}, repository: {})",
@@ -133,5 +185,6 @@ pub fn run(a: CoordArgs) -> anyhow::Result<ExitCode> {
         let _ = std::io::stdout().flush();
     })
     .context("the coordinator stopped")?;
+    c.usage().save(&usage_file)?;
     Ok(ExitCode::SUCCESS)
 }

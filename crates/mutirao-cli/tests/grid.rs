@@ -483,6 +483,7 @@ fn a_coordinator_crash_mid_job_loses_nothing_and_the_job_completes() {
         free_mem_mib: 4096,
         load: 0.1,
         owner_active: false,
+        ..Default::default()
     };
     mutirao_coord::client::Client::new(&c.url, N1)
         .unwrap()

@@ -55,6 +55,7 @@ fn report(i: usize) -> HostReport {
         free_mem_mib: 4096,
         load: 0.25,
         owner_active: i % 17 == 0,
+        ..Default::default()
     }
 }
 

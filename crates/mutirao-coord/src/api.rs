@@ -66,6 +66,7 @@ pub struct Coordinator {
     changed: tokio::sync::Notify,
     audit: Mutex<VecDeque<String>>,
     hook: Mutex<Option<Arc<dyn JobHook>>>,
+    usage: crate::usage::Usage,
     /// How often agents are asked to heartbeat.
     pub heartbeat_interval: Duration,
 }
@@ -91,6 +92,7 @@ impl Coordinator {
             changed: tokio::sync::Notify::new(),
             audit: Mutex::new(VecDeque::new()),
             hook: Mutex::new(None),
+            usage: crate::usage::Usage::default(),
             heartbeat_interval,
         })
     }
@@ -107,6 +109,11 @@ impl Coordinator {
     /// The store.
     pub fn store(&self) -> &Arc<dyn Store> {
         &self.store
+    }
+
+    /// The hosts' usage history, learnt from their reports.
+    pub fn usage(&self) -> &crate::usage::Usage {
+        &self.usage
     }
 
     /// The application repository.
@@ -538,6 +545,7 @@ async fn report(
         ));
     }
     r.validate().map_err(ApiError::bad)?;
+    let (name, idle) = (r.name.clone(), !r.owner_busy());
     let store = c.store.clone();
     let host = blocking(move || {
         if register {
@@ -556,6 +564,7 @@ async fn report(
             ),
         ));
     };
+    c.usage.record(&name, idle);
     Ok(Json(Registered {
         host,
         heartbeat_interval_s: c.heartbeat_interval.as_secs_f64(),
@@ -740,7 +749,9 @@ pub fn openapi() -> serde_json::Value {
                 "HostReport": { "type": "object", "required": ["name", "addr", "idle_cpu", "free_mem_mib", "load", "owner_active"], "properties": {
                     "name": { "type": "string" }, "addr": { "type": "string" },
                     "idle_cpu": { "type": "number", "minimum": 0 }, "free_mem_mib": { "type": "integer", "minimum": 0 },
-                    "load": { "type": "number", "minimum": 0 }, "owner_active": { "type": "boolean" } } },
+                    "load": { "type": "number", "minimum": 0 }, "owner_active": { "type": "boolean" },
+                    "owner": { "type": "string", "enum": ["available", "suspend", "vacate"], "description": "The owner policy's decision (default available)" },
+                    "owner_why": { "type": "string", "description": "Why, when not available" } } },
                 "Host": { "type": "object", "properties": {
                     "report": { "$ref": "#/components/schemas/HostReport" }, "last_seen_ms": { "type": "integer" } } },
                 "HostView": { "type": "object", "properties": {

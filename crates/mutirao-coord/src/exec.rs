@@ -9,9 +9,9 @@
 //! (`mutirao-launch`) is meant to replace it with an in-process implementation.
 
 use crate::api::{Coordinator, JobHook};
-use crate::place::{place, Placement, Requirement, Slot};
+use crate::place::{place_with, Placement, Prefs, Requirement, Slot};
 use crate::{Error, Job, JobState, Result};
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -118,6 +118,17 @@ impl Executor for LaunchExecutor {
         spec.hosts = Some(hosts);
         spec.secret = Some(secret);
         spec.cwd = Some(l.work_dir.clone());
+        if l.job.spec.program.starts_with("sha256:") {
+            // Each agent checks the program against its digest before it starts a rank.
+            spec.env.insert(
+                mutirao_launch::agent::PROGRAM_DIGEST_ENV.to_string(),
+                l.job.spec.program.clone(),
+            );
+            spec.env.insert(
+                mutirao_launch::agent::PROGRAM_DIGEST_OF_ENV.to_string(),
+                spec.program.clone(),
+            );
+        }
         let cancelled = Arc::new(AtomicBool::new(false));
         let watch = Watch {
             interrupted: cancelled.clone(),
@@ -182,7 +193,7 @@ impl Executor for LaunchExecutor {
 }
 
 /// Write `bytes` to `path` atomically (temporary file, fsync, rename), executable if asked.
-fn write_atomic(path: &Path, bytes: &[u8], executable: bool) -> std::io::Result<()> {
+pub(crate) fn write_atomic(path: &Path, bytes: &[u8], executable: bool) -> std::io::Result<()> {
     use std::os::unix::fs::PermissionsExt;
     let tmp = path.with_extension("tmp");
     let mut f = std::fs::File::create(&tmp)?;
@@ -199,15 +210,88 @@ fn write_atomic(path: &Path, bytes: &[u8], executable: bool) -> std::io::Result<
     Ok(())
 }
 
+/// A job the dispatcher started.
+struct Run {
+    exec: Arc<dyn Execution>,
+    /// The hosts it was placed on.
+    hosts: Vec<String>,
+    /// Hosts whose owner is active, where its ranks are stopped.
+    suspended_on: BTreeSet<String>,
+    /// The host being vacated: the run was ended to place the job again.
+    vacating: Option<String>,
+}
+
+/// What the owner watch decided for one job, done outside the lock.
+enum OwnerAction {
+    Suspended(i64, String, String),
+    Resumed(i64, String, bool),
+    Vacate(i64, String, String, Arc<dyn Execution>),
+}
+
+/// The last committed epoch in a job's checkpoint directory (`COMMITTED`), if any.
+fn committed_epoch(ckpt_dir: &Path) -> Option<u64> {
+    std::fs::read_to_string(ckpt_dir.join("COMMITTED"))
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+}
+
+/// A run ended because `host` was vacated: re-queue its job, through `recovering` when it
+/// checkpoints (it resumes from its last committed epoch wherever it is placed next).
+fn requeue_vacated(
+    c: &Coordinator,
+    id: i64,
+    host: &str,
+    ended: &str,
+    ckpt_dir: &Path,
+) -> Result<()> {
+    let store = c.store();
+    let job = store.job(id)?;
+    if job.state.is_final() {
+        return Ok(());
+    }
+    store.note(id, "owner", &format!("the run left {host} ({ended})"))?;
+    if job.state == JobState::Running {
+        c.transition(id, JobState::Suspended, &format!("owner active on {host}"))?;
+    }
+    if job.spec.checkpoint_interval_s.is_some() {
+        let from = match committed_epoch(ckpt_dir) {
+            Some(e) => format!("resumes from committed epoch {e}"),
+            None => "no epoch was committed: starts again from the beginning".to_string(),
+        };
+        c.transition(id, JobState::Recovering, &format!("vacated {host}; {from}"))?;
+        c.transition(
+            id,
+            JobState::Waiting,
+            &format!("re-queued after vacating {host}; it {from} on hosts whose owners are away"),
+        )?;
+    } else {
+        c.transition(id, JobState::Waiting, &format!("re-queued after vacating {host}; no checkpoints: it starts again from the beginning on hosts whose owners are away"))?;
+    }
+    Ok(())
+}
+
 /// Places waiting jobs and runs them through an [`Executor`].
 pub struct Dispatcher {
     c: Arc<Coordinator>,
     exec: Arc<dyn Executor>,
     work: PathBuf,
-    running: Mutex<HashMap<i64, Box<dyn Execution>>>,
+    running: Mutex<HashMap<i64, Run>>,
     last_refusal: Mutex<HashMap<i64, String>>,
     placing: Mutex<()>,
+    model: Mutex<Option<HashMap<String, f64>>>,
     me: Weak<Dispatcher>,
+}
+
+/// Hours ahead a host should stay idle for placement to prefer it (jobs do not say how long
+/// they run).
+pub const STAY_IDLE_HOURS: u32 = 2;
+
+/// The hosts' relative speeds of a calibrated model (`mutirao-model/1` JSON), for
+/// [`Dispatcher::set_model`]; the error says what is wrong with the file.
+pub fn model_speeds(json: &str) -> Result<HashMap<String, f64>> {
+    let m = mutirao_model::Model::from_json(json)
+        .map_err(|e| Error::Invalid(format!("the calibrated model: {e}")))?;
+    Ok(m.hosts.into_iter().map(|h| (h.name, h.speed)).collect())
 }
 
 impl Dispatcher {
@@ -231,10 +315,17 @@ impl Dispatcher {
             running: Mutex::new(HashMap::new()),
             last_refusal: Mutex::new(HashMap::new()),
             placing: Mutex::new(()),
+            model: Mutex::new(None),
             me: me.clone(),
         });
         c.set_hook(d.clone());
         Ok(d)
+    }
+
+    /// Place SPMD jobs with a calibrated model's host speeds ([`model_speeds`]): more ranks to
+    /// faster hosts, the predicted makespan journalled.
+    pub fn set_model(&self, speeds: HashMap<String, f64>) {
+        *self.model.lock().unwrap_or_else(|p| p.into_inner()) = Some(speeds);
     }
 
     /// Jobs a previous coordinator left started (its executions died with it, or can no
@@ -303,7 +394,17 @@ impl Dispatcher {
             .collect();
         let req =
             Requirement::parse(j.spec.require.as_deref().unwrap_or("")).map_err(Error::Invalid)?;
-        let p: Placement = place(j.spec.ranks, &req, &hosts);
+        let prefs = Prefs {
+            stay_idle: hosts
+                .iter()
+                .map(|(h, _)| {
+                    let n = &h.report.name;
+                    (n.clone(), self.c.usage().stay_idle(n, STAY_IDLE_HOURS))
+                })
+                .collect(),
+            speed: self.model.lock().unwrap_or_else(|p| p.into_inner()).clone(),
+        };
+        let p: Placement = place_with(j.spec.ranks, &req, &hosts, &prefs);
         if p.chosen.is_empty() {
             let why = if p.refused.is_empty() {
                 "no host has registered; waiting for agents".to_string()
@@ -336,14 +437,29 @@ impl Dispatcher {
             .iter()
             .map(|s| format!("{}×{}", s.name, s.ranks))
             .collect();
+        let how = match p.predicted {
+            None => "hosts likely to stay idle first, then idle cores".to_string(),
+            Some((m, plain)) => format!(
+                "calibrated model: fastest free cores first, then speed-proportional; predicted makespan {m:.3} against {plain:.3} idle cores first (relative {:.2})",
+                if plain > 0.0 { m / plain } else { 1.0 }
+            ),
+        };
         store.note(
             j.id,
             "placement",
             &format!(
-                "{} ranks on {} (idle cores first; program {} verified)",
+                "{} ranks on {} ({how}; program {} verified)",
                 j.spec.ranks,
                 chosen.join(", "),
                 j.spec.program
+            ),
+        )?;
+        store.note(
+            j.id,
+            "order",
+            &format!(
+                "eligible hosts in order of preference: {} (stays idle: probability of the owner staying away {STAY_IDLE_HOURS} h, from the usage history)",
+                p.order.join(", ")
             ),
         )?;
         for (h, why) in &p.refused {
@@ -362,6 +478,8 @@ impl Dispatcher {
             hosts: p.chosen,
         };
         let (c, id, me) = (self.c.clone(), j.id, self.me.clone());
+        let ckpt_dir = launch.work_dir.join("ckpt");
+        let hosts_used: Vec<String> = launch.hosts.iter().map(|s| s.name.clone()).collect();
         let sink: EventSink = Box::new(move |ev| match ev {
             ExecEvent::Output(b) => {
                 if let Err(e) = c.append_log(id, &b) {
@@ -372,19 +490,31 @@ impl Dispatcher {
                 let _ = c.store().note(id, "host-lost", &h);
             }
             ExecEvent::Exited { success, detail } => {
+                let run = me.upgrade().and_then(|d| {
+                    d.running
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .remove(&id)
+                });
+                if let Some(host) = run.and_then(|r| r.vacating) {
+                    if let Err(e) = requeue_vacated(&c, id, &host, &detail, &ckpt_dir) {
+                        eprintln!("mutirao coordinator: job {id}: cannot re-queue it: {e}");
+                    }
+                    return;
+                }
                 let to = if success {
                     JobState::Finished
                 } else {
                     JobState::Failed
                 };
+                if c.store()
+                    .job(id)
+                    .is_ok_and(|j| j.state == JobState::Suspended)
+                {
+                    let _ = c.transition(id, JobState::Running, "its run ended while suspended");
+                }
                 // Already cancelled: the transition is refused, the journal says so already.
                 let _ = c.transition(id, to, &detail);
-                if let Some(d) = me.upgrade() {
-                    d.running
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .remove(&id);
-                }
             }
         });
         match self.exec.start(&launch, sink) {
@@ -394,7 +524,15 @@ impl Dispatcher {
                     // Cancelled (or ended) while starting.
                     x.cancel();
                 } else {
-                    run.insert(id, x);
+                    run.insert(
+                        id,
+                        Run {
+                            exec: Arc::from(x),
+                            hosts: hosts_used,
+                            suspended_on: BTreeSet::new(),
+                            vacating: None,
+                        },
+                    );
                 }
                 Ok(true)
             }
@@ -404,6 +542,110 @@ impl Dispatcher {
                 Ok(false)
             }
         }
+    }
+
+    /// Follow the owners of the hosts running jobs, from the agents' last reports: a host
+    /// whose owner's policy says `suspend` (its agent stopped the ranks there) suspends its
+    /// jobs, `available` again resumes them, `vacate` (the owner stayed past the policy's
+    /// grace period) ends the run and re-queues the job, which is placed again on hosts whose
+    /// owners are away and, with checkpoints, resumes from its last committed epoch. Every
+    /// step is journalled. Called by the placement loop.
+    pub fn watch_owners(&self) -> Result<()> {
+        use crate::policy::OwnerState;
+        let reports: HashMap<String, crate::HostReport> = self
+            .c
+            .store()
+            .hosts()?
+            .into_iter()
+            .map(|h| (h.report.name.clone(), h.report))
+            .collect();
+        let mut actions = Vec::new();
+        {
+            let mut running = self.running.lock().unwrap_or_else(|p| p.into_inner());
+            for (&id, run) in running.iter_mut() {
+                if run.vacating.is_some() {
+                    continue;
+                }
+                for h in &run.hosts {
+                    let Some(r) = reports.get(h) else { continue };
+                    let why = if r.owner_why.is_empty() {
+                        "the owner is active".to_string()
+                    } else {
+                        r.owner_why.clone()
+                    };
+                    match r.owner {
+                        OwnerState::Suspend if run.suspended_on.insert(h.clone()) => {
+                            actions.push(OwnerAction::Suspended(id, h.clone(), why));
+                        }
+                        OwnerState::Available if run.suspended_on.remove(h) => {
+                            let all = run.suspended_on.is_empty();
+                            actions.push(OwnerAction::Resumed(id, h.clone(), all));
+                        }
+                        OwnerState::Vacate => {
+                            run.vacating = Some(h.clone());
+                            actions.push(OwnerAction::Vacate(id, h.clone(), why, run.exec.clone()));
+                            break;
+                        }
+                        _ => {}
+                    }
+                }
+            }
+        }
+        let store = self.c.store();
+        for a in actions {
+            match a {
+                OwnerAction::Suspended(id, h, why) => {
+                    store.note(
+                        id,
+                        "owner",
+                        &format!("owner active on {h} ({why}): its agent stopped the job's ranks there (SIGSTOP); they are vacated after the owner's grace period unless the owner leaves"),
+                    )?;
+                    if matches!(
+                        store.job(id)?.state,
+                        JobState::Running | JobState::Checkpointing
+                    ) {
+                        self.c.transition(
+                            id,
+                            JobState::Suspended,
+                            &format!("owner active on {h}"),
+                        )?;
+                    }
+                }
+                OwnerAction::Resumed(id, h, all) => {
+                    store.note(
+                        id,
+                        "owner",
+                        &format!("the owner of {h} left: its agent continued the job's ranks there (SIGCONT)"),
+                    )?;
+                    if all && store.job(id)?.state == JobState::Suspended {
+                        self.c.transition(
+                            id,
+                            JobState::Running,
+                            "resumed: no owner active on its hosts",
+                        )?;
+                    }
+                }
+                OwnerAction::Vacate(id, h, why, x) => {
+                    store.note(
+                        id,
+                        "owner",
+                        &format!("vacating {h}: its owner stayed active past the grace period ({why}); ending the run to place the job again"),
+                    )?;
+                    if matches!(
+                        store.job(id)?.state,
+                        JobState::Running | JobState::Checkpointing
+                    ) {
+                        self.c.transition(
+                            id,
+                            JobState::Suspended,
+                            &format!("owner active on {h}"),
+                        )?;
+                    }
+                    x.cancel();
+                }
+            }
+        }
+        Ok(())
     }
 
     /// How many jobs run now.
@@ -418,6 +660,9 @@ impl Dispatcher {
         let th = std::thread::spawn(move || {
             while !s.load(Ordering::SeqCst) {
                 let Some(d) = d.upgrade() else { return };
+                if let Err(e) = d.watch_owners() {
+                    eprintln!("mutirao coordinator: following the hosts' owners: {e}");
+                }
                 if let Err(e) = d.place_waiting() {
                     eprintln!("mutirao coordinator: placing waiting jobs: {e}");
                 }
@@ -461,7 +706,7 @@ impl JobHook for Dispatcher {
             .unwrap_or_else(|p| p.into_inner())
             .remove(&job.id);
         if let Some(x) = x {
-            x.cancel();
+            x.exec.cancel();
         }
     }
 }

@@ -11,7 +11,9 @@
 //! repository and [`verify`]), [`api`] (the HTTP + JSON API and its OpenAPI document),
 //! [`client`] (a blocking client of it), [`place`] (requirements and placement, pure),
 //! [`exec`] (the [`exec::Executor`] trait and the dispatcher that runs placed jobs), and
-//! [`report`] (what an agent reports, and its heartbeat thread).
+//! [`report`] (what an agent reports, and its heartbeat thread), [`policy`] (the owner's
+//! policy, pure), [`owner`] (the agent applying it) and [`usage`] (hosts' usage history by hour
+//! of the week, for placement).
 //!
 //! ```
 //! use mutirao_coord::{JobState, NewJob, SqliteStore, Store};
@@ -34,11 +36,14 @@ pub mod auth;
 pub mod client;
 pub mod exec;
 mod model;
+pub mod owner;
 mod pg;
 pub mod place;
+pub mod policy;
 pub mod repo;
 pub mod report;
 mod sqlite;
+pub mod usage;
 
 pub use model::{
     Event, Host, HostReport, Job, JobState, LogChunk, NewJob, MAX_ARGS, MAX_FIELD, MAX_RANKS,

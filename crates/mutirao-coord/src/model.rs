@@ -150,7 +150,7 @@ pub struct Event {
 }
 
 /// What an agent reports with its heartbeat.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct HostReport {
     /// Host name.
     pub name: String,
@@ -164,6 +164,20 @@ pub struct HostReport {
     pub load: f64,
     /// Its owner is active (keyboard, own load): no grid work now.
     pub owner_active: bool,
+    /// The owner policy's decision (`available`, `suspend`: the grid's processes here are
+    /// stopped, `vacate`: the grid must leave); `available` when the agent has no policy.
+    #[serde(default)]
+    pub owner: crate::policy::OwnerState,
+    /// Why the owner's policy decided so (empty when available).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub owner_why: String,
+}
+
+impl HostReport {
+    /// The owner's policy keeps grid work off this host now (active owner, suspend, vacate).
+    pub fn owner_busy(&self) -> bool {
+        self.owner_active || self.owner != crate::policy::OwnerState::Available
+    }
 }
 
 /// A host as stored.
@@ -247,6 +261,7 @@ impl HostReport {
         }
         check_text("the host name", &self.name)?;
         check_text("the address", &self.addr)?;
+        check_text("the owner's reason", &self.owner_why)?;
         if !(self.idle_cpu.is_finite()
             && self.idle_cpu >= 0.0
             && self.load.is_finite()

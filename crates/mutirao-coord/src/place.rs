@@ -7,6 +7,7 @@
 //! not known to the coordinator yet and are refused at submission with that reason.
 
 use crate::{Host, HostReport};
+use std::collections::HashMap;
 
 /// An attribute of a host report.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -167,10 +168,44 @@ pub struct Slot {
 /// A placement decision: the hosts chosen, and each host refused with its reason.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Placement {
-    /// Hosts with ranks, most ranks first.
+    /// Hosts with ranks, in the order of preference.
     pub chosen: Vec<Slot>,
     /// Hosts not used, and why.
     pub refused: Vec<(String, String)>,
+    /// The eligible hosts in the order of preference, each with what ordered it.
+    pub order: Vec<String>,
+    /// With a model: the predicted makespan of this placement and of the idle-cores-first
+    /// placement on the same hosts (units of one rank's work on a speed-1 core).
+    pub predicted: Option<(f64, f64)>,
+}
+
+/// What placement may prefer besides the reports: the usage history and a calibrated model.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Prefs {
+    /// Host → probability it stays idle for the next hours (usage history); a host not named
+    /// scores ½.
+    pub stay_idle: HashMap<String, f64>,
+    /// Host → relative speed (a `mutirao-model/1` model); `None`: no model. Hosts the model
+    /// does not name take its slowest speed.
+    pub speed: Option<HashMap<String, f64>>,
+}
+
+impl Prefs {
+    fn stay(&self, h: &str) -> f64 {
+        self.stay_idle.get(h).copied().unwrap_or(0.5)
+    }
+
+    /// A host's speed under the model, and whether the model names it.
+    pub fn speed_of(&self, h: &str) -> Option<(f64, bool)> {
+        let m = self.speed.as_ref()?;
+        match m.get(h) {
+            Some(&v) => Some((v, true)),
+            None => {
+                let slowest = m.values().copied().fold(f64::INFINITY, f64::min);
+                Some((if slowest.is_finite() { slowest } else { 1.0 }, false))
+            }
+        }
+    }
 }
 
 /// Place `ranks` ranks on `hosts` (each with its last report, and whether it still reports):
@@ -178,14 +213,45 @@ pub struct Placement {
 /// to its idle cores (at least one), the idlest first; ranks beyond every host's idle cores
 /// are spread one at a time over the eligible hosts. No eligible host: `chosen` is empty.
 pub fn place(ranks: u32, req: &Requirement, hosts: &[(Host, bool)]) -> Placement {
+    place_with(ranks, req, hosts, &Prefs::default())
+}
+
+/// The SPMD makespan of `counts` ranks on hosts of `slots` cores and relative `speed`, in
+/// units of one rank's work on a speed-1 core: each host takes `max(1, ranks/slots)/speed`
+/// (ranks beyond its cores share them), the job the slowest host's.
+pub fn makespan(counts: &[u32], slots: &[u32], speed: &[f64]) -> f64 {
+    counts
+        .iter()
+        .zip(slots)
+        .zip(speed)
+        .filter(|((&r, _), _)| r > 0)
+        .map(|((&r, &c), &v)| (r as f64 / c.max(1) as f64).max(1.0) / v)
+        .fold(0.0, f64::max)
+}
+
+/// [`place`] with preferences. Eligible hosts are ordered by the probability they stay idle
+/// (rounded to tenths, so that noise does not decide), then idle cores, then name. Without a
+/// model, each takes up to its idle cores in that order, the rest spread one at a time. With
+/// a model, each rank goes where the job's predicted makespan ([`makespan`]) grows least —
+/// the fastest hosts' free cores first, then speed-proportionally — ties in that order.
+pub fn place_with(
+    ranks: u32,
+    req: &Requirement,
+    hosts: &[(Host, bool)],
+    prefs: &Prefs,
+) -> Placement {
     let mut p = Placement::default();
     let mut ok: Vec<&HostReport> = Vec::new();
     for (h, alive) in hosts {
         let r = &h.report;
         let why = if !alive {
             Some("no heartbeat lately".to_string())
-        } else if r.owner_active {
-            Some("its owner is active".to_string())
+        } else if r.owner_busy() {
+            Some(if r.owner_why.is_empty() {
+                "its owner is active".to_string()
+            } else {
+                format!("its owner is active ({})", r.owner_why)
+            })
         } else if r.addr.is_empty() {
             Some("its agent gave no address".to_string())
         } else {
@@ -199,24 +265,39 @@ pub fn place(ranks: u32, req: &Requirement, hosts: &[(Host, bool)]) -> Placement
     if ok.is_empty() || ranks == 0 {
         return p;
     }
+    let tenths = |h: &str| (prefs.stay(h) * 10.0).round() as i64;
     ok.sort_by(|a, b| {
-        b.idle_cpu
-            .total_cmp(&a.idle_cpu)
+        tenths(&b.name)
+            .cmp(&tenths(&a.name))
+            .then_with(|| b.idle_cpu.total_cmp(&a.idle_cpu))
             .then_with(|| a.name.cmp(&b.name))
     });
+    let slots: Vec<u32> = ok
+        .iter()
+        .map(|r| (r.idle_cpu.floor() as u32).max(1))
+        .collect();
     let mut given = vec![0u32; ok.len()];
-    let mut left = ranks;
-    for (i, r) in ok.iter().enumerate() {
-        let cap = (r.idle_cpu.floor() as u32).max(1);
-        let n = cap.min(left);
-        given[i] = n;
-        left -= n;
-    }
-    let mut i = 0;
-    while left > 0 {
-        given[i % ok.len()] += 1;
-        left -= 1;
-        i += 1;
+    if prefs.speed.is_some() {
+        let speed: Vec<f64> = ok
+            .iter()
+            .map(|r| prefs.speed_of(&r.name).map_or(1.0, |s| s.0))
+            .collect();
+        for _ in 0..ranks {
+            // The host whose time with one more rank is least (first in order on ties).
+            let cost = |i: usize| ((given[i] + 1) as f64 / slots[i] as f64).max(1.0) / speed[i];
+            let best = (0..ok.len())
+                .min_by(|&a, &b| cost(a).total_cmp(&cost(b)).then(a.cmp(&b)))
+                .unwrap_or(0);
+            given[best] += 1;
+        }
+        // Without the model's guidance: the same hosts, idle cores first, for comparison.
+        let plain = fill_by_slots(ranks, &slots);
+        p.predicted = Some((
+            makespan(&given, &slots, &speed),
+            makespan(&plain, &slots, &speed),
+        ));
+    } else {
+        given = fill_by_slots(ranks, &slots);
     }
     for (r, n) in ok.iter().zip(given) {
         if n > 0 {
@@ -230,7 +311,42 @@ pub fn place(ranks: u32, req: &Requirement, hosts: &[(Host, bool)]) -> Placement
                 .push((r.name.clone(), "not needed: the job fits elsewhere".into()));
         }
     }
+    p.order = ok
+        .iter()
+        .map(|r| {
+            let mut s = format!("{} (stays idle {:.2}", r.name, prefs.stay(&r.name));
+            if let Some((v, known)) = prefs.speed_of(&r.name) {
+                s.push_str(&format!(", speed {v}"));
+                if !known {
+                    s.push_str(" — not in the model: its slowest");
+                }
+            }
+            s.push(')');
+            s
+        })
+        .collect();
     p
+}
+
+/// Up to each host's slots in order, the rest spread one at a time.
+fn fill_by_slots(ranks: u32, slots: &[u32]) -> Vec<u32> {
+    let mut given = vec![0u32; slots.len()];
+    if slots.is_empty() {
+        return given;
+    }
+    let mut left = ranks;
+    for (i, &cap) in slots.iter().enumerate() {
+        let n = cap.min(left);
+        given[i] = n;
+        left -= n;
+    }
+    let mut i = 0;
+    while left > 0 {
+        given[i % slots.len()] += 1;
+        left -= 1;
+        i += 1;
+    }
+    given
 }
 
 #[cfg(test)]
@@ -246,6 +362,7 @@ mod tests {
                 free_mem_mib: 1000,
                 load: 2.0 - idle.min(2.0),
                 owner_active: owner,
+                ..Default::default()
             },
             last_seen_ms: 0,
         }
@@ -307,5 +424,87 @@ mod tests {
         let p = place(2, &Requirement::parse("cpu>=100").unwrap(), &hosts);
         assert!(p.chosen.is_empty());
         assert_eq!(p.refused.len(), 5);
+    }
+
+    fn prefs(stay: &[(&str, f64)], speed: Option<&[(&str, f64)]>) -> Prefs {
+        Prefs {
+            stay_idle: stay.iter().map(|(h, p)| (h.to_string(), *p)).collect(),
+            speed: speed.map(|s| s.iter().map(|(h, v)| (h.to_string(), *v)).collect()),
+        }
+    }
+
+    fn got(p: &Placement) -> Vec<(&str, u32)> {
+        p.chosen
+            .iter()
+            .map(|s| (s.name.as_str(), s.ranks))
+            .collect()
+    }
+
+    #[test]
+    fn hosts_likely_to_stay_idle_come_first() {
+        let hosts = [
+            (host("n1", 4.0, false), true),
+            (host("n2", 2.0, false), true),
+            (host("n3", 2.0, false), true),
+        ];
+        let req = Requirement::default();
+        // No history: the idlest first.
+        assert_eq!(got(&place(2, &req, &hosts)), [("n1", 2)]);
+        // n2's owner is usually away now, n1's usually back within the hour.
+        let pr = prefs(&[("n1", 0.2), ("n2", 0.9)], None);
+        let p = place_with(3, &req, &hosts, &pr);
+        assert_eq!(got(&p), [("n2", 2), ("n3", 1)]);
+        assert!(
+            p.order[0].starts_with("n2 (stays idle 0.90"),
+            "{:?}",
+            p.order
+        );
+        assert!(p
+            .refused
+            .iter()
+            .any(|(h, w)| h == "n1" && w.contains("not needed")));
+        // Probabilities in the same tenth do not outweigh idle cores.
+        let pr = prefs(&[("n1", 0.51), ("n2", 0.54)], None);
+        assert_eq!(got(&place_with(2, &req, &hosts, &pr)), [("n1", 2)]);
+        assert_eq!(place_with(2, &req, &hosts, &pr).predicted, None);
+    }
+
+    #[test]
+    fn a_model_sends_ranks_to_faster_hosts_and_predicts_the_makespan() {
+        let req = Requirement::default();
+        // The slow host is the idlest: without the model it takes both ranks.
+        let hosts = [
+            (host("slow", 4.0, false), true),
+            (host("fast", 2.0, false), true),
+        ];
+        let model = [("slow", 1.0), ("fast", 2.0)];
+        assert_eq!(got(&place(2, &req, &hosts)), [("slow", 2)]);
+        let p = place_with(2, &req, &hosts, &prefs(&[], Some(&model)));
+        assert_eq!(got(&p), [("fast", 2)]);
+        assert_eq!(p.predicted, Some((0.5, 1.0)));
+        // More ranks than cores: speed-proportional (4 : 1), not one at a time.
+        let hosts = [(host("a", 1.0, false), true), (host("b", 1.0, false), true)];
+        let p = place_with(
+            5,
+            &req,
+            &hosts,
+            &prefs(&[], Some(&[("a", 4.0), ("b", 1.0)])),
+        );
+        assert_eq!(got(&p), [("a", 4), ("b", 1)]);
+        assert_eq!(p.predicted, Some((1.0, 2.0)));
+        // A host the model does not name counts as its slowest, and says so.
+        let p = place_with(
+            1,
+            &req,
+            &hosts,
+            &prefs(&[], Some(&[("a", 4.0), ("c", 0.5)])),
+        );
+        assert_eq!(got(&p), [("a", 1)]);
+        assert!(
+            p.order[1].contains("speed 0.5 — not in the model"),
+            "{:?}",
+            p.order
+        );
+        assert_eq!(makespan(&[0, 3], &[4, 2], &[9.0, 1.5]), 1.0);
     }
 }

@@ -1,8 +1,11 @@
 //! The agent's side: what a host reports (measured from Linux's /proc) and a heartbeat thread
 //! that registers the host with the coordinator and reports again every interval the
-//! coordinator asks for. The owner's state comes from the caller (its owner policy).
+//! coordinator asks for. The owner's state comes from the caller (its owner policy, see
+//! [`crate::owner`]).
 
 use crate::client::Client;
+use crate::owner::OwnerStatus;
+use crate::policy::OwnerState;
 use crate::{Error, HostReport, Result};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -29,8 +32,8 @@ pub fn idle_cores(cores: usize, load: f64) -> f64 {
     (cores as f64 - load).max(0.0)
 }
 
-/// Measure this host now.
-pub fn measure(name: &str, addr: &str, owner_active: bool) -> Result<HostReport> {
+/// Measure this host now; `owner` is the owner policy's decision (default: available).
+pub fn measure(name: &str, addr: &str, owner: &OwnerStatus) -> Result<HostReport> {
     let read = |p: &str| {
         std::fs::read_to_string(p).map_err(|e| Error::Io(format!("cannot read {p}: {e}")))
     };
@@ -47,7 +50,9 @@ pub fn measure(name: &str, addr: &str, owner_active: bool) -> Result<HostReport>
         idle_cpu: idle_cores(cores, load),
         free_mem_mib,
         load,
-        owner_active,
+        owner_active: owner.state != OwnerState::Available,
+        owner: owner.state,
+        owner_why: owner.why.clone(),
     })
 }
 
@@ -74,7 +79,17 @@ pub type Measure = Box<dyn FnMut() -> Result<HostReport> + Send>;
 /// interval; a coordinator that forgot the host (404, e.g. a new database) is registered with
 /// again. The first registration happens before this returns, so a wrong token or address is
 /// an error here.
-pub fn spawn_heartbeat(client: Client, mut measure: Measure) -> Result<Heartbeat> {
+pub fn spawn_heartbeat(client: Client, measure: Measure) -> Result<Heartbeat> {
+    spawn_heartbeat_nudged(client, measure, Arc::new(AtomicBool::new(false)))
+}
+
+/// [`spawn_heartbeat`], beating at once whenever `nudge` is set (and clearing it): the owner
+/// watch sets it when its decision changes, so that the coordinator learns of it at once.
+pub fn spawn_heartbeat_nudged(
+    client: Client,
+    mut measure: Measure,
+    nudge: Arc<AtomicBool>,
+) -> Result<Heartbeat> {
     let first = client.register(&measure()?)?;
     let stop = Arc::new(AtomicBool::new(false));
     let s = stop.clone();
@@ -84,6 +99,9 @@ pub fn spawn_heartbeat(client: Client, mut measure: Measure) -> Result<Heartbeat
         while t0.elapsed() < interval {
             if s.load(Ordering::SeqCst) {
                 return;
+            }
+            if nudge.swap(false, Ordering::SeqCst) {
+                break;
             }
             std::thread::sleep(Duration::from_millis(20).min(interval));
         }
@@ -115,7 +133,7 @@ mod tests {
         assert_eq!(parse_mem_available_mib("MemTotal: 1 kB\n"), None);
         assert_eq!(idle_cores(4, 1.5), 2.5);
         assert_eq!(idle_cores(2, 3.0), 0.0);
-        let r = measure("me", "127.0.0.1:7207", false).unwrap();
+        let r = measure("me", "127.0.0.1:7207", &OwnerStatus::default()).unwrap();
         assert!(
             r.idle_cpu >= 0.0 && r.load >= 0.0 && r.free_mem_mib > 0,
             "{r:?}"

@@ -123,6 +123,7 @@ fn report(name: &str) -> String {
         free_mem_mib: 2048,
         load: 0.5,
         owner_active: false,
+        ..Default::default()
     })
     .unwrap()
 }

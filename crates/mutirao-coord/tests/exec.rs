@@ -6,6 +6,7 @@
 use mutirao_coord::api::Coordinator;
 use mutirao_coord::auth::Tokens;
 use mutirao_coord::exec::{Dispatcher, EventSink, ExecEvent, Execution, Executor, Launch};
+use mutirao_coord::policy::OwnerState;
 use mutirao_coord::{HostReport, JobState, NewJob, Repo, SqliteStore};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -80,6 +81,7 @@ fn host(c: &Coordinator, name: &str, idle: f64, owner: bool) {
             free_mem_mib: 100,
             load: 0.0,
             owner_active: owner,
+            ..Default::default()
         })
         .unwrap();
 }
@@ -129,13 +131,14 @@ fn a_waiting_job_is_placed_run_logged_and_finished() {
     assert_eq!(
         story[1],
         format!(
-            "placement 3 ranks on n1×3 (idle cores first; program {} verified)",
+            "placement 3 ranks on n1×3 (hosts likely to stay idle first, then idle cores; program {} verified)",
             l.job.spec.program
         )
     );
-    assert_eq!(story[2], "refused n2: its owner is active");
-    assert_eq!(story[3], "state started on n1");
-    assert_eq!(story[4], "state exit 0");
+    assert_eq!(story[2], "order eligible hosts in order of preference: n1 (stays idle 0.25) (stays idle: probability of the owner staying away 2 h, from the usage history)");
+    assert_eq!(story[3], "refused n2: its owner is active");
+    assert_eq!(story[4], "state started on n1");
+    assert_eq!(story[5], "state exit 0");
     assert_eq!(d.running(), 0);
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -201,5 +204,172 @@ fn cancel_reaches_the_execution_and_a_restart_requeues_orphans() {
     assert_eq!(c.store().job(a).unwrap().state, JobState::Cancelled);
     let last = c.store().events(b).unwrap().pop().unwrap().detail;
     assert!(last.contains("re-queued"), "{last}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// An executor whose runs end only when cancelled (then with `Exited`, as the launch
+/// library's do).
+#[derive(Default)]
+struct UntilCancelled {
+    launches: Mutex<Vec<Launch>>,
+}
+
+struct Ender(Mutex<Option<EventSink>>);
+impl Execution for Ender {
+    fn cancel(&self) {
+        if let Some(mut ev) = self.0.lock().unwrap().take() {
+            ev(ExecEvent::Exited {
+                success: false,
+                detail: "cancelled".into(),
+            });
+        }
+    }
+}
+
+impl Executor for UntilCancelled {
+    fn start(&self, l: &Launch, events: EventSink) -> mutirao_coord::Result<Box<dyn Execution>> {
+        self.launches.lock().unwrap().push(l.clone());
+        Ok(Box::new(Ender(Mutex::new(Some(events)))))
+    }
+}
+
+fn owner(c: &Coordinator, name: &str, state: OwnerState) {
+    c.store()
+        .report_host(&HostReport {
+            name: name.into(),
+            addr: "127.0.0.1:7207".into(),
+            idle_cpu: 4.0,
+            free_mem_mib: 100,
+            owner_active: state != OwnerState::Available,
+            owner: state,
+            owner_why: if state == OwnerState::Available {
+                String::new()
+            } else {
+                "/tmp/owner-here exists".into()
+            },
+            ..Default::default()
+        })
+        .unwrap();
+}
+
+fn story(c: &Coordinator, id: i64) -> Vec<String> {
+    c.store()
+        .events(id)
+        .unwrap()
+        .into_iter()
+        .map(|e| format!("{} {}", e.kind, e.detail))
+        .collect()
+}
+
+#[test]
+fn an_owner_suspends_resumes_and_vacates_a_job_which_is_placed_again_elsewhere() {
+    let dir = std::env::temp_dir().join(format!("mutirao-exec-{}-owner", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let c = Coordinator::new(
+        Arc::new(SqliteStore::open_in_memory().unwrap()),
+        Tokens::new(),
+        Repo::open(&dir.join("repo"), 1000).unwrap(),
+    );
+    let x = Arc::new(UntilCancelled::default());
+    let d = Dispatcher::install(c.clone(), x.clone(), &dir.join("jobs")).unwrap();
+    owner(&c, "n1", OwnerState::Available);
+    let id = submit(&c, 2, "");
+    let ck = c
+        .store()
+        .create_job(&NewJob {
+            owner: "ana".into(),
+            ranks: 2,
+            program: c.repo().put(b"prog").unwrap(),
+            args: vec![],
+            require: None,
+            checkpoint_interval_s: Some(1.0),
+        })
+        .unwrap()
+        .id;
+    assert_eq!(d.place_waiting().unwrap(), 2);
+    // The owner comes back: suspended; leaves: running again.
+    owner(&c, "n1", OwnerState::Suspend);
+    d.watch_owners().unwrap();
+    assert_eq!(c.store().job(id).unwrap().state, JobState::Suspended);
+    d.watch_owners().unwrap(); // journalled once
+    owner(&c, "n1", OwnerState::Available);
+    d.watch_owners().unwrap();
+    assert_eq!(c.store().job(id).unwrap().state, JobState::Running);
+    // Back, and past the grace period: vacated, re-queued; n1 refuses it while its owner stays.
+    owner(&c, "n1", OwnerState::Suspend);
+    d.watch_owners().unwrap();
+    std::fs::create_dir_all(dir.join(format!("jobs/{ck}/ckpt"))).unwrap();
+    std::fs::write(dir.join(format!("jobs/{ck}/ckpt/COMMITTED")), "4\n").unwrap();
+    owner(&c, "n1", OwnerState::Vacate);
+    d.watch_owners().unwrap();
+    assert_eq!(c.store().job(id).unwrap().state, JobState::Waiting);
+    assert_eq!(c.store().job(ck).unwrap().state, JobState::Waiting);
+    assert_eq!(d.running(), 0);
+    assert_eq!(d.place_waiting().unwrap(), 0);
+    let s = story(&c, id);
+    let owner_lines: Vec<&String> = s.iter().filter(|l| l.starts_with("owner ")).collect();
+    assert_eq!(owner_lines.len(), 5, "{s:#?}");
+    assert!(owner_lines[0].contains("owner active on n1 (/tmp/owner-here exists)"));
+    assert!(owner_lines[1].contains("left"), "{s:#?}");
+    assert!(owner_lines[3].contains("vacating n1"), "{s:#?}");
+    assert!(s.iter().any(|l| l == "state owner active on n1"), "{s:#?}");
+    assert!(
+        s.iter()
+            .any(|l| l == "state resumed: no owner active on its hosts"),
+        "{s:#?}"
+    );
+    assert!(
+        s.iter()
+            .any(|l| l
+                .starts_with("state re-queued after vacating n1; no checkpoints: it starts again")),
+        "{s:#?}"
+    );
+    assert_eq!(
+        s.last().unwrap(),
+        "refused no eligible host (n1: its owner is active (/tmp/owner-here exists)); waiting"
+    );
+    let s = story(&c, ck);
+    assert!(
+        s.iter()
+            .any(|l| l == "state vacated n1; resumes from committed epoch 4"),
+        "{s:#?}"
+    );
+    // Another host comes: both are placed there.
+    owner(&c, "n2", OwnerState::Available);
+    assert_eq!(d.place_waiting().unwrap(), 2);
+    let l = x.launches.lock().unwrap();
+    assert_eq!(l.len(), 4);
+    assert!(l[2..].iter().all(|l| l.hosts[0].name == "n2"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn the_usage_history_learnt_from_reports_orders_the_hosts() {
+    let (c, s, d, dir) = setup("usage", true);
+    host(&c, "n1", 4.0, false);
+    host(&c, "n2", 2.0, false);
+    // n1's owner has been at it at this hour, n2's away.
+    for _ in 0..100 {
+        c.usage().record("n1", false);
+        c.usage().record("n2", true);
+    }
+    let id = submit(&c, 1, "");
+    assert_eq!(d.place_waiting().unwrap(), 1);
+    wait(&c, id, JobState::Finished);
+    assert_eq!(s.launches.lock().unwrap()[0].hosts[0].name, "n2");
+    let order = c
+        .store()
+        .events(id)
+        .unwrap()
+        .into_iter()
+        .find(|e| e.kind == "order")
+        .unwrap()
+        .detail;
+    assert!(
+        order.starts_with(
+            "eligible hosts in order of preference: n2 (stays idle 0.50), n1 (stays idle 0.00)"
+        ),
+        "{order}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -41,10 +41,13 @@ fn an_agent_registers_heartbeats_and_stops() {
     }));
 
     let bad = Client::new(&url, "not-the-agent-token-xx").unwrap();
-    let e = spawn_heartbeat(bad, Box::new(|| measure("n1", "127.0.0.1:7207", false)))
-        .err()
-        .expect("a wrong token is refused at once")
-        .to_string();
+    let e = spawn_heartbeat(
+        bad,
+        Box::new(|| measure("n1", "127.0.0.1:7207", &Default::default())),
+    )
+    .err()
+    .expect("a wrong token is refused at once")
+    .to_string();
     assert!(e.contains("401"), "{e}");
 
     let beats = Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -53,7 +56,7 @@ fn an_agent_registers_heartbeats_and_stops() {
         Client::new(&url, "n1-agent-token-0123456").unwrap(),
         Box::new(move || {
             b2.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            measure("n1", "127.0.0.1:7207", false)
+            measure("n1", "127.0.0.1:7207", &Default::default())
         }),
     )
     .unwrap();

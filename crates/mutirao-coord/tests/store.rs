@@ -29,6 +29,7 @@ fn report(name: &str, idle: f64) -> HostReport {
         free_mem_mib: 2048,
         load: 0.4,
         owner_active: false,
+        ..Default::default()
     }
 }
 

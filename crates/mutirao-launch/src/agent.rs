@@ -24,6 +24,77 @@ pub struct AgentConfig {
     pub log: Arc<dyn Fn(&str) + Send + Sync>,
     /// The checkpoint replicas this agent keeps for launchers (`None`: it keeps none).
     pub store: Option<Arc<mutirao_ckpt::DirStore>>,
+    /// Every process group this agent runs for launchers (the owner's policy stops and
+    /// continues them all).
+    pub procs: Procs,
+}
+
+/// The process groups an agent runs for launchers, so that the host owner's policy can stop
+/// them (SIGSTOP) when the owner comes back and continue them (SIGCONT) when the owner leaves.
+/// A group started while they are stopped is stopped at once.
+#[derive(Clone, Default)]
+pub struct Procs(Arc<Mutex<ProcsInner>>);
+
+#[derive(Default)]
+struct ProcsInner {
+    pids: Vec<i32>,
+    stopped: bool,
+}
+
+impl Procs {
+    fn lock(&self) -> std::sync::MutexGuard<'_, ProcsInner> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Stop every group (and those started from now on); returns how many run now.
+    pub fn stop_all(&self) -> usize {
+        let mut g = self.lock();
+        g.stopped = true;
+        kill_all(&g.pids, libc::SIGSTOP);
+        g.pids.len()
+    }
+
+    /// Continue every group; returns how many run now.
+    pub fn continue_all(&self) -> usize {
+        let mut g = self.lock();
+        g.stopped = false;
+        kill_all(&g.pids, libc::SIGCONT);
+        g.pids.len()
+    }
+
+    /// End every group (SIGKILL; stopped ones too); returns how many there were.
+    pub fn kill_all(&self) -> usize {
+        let g = self.lock();
+        kill_all(&g.pids, libc::SIGKILL);
+        g.pids.len()
+    }
+
+    /// Groups running and not stopped.
+    pub fn running(&self) -> usize {
+        let g = self.lock();
+        if g.stopped {
+            0
+        } else {
+            g.pids.len()
+        }
+    }
+
+    /// Groups alive (stopped or not).
+    pub fn count(&self) -> usize {
+        self.lock().pids.len()
+    }
+
+    fn add(&self, pid: i32) {
+        let mut g = self.lock();
+        if g.stopped {
+            kill_all(&[pid], libc::SIGSTOP);
+        }
+        g.pids.push(pid);
+    }
+
+    fn remove(&self, pid: i32) {
+        self.lock().pids.retain(|p| *p != pid);
+    }
 }
 
 /// Accept launchers on `listener` forever, one thread per session.
@@ -181,6 +252,21 @@ pub fn serve(conn: TcpStream, cfg: &AgentConfig) -> anyhow::Result<()> {
         bail!("{peer}: empty launch");
     }
     let log = |m: &str| (cfg.log)(m);
+    // A launcher that names the program's digest (the grid coordinator does) has it checked
+    // here, on the host that runs it, before anything starts.
+    // Only for the program it names (a rank may spawn another program with its environment).
+    let named = ranks.first().and_then(|r| {
+        let of = r.env.get(PROGRAM_DIGEST_OF_ENV);
+        r.env
+            .get(PROGRAM_DIGEST_ENV)
+            .filter(|_| of.is_none_or(|p| *p == program))
+    });
+    if let Some(want) = named {
+        if let Err(e) = verify_program(&program, cwd.as_deref(), want) {
+            let _ = send(&Msg::Error { msg: e.clone() });
+            bail!("{peer}: {e}");
+        }
+    }
     log(&format!(
         "{peer}: starting {program:?} as ranks {:?}",
         ranks.iter().map(|r| r.rank).collect::<Vec<_>>()
@@ -214,6 +300,7 @@ pub fn serve(conn: TcpStream, cfg: &AgentConfig) -> anyhow::Result<()> {
             }
         };
         pids.push(child.id() as i32);
+        cfg.procs.add(child.id() as i32);
         send(&Msg::Started {
             rank: spec.rank,
             pid: child.id(),
@@ -265,8 +352,10 @@ pub fn serve(conn: TcpStream, cfg: &AgentConfig) -> anyhow::Result<()> {
             }));
         }
         let w = w.clone();
+        let procs = cfg.procs.clone();
         waiters.push(std::thread::spawn(move || {
             let st = child.wait();
+            procs.remove(child.id() as i32);
             for t in readers {
                 let _ = t.join();
             }
@@ -324,6 +413,10 @@ pub fn serve(conn: TcpStream, cfg: &AgentConfig) -> anyhow::Result<()> {
                     libc::SIGTERM
                 };
                 kill_all(&pids, sig);
+                if sig == libc::SIGTERM {
+                    // Ranks the owner's policy stopped act on SIGTERM only once continued.
+                    kill_all(&pids, libc::SIGCONT);
+                }
             }
             Ok(Some(_)) => {}
             Ok(None) => {
@@ -343,6 +436,56 @@ pub fn serve(conn: TcpStream, cfg: &AgentConfig) -> anyhow::Result<()> {
     }
 }
 
+/// The rank variable naming the program's expected digest (`sha256:<64 hex>`): an agent
+/// refuses to start a program whose content does not match it.
+pub const PROGRAM_DIGEST_ENV: &str = "MUTIRAO_PROGRAM_DIGEST";
+/// The program [`PROGRAM_DIGEST_ENV`] is the digest of (absent: whatever the launch runs).
+pub const PROGRAM_DIGEST_OF_ENV: &str = "MUTIRAO_PROGRAM_DIGEST_OF";
+
+/// The `sha256:<hex>` digest of the file at `path`, read in pieces.
+pub fn file_digest(path: &Path) -> std::io::Result<String> {
+    use sha2::{Digest, Sha256};
+    use std::io::Read;
+    let mut f = std::fs::File::open(path)?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 16];
+    loop {
+        let n = f.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+    }
+    Ok(format!("sha256:{}", mutirao::pmi::hex(&h.finalize())))
+}
+
+/// Check that `program` (a path, relative to `cwd` if relative) has digest `want`; the error
+/// says what to do.
+pub fn verify_program(program: &str, cwd: Option<&str>, want: &str) -> Result<(), String> {
+    if !program.contains('/') {
+        return Err(format!(
+            "cannot check {program:?} against its digest {want}: give the program as a path"
+        ));
+    }
+    let p = match cwd {
+        Some(d) if !Path::new(program).is_absolute() => Path::new(d).join(program),
+        _ => PathBuf::from(program),
+    };
+    let have = file_digest(&p).map_err(|e| {
+        format!(
+            "cannot read {} to check it against its digest {want}: {e}",
+            p.display()
+        )
+    })?;
+    if !mutirao::wire::constant_time_eq(have.as_bytes(), want.trim().as_bytes()) {
+        return Err(format!(
+            "{} has digest {have}, not {want}: it was altered or corrupted after it was named; refusing to run it (upload and submit it again)",
+            p.display()
+        ));
+    }
+    Ok(())
+}
+
 fn kill_all(pids: &[i32], sig: i32) {
     for pid in pids {
         // SAFETY: kill(2) has no memory-safety preconditions; -pid addresses the process group
@@ -351,5 +494,31 @@ fn kill_all(pids: &[i32], sig: i32) {
         unsafe {
             libc::kill(-*pid, sig);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_program_is_run_only_with_the_digest_it_was_named_by() {
+        let d = std::env::temp_dir().join(format!("mutirao-agent-digest-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        let p = d.join("prog");
+        std::fs::write(&p, b"abc").unwrap();
+        // sha256("abc")
+        let abc = "sha256:ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad";
+        assert_eq!(file_digest(&p).unwrap(), abc);
+        assert!(verify_program(p.to_str().unwrap(), None, abc).is_ok());
+        assert!(verify_program("./prog", d.to_str(), abc).is_ok());
+        std::fs::write(&p, b"abd").unwrap();
+        let e = verify_program(p.to_str().unwrap(), None, abc).unwrap_err();
+        assert!(e.contains("altered or corrupted") && e.contains(abc), "{e}");
+        let e = verify_program("sh", None, abc).unwrap_err();
+        assert!(e.contains("give the program as a path"), "{e}");
+        let e = verify_program("/nonexistent/prog", None, abc).unwrap_err();
+        assert!(e.contains("cannot read"), "{e}");
+        let _ = std::fs::remove_dir_all(&d);
     }
 }
