@@ -271,7 +271,8 @@ pub struct Network {
     fast_s: Vec<f64>,
     /// Resources found over capacity while left out of a local filling (`== call`).
     forced: Vec<u64>,
-    /// Groups of this local filling that got faster or took in flows.
+    /// Light resources a group of this local filling that got faster or took in flows left
+    /// over capacity when it was fixed (checked again once the filling ends).
     raised: Vec<usize>,
     call: u64,
     /// Stamp of the current filling attempt (`Group::fixed_in`).
@@ -840,6 +841,7 @@ impl Network {
 
     /// The filling and checks of [`Network::fill_local`], from the heap of resource shares.
     fn fill_local_from(&mut self, heap: &mut ShareQueue, mut unfixed: usize) -> Local {
+        const TOL: f64 = 1e-12;
         let (call, ep, now) = (self.call, self.epoch, self.now);
         while unfixed > 0 {
             let Some(Share(share, r)) = heap.pop() else {
@@ -902,7 +904,6 @@ impl Network {
             }
             let moved = self.users[r] > self.groups[r].len;
             if moved {
-                self.raised.push(r);
                 // The unfixed flows crossing r outside its group: most often only fresh ones,
                 // found in the (short) fresh list; else in r's members, until all are found.
                 let mut extra = self.users[r] - self.groups[r].len;
@@ -948,18 +949,20 @@ impl Network {
                 grp.settle(now);
                 grp.rate = rate;
             }
+            // Only a group that got faster, or took in flows, can add load to a light
+            // resource: note the ones it leaves over capacity (checked again at the end).
+            let raised = d > 0.0 || moved;
             for &(q, n) in &grp.coupling {
                 if self.q_mark[q] == ep {
                     self.cap_left[q] -= share * n as f64;
                     self.users[q] -= n;
                     self.fast_s[q] = self.fast_s[q].max(rate);
+                } else if raised && self.load[q] + d * n as f64 > self.cap[q] * (1.0 + TOL) {
+                    self.raised.push(q);
                 }
                 if d != 0.0 {
                     self.load[q] += d * n as f64;
                 }
-            }
-            if d > 0.0 && !moved {
-                self.raised.push(r);
             }
             if d != 0.0 {
                 self.touch(r);
@@ -968,19 +971,13 @@ impl Network {
         // The max–min conditions on every resource touched. What is left of a resource's
         // capacity is `cap_left`; the groups kept were max–min fair before (their rates did
         // not change), so only the new rates can be faster than a kept group's.
-        const TOL: f64 = 1e-12;
         let mut ok = true;
-        // Only a group that got faster, or took in flows, can add load to a light resource.
         for i in 0..self.raised.len() {
-            let g = self.raised[i];
-            for k in 0..self.groups[g].coupling.len() {
-                let q = self.groups[g].coupling[k].0;
-                let c = self.cap[q];
-                if self.q_mark[q] != ep && self.load[q] > c * (1.0 + TOL) {
-                    // A light resource the new rates overload: fill again with it.
-                    self.forced[q] = call;
-                    ok = false;
-                }
+            let q = self.raised[i];
+            if self.q_mark[q] != ep && self.load[q] > self.cap[q] * (1.0 + TOL) {
+                // A light resource the new rates overload: fill again with it.
+                self.forced[q] = call;
+                ok = false;
             }
         }
         for i in 0..self.q_list.len() {

@@ -243,13 +243,17 @@ pub fn simulate_with_network<N: FlowNetwork>(
         });
     }
     // Per-host run order.
-    let mut order: Vec<usize> = (0..n).collect();
-    order.sort_by(|&a, &b| {
-        placement.host[a]
-            .cmp(&placement.host[b])
-            .then(placement.start[a].total_cmp(&placement.start[b]))
-            .then(placement.seq[a].cmp(&placement.seq[b]))
-    });
+    // Sorted by (host, start, seq, task): keys side by side, the start as an integer ordered
+    // as `f64::total_cmp` orders the floats.
+    let mut keyed: Vec<(usize, i64, usize, usize)> = (0..n)
+        .map(|t| {
+            let b = placement.start[t].to_bits() as i64;
+            let start = b ^ (((b >> 63) as u64) >> 1) as i64;
+            (placement.host[t], start, placement.seq[t], t)
+        })
+        .collect();
+    keyed.sort_unstable();
+    let order: Vec<usize> = keyed.into_iter().map(|k| k.3).collect();
     let mut host_off = vec![0usize; np + 1];
     for &t in &order {
         host_off[placement.host[t] + 1] += 1;
