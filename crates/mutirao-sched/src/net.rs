@@ -225,8 +225,9 @@ pub struct Done {
 /// flows, every other group held at
 /// its rate — per-resource loads are kept up to date, so that costs the solved groups'
 /// resources, not the network's. When a resource saturates, the unfixed flows crossing it are
-/// its group's plus any of other unfixed groups, moved to it (found by scanning its member list
-/// only when its count of unfixed users says there are some). The result is then checked
+/// its group's plus any of other unfixed groups, moved to it (only when its count of unfixed
+/// users says there are some: first from the short list of flows that just joined, then by
+/// scanning its member list until all are found). The result is then checked
 /// against the max–min conditions on every resource whose load changed; a group that fails is
 /// solved too, in another round. The allocation is unique, so what passes is exact (within
 /// rounding). After four rounds, or when the groups to solve pass half the resources in use,
