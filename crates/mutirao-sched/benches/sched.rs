@@ -3,8 +3,8 @@
 //!   (target < 5 s);
 //! * `simulate_1e6_tasks_contention`: the same with link contention, the 64 hosts in 4 sites
 //!   (1 Gbit/s NICs and site links, about the model's 800 Mbit/s links; issue 11 target < 5 s;
-//!   about 10 s per iteration on the shared development machine, see docs/scheduling.md, so
-//!   its ten samples take a few minutes);
+//!   3.6–4.1 s of CPU per iteration since 2026-11-25, 5–8 s of wall time on the loaded shared
+//!   development machine, see docs/scheduling.md, so its ten samples take a minute or two);
 //! * `simulate_1e5_tasks_contention`: the same graph shape at 10⁵ tasks (about a second per
 //!   iteration: the one to run before and after a change to the network);
 //! * `hlogp_heft_1e4_tasks_64_hosts`: the thesis's scheduler on 10⁴ tasks (target < 10 s);

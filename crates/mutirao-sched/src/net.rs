@@ -145,8 +145,6 @@ struct Group {
     coupling: Vec<(usize, u32)>,
     /// (target, slot, flow stamp), smallest target first; stale entries are skipped.
     heap: BinaryHeap<Reverse<Finish>>,
-    /// Stamp of the group's entry in the network's heap of group finishes.
-    ver: u64,
     /// The filling that fixed it last.
     fixed_in: u64,
     /// Already listed in `touched`.
@@ -227,8 +225,9 @@ pub struct Done {
 /// flows, every other group held at
 /// its rate — per-resource loads are kept up to date, so that costs the solved groups'
 /// resources, not the network's. When a resource saturates, the unfixed flows crossing it are
-/// its group's plus any of other unfixed groups, moved to it (found by scanning its member list
-/// only when its count of unfixed users says there are some). The result is then checked
+/// its group's plus any of other unfixed groups, moved to it (only when its count of unfixed
+/// users says there are some: first from the short list of flows that just joined, then by
+/// scanning its member list until all are found). The result is then checked
 /// against the max–min conditions on every resource whose load changed; a group that fails is
 /// solved too, in another round. The allocation is unique, so what passes is exact (within
 /// rounding). After four rounds, or when the groups to solve pass half the resources in use,
@@ -236,6 +235,8 @@ pub struct Done {
 #[derive(Debug, Clone)]
 pub struct Network {
     caps: Capacities,
+    /// Capacity of each resource (`caps.capacity(r)`, looked up often).
+    cap: Vec<f64>,
     now: f64,
     /// Flows in progress, by slot; `None` for a free slot.
     flows: Vec<Option<Flow>>,
@@ -266,19 +267,20 @@ pub struct Network {
     s_mark: Vec<u64>,
     q_list: Vec<usize>,
     q_mark: Vec<u64>,
-    local_order: Vec<Reverse<Share>>,
+    local_order: ShareQueue,
     /// Per resource: the fastest rate given in this local filling to a group crossing it.
     fast_s: Vec<f64>,
     /// Resources found over capacity while left out of a local filling (`== call`).
     forced: Vec<u64>,
-    /// Groups of this local filling that got faster or took in flows.
+    /// Light resources a group of this local filling that got faster or took in flows left
+    /// over capacity when it was fixed (checked again once the filling ends).
     raised: Vec<usize>,
     call: u64,
     /// Stamp of the current filling attempt (`Group::fixed_in`).
     epoch: u64,
     full_fills: u64,
     /// (finish time, group, group stamp), earliest first.
-    finishes: BinaryHeap<Reverse<Finish>>,
+    finishes: GroupHeap,
     /// Flows crossing only infinite resources: (instant, slot, stamp); they end at once.
     unbounded: Vec<Finish>,
     /// How many flows in progress are unbounded.
@@ -306,6 +308,7 @@ impl Network {
     pub fn new(caps: Capacities) -> Self {
         let r = caps.resources();
         Network {
+            cap: (0..r).map(|i| caps.capacity(i)).collect(),
             caps,
             now: 0.0,
             flows: Vec::new(),
@@ -325,14 +328,14 @@ impl Network {
             s_mark: vec![0; r],
             q_list: Vec::new(),
             q_mark: vec![0; r],
-            local_order: Vec::new(),
+            local_order: ShareQueue::default(),
             fast_s: vec![0.0; r],
             forced: vec![0; r],
             raised: Vec::new(),
             call: 0,
             epoch: 0,
             full_fills: 0,
-            finishes: BinaryHeap::new(),
+            finishes: GroupHeap::new(r),
             unbounded: Vec::new(),
             n_unbounded: 0,
             conns: HashMap::default(),
@@ -387,16 +390,14 @@ impl Network {
     /// Renew the finish entry of every touched group.
     fn renew_touched(&mut self) {
         while let Some(g) = self.touched.pop() {
-            let stamp = self.next_stamp();
             let flows = &self.flows;
             let grp = &mut self.groups[g];
             grp.touched = false;
-            grp.ver = stamp;
             while let Some(&Reverse(Finish(target, slot, ver))) = grp.heap.peek() {
                 match &flows[slot] {
                     Some(f) if f.ver == ver && f.group == g => {
                         let at = grp.finish_of(target);
-                        self.finishes.push(Reverse(Finish(at, g, stamp)));
+                        self.finishes.set(g, at);
                         break;
                     }
                     _ => {
@@ -404,12 +405,9 @@ impl Network {
                     }
                 }
             }
-        }
-        // Drop stale group entries once they outnumber the live ones.
-        if self.finishes.len() > 2 * self.live.len() + 64 {
-            let groups = &self.groups;
-            self.finishes
-                .retain(|Reverse(Finish(_, g, v))| groups[*g].ver == *v);
+            if grp.heap.is_empty() {
+                self.finishes.remove(g);
+            }
         }
     }
 
@@ -481,7 +479,11 @@ impl Network {
         let Some(path) = self.caps.path(src, dst) else {
             return;
         };
-        let b = self.caps.bottleneck(&path);
+        let b = path
+            .ids()
+            .iter()
+            .map(|&r| self.cap[r])
+            .fold(f64::INFINITY, f64::min);
         let alone = if b.is_finite() && b > 0.0 {
             bytes as f64 / b
         } else {
@@ -520,7 +522,7 @@ impl Network {
         };
         let mut bounded = false;
         for (k, &r) in f.path.ids().iter().enumerate() {
-            if self.caps.capacity(r).is_finite() {
+            if self.cap[r].is_finite() {
                 bounded = true;
             }
             if !self.res_dirty[r] {
@@ -591,13 +593,10 @@ impl Network {
             self.rates();
         }
         let instant = self.unbounded.first().map(|u| u.0);
-        while let Some(&Reverse(Finish(t, g, ver))) = self.finishes.peek() {
-            if self.groups[g].ver == ver {
-                return Some(instant.map_or(t, |i| i.min(t)));
-            }
-            self.finishes.pop();
+        match self.finishes.peek() {
+            Some((t, _)) => Some(instant.map_or(t, |i| i.min(t))),
+            None => instant,
         }
-        instant
     }
 
     /// The flow in `slot` has ended: report it, and let the next message on its connection
@@ -665,14 +664,12 @@ impl Network {
             }
         }
         // A flow is done when what is left would take under a nanosecond.
-        while let Some(&Reverse(Finish(ft, g, ver))) = self.finishes.peek() {
+        while let Some((ft, g)) = self.finishes.peek() {
             if ft > now + 1e-9 {
                 break;
             }
-            self.finishes.pop();
-            if self.groups[g].ver != ver {
-                continue;
-            }
+            // Out of the heap until renewed below.
+            self.finishes.remove(g);
             loop {
                 let grp = &mut self.groups[g];
                 let Some(&Reverse(Finish(target, slot, fver))) = grp.heap.peek() else {
@@ -770,7 +767,7 @@ impl Network {
             self.q_mark[q] = self.epoch;
             self.q_list.push(q);
             self.users[q] = 0;
-            self.cap_left[q] = self.caps.capacity(q) - self.load[q];
+            self.cap_left[q] = self.cap[q] - self.load[q];
             self.fast_s[q] = 0.0;
         }
     }
@@ -827,32 +824,28 @@ impl Network {
         for &g in &self.s_list {
             unfixed += self.groups[g].len as usize;
         }
-        // Resources by share (a heap: the filling often ends after a few of them).
+        // Resources by share (the filling often ends after a few of them).
         let mut order = std::mem::take(&mut self.local_order);
         order.clear();
         for &q in &self.q_list {
             if self.users[q] > 0 {
                 let share = self.cap_left[q] / self.users[q] as f64;
                 if share.is_finite() {
-                    order.push(Reverse(Share(share, q)));
+                    order.push(Share(share, q));
                 }
             }
         }
-        let mut heap = BinaryHeap::from(order);
-        let solved = self.fill_local_from(&mut heap, unfixed);
-        self.local_order = heap.into_vec();
+        let solved = self.fill_local_from(&mut order, unfixed);
+        self.local_order = order;
         solved
     }
 
     /// The filling and checks of [`Network::fill_local`], from the heap of resource shares.
-    fn fill_local_from(
-        &mut self,
-        heap: &mut BinaryHeap<Reverse<Share>>,
-        mut unfixed: usize,
-    ) -> Local {
+    fn fill_local_from(&mut self, heap: &mut ShareQueue, mut unfixed: usize) -> Local {
+        const TOL: f64 = 1e-12;
         let (call, ep, now) = (self.call, self.epoch, self.now);
         while unfixed > 0 {
-            let Some(Reverse(Share(share, r))) = heap.pop() else {
+            let Some(Share(share, r)) = heap.pop() else {
                 break;
             };
             if self.users[r] == 0 {
@@ -860,7 +853,7 @@ impl Network {
             }
             let cur = self.cap_left[r] / self.users[r] as f64;
             if cur != share {
-                heap.push(Reverse(Share(cur, r)));
+                heap.push(Share(cur, r));
                 continue;
             }
             if self.s_mark[r] != call {
@@ -902,7 +895,7 @@ impl Network {
                         }
                         let sh = self.cap_left[q] / self.users[q] as f64;
                         if sh.is_finite() {
-                            heap.push(Reverse(Share(sh, q)));
+                            heap.push(Share(sh, q));
                         }
                     }
                     unfixed += self.groups[r].len as usize;
@@ -912,9 +905,26 @@ impl Network {
             }
             let moved = self.users[r] > self.groups[r].len;
             if moved {
-                self.raised.push(r);
-                for k in 0..self.members[r].len() {
+                // The unfixed flows crossing r outside its group: most often only fresh ones,
+                // found in the (short) fresh list; else in r's members, until all are found.
+                let mut extra = self.users[r] - self.groups[r].len;
+                for i in 0..self.fresh.len() {
+                    if extra == 0 {
+                        break;
+                    }
+                    let slot = self.fresh[i];
+                    let here = matches!(&self.flows[slot],
+                        Some(f) if f.group == NO_GROUP && f.path.ids().contains(&r));
+                    if here {
+                        let left = self.leave_group(slot);
+                        self.join_group(slot, r, left);
+                        extra -= 1;
+                    }
+                }
+                let mut k = 0;
+                while extra > 0 && k < self.members[r].len() {
                     let slot = self.members[r][k];
+                    k += 1;
                     let Some(f) = self.flows[slot].as_ref() else {
                         continue;
                     };
@@ -927,6 +937,7 @@ impl Network {
                     if unfixed_elsewhere {
                         let left = self.leave_group(slot);
                         self.join_group(slot, r, left);
+                        extra -= 1;
                     }
                 }
             }
@@ -939,18 +950,20 @@ impl Network {
                 grp.settle(now);
                 grp.rate = rate;
             }
+            // Only a group that got faster, or took in flows, can add load to a light
+            // resource: note the ones it leaves over capacity (checked again at the end).
+            let raised = d > 0.0 || moved;
             for &(q, n) in &grp.coupling {
                 if self.q_mark[q] == ep {
                     self.cap_left[q] -= share * n as f64;
                     self.users[q] -= n;
                     self.fast_s[q] = self.fast_s[q].max(rate);
+                } else if raised && self.load[q] + d * n as f64 > self.cap[q] * (1.0 + TOL) {
+                    self.raised.push(q);
                 }
                 if d != 0.0 {
                     self.load[q] += d * n as f64;
                 }
-            }
-            if d > 0.0 && !moved {
-                self.raised.push(r);
             }
             if d != 0.0 {
                 self.touch(r);
@@ -959,24 +972,18 @@ impl Network {
         // The max–min conditions on every resource touched. What is left of a resource's
         // capacity is `cap_left`; the groups kept were max–min fair before (their rates did
         // not change), so only the new rates can be faster than a kept group's.
-        const TOL: f64 = 1e-12;
         let mut ok = true;
-        // Only a group that got faster, or took in flows, can add load to a light resource.
         for i in 0..self.raised.len() {
-            let g = self.raised[i];
-            for k in 0..self.groups[g].coupling.len() {
-                let q = self.groups[g].coupling[k].0;
-                let c = self.caps.capacity(q);
-                if self.q_mark[q] != ep && self.load[q] > c * (1.0 + TOL) {
-                    // A light resource the new rates overload: fill again with it.
-                    self.forced[q] = call;
-                    ok = false;
-                }
+            let q = self.raised[i];
+            if self.q_mark[q] != ep && self.load[q] > self.cap[q] * (1.0 + TOL) {
+                // A light resource the new rates overload: fill again with it.
+                self.forced[q] = call;
+                ok = false;
             }
         }
         for i in 0..self.q_list.len() {
             let q = self.q_list[i];
-            let c = self.caps.capacity(q);
+            let c = self.cap[q];
             if !c.is_finite() {
                 continue;
             }
@@ -1027,7 +1034,7 @@ impl Network {
         let fill = self.epoch;
         let now = self.now;
         for &r in &self.live {
-            self.cap_left[r] = self.caps.capacity(r);
+            self.cap_left[r] = self.cap[r];
             self.users[r] = self.members[r].len() as u32;
             if !self.in_order[r] {
                 self.in_order[r] = true;
@@ -1186,6 +1193,152 @@ impl Ord for Finish {
             .total_cmp(&o.0)
             .then(self.1.cmp(&o.1))
             .then(self.2.cmp(&o.2))
+    }
+}
+
+/// The groups' next finishes, earliest first (ties: lower group): a binary heap with one
+/// entry per group, updated in place — no stale entries to pop.
+#[derive(Debug, Clone)]
+struct GroupHeap {
+    /// (finish, group).
+    heap: Vec<(f64, usize)>,
+    /// Index of each group's entry in `heap`, `usize::MAX` when it has none.
+    pos: Vec<usize>,
+}
+
+impl GroupHeap {
+    fn new(groups: usize) -> Self {
+        GroupHeap {
+            heap: Vec::new(),
+            pos: vec![usize::MAX; groups],
+        }
+    }
+
+    fn less(a: (f64, usize), b: (f64, usize)) -> bool {
+        a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)).is_lt()
+    }
+
+    fn peek(&self) -> Option<(f64, usize)> {
+        self.heap.first().copied()
+    }
+
+    /// Group `g`'s entry becomes `at` (added if absent).
+    fn set(&mut self, g: usize, at: f64) {
+        let i = self.pos[g];
+        if i == usize::MAX {
+            self.heap.push((at, g));
+            let i = self.heap.len() - 1;
+            self.pos[g] = i;
+            self.up(i);
+        } else {
+            let old = self.heap[i].0;
+            self.heap[i].0 = at;
+            if at.total_cmp(&old).is_lt() {
+                self.up(i);
+            } else {
+                self.down(i);
+            }
+        }
+    }
+
+    /// Group `g` leaves the heap (nothing if absent).
+    fn remove(&mut self, g: usize) {
+        let i = self.pos[g];
+        if i == usize::MAX {
+            return;
+        }
+        self.pos[g] = usize::MAX;
+        let Some(last) = self.heap.pop() else {
+            return;
+        };
+        if i < self.heap.len() {
+            // The last entry fills the hole and moves to its place.
+            self.heap[i] = last;
+            self.pos[last.1] = i;
+            self.up(i);
+            self.down(self.pos[last.1]);
+        }
+    }
+
+    fn up(&mut self, mut i: usize) {
+        while i > 0 {
+            let p = (i - 1) / 2;
+            if !Self::less(self.heap[i], self.heap[p]) {
+                break;
+            }
+            self.swap(i, p);
+            i = p;
+        }
+    }
+
+    fn down(&mut self, mut i: usize) {
+        let n = self.heap.len();
+        loop {
+            let (l, r) = (2 * i + 1, 2 * i + 2);
+            let mut m = i;
+            if l < n && Self::less(self.heap[l], self.heap[m]) {
+                m = l;
+            }
+            if r < n && Self::less(self.heap[r], self.heap[m]) {
+                m = r;
+            }
+            if m == i {
+                break;
+            }
+            self.swap(i, m);
+            i = m;
+        }
+    }
+
+    fn swap(&mut self, i: usize, j: usize) {
+        self.heap.swap(i, j);
+        self.pos[self.heap[i].1] = i;
+        self.pos[self.heap[j].1] = j;
+    }
+}
+
+/// Resources by share, smallest first: an unsorted list while short (a local filling most
+/// often has a handful of resources, and a scan beats a heap there), a heap past that.
+#[derive(Debug, Clone, Default)]
+struct ShareQueue {
+    short: Vec<Share>,
+    heap: BinaryHeap<Reverse<Share>>,
+    big: bool,
+}
+
+impl ShareQueue {
+    /// Past this many entries, a heap.
+    const SHORT: usize = 24;
+
+    fn clear(&mut self) {
+        self.short.clear();
+        self.heap.clear();
+        self.big = false;
+    }
+
+    fn push(&mut self, s: Share) {
+        if self.big {
+            self.heap.push(Reverse(s));
+        } else {
+            self.short.push(s);
+            if self.short.len() > Self::SHORT {
+                self.big = true;
+                self.heap.extend(self.short.drain(..).map(Reverse));
+            }
+        }
+    }
+
+    fn pop(&mut self) -> Option<Share> {
+        if self.big {
+            return self.heap.pop().map(|Reverse(s)| s);
+        }
+        let mut best = 0;
+        for i in 1..self.short.len() {
+            if self.short[i] < self.short[best] {
+                best = i;
+            }
+        }
+        (best < self.short.len()).then(|| self.short.swap_remove(best))
     }
 }
 

@@ -174,7 +174,9 @@ pub struct Schedule {
     pub tasks: Vec<ScheduledTask>,
 }
 
-/// The simulator's makespan of a schedule under both network models.
+/// The simulator's makespan of a schedule under both network models: both replay the same
+/// placement (task → host mapping and per-host order), so `contention ≥ no_contention`
+/// (contention only delays messages; `tests/contention_floor.rs`).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Predicted {
     /// With contention (`None` when the model has no capacities).

@@ -14,8 +14,10 @@
 //!   NICs and site links ([`crate::net`]); a message above the model's eager limit (when it
 //!   records one) is a rendezvous: its receive is posted when the host reaches the task (all of
 //!   a task's such receives at once), its transfer is a flow from max(post, arrival of its
-//!   request), its receive ends `Or` plus what sharing cost after the post, and the task
-//!   starts after the last of them;
+//!   request), its receive ends `Or` plus what sharing cost after the post — never before
+//!   its end in HLogP's chain of receive overheads — and the task starts after the last;
+//! * contention only adds: for the same placement, no message arrives, no receive chain ends
+//!   and no task starts earlier than without it (`tests/contention_floor.rs`);
 //! * [`CommMode::LatencyOnly`] is the thesis's latency-model baseline: no CPU occupation,
 //!   a message between different hosts takes `Os + L + Or`, one within a host takes 0;
 //! * [`WaitMode::Poll`] models busy-polling MPI libraries (MPICH-G2): every task mapped to a
@@ -50,10 +52,9 @@ impl Ord for Start {
 
 /// A task waiting for its rendezvous transfers.
 struct Parked {
-    /// When its receives end so far (the eager ones, then each transfer as it ends).
+    /// When its receives end so far: the HLogP chain of all of them, then each transfer's end
+    /// with what sharing cost it, as it ends.
     t: f64,
-    /// When its eager receives ended.
-    t_eager: f64,
     /// CPU used so far.
     used: f64,
     /// Its slowdown factor (polling).
@@ -242,13 +243,17 @@ pub fn simulate_with_network<N: FlowNetwork>(
         });
     }
     // Per-host run order.
-    let mut order: Vec<usize> = (0..n).collect();
-    order.sort_by(|&a, &b| {
-        placement.host[a]
-            .cmp(&placement.host[b])
-            .then(placement.start[a].total_cmp(&placement.start[b]))
-            .then(placement.seq[a].cmp(&placement.seq[b]))
-    });
+    // Sorted by (host, start, seq, task): keys side by side, the start as an integer ordered
+    // as `f64::total_cmp` orders the floats.
+    let mut keyed: Vec<(usize, i64, usize, usize)> = (0..n)
+        .map(|t| {
+            let b = placement.start[t].to_bits() as i64;
+            let start = b ^ (((b >> 63) as u64) >> 1) as i64;
+            (placement.host[t], start, placement.seq[t], t)
+        })
+        .collect();
+    keyed.sort_unstable();
+    let order: Vec<usize> = keyed.into_iter().map(|k| k.3).collect();
     let mut host_off = vec![0usize; np + 1];
     for &t in &order {
         host_off[placement.host[t] + 1] += 1;
@@ -324,13 +329,19 @@ pub fn simulate_with_network<N: FlowNetwork>(
     } else {
         Vec::new()
     };
+    // Each rendezvous receive's end in the HLogP chain: it never ends earlier.
+    let mut rdv_floor: Vec<f64> = if rdv_flows {
+        vec![0.0; edges.len()]
+    } else {
+        Vec::new()
+    };
     let mut resume: Vec<usize> = Vec::new();
     loop {
         loop {
             // A task whose rendezvous transfers have all ended goes on; else the next ready task.
             let (v, mut t, mut used, f) = if let Some(v) = resume.pop() {
                 let Some(p) = parked.remove(&v) else { continue };
-                (v, p.t, p.used + (p.t - p.t_eager).max(0.0), p.f)
+                (v, p.t, p.used, p.f)
             } else if let Some(v) = ready.pop() {
                 (v, 0.0, 0.0, 0.0)
             } else {
@@ -351,32 +362,34 @@ pub fn simulate_with_network<N: FlowNetwork>(
                 t = host_free[q];
                 let post = t;
                 let mut pending = 0u32;
-                // Receive overheads in arrival order; rendezvous receives are all posted when
-                // the host reaches the task, and each transfer is a flow from then (or from its
-                // request's arrival, if later): the task waits for the last (contention only).
+                // Receive overheads in arrival order (HLogP's chain). With contention,
+                // rendezvous receives are all posted when the host reaches the task, and each
+                // transfer is a flow from then (or from its request's arrival, if later); such a
+                // receive ends Or after that plus what sharing cost it, and never before its end
+                // in the chain: contention only adds. The task waits for the last.
                 buf.clear();
                 buf.extend(dag.in_edges(v).iter().map(|&ei| (arrival[ei], ei)));
                 buf.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
                 for &(a, ei) in &buf {
                     let p = placement.host[edges[ei].from];
-                    if rdv_flows && platform.rendezvous(edges[ei].bytes, p, q) {
-                        let rs = post.max(a);
-                        recv_post[ei] = rs;
-                        starts.push(Reverse(Start(rs, ei)));
-                        pending += 1;
-                        if opts.record_messages {
-                            messages[ei].recv_start_s = rs;
-                        }
-                        continue;
-                    }
                     let rs = t.max(a);
                     if hlogp {
-                        let p = placement.host[edges[ei].from];
                         let or = platform.or_s(edges[ei].bytes, p, q) * f;
                         t = rs + or;
                         used += or;
                     } else {
                         t = rs;
+                    }
+                    if rdv_flows && platform.rendezvous(edges[ei].bytes, p, q) {
+                        let ps = post.max(a);
+                        recv_post[ei] = ps;
+                        rdv_floor[ei] = t;
+                        starts.push(Reverse(Start(ps, ei)));
+                        pending += 1;
+                        if opts.record_messages {
+                            messages[ei].recv_start_s = ps;
+                        }
+                        continue;
                     }
                     if opts.record_messages {
                         messages[ei].recv_start_s = rs;
@@ -388,7 +401,6 @@ pub fn simulate_with_network<N: FlowNetwork>(
                         v,
                         Parked {
                             t,
-                            t_eager: t,
                             used,
                             f,
                             pending,
@@ -477,9 +489,12 @@ pub fn simulate_with_network<N: FlowNetwork>(
                     let (p, r) = (placement.host[e.from], placement.host[e.to]);
                     if rdv_flows && platform.rendezvous(e.bytes, p, r) {
                         // A rendezvous transfer ended: its receive ends Or after it was posted
-                        // (Or carries the transfer alone), plus what sharing cost it.
+                        // (Or carries the transfer alone), plus what sharing cost it, and not
+                        // before its end in the HLogP chain.
                         if let Some(w) = parked.get_mut(&e.to) {
-                            let end = recv_post[ei] + platform.or_s(e.bytes, p, r) * w.f + d.delay;
+                            let end =
+                                (recv_post[ei] + platform.or_s(e.bytes, p, r) * w.f + d.delay)
+                                    .max(rdv_floor[ei]);
                             w.t = w.t.max(end);
                             w.pending -= 1;
                             if opts.record_messages {
