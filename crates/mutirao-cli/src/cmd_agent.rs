@@ -66,6 +66,14 @@ pub struct AgentArgs {
     /// The name this host registers under (default: its host name).
     #[arg(long, value_name = "NAME")]
     pub name: Option<String>,
+    /// This host's site, reported to the coordinator: `submit --require 'site=north'` matches
+    /// it (the same as --prop site=NAME).
+    #[arg(long, value_name = "NAME")]
+    pub site: Option<String>,
+    /// A property of this host reported to the coordinator, KEY=VALUE (repeat it), e.g.
+    /// `--prop arch=x86_64 --prop gpu=1`: `submit --require 'arch=x86_64 & gpu>=1'` matches it.
+    #[arg(long = "prop", value_name = "KEY=VALUE", value_parser = parse_prop)]
+    pub props: Vec<(String, String)>,
     /// The host owner's policy (TOML; see docs/grid.md, "Owner policy"): when the owner is
     /// active (own load, keyboard, hours, an owner-active file) the grid's processes here are
     /// stopped (SIGSTOP) and continued (SIGCONT) when the owner leaves; past the policy's grace
@@ -135,6 +143,29 @@ fn start_directory(args: &AgentArgs, bound: SocketAddr, secret: &[u8]) -> anyhow
 
 fn log(msg: &str) {
     eprintln!("mutirao agent: {msg}");
+}
+
+/// `KEY=VALUE` of `--prop`: a key of letters, digits, `_ - .` (what requirements can name).
+fn parse_prop(s: &str) -> Result<(String, String), String> {
+    let (k, v) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?}: expected KEY=VALUE, e.g. arch=x86_64"))?;
+    let k = k.trim();
+    if k.is_empty()
+        || !k
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-' || c == '.')
+    {
+        return Err(format!(
+            "{k:?}: a property key is letters, digits, _ - . (requirements name it)"
+        ));
+    }
+    if ["cpu", "mem", "load", "name"].contains(&k) {
+        return Err(format!(
+            "{k:?} is measured or set by the agent itself; choose another key"
+        ));
+    }
+    Ok((k.to_string(), v.trim().to_string()))
 }
 
 pub fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
@@ -256,6 +287,11 @@ pub fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
                 .map_err(|e| anyhow::anyhow!("--coordinator {url}: {e}"))?;
             let name = args.name.clone().unwrap_or_else(agent::host_name);
             let addr = bound.to_string();
+            let mut props: std::collections::BTreeMap<String, String> =
+                args.props.iter().cloned().collect();
+            if let Some(site) = &args.site {
+                props.insert("site".into(), site.clone());
+            }
             let hb = mutirao_coord::report::spawn_heartbeat_nudged(
                 client,
                 Box::new(move || {
@@ -263,7 +299,7 @@ pub fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
                         .as_ref()
                         .map(|s| s.lock().unwrap_or_else(|p| p.into_inner()).clone())
                         .unwrap_or_default();
-                    mutirao_coord::report::measure(&name, &addr, &owner)
+                    mutirao_coord::report::measure_with(&name, &addr, &owner, &props)
                 }),
                 nudge,
             )

@@ -550,10 +550,11 @@ fn worker(a: &ExecArgs) -> anyhow::Result<ExitCode> {
             let edge = dag.edges()[e];
             let src = plan.rank_of[edge.from];
             if src != me {
-                inputs
-                    .entry(t)
-                    .or_default()
-                    .push((e, edge.bytes, world.irecv::<u8>(src, e as i32)?));
+                inputs.entry(t).or_default().push((
+                    e,
+                    edge.bytes,
+                    world.irecv::<u8>(src, e as i32)?,
+                ));
             }
         }
     }

@@ -263,7 +263,18 @@ fn start_agent(dir: &std::path::Path, coord: Option<(&str, &str)>) -> (Agent, Pa
         .arg(dir.join("agent-dir.sock"))
         .args(
             coord
-                .map(|(url, _)| vec!["--coordinator", url, "--name", "n1"])
+                .map(|(url, _)| {
+                    vec![
+                        "--coordinator",
+                        url,
+                        "--name",
+                        "n1",
+                        "--site",
+                        "north",
+                        "--prop",
+                        "arch=test",
+                    ]
+                })
                 .unwrap_or_default(),
         )
         .env(
@@ -351,8 +362,9 @@ fn a_submitted_job_runs_through_a_registered_agent_to_finished() {
             "2",
             // The agent reports what /proc says; idle CPU depends on the rest of the test
             // suite (a loaded CI machine has none), free memory does not.
+            // Its declared site and property are matched too.
             "--require",
-            "mem>=1",
+            "mem>=1 & site=north & arch=test",
             prog.to_str().unwrap(),
             "hi",
         ],
@@ -396,6 +408,33 @@ fn a_submitted_job_runs_through_a_registered_agent_to_finished() {
     assert_eq!(story.last().unwrap(), "state exit 0", "{story:#?}");
     let why = ok(&mutirao(&c, ANA, &["job", "--why", &id.to_string()]));
     assert!(why.contains("n1×2") && why.contains("verified"), "{why}");
+
+    // A job for another site waits, and says why n1 is refused.
+    let id: i64 = ok(&mutirao(
+        &c,
+        ANA,
+        &[
+            "submit",
+            "-n",
+            "1",
+            "--require",
+            "site=south",
+            prog.to_str().unwrap(),
+        ],
+    ))
+    .trim()
+    .parse()
+    .unwrap();
+    let t0 = Instant::now();
+    loop {
+        let why = ok(&mutirao(&c, ANA, &["job", "--why", &id.to_string()]));
+        if why.contains("site is \"north\", not =\"south\"") {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(20), "{why}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    ok(&mutirao(&c, ANA, &["cancel", &id.to_string()]));
 
     // A failing program fails its job; a long one is cancelled and ends.
     let bad = c.dir.join("bad.sh");

@@ -171,6 +171,10 @@ pub struct HostReport {
     /// Why the owner's policy decided so (empty when available).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub owner_why: String,
+    /// The host's properties as its agent declares them (`mutirao agent --site S --prop K=V`),
+    /// e.g. `site`, `arch`: requirements compare them (`site=north`).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub props: std::collections::BTreeMap<String, String>,
 }
 
 impl HostReport {

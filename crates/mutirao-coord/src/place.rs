@@ -1,16 +1,19 @@
 //! Pure placement logic: requirement expressions over agents' reports, and a first placement
 //! of a job's ranks on the eligible hosts. No I/O; tested alone.
 //!
-//! A requirement is terms joined by `&`: `ATTR OP NUMBER`, with ATTR one of `cpu` (idle
-//! cores), `mem` (free MiB) and `load` (1-minute load), OP one of `>= <= > < = !=`. Example:
-//! `cpu>=2 & mem>=1024 & load<1.5`. Attributes of the resource hierarchy (`site=north`) are
-//! not known to the coordinator yet and are refused at submission with that reason.
+//! A requirement is terms joined by `&`: `ATTR OP VALUE`, with ATTR one of `cpu` (idle
+//! cores), `mem` (free MiB) and `load` (1-minute load), `name` (the host's), or a property the
+//! host's agent declares (`site`, `arch`, …: `mutirao agent --site north --prop arch=x86_64`);
+//! OP one of `>= <= > < = !=`. Example: `cpu>=2 & mem>=1024 & load<1.5 & site=north`. The
+//! numeric attributes compare numbers; a property compares as a number when both sides are
+//! numbers, else as text (`=`/`!=` only); a host without the property does not meet a term
+//! that names it (except `!=`).
 
 use crate::{Host, HostReport};
 use std::collections::HashMap;
 
 /// An attribute of a host report.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Attr {
     /// Idle cores.
     Cpu,
@@ -18,6 +21,19 @@ pub enum Attr {
     Mem,
     /// 1-minute load.
     Load,
+    /// The host's name.
+    Name,
+    /// A property its agent declares.
+    Prop(String),
+}
+
+/// What a term compares with.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Value {
+    /// A number.
+    Num(f64),
+    /// Text (property values that are not numbers).
+    Text(String),
 }
 
 /// A comparison.
@@ -38,14 +54,14 @@ pub enum Op {
 }
 
 /// One term of a requirement.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Term {
     /// What is compared.
     pub attr: Attr,
     /// How.
     pub op: Op,
     /// With what.
-    pub value: f64,
+    pub value: Value,
 }
 
 /// A parsed requirement: every term must hold.
@@ -53,18 +69,41 @@ pub struct Term {
 pub struct Requirement(pub Vec<Term>);
 
 impl Attr {
-    fn name(self) -> &'static str {
+    fn name(&self) -> &str {
         match self {
             Attr::Cpu => "cpu",
             Attr::Mem => "mem",
             Attr::Load => "load",
+            Attr::Name => "name",
+            Attr::Prop(p) => p,
         }
     }
-    fn of(self, r: &HostReport) -> f64 {
+    /// The host's value, `None` when it does not declare the property.
+    fn of(&self, r: &HostReport) -> Option<Value> {
+        Some(match self {
+            Attr::Cpu => Value::Num(r.idle_cpu),
+            Attr::Mem => Value::Num(r.free_mem_mib as f64),
+            Attr::Load => Value::Num(r.load),
+            Attr::Name => Value::Text(r.name.clone()),
+            Attr::Prop(p) => Value::parse(r.props.get(p)?),
+        })
+    }
+}
+
+impl Value {
+    fn parse(v: &str) -> Value {
+        match v.trim().parse::<f64>() {
+            Ok(x) if x.is_finite() => Value::Num(x),
+            _ => Value::Text(v.trim().to_string()),
+        }
+    }
+}
+
+impl std::fmt::Display for Value {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Attr::Cpu => r.idle_cpu,
-            Attr::Mem => r.free_mem_mib as f64,
-            Attr::Load => r.load,
+            Value::Num(x) => write!(f, "{x}"),
+            Value::Text(t) => write!(f, "{t:?}"),
         }
     }
 }
@@ -78,6 +117,18 @@ impl Op {
             Op::Lt => "<",
             Op::Eq => "=",
             Op::Ne => "!=",
+        }
+    }
+    fn holds_on(self, a: &Value, b: &Value) -> bool {
+        match (a, b) {
+            (Value::Num(a), Value::Num(b)) => self.holds(*a, *b),
+            (a, b) => match self {
+                Op::Eq => a == b,
+                Op::Ne => a != b,
+                // Parsing refuses an ordering against text; a host's text against a number
+                // does not compare.
+                _ => false,
+            },
         }
     }
     fn holds(self, a: f64, b: f64) -> bool {
@@ -121,18 +172,39 @@ impl Requirement {
                 "cpu" => Attr::Cpu,
                 "mem" => Attr::Mem,
                 "load" => Attr::Load,
+                "name" => Attr::Name,
+                p if !p.is_empty()
+                    && p
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-' || c == '.') =>
+                {
+                    Attr::Prop(p.to_string())
+                }
                 other => {
                     return Err(format!(
-                        "term {t:?}: the coordinator knows the attributes cpu, mem and load of agents' reports, not {other:?} (resource-hierarchy attributes are not wired into placement yet)"
+                        "term {t:?}: {other:?} is not an attribute: cpu, mem, load, name, or a property agents declare (letters, digits, _ - .)"
                     ))
                 }
             };
-            let value: f64 = value
-                .trim()
-                .parse()
-                .ok()
-                .filter(|v: &f64| v.is_finite())
-                .ok_or_else(|| format!("term {t:?}: {:?} is not a number", value.trim()))?;
+            let raw_value = value.trim();
+            if raw_value.is_empty() {
+                return Err(format!("term {t:?}: no value after the comparison"));
+            }
+            let value = match attr {
+                Attr::Cpu | Attr::Mem | Attr::Load => Value::Num(
+                    raw_value
+                        .parse()
+                        .ok()
+                        .filter(|v: &f64| v.is_finite())
+                        .ok_or_else(|| format!("term {t:?}: {raw_value:?} is not a number"))?,
+                ),
+                _ => Value::parse(raw_value),
+            };
+            if matches!(value, Value::Text(_)) && !matches!(op, Op::Eq | Op::Ne) {
+                return Err(format!(
+                    "term {t:?}: {raw_value:?} is text: compare it with = or !="
+                ));
+            }
             terms.push(Term { attr, op, value });
         }
         Ok(Requirement(terms))
@@ -140,16 +212,20 @@ impl Requirement {
 
     /// Why `r` does not meet the requirement, if it does not.
     pub fn refuses(&self, r: &HostReport) -> Option<String> {
-        self.0.iter().find_map(|t| {
-            let have = t.attr.of(r);
-            (!t.op.holds(have, t.value)).then(|| {
+        self.0.iter().find_map(|t| match t.attr.of(r) {
+            None if t.op == Op::Ne => None,
+            None => Some(format!(
+                "it declares no {} (its agent's --site/--prop)",
+                t.attr.name()
+            )),
+            Some(have) => (!t.op.holds_on(&have, &t.value)).then(|| {
                 format!(
                     "{} is {have}, not {}{}",
                     t.attr.name(),
                     t.op.text(),
                     t.value
                 )
-            })
+            }),
         })
     }
 }
@@ -379,7 +455,9 @@ mod tests {
         for (bad, why) in [
             ("cpu", "expected ATTR OP NUMBER"),
             ("cpu>=two", "not a number"),
-            ("site=north", "not \"site\""),
+            ("site>=north", "is text: compare it with = or !="),
+            ("site=", "no value"),
+            ("si te=north", "is not an attribute"),
             ("cpu=>2", "\">2\" is not a number"),
             ("cpu~2", "expected ATTR OP NUMBER"),
             ("cpu>=inf", "not a number"),
@@ -387,6 +465,38 @@ mod tests {
             let e = Requirement::parse(bad).unwrap_err();
             assert!(e.contains(why), "{bad}: {e}");
         }
+    }
+
+    #[test]
+    fn declared_properties_and_names_are_matched() {
+        let mut north = host("n1", 2.0, false).report;
+        north.props.insert("site".into(), "north".into());
+        north.props.insert("gpu".into(), "2".into());
+        let mut south = host("s1", 2.0, false).report;
+        south.props.insert("site".into(), "south".into());
+        let bare = host("x1", 2.0, false).report;
+        let r = Requirement::parse("cpu>=2 & site=north").unwrap();
+        assert_eq!(r.refuses(&north), None);
+        assert_eq!(
+            r.refuses(&south).unwrap(),
+            "site is \"south\", not =\"north\""
+        );
+        assert!(r.refuses(&bare).unwrap().contains("declares no site"));
+        // != holds for a host without the property; numbers compare as numbers.
+        let r = Requirement::parse("site!=south & gpu>=1").unwrap();
+        assert_eq!(r.refuses(&north), None);
+        assert!(r.refuses(&south).is_some());
+        assert!(r.refuses(&bare).unwrap().contains("declares no gpu"));
+        let r = Requirement::parse("name=s1").unwrap();
+        assert_eq!(r.refuses(&south), None);
+        assert!(r.refuses(&north).is_some());
+        // A host's text against a numeric term never matches, and is said.
+        let mut odd = bare.clone();
+        odd.props.insert("gpu".into(), "many".into());
+        assert!(Requirement::parse("gpu>=1")
+            .unwrap()
+            .refuses(&odd)
+            .is_some());
     }
 
     #[test]

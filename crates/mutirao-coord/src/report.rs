@@ -34,6 +34,16 @@ pub fn idle_cores(cores: usize, load: f64) -> f64 {
 
 /// Measure this host now; `owner` is the owner policy's decision (default: available).
 pub fn measure(name: &str, addr: &str, owner: &OwnerStatus) -> Result<HostReport> {
+    measure_with(name, addr, owner, &Default::default())
+}
+
+/// [`measure`], with the properties the agent declares (`site`, …) in the report.
+pub fn measure_with(
+    name: &str,
+    addr: &str,
+    owner: &OwnerStatus,
+    props: &std::collections::BTreeMap<String, String>,
+) -> Result<HostReport> {
     let read = |p: &str| {
         std::fs::read_to_string(p).map_err(|e| Error::Io(format!("cannot read {p}: {e}")))
     };
@@ -53,6 +63,7 @@ pub fn measure(name: &str, addr: &str, owner: &OwnerStatus) -> Result<HostReport
         owner_active: owner.state != OwnerState::Available,
         owner: owner.state,
         owner_why: owner.why.clone(),
+        props: props.clone(),
     })
 }
 
