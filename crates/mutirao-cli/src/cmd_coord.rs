@@ -25,7 +25,7 @@ use std::time::Duration;
 /// and inputs live in a content-addressed repository directory.
 ///
 /// Submitted jobs are placed on registered, alive hosts whose owner is away and which meet
-/// the job's --require (cpu, mem, load of the agents' reports), then run with `mutirao run`
+/// the job's --require (cpu, mem, load of the agents' reports, and the properties agents declare with --site and --prop), then run with `mutirao run`
 /// through those hosts' agents; their output goes to the job's log, their end to its state.
 ///
 /// Examples:

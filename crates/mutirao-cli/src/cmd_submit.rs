@@ -107,7 +107,9 @@ pub struct SubmitArgs {
     /// Number of ranks.
     #[arg(short = 'n', long = "ranks", value_name = "N")]
     ranks: u32,
-    /// Requirement on hosts, e.g. 'cpu>=2 & site=north'.
+    /// Requirement on hosts, terms joined by `&`: `cpu` (idle cores), `mem` (free MiB), `load`,
+    /// `name`, or a property agents declare (`--site`, `--prop`), compared with >= <= > < = !=,
+    /// e.g. 'cpu>=2 & site=north & gpu>=1'. Text compares with = and != only.
     #[arg(long, value_name = "EXPR")]
     require: Option<String>,
     /// Seconds between checkpoint waves (programs with checkpoint points).
