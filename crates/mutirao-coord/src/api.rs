@@ -686,7 +686,43 @@ pub fn router(c: Arc<Coordinator>) -> Router {
         .route("/blobs/{digest}", get(download))
         .fallback(no_route)
         .layer(DefaultBodyLimit::max(MAX_BODY))
+        .layer(axum::middleware::map_response(json_errors))
         .with_state(c)
+}
+
+/// Every error answer is `{"error": "..."}`: the rejections of axum's extractors (a malformed
+/// path or query, a body over the limit, a method the route does not take) come as text/plain
+/// and are rewrapped, keeping their status and other headers (e.g. `Allow`).
+async fn json_errors(resp: Response) -> Response {
+    let status = resp.status();
+    if !(status.is_client_error() || status.is_server_error()) {
+        return resp;
+    }
+    let is_json = resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if is_json {
+        return resp;
+    }
+    let (parts, body) = resp.into_parts();
+    let text = axum::body::to_bytes(body, 64 * 1024)
+        .await
+        .map(|b| String::from_utf8_lossy(&b).trim().to_string())
+        .unwrap_or_default();
+    let message = if text.is_empty() {
+        status.canonical_reason().unwrap_or("error").to_string()
+    } else {
+        text
+    };
+    let mut out = ApiError::new(status, message).into_response();
+    for (k, v) in &parts.headers {
+        if k != header::CONTENT_TYPE && k != header::CONTENT_LENGTH {
+            out.headers_mut().insert(k.clone(), v.clone());
+        }
+    }
+    out
 }
 
 /// Serve the API on `listener` until `shutdown` completes.

@@ -501,6 +501,36 @@ fn the_openapi_document_describes_every_route_and_only_those() {
     assert!(a.text().contains("no route GET /nowhere"), "{}", a.text());
 }
 
+#[test]
+fn malformed_paths_and_queries_get_json_errors_found_by_schemathesis() {
+    let t = setup("rejections");
+    for (m, uri) in [
+        ("GET", "/jobs?limit=null&limit=null"),
+        ("GET", "/jobs/abc"),
+        ("GET", "/jobs/1/logs?offset=-1"),
+        ("POST", "/blobs?name=%ZZ"),
+        ("DELETE", "/jobs"),
+    ] {
+        let a = t.call(m, uri, Some(ANA), Vec::new());
+        assert!(a.status.is_client_error(), "{m} {uri}: {}", a.status);
+        let ct = a.headers["content-type"].to_str().unwrap().to_string();
+        assert!(
+            ct.starts_with("application/json"),
+            "{m} {uri}: {ct}: {}",
+            a.text()
+        );
+        let v: serde_json::Value = a.json();
+        assert!(
+            v["error"].as_str().is_some_and(|e| !e.is_empty()),
+            "{m} {uri}: {v}"
+        );
+    }
+    // A method a route does not take keeps its Allow header.
+    let a = t.call("DELETE", "/jobs", Some(ANA), Vec::new());
+    assert_eq!(a.status, StatusCode::METHOD_NOT_ALLOWED);
+    assert!(a.headers.contains_key("allow"), "{:?}", a.headers);
+}
+
 fn token_for(method: &str, path: &str) -> &'static str {
     match (method, path) {
         ("POST", "/jobs/{id}/logs")
@@ -534,6 +564,15 @@ proptest! {
             }
             let a = t.call(m, &uri, Some(token_for(m, p)), body.clone());
             prop_assert!(!a.status.is_server_error(), "{} {} -> {}: {}", m, uri, a.status, a.text());
+            if a.status.is_client_error() {
+                // Every error answer is the documented `{"error": "..."}`.
+                let v: Result<serde_json::Value, _> = serde_json::from_slice(&a.body);
+                prop_assert!(
+                    v.as_ref().is_ok_and(|v| v["error"].is_string())
+                        && a.headers.get("content-type").is_some_and(|c| c.to_str().unwrap_or("").starts_with("application/json")),
+                    "{} {} -> {}: not a JSON error: {}", m, uri, a.status, a.text()
+                );
+            }
         }
     }
 }
