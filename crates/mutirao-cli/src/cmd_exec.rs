@@ -5,7 +5,7 @@ use crate::cmd_run::{self, RunArgs};
 use anyhow::{bail, Context};
 use mutirao_sched::{Dag, Schedule};
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -539,28 +539,20 @@ fn worker(a: &ExecArgs) -> anyhow::Result<ExitCode> {
         rate,
         ..RankRun::default()
     };
-    // Every receive of every task of this rank is posted before the first task starts, as a
-    // task-graph runtime keeps a buffer ready for each input it will get: a large message
-    // (rendezvous) then flows as soon as its sender sends it, even while this rank computes an
-    // earlier task — what the HLogP model and the simulator assume. Posted only at its task's
-    // start, such a message waited for the current task to end first.
-    let mut inputs: BTreeMap<usize, Vec<(usize, u64, mutirao::Request<u8>)>> = BTreeMap::new();
     for &t in &plan.order[me] {
+        // Every receive of the task is posted at once (large messages go by rendezvous: their
+        // transfers then move together, as an application posting MPI_Irecv for all its
+        // inputs and waiting for all would have them); then each is waited for.
+        let posted = since(t0);
+        let mut incoming = Vec::new();
         for &e in dag.in_edges(t) {
             let edge = dag.edges()[e];
             let src = plan.rank_of[edge.from];
             if src != me {
-                inputs.entry(t).or_default().push((
-                    e,
-                    edge.bytes,
-                    world.irecv::<u8>(src, e as i32)?,
-                ));
+                incoming.push((e, edge.bytes, world.irecv::<u8>(src, e as i32)?));
             }
         }
-    }
-    for &t in &plan.order[me] {
-        let posted = since(t0);
-        for (e, bytes, req) in inputs.remove(&t).unwrap_or_default() {
+        for (e, bytes, req) in incoming {
             let (v, _) = req.wait()?;
             runs.recvs.push((e, posted, since(t0)));
             if v.len() as u64 != bytes {
@@ -578,22 +570,10 @@ fn worker(a: &ExecArgs) -> anyhow::Result<ExitCode> {
             std::hint::black_box(kernel(n));
             left -= n;
             // Testing the first request not yet done drives the engine for all of them (a
-            // finished request's test returns at once without progress): a send of this rank,
-            // else an input of a later task.
-            let mut driven = false;
+            // finished request's test returns at once without progress).
             for r in pending.iter_mut() {
                 if !r.test()? {
-                    driven = true;
                     break;
-                }
-            }
-            if !driven {
-                'inputs: for list in inputs.values_mut() {
-                    for (_, _, r) in list.iter_mut() {
-                        if !r.test()? {
-                            break 'inputs;
-                        }
-                    }
                 }
             }
         }
