@@ -195,20 +195,17 @@ fn write_history(path: &str, h: &History) -> Result<(), String> {
     std::fs::rename(&tmp, path).map_err(|e| format!("{path}: {e}"))
 }
 
-/// Record a spawn's per-host latency under the names the launcher reported and, when the spawn
-/// named its hosts (one per host placed, in order), under those names too.
+/// Record a spawn's latency as the cost of its host — only for a spawn on one host: children
+/// connect after the group's fence, so in a spawn over several hosts every host's figure is at
+/// least the slowest host's start-up. Recorded under the name the launcher reported and, when
+/// the spawn named its host, under that name too.
 fn remember(h: &mut History, s: &mutirao::Spawned, asked: &[String]) {
-    let mut distinct: Vec<&String> = Vec::new();
-    for a in asked {
-        if !distinct.contains(&a) {
-            distinct.push(a);
-        }
-    }
-    for (i, (host, d)) in s.latency.iter().enumerate() {
-        h.insert(host.clone(), d.as_secs_f64());
-        if distinct.len() == s.latency.len() {
-            h.insert(distinct[i].clone(), d.as_secs_f64());
-        }
+    let [(host, d)] = s.latency.as_slice() else {
+        return;
+    };
+    h.insert(host.clone(), d.as_secs_f64());
+    if let Some(a) = asked.first().filter(|a| asked.iter().all(|x| x == *a)) {
+        h.insert(a.clone(), d.as_secs_f64());
     }
 }
 
