@@ -24,8 +24,13 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::io::IoSlice;
 use std::time::{Duration, Instant};
 
-/// While spinning, a waiting rank offers its core (`sched_yield`) this often.
-pub(crate) const POLITE_YIELD: Duration = Duration::from_micros(20);
+/// While spinning, how often a waiting rank offers its core (`sched_yield`) by default: never.
+/// Every 20 µs (the default until 2026-11-25) made a rank beside one busy process lose its core
+/// for a whole time slice at each offer: 10 interleaved rounds of `pingpong --sizes
+/// 0,64,512,4096,65536` beside a busy loop on 2 cores, median one-way 4 KiB 10.5 µs and 64 KiB
+/// 86 µs with it, 0.71 and 3.7 µs without (0–512 B unchanged). Ranks that outnumber the cores
+/// do not spin at all, so this never holds off a rank sharing our core by design.
+pub(crate) const POLITE_YIELD: Duration = Duration::ZERO;
 
 /// Request ids are sequential integers: a multiplicative hash is enough (and far cheaper than SipHash).
 #[derive(Default)]
@@ -1527,7 +1532,7 @@ impl Engine {
     }
 
     /// Drive progress until `done` holds: spin for `tuning.spin` (offering the core every
-    /// [`POLITE_YIELD`]), then block in the kernel so a
+    /// `tuning.polite_yield`, if not zero: see [`POLITE_YIELD`]), then block in the kernel so a
     /// waiting rank costs no CPU.
     pub(crate) fn wait_until(
         &mut self,
@@ -1576,10 +1581,10 @@ impl Engine {
             };
             let waited = t0.elapsed();
             if waited < spin {
-                // A polite spin: every POLITE_YIELD of spinning, offer the core once. Free when
-                // nobody else wants this core (sched_yield returns at once); when the machine
-                // is busier than it looks (other jobs, a compiler), the rank we wait for may be
-                // queued behind us, and without this it would wait out our whole spin.
+                // A polite spin (MUTIRAO_POLITE_YIELD_US, off by default): every `polite` of
+                // spinning, offer the core once, for a rank we wait for that may be queued
+                // behind us. Measured, it cost more than it saved beside a busy process: the
+                // offer hands the core to that process for a whole time slice.
                 if !polite.is_zero() && waited >= next_yield {
                     std::thread::yield_now();
                     next_yield = waited + polite;
