@@ -2,22 +2,38 @@
 # compare_mpi.sh - mutirão against Open MPI 4.1 and MPICH 4.0 on this machine, side by side,
 # interleaved, as ratios (the machine is noisy: never compare numbers from different runs).
 #
-#   bash bench/compare_mpi.sh            # REPS=5 rounds (about 5 minutes on 2 cores)
+#   bash bench/compare_mpi.sh            # REPS=5 rounds
 #   REPS=3 bash bench/compare_mpi.sh
+#   REPS=3 LOAD=1 bash bench/compare_mpi.sh     # with a background load the script starts itself
+#   REPS=3 LOAD=both bash bench/compare_mpi.sh  # each round quiet then loaded: loaded/quiet ratios
+#   REPS=1 SCALE=0.1 bash bench/compare_mpi.sh  # a quick check that every row has its numbers
 #
 # Each round runs every configuration once, in turn:
 #   ping-pong  mutirao shared memory | Open MPI vader | MPICH (UCX shm)
-#              mutirao TCP           | Open MPI tcp   | MPICH tcp
-#   allreduce of 8 bytes on 4 ranks: mutirao | Open MPI | MPICH
-#   launch + init + finalize of 2 ranks (hyperfine): mutirao | Open MPI | MPICH
-# and the report gives, per size, the median over rounds and the ratio to Open MPI.
+#              mutirao TCP           | Open MPI tcp   | MPICH tcp (UCX tcp on lo)
+#   collectives on 4 ranks (allreduce 8 B, 64 KiB, 4 MiB; bcast 1 MiB; alltoall 4 KiB per rank):
+#              mutirao | Open MPI | MPICH
+#   launch + init + finalize of 2 ranks (hyperfine, after the rounds): mutirao | Open MPI | MPICH
+# and the report gives, per size, the median over rounds, the ratio to Open MPI and the ratio to
+# the better of the two MPIs (below 1: mutirão is faster).
+#
+# LOAD=1 starts LOAD_PROCS (default 1) busy-loop processes for the whole run and always stops
+# them (trap), so a "busy machine" is one extra runnable process per LOAD_PROCS on top of
+# whatever else runs. LOAD=both alternates a quiet and a loaded pass inside every round.
+# SCALE multiplies the ping-pong iteration counts (pingpong --scale, BENCH_SCALE for the C side).
+# Collective batches size themselves (at most 20 ms each, see bench/c/mpi_bench.c): MPICH 4.0's
+# ch4:ucx busy-polls without yielding, and 4 of its ranks on 2 cores take ~10 ms per operation.
 # Installs openmpi-bin, mpich and hyperfine from Debian when missing (needs root).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPS="${REPS:-5}"
-OUT="${OUT:-target/bench-compare}"
+LOAD="${LOAD:-0}"
+LOAD_PROCS="${LOAD_PROCS:-1}"
+SCALE="${SCALE:-1}"
+TGT="${CARGO_TARGET_DIR:-target}"
+OUT="${OUT:-$TGT/bench-compare}"
 mkdir -p "$OUT"
-rm -f "$OUT"/*.txt
+rm -f "$OUT"/*.txt "$OUT"/*.log
 
 if ! command -v mpicc.openmpi >/dev/null || ! command -v mpicc.mpich >/dev/null || ! command -v hyperfine >/dev/null; then
     [ "$(id -u)" = 0 ] || { echo "install openmpi-bin libopenmpi-dev mpich libmpich-dev hyperfine first (needs root)" >&2; exit 1; }
@@ -30,76 +46,147 @@ cargo build --release -q -p mutirao -p mutirao-cli --bins --examples
 mpicc.openmpi -O2 -o "$OUT/bench_ompi" bench/c/mpi_bench.c
 mpicc.mpich -O2 -o "$OUT/bench_mpich" bench/c/mpi_bench.c
 
-M=target/release/mutirao
-E=target/release/examples
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+M=$TGT/release/mutirao
+E=$TGT/release/examples
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 BENCH_SCALE="$SCALE"
 OMPI=(mpirun.openmpi --allow-run-as-root --oversubscribe --mca oob_tcp_if_include lo)
 MPICH=(mpirun.mpich)
+AR_SIZES=8,65536,4194304
+BC_SIZES=1048576
+A2A_SIZES=4096
+
+# ---------------------------------------------------------------- background load
+LOAD_PIDS=()
+load_start() {
+    for _ in $(seq 1 "$LOAD_PROCS"); do
+        bash -c 'while :; do :; done' &
+        LOAD_PIDS+=($!)
+    done
+}
+load_stop() {
+    [ "${#LOAD_PIDS[@]}" -gt 0 ] || return 0
+    kill "${LOAD_PIDS[@]}" 2>/dev/null || true
+    wait "${LOAD_PIDS[@]}" 2>/dev/null || true
+    LOAD_PIDS=()
+}
+trap load_stop EXIT
+trap 'load_stop; exit 130' INT TERM
 
 run_cfg() {
     case "$1" in
-    mutirao-shm) $M run -n 2 $E/pingpong ;;
-    mutirao-tcp) MUTIRAO_TRANSPORT=tcp $M run -n 2 $E/pingpong ;;
+    mutirao-shm) $M run -n 2 $E/pingpong --scale "$BENCH_SCALE" ;;
+    mutirao-tcp) MUTIRAO_TRANSPORT=tcp $M run -n 2 $E/pingpong --scale "$BENCH_SCALE" ;;
     ompi-shm) "${OMPI[@]}" -np 2 "$OUT/bench_ompi" pingpong ;;
     ompi-tcp) "${OMPI[@]}" -np 2 --mca pml ob1 --mca btl tcp,self --mca btl_tcp_if_include lo "$OUT/bench_ompi" pingpong ;;
     mpich-shm) "${MPICH[@]}" -np 2 "$OUT/bench_mpich" pingpong ;;
     mpich-tcp) MPIR_CVAR_NOLOCAL=1 UCX_TLS=tcp UCX_NET_DEVICES=lo "${MPICH[@]}" -np 2 "$OUT/bench_mpich" pingpong ;;
-    mutirao-allreduce) $M run -n 4 $E/allreduce --sizes 8 ;;
-    ompi-allreduce) "${OMPI[@]}" -np 4 "$OUT/bench_ompi" allreduce ;;
-    mpich-allreduce) "${MPICH[@]}" -np 4 "$OUT/bench_mpich" allreduce ;;
+    mutirao-allreduce) $M run -n 4 $E/collbench -- allreduce "$AR_SIZES" ;;
+    ompi-allreduce) "${OMPI[@]}" -np 4 "$OUT/bench_ompi" allreduce "$AR_SIZES" ;;
+    mpich-allreduce) "${MPICH[@]}" -np 4 "$OUT/bench_mpich" allreduce "$AR_SIZES" ;;
+    mutirao-bcast) $M run -n 4 $E/collbench -- bcast "$BC_SIZES" ;;
+    ompi-bcast) "${OMPI[@]}" -np 4 "$OUT/bench_ompi" bcast "$BC_SIZES" ;;
+    mpich-bcast) "${MPICH[@]}" -np 4 "$OUT/bench_mpich" bcast "$BC_SIZES" ;;
+    mutirao-alltoall) $M run -n 4 $E/collbench -- alltoall "$A2A_SIZES" ;;
+    ompi-alltoall) "${OMPI[@]}" -np 4 "$OUT/bench_ompi" alltoall "$A2A_SIZES" ;;
+    mpich-alltoall) "${MPICH[@]}" -np 4 "$OUT/bench_mpich" alltoall "$A2A_SIZES" ;;
     esac
 }
-PP=(mutirao-shm ompi-shm mpich-shm mutirao-tcp ompi-tcp mpich-tcp)
-AR=(mutirao-allreduce ompi-allreduce mpich-allreduce)
+CFGS=(mutirao-shm ompi-shm mpich-shm mutirao-tcp ompi-tcp mpich-tcp)
+for c in allreduce bcast alltoall; do CFGS+=("mutirao-$c" "ompi-$c" "mpich-$c"); done
+case "$LOAD" in
+0) PASSES=(0) ;;
+1) PASSES=(1) ;;
+both) PASSES=(0 1) ;;
+*) echo "LOAD=$LOAD: expected 0, 1 or both" >&2; exit 2 ;;
+esac
+
 T0=$(date +%s)
+FAILED=0
 for rep in $(seq 1 "$REPS"); do
-    for cfg in "${PP[@]}" "${AR[@]}"; do
-        # MPICH's ranks busy-poll: 4 of them on 2 cores can take minutes; cap every run.
-        limit=120
-        case "$cfg" in *allreduce) limit="${AR_LIMIT:-60}" ;; esac
-        if ! timeout "$limit" bash -c "$(declare -f run_cfg); $(declare -p OMPI MPICH OUT M E); run_cfg $cfg" >"$OUT/$cfg.$rep.log" 2>&1; then
-            echo "# WARNING: $cfg round $rep failed or exceeded ${limit}s; see $OUT/$cfg.$rep.log" >&2
-        fi
-        grep -E '^[0-9]+ [0-9.]+' "$OUT/$cfg.$rep.log" >"$OUT/$cfg.$rep.txt" || true
+    for pass in "${PASSES[@]}"; do
+        [ "$pass" = 1 ] && load_start
+        for cfg in "${CFGS[@]}"; do
+            if ! timeout "${LIMIT:-180}" bash -c "$(declare -f run_cfg); $(declare -p OMPI MPICH OUT M E AR_SIZES BC_SIZES A2A_SIZES); run_cfg $cfg" >"$OUT/$cfg.$pass.$rep.log" 2>&1; then
+                echo "# WARNING: $cfg (load $pass) round $rep failed or exceeded ${LIMIT:-180}s; see $OUT/$cfg.$pass.$rep.log" >&2
+                FAILED=$((FAILED + 1))
+            fi
+            grep -E '^[0-9]+ [0-9.]+' "$OUT/$cfg.$pass.$rep.log" >"$OUT/$cfg.$pass.$rep.txt" || true
+        done
+        [ "$pass" = 1 ] && load_stop
     done
     echo "# round $rep/$REPS done ($(($(date +%s) - T0)) s)" >&2
 done
 
-table() { # title base cfgs...
-    local title=$1 base=$2
-    shift 2
-    echo
-    echo "## $title: one-way latency in µs (median of $REPS rounds); ratio = mutirao / $base"
-    python3 - "$OUT" "$REPS" "$base" "$@" <<'PY'
+# table PASS TITLE UNIT FAMILY: rows = sizes, columns = mutirao | ompi | mpich, ratios.
+table() {
+    python3 - "$OUT" "$REPS" "$@" <<'PY'
 import sys, statistics, os
-out, reps, base, cfgs = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4:]
-vals = {}
-sizes = []
+out, reps, pas, title, unit, fam = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5], sys.argv[6]
+cfgs = [f"mutirao-{fam}", f"ompi-{fam}", f"mpich-{fam}"]
+vals, sizes = {}, []
 for c in cfgs:
     for r in range(1, reps + 1):
-        p = os.path.join(out, f"{c}.{r}.txt")
+        p = os.path.join(out, f"{c}.{pas}.{r}.txt")
         if not os.path.exists(p):
             continue
         for line in open(p):
             f = line.split()
             s = int(f[0]); vals.setdefault((c, s), []).append(float(f[1]))
             if s not in sizes: sizes.append(s)
-mut = [c for c in cfgs if c.startswith("mutirao")][0]
-print("| bytes | " + " | ".join(cfgs) + f" | ratio vs {base} | MB/s " + " | ".join(cfgs) + " |")
-print("|---" * (2 * len(cfgs) + 2) + "|")
-for s in sizes:
+load = {"0": "quiet", "1": "with background load"}[pas]
+print(f"\n## {title} ({load}): {unit} (median of {reps} rounds); ratio = mutirao / other, below 1 is better")
+print("| bytes | mutirao | Open MPI | MPICH | ratio vs Open MPI | ratio vs best MPI |")
+print("|---:|---:|---:|---:|---:|---:|")
+for s in sorted(sizes):
     med = {c: statistics.median(vals[(c, s)]) if (c, s) in vals else None for c in cfgs}
-    cells = [f"{med[c]:.3f}" if med[c] is not None else "n/a" for c in cfgs]
-    ratio = f"{med[mut] / med[base]:.2f}" if med.get(mut) and med.get(base) else "n/a"
-    bw = [f"{s / med[c]:.0f}" if med[c] else "-" for c in cfgs]
-    print(f"| {s} | " + " | ".join(cells) + f" | {ratio} | " + " | ".join(bw) + " |")
+    cell = lambda v: f"{v:.3f}" if v is not None else "n/a"
+    m, o, p = (med[c] for c in cfgs)
+    r_o = f"{m / o:.2f}" if m and o else "n/a"
+    best = min([v for v in (o, p) if v], default=None)
+    r_b = f"{m / best:.2f}" if m and best else "n/a"
+    print(f"| {s} | {cell(m)} | {cell(o)} | {cell(p)} | {r_o} | {r_b} |")
 PY
 }
-table "ping-pong, shared memory" ompi-shm mutirao-shm ompi-shm mpich-shm
-table "ping-pong, TCP" ompi-tcp mutirao-tcp ompi-tcp mpich-tcp
-table "allreduce of 8 bytes, 4 ranks" ompi-allreduce "${AR[@]}"
+
+# steadiness FAMILY: loaded / quiet per size and implementation (LOAD=both).
+steadiness() {
+    python3 - "$OUT" "$REPS" "$@" <<'PY'
+import sys, statistics, os
+out, reps, fam = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+cfgs = [f"mutirao-{fam}", f"ompi-{fam}", f"mpich-{fam}"]
+def med(c, pas):
+    v = {}
+    for r in range(1, reps + 1):
+        p = os.path.join(out, f"{c}.{pas}.{r}.txt")
+        if os.path.exists(p):
+            for line in open(p):
+                f = line.split(); v.setdefault(int(f[0]), []).append(float(f[1]))
+    return {s: statistics.median(x) for s, x in v.items()}
+q = {c: med(c, 0) for c in cfgs}
+l = {c: med(c, 1) for c in cfgs}
+sizes = sorted(set().union(*[set(q[c]) for c in cfgs]))
+print(f"\n## {fam}: loaded / quiet latency (same rounds, interleaved); 1.00 = unaffected by the load")
+print("| bytes | mutirao | Open MPI | MPICH |")
+print("|---:|---:|---:|---:|")
+for s in sizes:
+    cells = [f"{l[c][s] / q[c][s]:.2f}" if s in q[c] and s in l[c] and q[c][s] else "n/a" for c in cfgs]
+    print(f"| {s} | " + " | ".join(cells) + " |")
+PY
+}
+
+for pass in "${PASSES[@]}"; do
+    table "$pass" "ping-pong, shared memory" "one-way latency in µs" shm
+    table "$pass" "ping-pong, TCP" "one-way latency in µs" tcp
+    table "$pass" "allreduce (u64 sum), 4 ranks" "latency in µs, slowest rank" allreduce
+    table "$pass" "bcast from rank 0, 4 ranks" "latency in µs, slowest rank" bcast
+    table "$pass" "alltoall, bytes per rank pair, 4 ranks" "latency in µs, slowest rank" alltoall
+done
+if [ "$LOAD" = both ]; then
+    for fam in shm tcp allreduce bcast alltoall; do steadiness "$fam"; done
+fi
 
 if command -v hyperfine >/dev/null; then
+    [ "$LOAD" = 1 ] && load_start
     echo
     echo "## launch + init + finalize, 2 ranks (hyperfine, 20 runs each, interleaved by hyperfine's order)"
     hyperfine -N --warmup 2 --runs 20 --style none --export-markdown "$OUT/launch.md" \
@@ -107,6 +194,9 @@ if command -v hyperfine >/dev/null; then
         -n mpich "mpirun.mpich -np 2 $OUT/bench_mpich init" \
         -n ompi "mpirun.openmpi --allow-run-as-root --oversubscribe -np 2 $OUT/bench_ompi init" >/dev/null 2>&1 &&
         cat "$OUT/launch.md" || echo "(hyperfine failed)"
+    load_stop
 fi
 echo
-echo "# $(nproc) CPUs, kernel $(uname -r); total $(($(date +%s) - T0)) s; raw logs in $OUT"
+echo "# $(nproc) CPUs, kernel $(uname -r), load $LOAD (LOAD_PROCS=$LOAD_PROCS busy loops), SCALE=$SCALE;" \
+    "Open MPI $(mpirun.openmpi --version 2>&1 | head -1 | awk '{print $NF}'), MPICH $(mpichversion 2>/dev/null | awk '/Version/{print $NF}');" \
+    "total $(($(date +%s) - T0)) s; $FAILED failed runs; raw logs in $OUT"

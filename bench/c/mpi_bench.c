@@ -1,10 +1,17 @@
 /* mpi_bench.c - the MPI side of bench/compare_mpi.sh, printing the same lines as mutirao's
- * examples so the two can be compared row by row.
- *   mpi_bench pingpong   -> "BYTES ONE_WAY_LATENCY_US MB_PER_S" per size (ranks 0 and 1)
- *   mpi_bench allreduce  -> "8 LATENCY_US" (slowest rank's median, 8-byte MPI_SUM)
- *   mpi_bench init       -> MPI_Init + MPI_Finalize only
- * Timing: median over batches of round trips after a warm-up, as in pingpong.rs. */
+ * examples (pingpong.rs, collbench.rs) so the two can be compared row by row.
+ *   mpi_bench pingpong            -> "BYTES ONE_WAY_LATENCY_US MB_PER_S" per size (ranks 0 and 1)
+ *   mpi_bench allreduce [B,B,..]  -> "BYTES LATENCY_US" per size (u64 MPI_SUM; default 8)
+ *   mpi_bench bcast [B,..]        -> "BYTES LATENCY_US" per size (root 0)
+ *   mpi_bench alltoall [B,..]     -> "BYTES LATENCY_US" per size (B bytes to every rank)
+ *   mpi_bench init                -> MPI_Init + MPI_Finalize only
+ * Timing: median over batches after a warm-up, as in pingpong.rs; a collective reports the
+ * slowest rank's median. Collective batches follow collbench.rs's rule exactly: at most
+ * 20000 / (1 + bytes/1024) operations, fewer if one batch would take more than 20 ms (measured
+ * on 5 operations): MPICH 4.0 (ch4:ucx) busy-polls without ever yielding, so with 4 ranks on
+ * 2 cores one allreduce costs ~10 ms and the old fixed 44000 operations took minutes. */
 #include <mpi.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,19 +59,65 @@ static void pingpong(int rank, double scale) {
     free(out);
 }
 
-static void allreduce(int rank, int size) {
-    long in = rank, res = 0;
-    double t[21];
-    for (int b = -1; b < 21; b++) {
+enum coll { ALLREDUCE, BCAST, ALLTOALL };
+
+/* One collective operation of `bytes` (per destination for alltoall). */
+static void coll_op(enum coll c, long bytes, uint64_t *a, uint64_t *b, int nranks) {
+    long count = bytes / 8 > 0 ? bytes / 8 : 1;
+    switch (c) {
+    case ALLREDUCE:
+        MPI_Allreduce(a, b, (int)count, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
+        break;
+    case BCAST:
+        MPI_Bcast(a, (int)bytes, MPI_BYTE, 0, MPI_COMM_WORLD);
+        break;
+    case ALLTOALL:
+        MPI_Alltoall(a, (int)bytes, MPI_BYTE, b, (int)bytes, MPI_BYTE, MPI_COMM_WORLD);
+        break;
+    }
+    (void)nranks;
+}
+
+static void collective(enum coll c, const char *list, int rank, int nranks) {
+    if (rank == 0) printf("# ranks=%d BYTES LATENCY_US\n", nranks);
+    char *sizes = strdup(list);
+    for (char *tok = strtok(sizes, ","); tok; tok = strtok(NULL, ",")) {
+        long bytes = atol(tok);
+        long count = bytes / 8 > 0 ? bytes / 8 : 1;
+        size_t elems = c == ALLTOALL ? (size_t)count * nranks : (size_t)count;
+        uint64_t *a = malloc(elems * 8), *b = malloc(elems * 8);
+        if (!a || !b) MPI_Abort(MPI_COMM_WORLD, 2);
+        for (size_t i = 0; i < elems; i++) a[i] = (uint64_t)rank * 1000 + i;
+        coll_op(c, bytes, a, b, nranks);
+        if (c == ALLREDUCE) {
+            for (long i = 0; i < count; i++)
+                if (b[i] != (uint64_t)nranks * (nranks - 1) / 2 * 1000 + (uint64_t)nranks * i)
+                    MPI_Abort(MPI_COMM_WORLD, 1);
+        }
+        long per = 20000 / (1 + bytes / 1024);
+        if (per < 3) per = 3;
+        /* Calibrate: 5 operations, slowest rank; a batch takes at most ~20 ms. */
         MPI_Barrier(MPI_COMM_WORLD);
         double t0 = MPI_Wtime();
-        for (int k = 0; k < 2000; k++) MPI_Allreduce(&in, &res, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
-        if (b >= 0) t[b] = (MPI_Wtime() - t0) / 2000;
+        for (int k = 0; k < 5; k++) coll_op(c, bytes, a, b, nranks);
+        double one = (MPI_Wtime() - t0) / 5, worst1;
+        MPI_Allreduce(&one, &worst1, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+        if (worst1 > 0 && per * worst1 > 0.020) per = (long)(0.020 / worst1);
+        if (per < 1) per = 1;
+        double t[21];
+        for (int bt = 0; bt < 21; bt++) {
+            MPI_Barrier(MPI_COMM_WORLD);
+            t0 = MPI_Wtime();
+            for (long k = 0; k < per; k++) coll_op(c, bytes, a, b, nranks);
+            t[bt] = (MPI_Wtime() - t0) / per;
+        }
+        double m = median(t, 21), worst;
+        MPI_Reduce(&m, &worst, 1, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
+        if (rank == 0) printf("%ld %.3f\n", bytes, worst * 1e6);
+        free(a);
+        free(b);
     }
-    if (res != (long)size * (size - 1) / 2) MPI_Abort(MPI_COMM_WORLD, 1);
-    double m = median(t, 21), worst;
-    MPI_Reduce(&m, &worst, 1, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
-    if (rank == 0) printf("# ranks=%d BYTES LATENCY_US\n8 %.3f\n", size, worst * 1e6);
+    free(sizes);
 }
 
 int main(int argc, char **argv) {
@@ -73,9 +126,12 @@ int main(int argc, char **argv) {
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     const char *mode = argc > 1 ? argv[1] : "pingpong";
+    const char *list = argc > 2 ? argv[2] : "8";
     double scale = getenv("BENCH_SCALE") ? atof(getenv("BENCH_SCALE")) : 1.0;
     if (!strcmp(mode, "pingpong") && size >= 2) pingpong(rank, scale);
-    else if (!strcmp(mode, "allreduce")) allreduce(rank, size);
+    else if (!strcmp(mode, "allreduce")) collective(ALLREDUCE, list, rank, size);
+    else if (!strcmp(mode, "bcast")) collective(BCAST, list, rank, size);
+    else if (!strcmp(mode, "alltoall")) collective(ALLTOALL, list, rank, size);
     MPI_Finalize();
     return 0;
 }

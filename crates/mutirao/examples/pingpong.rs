@@ -5,7 +5,7 @@
 //!     MUTIRAO_TRANSPORT=tcp mutirao run -n 2 target/release/examples/pingpong
 //!     mutirao run -n 2 target/release/examples/pingpong -- --quick   # a fast smoke run
 //!
-//! Options: `--init-only` (start and finish only: launch-cost benchmarks), `--quick` (few iterations), `--sizes 0,64,1048576`, `--scale F` (iteration multiplier), `--probe` (probe before every receive, as code that learns a message's size first does).
+//! Options: `--init-only` (start and finish only: launch-cost benchmarks), `--quick` (few iterations), `--sizes 0,64,1048576`, `--scale F` (iteration multiplier), `--probe` (probe before every receive, as code that learns a message's size first does), `--gap-us N` (rank 0 sleeps N µs between its send and its receive, so the reply is already there: rank 0's instruction count under callgrind is then one send plus one receive per round trip, without idle polling; the latency printed is meaningless).
 //! Every received message is checked; a wrong byte exits non-zero.
 
 use std::time::Instant;
@@ -29,6 +29,7 @@ fn main() -> Result<(), mutirao::Error> {
     let mut sizes: Vec<usize> = SIZES.to_vec();
     let mut scale = 1.0f64;
     let mut probe = false;
+    let mut gap = std::time::Duration::ZERO;
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
     while i < args.len() {
@@ -36,6 +37,11 @@ fn main() -> Result<(), mutirao::Error> {
             "--quick" => scale = 0.02,
             "--probe" => probe = true,
             "--init-only" => return world.finalize(),
+            "--gap-us" => {
+                i += 1;
+                let us = args.get(i).and_then(|s| s.parse().ok()).unwrap_or(0);
+                gap = std::time::Duration::from_micros(us);
+            }
             "--scale" => {
                 i += 1;
                 scale = args.get(i).and_then(|s| s.parse().ok()).unwrap_or(1.0);
@@ -50,7 +56,7 @@ fn main() -> Result<(), mutirao::Error> {
             "--" => {}
             other => {
                 eprintln!(
-                    "pingpong: unknown argument {other:?} (use --quick, --scale F, --sizes a,b,c, --probe)"
+                    "pingpong: unknown argument {other:?} (use --quick, --scale F, --sizes a,b,c, --probe, --gap-us N)"
                 );
                 std::process::exit(2);
             }
@@ -93,13 +99,13 @@ fn main() -> Result<(), mutirao::Error> {
             world.send(&buf, peer, 1)?;
         }
         for _ in 0..warmup {
-            round(&world, rank, peer, &pattern, &mut buf, probe)?;
+            round(&world, rank, peer, &pattern, &mut buf, probe, gap)?;
         }
         let mut times = Vec::with_capacity(batches);
         for _ in 0..batches {
             let t = Instant::now();
             for _ in 0..per_batch {
-                round(&world, rank, peer, &pattern, &mut buf, probe)?;
+                round(&world, rank, peer, &pattern, &mut buf, probe, gap)?;
             }
             times.push(t.elapsed().as_secs_f64() / (2 * per_batch) as f64);
         }
@@ -124,9 +130,13 @@ fn round(
     data: &[u8],
     buf: &mut [u8],
     probe: bool,
+    gap: std::time::Duration,
 ) -> Result<(), mutirao::Error> {
     if rank == 0 {
         world.send(data, peer, 0)?;
+        if !gap.is_zero() {
+            std::thread::sleep(gap);
+        }
         if probe {
             world.probe(peer, 0)?;
         }

@@ -6,6 +6,7 @@
 //! | `MUTIRAO_SHM_EAGER_LIMIT` | the ring size (`MUTIRAO_SHM_RING`, 2 MiB) | the same for shared-memory peers: streaming through the ring beat the single-copy rendezvous (`MUTIRAO_CMA`) at every size up to 2 MiB on the development VM (one-way 1 MiB 49–54 µs against 101–126 µs) |
 //! | `MUTIRAO_SPIN_US` | 50 with TCP peers, 500 when every peer shares memory, 0 when ranks outnumber cores | how long a waiting rank polls before sleeping |
 //! | `MUTIRAO_YIELD_US` | 1000 when ranks outnumber cores, else 0 | after spinning, how long a waiting rank keeps yielding its core (cheap hand-over to a co-located rank) before sleeping |
+//! | `MUTIRAO_POLITE_YIELD_US` | 0 | while spinning, offer the core (`sched_yield`) this often; 0: never (see `engine::POLITE_YIELD`) |
 //! | `MUTIRAO_TRANSPORT` | `auto` | `auto`: shared memory to ranks of the same host, TCP otherwise; `tcp`: TCP only |
 //! | `MUTIRAO_CMA` | 1 | same-host large messages are copied once, straight from the sender's memory (`process_vm_readv`); 0 streams them through the ring |
 //! | `MUTIRAO_SHM_RING` | 2097152 | bytes of each shared-memory ring (one per direction per local peer) |
@@ -39,6 +40,8 @@ pub struct Config {
     pub spin_shm: Duration,
     /// After spinning, yield the core this long before sleeping (oversubscribed hosts).
     pub yield_for: Duration,
+    /// While spinning, offer the core this often (`MUTIRAO_POLITE_YIELD_US`; zero: never).
+    pub polite_yield: Duration,
     pub shm: bool,
     pub cma: bool,
     pub shm_ring: usize,
@@ -84,6 +87,10 @@ impl Config {
             yield_for: Duration::from_micros(
                 env_usize("MUTIRAO_YIELD_US")?.unwrap_or(if oversubscribed { 1000 } else { 0 })
                     as u64,
+            ),
+            polite_yield: Duration::from_micros(
+                env_usize("MUTIRAO_POLITE_YIELD_US")?
+                    .map_or(crate::engine::POLITE_YIELD.as_micros() as u64, |v| v as u64),
             ),
             shm,
             cma: env_usize("MUTIRAO_CMA")?.unwrap_or(1) != 0,

@@ -15,7 +15,7 @@
 //! - a peer's failure (EOF without BYE, reset, protocol error) fails every pending operation that
 //!   needs it and every later one, instead of blocking.
 
-use crate::transport::Transport;
+use crate::transport::{Fast, Transport};
 use crate::wire::{Header, Kind, HEADER_LEN};
 use crate::{Error, Status};
 use mio::{Events, Interest, Poll, Token};
@@ -24,8 +24,13 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::io::IoSlice;
 use std::time::{Duration, Instant};
 
-/// While spinning, a waiting rank offers its core (`sched_yield`) this often.
-pub(crate) const POLITE_YIELD: Duration = Duration::from_micros(20);
+/// While spinning, how often a waiting rank offers its core (`sched_yield`) by default: never.
+/// Every 20 µs (the default until 2026-11-25) made a rank beside one busy process lose its core
+/// for a whole time slice at each offer: 10 interleaved rounds of `pingpong --sizes
+/// 0,64,512,4096,65536` beside a busy loop on 2 cores, median one-way 4 KiB 10.5 µs and 64 KiB
+/// 86 µs with it, 0.71 and 3.7 µs without (0–512 B unchanged). Ranks that outnumber the cores
+/// do not spin at all, so this never holds off a rank sharing our core by design.
+pub(crate) const POLITE_YIELD: Duration = Duration::ZERO;
 
 /// Request ids are sequential integers: a multiplicative hash is enough (and far cheaper than SipHash).
 #[derive(Default)]
@@ -46,6 +51,65 @@ impl Hasher for IdHasher {
 }
 
 type IdMap<V> = HashMap<u64, V, BuildHasherDefault<IdHasher>>;
+
+/// The id of the receive a blocking call posts. `new_id` counts up from 2 and never reaches it.
+pub(crate) const BLOCKING: u64 = u64::MAX;
+
+/// Receives by id: a hash map, plus one slot for the receive of the blocking call in progress
+/// (a blocking receive is posted, matched, completed and taken out once per call: keeping it out
+/// of the map saves an insert, a removal and every lookup on the ping-pong path — about a fifth
+/// of a shared-memory round trip's instructions). Same interface as the map.
+#[derive(Default)]
+pub(crate) struct Recvs {
+    map: IdMap<Recv>,
+    slot: Option<Recv>,
+}
+
+impl Recvs {
+    #[inline]
+    pub(crate) fn get(&self, id: &u64) -> Option<&Recv> {
+        if *id == BLOCKING {
+            self.slot.as_ref()
+        } else {
+            self.map.get(id)
+        }
+    }
+    #[inline]
+    pub(crate) fn get_mut(&mut self, id: &u64) -> Option<&mut Recv> {
+        if *id == BLOCKING {
+            self.slot.as_mut()
+        } else {
+            self.map.get_mut(id)
+        }
+    }
+    #[inline]
+    pub(crate) fn insert(&mut self, id: u64, r: Recv) {
+        if id == BLOCKING {
+            self.slot = Some(r);
+        } else {
+            self.map.insert(id, r);
+        }
+    }
+    #[inline]
+    pub(crate) fn remove(&mut self, id: &u64) -> Option<Recv> {
+        if *id == BLOCKING {
+            self.slot.take()
+        } else {
+            self.map.remove(id)
+        }
+    }
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (&u64, &Recv)> {
+        self.map
+            .iter()
+            .chain(self.slot.as_ref().map(|r| (&BLOCKING, r)))
+    }
+    pub(crate) fn is_empty(&self) -> bool {
+        self.map.is_empty() && self.slot.is_none()
+    }
+    pub(crate) fn len(&self) -> usize {
+        self.map.len() + usize::from(self.slot.is_some())
+    }
+}
 
 /// A buffer the engine owns on behalf of a nonblocking request (type-erased `Vec<T: Pod>`).
 pub trait Buf: std::any::Any {
@@ -218,13 +282,17 @@ pub(crate) struct Peer {
     stage_end: usize,
     txq: VecDeque<Out>,
     bye_sent: bool,
+    /// Same-host peer whose socket only carries wake-ups (cached `is_shm`).
+    shm: bool,
 }
 
 const STAGE: usize = 64 * 1024;
 
 impl Peer {
     pub(crate) fn new(io: Option<Box<dyn Transport>>) -> Peer {
+        let shm = io.as_ref().is_some_and(|t| !t.socket_is_stream());
         Peer {
+            shm,
             state: PeerState::Alive,
             io,
             rx: Rx::Header,
@@ -249,6 +317,7 @@ impl Peer {
             stage_end: 0,
             txq: VecDeque::new(),
             bye_sent: false,
+            shm: false,
         }
     }
 
@@ -282,6 +351,8 @@ pub(crate) struct Tuning {
     pub spin_shm: Duration,
     /// After spinning, yield the core this long before sleeping.
     pub yield_for: Duration,
+    /// While spinning, offer the core this often (zero: never).
+    pub polite_yield: Duration,
     pub cma: bool,
     pub spin: Duration,
 }
@@ -294,7 +365,10 @@ pub(crate) struct Engine {
     events: Events,
     posted: VecDeque<u64>,
     unexpected: VecDeque<Unexpected>,
-    pub(crate) recvs: IdMap<Recv>,
+    pub(crate) recvs: Recvs,
+    /// A blocking receive was abandoned while its rendezvous data could still come: later
+    /// blocking receives take fresh ids, so that data cannot land in another call's buffer.
+    slot_tainted: bool,
     pub(crate) sends: IdMap<Send>,
     next_id: u64,
     tuning: Tuning,
@@ -323,6 +397,10 @@ pub(crate) struct Engine {
     /// lost spawned worker does not break the job's own any-source receives.
     scopes: HashMap<u64, Vec<usize>>,
 }
+
+/// Passes of [`Engine::recv_fast`] over one ring before the general wait takes over (a few µs:
+/// a ping-pong reply comes well within it; a late one is waited for the usual way).
+const FAST_POLLS: u32 = 2048;
 
 /// How often [`Engine::poke`] reads the sockets of shared-memory peers.
 const SHM_SOCKET_POLL: Duration = Duration::from_millis(1);
@@ -363,7 +441,8 @@ impl Engine {
             events: Events::with_capacity(256),
             posted: VecDeque::new(),
             unexpected: VecDeque::new(),
-            recvs: IdMap::default(),
+            recvs: Recvs::default(),
+            slot_tainted: false,
             sends: IdMap::default(),
             next_id: 1,
             tuning,
@@ -472,20 +551,48 @@ impl Engine {
         tag: i32,
         data: SendData,
     ) -> Result<u64, Error> {
+        self.send_inner(peer, ctx, tag, data, true)
+            .map(|id| id.unwrap_or(0))
+    }
+
+    /// Start the send of a blocking call: `None` when it is already complete (a small message
+    /// written or queued, copied), which then needs no request; else its id, as `start_send`.
+    pub(crate) fn start_send_blocking(
+        &mut self,
+        peer: usize,
+        ctx: u64,
+        tag: i32,
+        data: SendData,
+    ) -> Result<Option<u64>, Error> {
+        self.send_inner(peer, ctx, tag, data, false)
+    }
+
+    fn send_inner(
+        &mut self,
+        peer: usize,
+        ctx: u64,
+        tag: i32,
+        data: SendData,
+        track_eager: bool,
+    ) -> Result<Option<u64>, Error> {
         if self.finalized {
             return Err(Error::Invalid("send after finalize".into()));
         }
-        let id = self.new_id();
         let len = data.bytes().len();
         if peer == self.rank {
             self.check_peer(peer)?;
             let bytes = data.bytes().to_vec();
             self.deliver_local(ctx, tag, bytes);
+            if !track_eager {
+                return Ok(None);
+            }
+            let id = self.new_id();
             self.sends.insert(id, done_send(peer, data));
-            return Ok(id);
+            return Ok(Some(id));
         }
         self.check_peer(peer)?;
-        let eager_limit = if self.peers[peer].is_shm() {
+        let shm = self.peers[peer].shm;
+        let eager_limit = if shm {
             self.tuning.shm_eager_limit
         } else {
             self.tuning.eager_limit
@@ -499,9 +606,15 @@ impl Engine {
                 id: 0,
             };
             self.write_or_queue(peer, hdr, data.bytes())?;
+            if !track_eager {
+                return Ok(None);
+            }
+            let id = self.new_id();
             self.sends.insert(id, done_send(peer, data));
+            Ok(Some(id))
         } else {
-            let cma = self.peers[peer].is_shm() && self.cma;
+            let id = self.new_id();
+            let cma = shm && self.cma;
             let hdr = Header {
                 kind: if cma { Kind::RtsCma } else { Kind::Rts },
                 tag,
@@ -524,8 +637,8 @@ impl Engine {
             );
             let payload: &[u8] = if cma { &info } else { &[] };
             self.write_or_queue(peer, hdr, payload)?;
+            Ok(Some(id))
         }
-        Ok(id)
     }
 
     /// Write a frame with its payload now if the connection is idle; queue the rest (copied).
@@ -641,6 +754,29 @@ impl Engine {
         tag: Option<i32>,
         dest: Dest,
     ) -> Result<u64, Error> {
+        self.post_recv_inner(ctx, src, tag, dest, false)
+    }
+
+    /// Post the receive of a blocking call (taken out again before the call returns, by
+    /// `take_recv` and `forget_recv`): it lives in the receive slot, not the map.
+    pub(crate) fn post_recv_blocking(
+        &mut self,
+        ctx: u64,
+        src: Option<usize>,
+        tag: Option<i32>,
+        dest: Dest,
+    ) -> Result<u64, Error> {
+        self.post_recv_inner(ctx, src, tag, dest, true)
+    }
+
+    fn post_recv_inner(
+        &mut self,
+        ctx: u64,
+        src: Option<usize>,
+        tag: Option<i32>,
+        dest: Dest,
+        blocking: bool,
+    ) -> Result<u64, Error> {
         if let Some(s) = src {
             if s >= self.peers.len() {
                 return Err(Error::Invalid(format!(
@@ -649,7 +785,11 @@ impl Engine {
                 )));
             }
         }
-        let id = self.new_id();
+        let id = if blocking && !self.slot_tainted && self.recvs.slot.is_none() {
+            BLOCKING
+        } else {
+            self.new_id()
+        };
         let mut r = Recv {
             ctx,
             src,
@@ -661,11 +801,14 @@ impl Engine {
             err: None,
             detached: false,
         };
-        if let Some(i) = self
-            .unexpected
-            .iter()
-            .position(|u| matches(&r, u.peer, u.ctx, u.tag))
-        {
+        let found = if self.unexpected.is_empty() {
+            None
+        } else {
+            self.unexpected
+                .iter()
+                .position(|u| matches(&r, u.peer, u.ctx, u.tag))
+        };
+        if let Some(i) = found {
             let u = self.unexpected.remove(i).expect("index from position");
             let status = Status {
                 source: u.peer,
@@ -806,7 +949,11 @@ impl Engine {
             .posted
             .iter()
             .position(|id| recvs.get(id).is_some_and(|r| matches(r, peer, ctx, tag)))?;
-        self.posted.remove(i)
+        if i == 0 {
+            self.posted.pop_front()
+        } else {
+            self.posted.remove(i)
+        }
     }
 
     /// A message to ourselves: match or buffer at once.
@@ -1328,8 +1475,64 @@ impl Engine {
         }
     }
 
+    /// The blocking receive's fast path: a receive from one shared-memory peer, with nothing else
+    /// in flight in this process (no request, no queued frame, no unexpected message, no
+    /// checkpoint waves), polls that peer's ring for up to [`FAST_POLLS`] passes and takes a
+    /// matching eager message straight into `buf` — no request, no staging copy, no pass over the
+    /// other peers. `None`: not taken; the caller posts the receive and waits as usual (which
+    /// also notices failures and sleeps). With nothing in flight nothing is owed to any other
+    /// peer, so leaving them alone for these few microseconds delays no one.
+    pub(crate) fn recv_fast(
+        &mut self,
+        ctx: u64,
+        src: Option<usize>,
+        tag: Option<i32>,
+        buf: &mut [u8],
+    ) -> Option<Status> {
+        let s = src?;
+        if self.ckpt.is_some()
+            || self.finalized
+            || !self.posted.is_empty()
+            || !self.unexpected.is_empty()
+            || !self.sends.is_empty()
+            || !self.recvs.is_empty()
+            || self.peers.iter().any(|p| !p.txq.is_empty())
+        {
+            return None;
+        }
+        let p = self.peers.get_mut(s)?;
+        if !p.shm
+            || p.state != PeerState::Alive
+            || !matches!(p.rx, Rx::Header)
+            || p.stage_end > p.stage_start
+        {
+            return None;
+        }
+        let t = p.io.as_mut()?.as_shm()?;
+        // Oversubscribed (no spinning): one look, then the general path yields the core.
+        let polls = if self.tuning.spin_shm.is_zero() {
+            1
+        } else {
+            FAST_POLLS
+        };
+        for _ in 0..polls {
+            match t.recv_eager(ctx, tag, buf) {
+                Fast::Took(tag, bytes) => {
+                    return Some(Status {
+                        source: s,
+                        tag,
+                        bytes,
+                    })
+                }
+                Fast::Other => return None,
+                Fast::Empty => std::hint::spin_loop(),
+            }
+        }
+        None
+    }
+
     /// Drive progress until `done` holds: spin for `tuning.spin` (offering the core every
-    /// [`POLITE_YIELD`]), then block in the kernel so a
+    /// `tuning.polite_yield`, if not zero: see [`POLITE_YIELD`]), then block in the kernel so a
     /// waiting rank costs no CPU.
     pub(crate) fn wait_until(
         &mut self,
@@ -1339,7 +1542,8 @@ impl Engine {
         // fast path (the message is already there) a wait costs no clock read and no syscall.
         let mut start: Option<Instant> = None;
         let mut spins: u32 = 1;
-        let mut next_yield = POLITE_YIELD;
+        let polite = self.tuning.polite_yield;
+        let mut next_yield = polite;
         // The pass after a yield always looks at the sockets: the yield phase advances `spins`
         // in steps that would otherwise skip every socket poll when TCP and shared-memory peers
         // mix (TCP messages then waited out the whole yield phase, 1 ms).
@@ -1361,7 +1565,7 @@ impl Engine {
                 spins = 1;
                 // Keep spinning while data flows: sleeping mid-transfer costs a wake-up each time.
                 start = None;
-                next_yield = POLITE_YIELD;
+                next_yield = polite;
                 continue;
             }
             spins = spins.wrapping_add(1);
@@ -1377,13 +1581,13 @@ impl Engine {
             };
             let waited = t0.elapsed();
             if waited < spin {
-                // A polite spin: every POLITE_YIELD of spinning, offer the core once. Free when
-                // nobody else wants this core (sched_yield returns at once); when the machine
-                // is busier than it looks (other jobs, a compiler), the rank we wait for may be
-                // queued behind us, and without this it would wait out our whole spin.
-                if waited >= next_yield {
+                // A polite spin (MUTIRAO_POLITE_YIELD_US, off by default): every `polite` of
+                // spinning, offer the core once, for a rank we wait for that may be queued
+                // behind us. Measured, it cost more than it saved beside a busy process: the
+                // offer hands the core to that process for a whole time slice.
+                if !polite.is_zero() && waited >= next_yield {
                     std::thread::yield_now();
-                    next_yield = waited + POLITE_YIELD;
+                    next_yield = waited + polite;
                 }
                 std::hint::spin_loop();
                 continue;
@@ -1461,6 +1665,30 @@ impl Engine {
 
     /// Take a finished receive out of the engine.
     pub(crate) fn take_recv(&mut self, id: u64) -> Result<(Status, Option<Box<dyn Buf>>), Error> {
+        if id == BLOCKING {
+            // Take the fields out in place: moving a whole `Recv` out of the slot costs more
+            // than the rest of a receive.
+            let r = self
+                .recvs
+                .slot
+                .as_mut()
+                .ok_or_else(|| Error::Invalid("unknown request".into()))?;
+            let res = match r.err.take() {
+                Some(e) => Err(e),
+                None => match r.status {
+                    Some(status) => Ok((
+                        status,
+                        match std::mem::replace(&mut r.dest, Dest::Alloc(discard_alloc)) {
+                            Dest::Owned(b) => Some(b),
+                            _ => None,
+                        },
+                    )),
+                    None => Err(Error::Invalid("receive has no status".into())),
+                },
+            };
+            self.recvs.slot = None;
+            return res;
+        }
         let r = self
             .recvs
             .remove(&id)
@@ -1495,6 +1723,14 @@ impl Engine {
     /// Remove a receive whatever its state (blocking-call exit path). If payload is still flowing
     /// into it, the rest is discarded so no pointer to caller memory survives.
     pub(crate) fn forget_recv(&mut self, id: u64) {
+        if id == BLOCKING
+            && self
+                .recvs
+                .get(&id)
+                .is_some_and(|r| r.state == RecvState::Receiving)
+        {
+            self.slot_tainted = true;
+        }
         self.posted.retain(|x| *x != id);
         for p in &mut self.peers {
             if let Rx::Payload { target, .. } = &mut p.rx {
@@ -1875,6 +2111,7 @@ mod tests {
                 spin: Duration::from_micros(10),
                 spin_shm: Duration::from_micros(10),
                 yield_for: Duration::ZERO,
+                polite_yield: POLITE_YIELD,
                 cma: false,
             },
         )

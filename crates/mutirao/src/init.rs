@@ -331,6 +331,7 @@ pub(crate) fn tuning(cfg: &Config) -> Tuning {
         spin: cfg.spin,
         spin_shm: cfg.spin_shm,
         yield_for: cfg.yield_for,
+        polite_yield: cfg.polite_yield,
         cma: cfg.cma,
     }
 }

@@ -176,8 +176,10 @@ impl Ring {
                 break;
             }
             let n = b.len().min(free - written);
-            self.copy_in(self.pos + written as u64, &b[..n]);
-            written += n;
+            if n > 0 {
+                self.copy_in(self.pos + written as u64, &b[..n]);
+                written += n;
+            }
         }
         if written == 0 {
             return (0, false);
@@ -198,7 +200,13 @@ impl Ring {
         // copies stay inside the data region because idx < cap and first ≤ cap − idx.
         unsafe {
             std::ptr::copy_nonoverlapping(src.as_ptr(), self.data().add(idx), first);
-            std::ptr::copy_nonoverlapping(src.as_ptr().add(first), self.data(), src.len() - first);
+            if first < src.len() {
+                std::ptr::copy_nonoverlapping(
+                    src.as_ptr().add(first),
+                    self.data(),
+                    src.len() - first,
+                );
+            }
         }
     }
 
@@ -225,19 +233,40 @@ impl Ring {
         if n == 0 {
             return (0, false);
         }
-        let idx = (self.pos as usize) & (self.cap - 1);
+        self.peek(avail, 0, &mut dst[..n]);
+        (n, self.consume(avail, n))
+    }
+
+    /// Copy the `dst.len()` bytes that start `off` bytes past the read position, without
+    /// consuming them. `avail`: what [`Ring::available`] returned; `off + dst.len()` beyond it
+    /// copies nothing.
+    pub fn peek(&self, avail: usize, off: usize, dst: &mut [u8]) {
+        let n = dst.len();
+        if off.checked_add(n).is_none_or(|end| end > avail) {
+            return;
+        }
+        let idx = ((self.pos + off as u64) as usize) & (self.cap - 1);
         let first = n.min(self.cap - idx);
-        // SAFETY: [pos, pos+n) was published by the writer's release store of `tail` (acquired in
-        // `available`), and the writer does not reuse it until we publish a larger `head`.
+        // SAFETY: [pos + off, pos + off + n) lies within the `avail` bytes the writer published
+        // by its release store of `tail` (acquired in `available`, checked just above), and the
+        // writer does not reuse them until we publish a larger `head`; the two copies stay inside
+        // the data region because idx < cap and first ≤ cap − idx, and `dst` has n bytes.
         unsafe {
             std::ptr::copy_nonoverlapping(self.data().add(idx), dst.as_mut_ptr(), first);
-            std::ptr::copy_nonoverlapping(self.data(), dst.as_mut_ptr().add(first), n - first);
+            if first < n {
+                std::ptr::copy_nonoverlapping(self.data(), dst.as_mut_ptr().add(first), n - first);
+            }
         }
+    }
+
+    /// Give `n` bytes back to the writer (at most `avail`, what [`Ring::available`] returned).
+    /// Returns whether the writer must be woken.
+    pub fn consume(&mut self, avail: usize, n: usize) -> bool {
+        let n = n.min(avail);
         self.pos += n as u64;
         self.head().store(self.pos, Ordering::SeqCst);
-        let wake = self.writer_sleeping().load(Ordering::SeqCst) != 0
-            && self.writer_sleeping().swap(0, Ordering::SeqCst) != 0;
-        (n, wake)
+        self.writer_sleeping().load(Ordering::SeqCst) != 0
+            && self.writer_sleeping().swap(0, Ordering::SeqCst) != 0
     }
 
     /// A reader about to block announces it; returns true if data arrived meanwhile.
@@ -359,6 +388,35 @@ mod tests {
         let mut b = vec![0u8; 100];
         let (_, wake) = rx.read(&mut b);
         assert!(wake);
+    }
+
+    #[test]
+    fn peek_reads_across_the_wrap_without_consuming_and_consume_frees_space() {
+        let p = tmp("peek");
+        let mut rx = Ring::create(&p, 4096).unwrap();
+        let mut tx = Ring::open(&p).unwrap();
+        std::fs::remove_file(&p).unwrap();
+        // Move both ends to 10 bytes before the wrap.
+        let pad = vec![0u8; 4086];
+        assert_eq!(tx.write_vectored(&[IoSlice::new(&pad)]).0, 4086);
+        let mut sink = vec![0u8; 4086];
+        assert_eq!(rx.read(&mut sink).0, 4086);
+        let msg: Vec<u8> = (0..40u8).collect();
+        assert_eq!(tx.write_vectored(&[IoSlice::new(&msg)]).0, 40);
+        let avail = rx.available();
+        assert_eq!(avail, 40);
+        let mut a = [0u8; 32];
+        rx.peek(avail, 4, &mut a);
+        assert_eq!(&a[..], &msg[4..36]);
+        // Beyond what is available: nothing copied.
+        let mut b = [9u8; 8];
+        rx.peek(avail, 36, &mut b);
+        assert_eq!(b, [9u8; 8]);
+        assert_eq!(rx.available(), 40, "peek consumes nothing");
+        assert!(!rx.consume(avail, 40));
+        assert_eq!(rx.available(), 0);
+        // The writer sees the space again.
+        assert_eq!(tx.write_vectored(&[IoSlice::new(&vec![1u8; 4096])]).0, 4096);
     }
 
     #[test]

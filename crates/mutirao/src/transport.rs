@@ -4,6 +4,7 @@
 //! host. A third one (a real MPI library, RDMA) is another implementation of the same trait.
 
 use crate::shm::Ring;
+use crate::wire::{Header, Kind, HEADER_LEN};
 use mio::net::TcpStream;
 use std::io::{IoSlice, Read, Write};
 
@@ -36,6 +37,21 @@ pub(crate) trait Transport {
     }
     /// Awake again.
     fn end_sleep(&self) {}
+    /// The shared-memory transport behind this stream, for the blocking receive's fast path.
+    fn as_shm(&mut self) -> Option<&mut ShmTransport> {
+        None
+    }
+}
+
+/// What [`ShmTransport::recv_eager`] found.
+pub(crate) enum Fast {
+    /// A whole eager message was taken: (tag, bytes).
+    Took(i32, usize),
+    /// The ring is empty.
+    Empty,
+    /// Something else is next (another kind of frame, another message, a frame not yet
+    /// complete, a corrupt header): left in the ring for the general path.
+    Other,
 }
 
 /// What an I/O error means for a non-blocking stream.
@@ -158,6 +174,37 @@ impl ShmTransport {
         }
     }
 
+    /// The blocking receive's fast path: if the next frame in the ring is a whole eager message
+    /// of `ctx` (and `tag`, if given) that fits in `buf`, copy its payload straight into `buf`
+    /// and consume the frame — no staging copy, one look at the writer's tail. Anything else is
+    /// left untouched.
+    pub(crate) fn recv_eager(&mut self, ctx: u64, tag: Option<i32>, buf: &mut [u8]) -> Fast {
+        let avail = self.rx.available();
+        if avail == 0 {
+            return Fast::Empty;
+        }
+        if avail < HEADER_LEN {
+            return Fast::Other;
+        }
+        let mut h = [0u8; HEADER_LEN];
+        self.rx.peek(avail, 0, &mut h);
+        let Ok(hdr) = Header::decode(&h) else {
+            return Fast::Other;
+        };
+        if hdr.kind != Kind::Eager || hdr.ctx != ctx || tag.is_some_and(|t| t != hdr.tag) {
+            return Fast::Other;
+        }
+        let len = match usize::try_from(hdr.len) {
+            Ok(len) if len <= buf.len() && len <= avail - HEADER_LEN => len,
+            _ => return Fast::Other,
+        };
+        self.rx.peek(avail, HEADER_LEN, &mut buf[..len]);
+        if self.rx.consume(avail, HEADER_LEN + len) {
+            self.ring_bell();
+        }
+        Fast::Took(hdr.tag, len)
+    }
+
     fn ring_bell(&mut self) {
         if let Some(s) = self.bell.as_mut() {
             // WouldBlock: wake-up bytes are already pending, the peer will wake anyway.
@@ -236,5 +283,9 @@ impl Transport for ShmTransport {
 
     fn end_sleep(&self) {
         self.rx.clear_reader_sleep();
+    }
+
+    fn as_shm(&mut self) -> Option<&mut ShmTransport> {
+        Some(self)
     }
 }
