@@ -4,9 +4,11 @@
 //! epoch is committed there, every rank restarts from it, and the result is the failure-free
 //! run's. Skipped, with the reason printed, when moto_server is not installed or does not answer.
 
+mod common;
+use common::{checksum, jacobi, rank_pid};
+
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -61,43 +63,6 @@ fn moto() -> Result<(Server, u16), String> {
         }
         std::thread::sleep(Duration::from_millis(200));
     }
-}
-
-fn jacobi() -> Option<PathBuf> {
-    let p = Path::new(env!("CARGO_BIN_EXE_mutirao"))
-        .parent()?
-        .join("examples")
-        .join("jacobi");
-    p.is_file().then_some(p)
-}
-
-fn checksum(out: &str) -> Option<String> {
-    out.split_whitespace()
-        .find(|w| w.starts_with("checksum="))
-        .map(str::to_string)
-}
-
-/// The child of `parent` whose environment says `MUTIRAO_RANK=rank`.
-fn rank_pid(parent: u32, rank: usize) -> Option<i32> {
-    for ent in std::fs::read_dir("/proc").ok()?.flatten() {
-        let Ok(pid) = ent.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        let ppid = stat
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
-            .and_then(|p| p.parse::<u32>().ok());
-        if ppid != Some(parent) {
-            continue;
-        }
-        let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
-        let want = format!("MUTIRAO_RANK={rank}");
-        if env.split(|b| *b == 0).any(|kv| kv == want.as_bytes()) {
-            return Some(pid);
-        }
-    }
-    None
 }
 
 #[test]

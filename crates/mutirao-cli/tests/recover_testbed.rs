@@ -10,8 +10,11 @@
 //!
 //! Each ends with the failure-free run's checksum.
 
+mod common;
+use common::{checksum, ckpt_files, jacobi, rank_pid};
+
 use mutirao_testbed::{sys, AgentLaunch, Spec, Testbed, UpOptions};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -22,63 +25,9 @@ nic_mbit = 1000
 hosts = [ { name = "h1", cpu = 1.0 }, { name = "h2", cpu = 1.0 }, { name = "h3", cpu = 1.0 } ]
 "#;
 
-fn jacobi() -> Option<PathBuf> {
-    let p = Path::new(env!("CARGO_BIN_EXE_mutirao"))
-        .parent()?
-        .join("examples")
-        .join("jacobi");
-    p.is_file().then_some(p)
-}
-
-fn checksum(out: &str) -> Option<String> {
-    out.split_whitespace()
-        .find(|w| w.starts_with("checksum="))
-        .map(str::to_string)
-}
-
 /// The agent store directory `mutirao agent` uses by default for `addr:port`.
 fn agent_store(addr: std::net::Ipv4Addr, port: u16) -> PathBuf {
     std::env::temp_dir().join(format!("mutirao-agent-store-{addr}-{port}"))
-}
-
-/// Relative paths of the checkpoint blobs under `dir` (`jobs/<job>/<epoch>/<rank>.ckpt`).
-fn ckpt_files(dir: &Path) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
-            let p = e.path();
-            if p.is_dir() {
-                stack.push(p);
-            } else if p.extension().is_some_and(|x| x == "ckpt") {
-                out.push(p.strip_prefix(dir).unwrap().display().to_string());
-            }
-        }
-    }
-    out
-}
-
-/// Processes whose parent is `parent` and whose environment has `MUTIRAO_RANK=rank`.
-fn rank_pid(parent: u32, rank: usize) -> Option<i32> {
-    for ent in std::fs::read_dir("/proc").ok()?.flatten() {
-        let Ok(pid) = ent.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        let ppid = stat
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
-            .and_then(|p| p.parse::<u32>().ok());
-        if ppid != Some(parent) {
-            continue;
-        }
-        let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
-        let want = format!("MUTIRAO_RANK={rank}");
-        if env.split(|b| *b == 0).any(|kv| kv == want.as_bytes()) {
-            return Some(pid);
-        }
-    }
-    None
 }
 
 #[test]
