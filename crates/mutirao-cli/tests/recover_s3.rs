@@ -85,7 +85,9 @@ fn a_killed_rank_restarts_from_checkpoints_kept_on_s3() {
         "cannot create the bucket: {made}"
     );
     let bin = env!("CARGO_BIN_EXE_mutirao");
-    let args = ["--n", "64", "--iters", "2000"];
+    // About 2-3 s of work without checkpoints (debug build): long enough for a commit before
+    // the kill, whatever the runtime's speed.
+    let args = ["--n", "192", "--iters", "2000"];
     let plain = Command::new(bin)
         .args(["run", "-n", "3", "--timeout", "120"])
         .arg(&j)
@@ -113,13 +115,13 @@ fn a_killed_rank_restarts_from_checkpoints_kept_on_s3() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    // Once the bucket holds a commit record and epoch 2's blobs, kill rank 1.
+    // Once the bucket holds a commit record, kill rank 1.
     let t0 = Instant::now();
     let mut killed = false;
     while t0.elapsed() < Duration::from_secs(60) {
         let list =
             http(port, "GET", &format!("/{bucket}?list-type=2&prefix=ckpt/")).unwrap_or_default();
-        if list.contains("/COMMITTED</Key>") && list.contains("/2/0.ckpt</Key>") {
+        if list.contains("/COMMITTED</Key>") {
             if let Some(pid) = rank_pid(child.id(), 1) {
                 // SAFETY: kill(2) with a pid read from /proc; no memory is involved.
                 unsafe {
