@@ -2127,7 +2127,8 @@ fn measure_size(
 }
 
 /// Whether the median round trip of `reps` is known within `precision`: its standard error
-/// (from the 10–90% spread, as `FitPoint::of_stats` estimates it) is at most half of
+/// (from the whole 10–90% spread: stricter than `FitPoint::of_stats`, which uses the lower
+/// half, so a size with a long tail of descheduled samples keeps measuring) is at most half of
 /// `precision` × median. Steady links (a shaped WAN: 13.6–13.9 ms for 64 KiB) settle after
 /// --min-reps; noisy sizes keep their time budget.
 fn settled(reps: &[MeasureRep], precision: f64) -> bool {

@@ -740,3 +740,89 @@ fn modelled_round_trip_is_the_median_round_trip_when_overheads_are_lumpy() {
         );
     }
 }
+
+#[test]
+fn a_long_upper_tail_of_descheduled_samples_does_not_hide_a_bend() {
+    // A loaded machine: in 30% of the round trips of the large sizes a rank was descheduled
+    // (20× the clean time). The medians are pinned by the clean samples; the 10–90% spread is
+    // not. The one-way time bends at 256 KiB (the per-byte cost triples: a cache spilled).
+    // The fit must follow the medians and `poor_fits` find nothing; with the 10–90% spread as
+    // the medians' error the fit took the bend for noise and drew one line (22% off at 1 MiB).
+    let mut c = Calibration::new(StrategyKind::AllPairs, "test", 1);
+    for n in ["a1", "a2"] {
+        let mut host = CalibHost::new(n, "a", "127.0.0.1:0");
+        host.speed = Some(SpeedMeasurement {
+            kernel: "inc+matmul+gauss".into(),
+            reps: 100,
+            samples: (0..5)
+                .map(|_| SpeedSample {
+                    wall_us: 100.0,
+                    cpu_us: 100.0,
+                })
+                .collect(),
+        });
+        c.add_host(host).unwrap();
+    }
+    let sizes: Vec<u64> = std::iter::once(0)
+        .chain((0..11).map(|k| 1024u64 << k))
+        .collect();
+    let l_true = |m: u64| {
+        let m = m as f64;
+        3.0 + 7.4e-5 * m.min(262144.0) + 2.2e-4 * (m - 262144.0).max(0.0)
+    };
+    let os_true = |m: u64| 0.2 + 3e-5 * m as f64;
+    let or_true = |m: u64| 0.1 + 2e-5 * m as f64;
+    let mut rng = Rng(0x5eed);
+    for &m in &sizes {
+        let samples: Vec<PingPongSample> = (0..40)
+            .map(|k| {
+                let tail = if m >= 131072 && k % 10 < 3 { 20.0 } else { 1.0 };
+                let (os, or) = (os_true(m) * rng.noise(0.02), or_true(m) * rng.noise(0.02));
+                let (osb, orb) = (os_true(m) * rng.noise(0.02), or_true(m) * rng.noise(0.02));
+                let l2 = 2.0 * l_true(m) * rng.noise(0.02) * tail;
+                PingPongSample {
+                    rtt_us: os + or + osb + orb + l2,
+                    os_src_us: os,
+                    or_dst_us: or,
+                    os_dst_us: osb,
+                    or_src_us: orb,
+                    probe_us: None,
+                    wait_src_us: None,
+                }
+            })
+            .collect();
+        c.record_pingpong("a1", "a2", SendMode::Isend, m, 1, &samples)
+            .unwrap();
+    }
+    c.finalize(2);
+    // The median of such a size is known to a few per cent: its standard error says so.
+    let xs: Vec<f64> = (0..40)
+        .map(|k| {
+            if k % 10 < 3 {
+                2000.0
+            } else {
+                100.0 * rng.noise(0.02)
+            }
+        })
+        .collect();
+    let st = mutirao_model::calib::Stats::of(&xs).unwrap();
+    let pt = mutirao_model::fit::FitPoint::of_stats(1 << 20, &st);
+    assert!(
+        pt.se_us < 0.02 * pt.value_us,
+        "median {:.1} us given a standard error of {:.1} us",
+        pt.value_us,
+        pt.se_us
+    );
+    let (model, report) = fit_default(&c).unwrap();
+    let misses = mutirao_model::fit::poor_fits(&c, &model, &report, 0.10, 5.0);
+    assert!(misses.is_empty(), "the fit missed its medians: {misses:?}");
+    let p = model.link_params("a1", "a2").unwrap();
+    for &m in sizes.iter().filter(|&&m| m >= 65536) {
+        let modelled = p.os.value(m) + p.l.value(m) + p.or.value(m);
+        let truth = os_true(m) + l_true(m) + or_true(m);
+        assert!(
+            rel(modelled, truth) < 0.10,
+            "{m} B: modelled one-way {modelled:.1} us, clean truth {truth:.1} us"
+        );
+    }
+}
