@@ -170,6 +170,7 @@ fn comms_main() -> Result<(), String> {
         Ok(row)
     };
     let mut pend_recv: Option<Request<u64>> = None;
+    let mut pend8: Option<Request<u64>> = None;
     let mut pend_send: Option<Request<u64>> = None;
     let (row, mut pair, mut st) = match restored {
         None => (
@@ -206,7 +207,7 @@ fn comms_main() -> Result<(), String> {
                 }
             };
             let reqs = w.restored_requests();
-            if reqs.len() != 2 {
+            if reqs.len() != 3 {
                 return Err(format!("{} restored requests: {reqs:?}", reqs.len()));
             }
             for q in reqs {
@@ -215,6 +216,7 @@ fn comms_main() -> Result<(), String> {
                 }
                 match (q.is_recv(), q.tag()) {
                     (true, Some(5)) => pend_recv = Some(q.into_request().map_err(e)?),
+                    (true, Some(8)) => pend8 = Some(q.into_request().map_err(e)?),
                     (false, Some(6)) => pend_send = Some(q.into_request().map_err(e)?),
                     other => return Err(format!("unexpected restored request {other:?}")),
                 }
@@ -228,7 +230,12 @@ fn comms_main() -> Result<(), String> {
     let (right, left) = ((rr + 1) % rn, (rr + rn - 1) % rn);
     let die = (env_u64("CK_DIE_RANK"), env_u64("CK_DIE_AT"));
     loop {
-        // After the checkpoint point: the isend's buffer back, its message received.
+        // After the checkpoint point: the message sent before the sender's checkpoint point
+        // (already in, or late), the isend's buffer back, its message received.
+        if let Some(q) = pend8.take() {
+            let (v, _) = q.wait().map_err(e)?;
+            st.hist.push(v[0] % 977);
+        }
         if let Some(s6) = pend_send.take() {
             let (buf, _) = s6.wait().map_err(e)?;
             let (x, _) = row.recv_vec::<u64>(left, 6).map_err(e)?;
@@ -258,9 +265,16 @@ fn comms_main() -> Result<(), String> {
             pair = Some(p);
         }
         // In flight at the checkpoint point: the receive of the next iteration's message (its
-        // sender sends it after its own checkpoint point), and an eager send.
+        // sender sends it after its own checkpoint point), a receive of a message its sender
+        // sends before its checkpoint point (rank 0 late: in nonblocking mode it arrives after
+        // the receiver's snapshot, as channel state), and an eager send.
         pend_recv = Some(row.irecv::<u64>(left, 5).map_err(e)?);
+        pend8 = Some(row.irecv::<u64>(left, 8).map_err(e)?);
         pend_send = Some(row.isend(vec![st.acc], right, 6).map_err(e)?);
+        if r == 0 {
+            std::thread::sleep(Duration::from_millis(6));
+        }
+        row.send(&[st.acc ^ 0x5555], right, 8).map_err(e)?;
         st.iter += 1;
         if die == (Some(r as u64), Some(st.iter)) {
             std::thread::sleep(Duration::from_millis(100));
@@ -700,7 +714,23 @@ fn comms_and_pending_requests(mode: &str) -> Result<(), Failed> {
         return Err(format!("no epoch committed before the failure: {:?}", o.stderr).into());
     };
     // The committed epoch has what this test is about: the communicator table (row, and pair
-    // once it exists) and, on every rank, a pending receive and a finished send.
+    // once it exists) and, on every rank, a pending receive, a receive pending or completed,
+    // and a finished send. Blocking mode: rank 1's receive from rank 0 completed before the
+    // snapshot; nonblocking mode: it is pending and its message late (channel state) in some
+    // committed epoch.
+    let mut late8 = 0;
+    for &ep in &committed {
+        let blob = sink.blobs.lock().unwrap()[&(ep, 1)].clone();
+        let c = mutirao::ckpt::RankCheckpoint::decode(&blob, ep, 1, N as u32)?;
+        late8 += c.late.iter().filter(|m| m.tag == 8).count();
+    }
+    println!(
+        "{mode}: {} epochs committed, {late8} late messages into pending receives",
+        committed.len()
+    );
+    if mode == "nonblocking" && late8 == 0 {
+        return Err("no committed epoch has a late message for rank 1's pending receive".into());
+    }
     for r in 0..N as u32 {
         let blob = sink.blobs.lock().unwrap()[&(last, r)].clone();
         let c = mutirao::ckpt::RankCheckpoint::decode(&blob, last, r, N as u32)?;
@@ -717,7 +747,12 @@ fn comms_and_pending_requests(mode: &str) -> Result<(), Failed> {
                 mutirao::ckpt::SavedRequestState::Sent { .. } => "sent",
             })
             .collect();
-        if kinds != ["recv", "sent"] {
+        let second = if mode == "blocking" && r == 1 {
+            "received"
+        } else {
+            kinds.get(1).copied().unwrap_or("")
+        };
+        if kinds != ["recv", second, "sent"] || !["recv", "received"].contains(&second) {
             return Err(format!("epoch {last} rank {r}: requests {kinds:?}").into());
         }
     }
