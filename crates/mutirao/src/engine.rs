@@ -2429,6 +2429,115 @@ mod tests {
         e.take_recv(id).err().expect("the receive must fail")
     }
 
+    /// Requests in flight survive a snapshot and a restore: a posted `irecv_into` (its buffer
+    /// kept), an `irecv` completed before the snapshot, a finished send; typed again, they
+    /// complete as before, and a large send in progress is refused.
+    #[test]
+    fn requests_in_flight_are_saved_restored_and_typed_again() {
+        use crate::ckpt::SavedRequestState as St;
+        let (mut e, _raw) = engine_with_raw_peer();
+        // Posted, from the peer, into an owned buffer of u32.
+        let into = e
+            .post_recv(0, Some(1), Some(3), Dest::Owned(Box::new(vec![9u32; 4])))
+            .unwrap();
+        e.set_recv_elem(into, 4);
+        // Completed (a message to itself), into an exact-size Vec<u16>.
+        let done = e
+            .post_recv(
+                0,
+                Some(0),
+                Some(4),
+                Dest::Alloc(crate::comm::alloc_vec::<u16>),
+            )
+            .unwrap();
+        e.set_recv_elem(done, 2);
+        let s1 = e
+            .start_send(0, 0, 4, SendData::Owned(Box::new(vec![7u16, 8, 9])))
+            .unwrap();
+        e.set_send_elem(s1, 2);
+        assert!(e.recv_finished(done));
+        e.check_requests().unwrap();
+        let saved = e.saved_requests().unwrap();
+        assert_eq!(saved.len(), 3);
+        assert!(matches!(
+            &saved[0].state,
+            St::Recv { source: Some(1), tag: Some(3), into: Some(b) } if b.len() == 16
+        ));
+        assert!(matches!(
+            &saved[1].state,
+            St::Received { source: 0, tag: 4, len: 6, buf } if buf.len() == 6
+        ));
+        assert!(matches!(&saved[2].state, St::Sent { dest: 0, tag: 4, buf } if buf.len() == 6));
+        assert_eq!(saved.iter().map(|q| q.elem).collect::<Vec<_>>(), [4, 2, 2]);
+
+        // A new incarnation.
+        let (mut e2, mut raw2) = engine_with_raw_peer();
+        let back = e2.restore_requests(saved).unwrap();
+        assert_eq!(
+            back.iter()
+                .map(|q| (q.is_recv, q.peer, q.tag))
+                .collect::<Vec<_>>(),
+            [
+                (true, Some(1), Some(3)),
+                (true, Some(0), Some(4)),
+                (false, Some(0), Some(4))
+            ]
+        );
+        for q in &back {
+            match q.elem {
+                4 => e2.retype::<u32>(q.id, q.is_recv).unwrap(),
+                _ => e2.retype::<u16>(q.id, q.is_recv).unwrap(),
+            }
+        }
+        // The re-posted receive takes the peer's message into the saved buffer.
+        let h = Header {
+            kind: Kind::Eager,
+            tag: 3,
+            ctx: 0,
+            len: 8,
+            id: 0,
+        };
+        raw2.write_all(&h.encode()).unwrap();
+        raw2.write_all(&[1, 0, 0, 0, 2, 0, 0, 0]).unwrap();
+        e2.wait_until(|e| e.recv_finished(back[0].id)).unwrap();
+        let (st, buf) = e2.take_recv(back[0].id).unwrap();
+        assert_eq!((st.source, st.tag, st.bytes), (1, 3, 8));
+        let v = *buf.unwrap().into_any().downcast::<Vec<u32>>().unwrap();
+        assert_eq!(
+            v,
+            [1, 2, 9, 9],
+            "the message, then the buffer's saved contents"
+        );
+        let (st, buf) = e2.take_recv(back[1].id).unwrap();
+        assert_eq!((st.source, st.tag, st.bytes), (0, 4, 6));
+        let v = *buf.unwrap().into_any().downcast::<Vec<u16>>().unwrap();
+        assert_eq!(v, [7, 8, 9]);
+        let v = *e2
+            .take_send(back[2].id)
+            .unwrap()
+            .unwrap()
+            .into_any()
+            .downcast::<Vec<u16>>()
+            .unwrap();
+        assert_eq!(
+            v,
+            [7, 8, 9],
+            "the send's buffer comes back; nothing is sent again"
+        );
+        assert!(e2.peers[1].txq.is_empty());
+
+        // A large send whose receiver has not taken it is refused at a checkpoint point.
+        let big = e2
+            .start_send(1, 0, 1, SendData::Owned(Box::new(vec![0u8; 4096])))
+            .unwrap();
+        let err = e2.check_requests().unwrap_err();
+        assert!(
+            matches!(&err, Error::Invalid(m) if m.contains("4096 bytes to rank 1") && m.contains("still in progress")),
+            "{err}"
+        );
+        e2.forget_send(big);
+    }
+
     #[test]
     fn corrupt_frame_fails_the_peer_with_a_protocol_error() {
         let (mut e, mut raw) = engine_with_raw_peer();
