@@ -417,31 +417,20 @@ impl Comm {
     pub fn isend<T: Pod>(&self, data: Vec<T>, dest: usize, tag: i32) -> Result<Request<T>, Error> {
         let tag = Self::send_tag(tag)?;
         let peer = self.peer(dest)?;
-        let id = self.inner.eng.borrow_mut().start_send(
-            peer,
-            self.inner.ctx,
-            tag,
-            SendData::Owned(Box::new(data)),
-        )?;
-        self.inner
-            .eng
-            .borrow_mut()
-            .set_send_elem(id, std::mem::size_of::<T>());
+        let mut e = self.inner.eng.borrow_mut();
+        let id = e.start_send(peer, self.inner.ctx, tag, SendData::Owned(Box::new(data)))?;
+        e.set_send_elem(id, std::mem::size_of::<T>());
+        drop(e);
         Ok(Request::new(self.clone(), id, false))
     }
 
     /// Start receiving a message of any length; [`Request::wait`] returns it.
     pub fn irecv<T: Pod>(&self, src: usize, tag: i32) -> Result<Request<T>, Error> {
-        let id = self.inner.eng.borrow_mut().post_recv(
-            self.inner.ctx,
-            self.src_filter(src)?,
-            Self::tag_filter(tag)?,
-            Dest::Alloc(alloc_vec::<T>),
-        )?;
-        self.inner
-            .eng
-            .borrow_mut()
-            .set_recv_elem(id, std::mem::size_of::<T>());
+        let (s, t) = (self.src_filter(src)?, Self::tag_filter(tag)?);
+        let mut e = self.inner.eng.borrow_mut();
+        let id = e.post_recv(self.inner.ctx, s, t, Dest::Alloc(alloc_vec::<T>))?;
+        e.set_recv_elem(id, std::mem::size_of::<T>());
+        drop(e);
         Ok(Request::new(self.clone(), id, true))
     }
 
@@ -453,16 +442,11 @@ impl Comm {
         src: usize,
         tag: i32,
     ) -> Result<Request<T>, Error> {
-        let id = self.inner.eng.borrow_mut().post_recv(
-            self.inner.ctx,
-            self.src_filter(src)?,
-            Self::tag_filter(tag)?,
-            Dest::Owned(Box::new(buf)),
-        )?;
-        self.inner
-            .eng
-            .borrow_mut()
-            .set_recv_elem(id, std::mem::size_of::<T>());
+        let (s, t) = (self.src_filter(src)?, Self::tag_filter(tag)?);
+        let mut e = self.inner.eng.borrow_mut();
+        let id = e.post_recv(self.inner.ctx, s, t, Dest::Owned(Box::new(buf)))?;
+        e.set_recv_elem(id, std::mem::size_of::<T>());
+        drop(e);
         Ok(Request::new(self.clone(), id, true))
     }
 

@@ -756,15 +756,27 @@ fn comms_and_pending_requests(mode: &str) -> Result<(), Failed> {
             return Err(format!("epoch {last} rank {r}: requests {kinds:?}").into());
         }
     }
-    for how in ["restored", "remake"] {
-        let out = scratch(&format!("comms-{mode}-{how}"));
+    // Restored communicators, then again from an epoch the restored run committed (its
+    // re-posted requests and its table checkpointed in turn); then made again in order.
+    let runs = [("restored", last), ("restored-again", 0), ("remake", last)];
+    for (i, &(how, mut epoch)) in runs.iter().enumerate() {
+        if how == "restored-again" {
+            let now = *sink.committed.lock().unwrap().last().unwrap_or(&0);
+            if now <= last {
+                return Err("the restored run committed no epoch".into());
+            }
+            epoch = now;
+        }
+        let last = epoch;
+        let how = how.trim_end_matches("-again");
+        let out = scratch(&format!("comms-{mode}-{how}-{i}"));
         let mut env2 = base.clone();
         env2.extend([
             ("MUTIRAO_CKPT_MODE", mode.to_string()),
             ("MUTIRAO_CKPT_INTERVAL", "0.03".to_string()),
             ("MUTIRAO_CKPT_TIMEOUT", "5".to_string()),
             ("MUTIRAO_RESTART_EPOCH", last.to_string()),
-            ("MUTIRAO_INCARNATION", "1".to_string()),
+            ("MUTIRAO_INCARNATION", (i + 1).to_string()),
             ("CK_COMMS", how.to_string()),
         ]);
         let o = launch(N, &sink, &out, &env2, Duration::from_secs(60))?;
