@@ -22,6 +22,10 @@
 //!    (`Abort(e)` flood): held messages are released, recorded channel state dropped. Learning a
 //!    newer epoch also closes an older unfinished one (the coordinator starts `e+1` only once `e`
 //!    is committed or aborted).
+//!
+//! Also here: the stored blob ([`RankCheckpoint`], versioned) and the communicator table
+//! ([`CommTable`]: every `split`/`dup`, saved so that a restart gives derived communicators their
+//! context ids back, and checks communicators the program makes again against it).
 
 use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
@@ -587,13 +591,9 @@ pub struct SavedComm {
 }
 
 impl SavedComm {
-    /// How errors name it: its name, or its place in the derivation tree.
-    pub fn describe(&self) -> String {
-        let parent = if self.parent == 0 {
-            "the world".to_string()
-        } else {
-            format!("the communicator of context {:#x}", self.parent)
-        };
+    /// How errors name it: its name, or its place in the derivation tree (`parent`: how the
+    /// parent is named).
+    pub fn describe(&self, parent: &str) -> String {
         match &self.name {
             Some(n) => format!(
                 "communicator {n:?} ({}, derivation {} of {parent})",
@@ -754,7 +754,7 @@ impl CommTable {
                      with members {members:?} (world ranks) where the checkpoint has {} with \
                      members {:?}: after a restart make the communicators again in the same \
                      order with the same arguments, or take them from `restored_comms()` instead",
-                    s.describe(),
+                    s.describe(&self.name_of(parent)),
                     s.how,
                     s.group
                 ));
@@ -805,6 +805,17 @@ impl CommTable {
             self.restored[i] = false;
         }
         out
+    }
+
+    /// How errors name the communicator of `ctx`.
+    fn name_of(&self, ctx: u64) -> String {
+        if ctx == 0 {
+            return "the world".into();
+        }
+        match self.entry(ctx) {
+            Some(s) => s.describe(&self.name_of(s.parent)),
+            None => format!("the communicator of context {ctx:#x}"),
+        }
     }
 
     /// Every restored entry, whether made again or not (for lookups by context).
@@ -1236,6 +1247,10 @@ mod tests {
             .derive(1002, Derivation::Dup, Some(vec![3, 1]), true, other)
             .unwrap_err();
         assert!(e.contains("communicator \"pair\""), "{e}");
+        assert!(
+            e.contains("derivation 1 of communicator 1 of the world (split(color 1"),
+            "the parent is named too: {e}"
+        );
         let mut r = CommTable::restore(saved);
         let e = r
             .derive(0, Derivation::Dup, Some(vec![1, 3]), true, other)
