@@ -552,8 +552,9 @@ impl Comm {
     /// ids, so restored messages addressed to them are received there. Communicators derived
     /// afterwards get new contexts. Empty on a fresh start, or when the checkpoint was written
     /// by a runtime that did not save communicators (layout version 1). The program may instead
-    /// make its communicators again in the same order with the same arguments: each one then
-    /// gets its saved context, and one that disagrees with the checkpoint is an error naming it.
+    /// make its communicators again in the same order with the same arguments (on every rank:
+    /// `split`/`dup` are collective, this call is local): each one then gets its saved context,
+    /// and one that disagrees with the checkpoint is an error naming it.
     /// Calling this after some were made again hands those out again (the same contexts).
     pub fn restored_comms(&self) -> Vec<Comm> {
         let eng = self.inner.eng.clone();
