@@ -1299,11 +1299,15 @@ mod tests {
         Send(usize, usize, usize),
         Deliver(usize, usize),
         Safe(usize),
-        /// A nonblocking receive: (rank, source — `n` and above: any —, which communicator).
+        /// A nonblocking receive: (rank, which member as source — [`ANY`] and above: any
+        /// source —, which communicator).
         Post(usize, usize, usize),
         /// A collective split or dup (between waves: a collective cannot straddle a cut).
         Derive(u32),
     }
+
+    /// `Op::Post` sources from this up mean any source.
+    const ANY: usize = 6;
 
     /// (request, source filter, context) of a posted receive.
     type Posted = (u64, Option<usize>, u64);
@@ -1624,7 +1628,7 @@ mod tests {
                         let comms: Vec<(u64, Vec<u32>)> =
                             self.comms[r].iter().map(|(c, m)| (*c, m.clone())).collect();
                         let (ctx, members) = &comms[c % comms.len()];
-                        let src = (src < self.n).then(|| members[src % members.len()] as usize);
+                        let src = (src < ANY).then(|| members[src % members.len()] as usize);
                         self.post(r, src, *ctx);
                     }
                 }
@@ -1814,7 +1818,7 @@ mod tests {
             3 => (0..5usize, 0..5usize, 0..4usize).prop_map(|(a, b, c)| Op::Send(a, b, c)),
             5 => (0..5usize, 0..5usize).prop_map(|(a, b)| Op::Deliver(a, b)),
             1 => (0..5usize).prop_map(Op::Safe),
-            1 => (0..5usize, 0..7usize, 0..4usize).prop_map(|(r, s, c)| Op::Post(r, s, c)),
+            2 => (0..5usize, 0..8usize, 0..4usize).prop_map(|(r, s, c)| Op::Post(r, s, c)),
             1 => (0..60u32).prop_map(Op::Derive),
         ]
     }
