@@ -13,13 +13,11 @@
 //!
 //! Collective traffic travels in a context of its own, so it never matches user receives.
 
-use crate::comm::{Comm, CommInner};
+use crate::comm::Comm;
 use crate::op::Op;
 use crate::Error;
 use bytemuck::Pod;
-use std::cell::Cell;
 use std::ops::Range;
-use std::rc::Rc;
 
 const T_BARRIER: i32 = 1;
 const T_BCAST: i32 = 2;
@@ -610,14 +608,11 @@ impl Comm {
         Ok(())
     }
 
-    fn child_ctx(&self, color: u64) -> u64 {
-        let seq = self.inner.children.get() + 1;
-        self.inner.children.set(seq);
+    /// The context of this communicator's `seq`-th derived one with `color`.
+    fn child_ctx(parent: u64, seq: u64, color: u64) -> u64 {
         // splitmix64 of (parent, seq, color): distinct communicators get distinct contexts with
         // overwhelming probability; even, and never the world's 0.
-        let mut z = self
-            .inner
-            .ctx
+        let mut z = parent
             .wrapping_mul(0x9E37_79B9_7F4A_7C15)
             .wrapping_add(seq.wrapping_mul(0xBF58_476D_1CE4_E5B9))
             .wrapping_add(color.wrapping_mul(0x94D0_49BB_1331_11EB));
@@ -627,46 +622,67 @@ impl Comm {
         (z & !1).max(2)
     }
 
-    fn derived(&self, ctx: u64, group: Vec<usize>) -> Comm {
-        {
-            // A communicator derived from a spawn communicator is scoped like it.
+    /// Record the derivation in the communicator table (which, after a restore, checks it
+    /// against the saved one and gives back its context) and make the communicator.
+    /// Derivations are collective, in the same order on every member, so the counts agree.
+    fn derive(
+        &self,
+        how: crate::ckpt::Derivation,
+        group: Option<Vec<usize>>,
+    ) -> Result<Option<Comm>, Error> {
+        let parent = self.inner.ctx;
+        let color = match &how {
+            crate::ckpt::Derivation::Split { color, .. } => color.map_or(u64::MAX - 1, u64::from),
+            crate::ckpt::Derivation::Dup => u64::MAX,
+        };
+        let d = {
             let mut e = self.inner.eng.borrow_mut();
-            if e.scoped(self.inner.ctx) {
-                e.scope(ctx, group.clone());
+            // A spawn communicator (and what derives from it) is not checkpointed: scoped.
+            let spawned = e.scoped(parent);
+            let d = e
+                .comms
+                .derive(
+                    parent,
+                    how,
+                    group
+                        .as_ref()
+                        .map(|g| g.iter().map(|w| *w as u32).collect()),
+                    !spawned,
+                    |seq| Self::child_ctx(parent, seq, color),
+                )
+                .map_err(Error::Invalid)?;
+            if let (true, Some(ctx), Some(g)) = (spawned, d.ctx, &group) {
+                e.scope(ctx, g.clone());
             }
-        }
+            d
+        };
+        let (Some(ctx), Some(group)) = (d.ctx, group) else {
+            return Ok(None);
+        };
         let me = self.inner.group[self.rank()];
-        let rank = group.iter().position(|w| *w == me).unwrap_or(0);
-        Comm {
-            inner: Rc::new(CommInner {
-                eng: self.inner.eng.clone(),
-                ctx,
-                index: group.iter().enumerate().map(|(i, w)| (*w, i)).collect(),
-                group,
-                rank,
-                children: Cell::new(0),
-            }),
-        }
+        Ok(Some(Comm::make(self.inner.eng.clone(), ctx, group, me)))
     }
 
     /// A copy of this communicator with its own message space (collective).
     pub fn dup(&self) -> Result<Comm, Error> {
         self.barrier()?;
-        let ctx = self.child_ctx(u64::MAX);
-        Ok(self.derived(ctx, self.inner.group.clone()))
+        self.derive(crate::ckpt::Derivation::Dup, Some(self.inner.group.clone()))?
+            .ok_or_else(|| Error::Invalid("dup gave no communicator".into()))
     }
 
     /// Partition the ranks by `color` (collective). Ranks with the same colour form a new
     /// communicator ordered by (`key`, old rank); `None` leaves the rank out (returns `None`).
+    /// After a restart, a split made again must agree with the checkpoint's (see
+    /// [`Comm::restored_comms`]).
     pub fn split(&self, color: Option<u32>, key: i32) -> Result<Option<Comm>, Error> {
         let n = self.size();
         let mine = [color.map_or(-1, i64::from), i64::from(key)];
         let mut all = vec![0i64; 2 * n];
         self.allgather(&mine, &mut all)?;
+        let how = crate::ckpt::Derivation::Split { color, key };
         let Some(c) = color else {
-            // Keep the sequence in step with the members.
-            self.inner.children.set(self.inner.children.get() + 1);
-            return Ok(None);
+            // Counted all the same: keeps the sequence in step with the members.
+            return self.derive(how, None);
         };
         let mut members: Vec<(i64, usize)> = (0..n)
             .filter(|i| all[2 * i] == i64::from(c))
@@ -674,7 +690,6 @@ impl Comm {
             .collect();
         members.sort();
         let group = members.iter().map(|(_, i)| self.inner.group[*i]).collect();
-        let ctx = self.child_ctx(u64::from(c));
-        Ok(Some(self.derived(ctx, group)))
+        self.derive(how, Some(group))
     }
 }

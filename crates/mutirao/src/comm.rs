@@ -4,7 +4,7 @@ use crate::engine::{Buf, Dest, Engine, SendData};
 use crate::{Error, Status, ANY_SOURCE, ANY_TAG};
 use bytemuck::Pod;
 use serde::{de::DeserializeOwned, Serialize};
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::marker::PhantomData;
 use std::rc::Rc;
 
@@ -17,9 +17,6 @@ pub(crate) struct CommInner {
     /// World rank → communicator rank.
     pub(crate) index: std::collections::HashMap<usize, usize>,
     pub(crate) rank: usize,
-    /// Number of communicators derived so far (they are created collectively, in the same order
-    /// on every member, so this counter agrees across members).
-    pub(crate) children: Cell<u64>,
 }
 
 /// A restart: the committed epoch the job was restored from, and how many recoveries so far.
@@ -45,7 +42,7 @@ impl std::fmt::Debug for Comm {
     }
 }
 
-fn alloc_vec<T: Pod>(len: usize) -> Result<Box<dyn Buf>, Error> {
+pub(crate) fn alloc_vec<T: Pod>(len: usize) -> Result<Box<dyn Buf>, Error> {
     let elem = std::mem::size_of::<T>();
     if elem == 0 || len % elem != 0 {
         return Err(Error::ElementSize { bytes: len, elem });
@@ -75,7 +72,6 @@ impl Comm {
                 group: (0..size).collect(),
                 index: (0..size).map(|i| (i, i)).collect(),
                 rank,
-                children: Cell::new(0),
             }),
         }
     }
@@ -94,18 +90,26 @@ impl Comm {
         Self::make(self.inner.eng.clone(), ctx, group, me)
     }
 
-    fn make(eng: Rc<RefCell<Engine>>, ctx: u64, group: Vec<usize>, me: usize) -> Comm {
+    pub(crate) fn make(eng: Rc<RefCell<Engine>>, ctx: u64, group: Vec<usize>, me: usize) -> Comm {
         let rank = group.iter().position(|w| *w == me).unwrap_or(0);
-        Comm {
+        let c = Comm {
             inner: Rc::new(CommInner {
                 eng,
                 ctx,
                 index: group.iter().enumerate().map(|(i, w)| (*w, i)).collect(),
                 group,
                 rank,
-                children: Cell::new(0),
             }),
+        };
+        // Whether the program still holds it decides if a checkpoint hands it back.
+        if ctx != 0 {
+            if let Ok(mut e) = c.inner.eng.try_borrow_mut() {
+                let hs = e.comm_handles.entry(ctx).or_default();
+                hs.retain(|w| w.strong_count() > 0);
+                hs.push(Rc::downgrade(&c.inner));
+            }
         }
+        c
     }
 
     /// This process's rank in the communicator.
@@ -413,23 +417,20 @@ impl Comm {
     pub fn isend<T: Pod>(&self, data: Vec<T>, dest: usize, tag: i32) -> Result<Request<T>, Error> {
         let tag = Self::send_tag(tag)?;
         let peer = self.peer(dest)?;
-        let id = self.inner.eng.borrow_mut().start_send(
-            peer,
-            self.inner.ctx,
-            tag,
-            SendData::Owned(Box::new(data)),
-        )?;
+        let mut e = self.inner.eng.borrow_mut();
+        let id = e.start_send(peer, self.inner.ctx, tag, SendData::Owned(Box::new(data)))?;
+        e.set_send_elem(id, std::mem::size_of::<T>());
+        drop(e);
         Ok(Request::new(self.clone(), id, false))
     }
 
     /// Start receiving a message of any length; [`Request::wait`] returns it.
     pub fn irecv<T: Pod>(&self, src: usize, tag: i32) -> Result<Request<T>, Error> {
-        let id = self.inner.eng.borrow_mut().post_recv(
-            self.inner.ctx,
-            self.src_filter(src)?,
-            Self::tag_filter(tag)?,
-            Dest::Alloc(alloc_vec::<T>),
-        )?;
+        let (s, t) = (self.src_filter(src)?, Self::tag_filter(tag)?);
+        let mut e = self.inner.eng.borrow_mut();
+        let id = e.post_recv(self.inner.ctx, s, t, Dest::Alloc(alloc_vec::<T>))?;
+        e.set_recv_elem(id, std::mem::size_of::<T>());
+        drop(e);
         Ok(Request::new(self.clone(), id, true))
     }
 
@@ -441,12 +442,11 @@ impl Comm {
         src: usize,
         tag: i32,
     ) -> Result<Request<T>, Error> {
-        let id = self.inner.eng.borrow_mut().post_recv(
-            self.inner.ctx,
-            self.src_filter(src)?,
-            Self::tag_filter(tag)?,
-            Dest::Owned(Box::new(buf)),
-        )?;
+        let (s, t) = (self.src_filter(src)?, Self::tag_filter(tag)?);
+        let mut e = self.inner.eng.borrow_mut();
+        let id = e.post_recv(self.inner.ctx, s, t, Dest::Owned(Box::new(buf)))?;
+        e.set_recv_elem(id, std::mem::size_of::<T>());
+        drop(e);
         Ok(Request::new(self.clone(), id, true))
     }
 
@@ -454,17 +454,20 @@ impl Comm {
 
     /// A safe point for checkpoint waves (issue 12, `docs/checkpoints.md`): when a wave is
     /// under way, this rank's checkpoint is taken here — `state` (any serde value) plus the
-    /// runtime's unmatched messages. Blocking mode waits here until every peer has reached its
-    /// own safe point of the wave. Without `MUTIRAO_CKPT_INTERVAL` (or outside a wave) it
-    /// returns at once. Call it where no message crosses, e.g. at the end of an iteration,
-    /// with no nonblocking request pending (else [`Error::Invalid`]).
+    /// runtime's: unmatched messages, the communicator table and the nonblocking requests in
+    /// flight. Blocking mode waits here until every peer has reached its own safe point of the
+    /// wave. Without `MUTIRAO_CKPT_INTERVAL` (or outside a wave) it returns at once. Call it
+    /// where no message crosses, e.g. at the end of an iteration. Receives may be pending
+    /// (they are re-posted on a restore, see [`Comm::restored_requests`]) and sends finished
+    /// but not waited for; a send still in progress (a large message its receiver has not
+    /// taken) or a failed request is [`Error::Invalid`].
     pub fn checkpoint_point<T: Serialize>(&self, state: &T) -> Result<(), Error> {
         use crate::ckpt::{Effects, RankCheckpoint, SafePoint};
         let mut e = self.inner.eng.borrow_mut();
         if e.ckpt.is_none() {
             return Ok(());
         }
-        e.quiescent()?;
+        e.check_requests()?;
         // Look at the network once: a rank that does not otherwise communicate must still learn
         // of a wave before it passes the safe point the wave is cut at.
         e.poke()?;
@@ -479,11 +482,13 @@ impl Comm {
             send,
             ..Effects::default()
         });
+        // A large message arriving into a pending receive finishes first (its sender finishes
+        // it before its own cut, so this needs only progress): it is then in the snapshot.
         e.wait_until(|e| {
-            e.ckpt
-                .as_ref()
-                .is_none_or(|c| c.wave.ready_to_snapshot() || c.wave.active_epoch() != Some(epoch))
-                || e.source_gone(None, 0).is_some()
+            e.ckpt.as_ref().is_none_or(|c| {
+                (c.wave.ready_to_snapshot() && !e.receiving())
+                    || c.wave.active_epoch() != Some(epoch)
+            }) || e.source_gone(None, 0).is_some()
         })?;
         if let Some(err) = e.source_gone(None, 0) {
             return Err(err);
@@ -497,10 +502,15 @@ impl Comm {
         }
         // The snapshot.
         let unexpected = e.saved_unexpected()?;
+        let requests = e.saved_requests()?;
+        let comms = e.comms.snapshot(|ctx| {
+            e.comm_handles
+                .get(&ctx)
+                .is_some_and(|hs| hs.iter().any(|w| w.strong_count() > 0))
+        });
         let app = bincode::serialize(state)
             .map_err(|err| Error::Codec(format!("checkpoint state: {err}")))?;
         let (rank, size) = (e.rank as u32, e.size as u32);
-        let next_ctx = self.inner.children.get();
         let Some(c) = e.ckpt.as_mut() else {
             return Ok(());
         };
@@ -508,7 +518,8 @@ impl Comm {
             epoch,
             rank,
             size,
-            next_ctx,
+            comms,
+            requests,
             unexpected,
             late: Vec::new(),
             app,
@@ -533,6 +544,113 @@ impl Comm {
                  restart the same program that wrote it"
             ))
         })
+    }
+
+    /// On a restart, the communicators derived with [`Comm::split`]/[`Comm::dup`] that the
+    /// program held at the restored checkpoint, in the order they were made (on every rank of
+    /// the job; a rank a split left out has none of that one). They have their saved context
+    /// ids, so restored messages addressed to them are received there. Communicators derived
+    /// afterwards get new contexts. Empty on a fresh start, or when the checkpoint was written
+    /// by a runtime that did not save communicators (layout version 1). The program may instead
+    /// make its communicators again in the same order with the same arguments (on every rank:
+    /// `split`/`dup` are collective, this call is local): each one then gets its saved context,
+    /// and one that disagrees with the checkpoint is an error naming it.
+    /// Calling this after some were made again hands those out again (the same contexts).
+    pub fn restored_comms(&self) -> Vec<Comm> {
+        let eng = self.inner.eng.clone();
+        let (saved, me) = {
+            let mut e = eng.borrow_mut();
+            if e.ckpt.as_ref().is_none_or(|c| c.recovery.is_none()) {
+                return Vec::new();
+            }
+            (e.comms.claim_all(), e.rank)
+        };
+        saved
+            .into_iter()
+            .filter_map(|s| {
+                let ctx = s.ctx?;
+                let group = s.group.iter().map(|w| *w as usize).collect();
+                Some(Comm::make(eng.clone(), ctx, group, me))
+            })
+            .collect()
+    }
+
+    /// The restored communicator the program named `name` ([`Comm::set_name`]), as
+    /// [`Comm::restored_comms`] gives it (which this calls).
+    pub fn restored_comm(&self, name: &str) -> Option<Comm> {
+        self.restored_comms()
+            .into_iter()
+            .find(|c| c.name().as_deref() == Some(name))
+    }
+
+    /// Name this communicator (local to the rank, like `MPI_Comm_set_name`). The name is kept
+    /// in checkpoints, for [`Comm::restored_comm`] and for error messages. Only communicators
+    /// made with `split`/`dup` from the world (or from those) can be named.
+    pub fn set_name(&self, name: &str) -> Result<(), Error> {
+        if self
+            .inner
+            .eng
+            .borrow_mut()
+            .comms
+            .set_name(self.inner.ctx, name)
+        {
+            Ok(())
+        } else {
+            Err(Error::Invalid(format!(
+                "cannot name this communicator {name:?}: only communicators derived with \
+                 split/dup from the world are in the communicator table"
+            )))
+        }
+    }
+
+    /// The name given with [`Comm::set_name`] (restored with the communicator).
+    pub fn name(&self) -> Option<String> {
+        let e = self.inner.eng.borrow();
+        e.comms.entry(self.inner.ctx).and_then(|s| s.name.clone())
+    }
+
+    /// On a restart, the nonblocking requests the program had in flight at the restored
+    /// checkpoint, in the order it made them (once; empty on a fresh start or after the first
+    /// call). A receive that was pending has been posted again before any message came, and a
+    /// message that arrives for it completes it; a receive that had completed, or a send (whose
+    /// message was before the cut, so it is not sent again), is complete. Turn each into a
+    /// [`Request`] of its element type with [`RestoredRequest::into_request`]. Dropping a
+    /// restored request untaken is dropping a [`Request`] (a posted receive is withdrawn);
+    /// requests never asked for stay as they were (a posted receive may take a message).
+    pub fn restored_requests(&self) -> Vec<RestoredRequest> {
+        let eng = self.inner.eng.clone();
+        let (reqs, me) = {
+            let mut e = eng.borrow_mut();
+            let reqs = e
+                .ckpt
+                .as_mut()
+                .and_then(|c| c.restored_reqs.take())
+                .unwrap_or_default();
+            let me = e.rank;
+            let size = e.size;
+            let reqs: Vec<_> = reqs
+                .into_iter()
+                .map(|q| {
+                    let group: Vec<usize> = if q.ctx == 0 {
+                        (0..size).collect()
+                    } else {
+                        e.comms
+                            .entry(q.ctx)
+                            .map(|s| s.group.iter().map(|w| *w as usize).collect())
+                            .unwrap_or_default()
+                    };
+                    (q, group)
+                })
+                .collect();
+            (reqs, me)
+        };
+        reqs.into_iter()
+            .map(|(q, group)| RestoredRequest {
+                comm: Comm::make(eng.clone(), q.ctx, group, me),
+                q,
+                taken: false,
+            })
+            .collect()
     }
 
     /// Whether this run is a restart, and from which epoch.
@@ -653,6 +771,89 @@ impl<T: Pod> Drop for Request<T> {
         if !self.taken {
             if let Ok(mut e) = self.comm.inner.eng.try_borrow_mut() {
                 e.detach(self.id);
+            }
+        }
+    }
+}
+
+/// A nonblocking request re-created from a checkpoint ([`Comm::restored_requests`]), waiting
+/// for the program to name its element type.
+pub struct RestoredRequest {
+    comm: Comm,
+    q: crate::engine::RestoredReq,
+    taken: bool,
+}
+
+impl std::fmt::Debug for RestoredRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RestoredRequest")
+            .field("is_recv", &self.q.is_recv)
+            .field("peer", &self.peer())
+            .field("tag", &self.q.tag)
+            .field("elem", &self.q.elem)
+            .finish()
+    }
+}
+
+impl RestoredRequest {
+    /// The communicator it was made on (its handle; the same context).
+    pub fn comm(&self) -> &Comm {
+        &self.comm
+    }
+
+    /// A receive (else a send).
+    pub fn is_recv(&self) -> bool {
+        self.q.is_recv
+    }
+
+    /// The receive's source or the send's destination, as a rank of [`RestoredRequest::comm`]
+    /// (`None`: a receive from any source).
+    pub fn peer(&self) -> Option<usize> {
+        self.q.peer.map(|w| {
+            self.comm
+                .inner
+                .index
+                .get(&(w as usize))
+                .copied()
+                .unwrap_or(w as usize)
+        })
+    }
+
+    /// Its tag (`None`: a receive of any tag).
+    pub fn tag(&self) -> Option<i32> {
+        self.q.tag
+    }
+
+    /// The request with element type `T`, which must have the size of the original's (else
+    /// [`Error::Invalid`], and the request stays as it was).
+    pub fn into_request<T: Pod>(mut self) -> Result<Request<T>, Error> {
+        let elem = std::mem::size_of::<T>();
+        if elem != self.q.elem as usize {
+            return Err(Error::Invalid(format!(
+                "restored {} (peer {:?}, tag {:?}) had {}-byte elements; asked as {} ({elem} bytes)",
+                if self.q.is_recv { "receive" } else { "send" },
+                self.peer(),
+                self.q.tag,
+                self.q.elem,
+                std::any::type_name::<T>()
+            )));
+        }
+        self.comm
+            .inner
+            .eng
+            .borrow_mut()
+            .retype::<T>(self.q.id, self.q.is_recv)?;
+        self.taken = true;
+        Ok(Request::new(self.comm.clone(), self.q.id, self.q.is_recv))
+    }
+}
+
+impl Drop for RestoredRequest {
+    fn drop(&mut self) {
+        // Not taken: as a dropped request, it finishes in the background.
+        if !self.taken {
+            if let Ok(mut e) = self.comm.inner.eng.try_borrow_mut() {
+                e.detach(self.q.id);
             }
         }
     }

@@ -106,9 +106,6 @@ impl Recvs {
     pub(crate) fn is_empty(&self) -> bool {
         self.map.is_empty() && self.slot.is_none()
     }
-    pub(crate) fn len(&self) -> usize {
-        self.map.len() + usize::from(self.slot.is_some())
-    }
 }
 
 /// A buffer the engine owns on behalf of a nonblocking request (type-erased `Vec<T: Pod>`).
@@ -176,6 +173,8 @@ pub(crate) struct Recv {
     pub(crate) status: Option<Status>,
     pub(crate) err: Option<Error>,
     detached: bool,
+    /// Element size of the program's buffer type (for checkpoints of requests in flight).
+    elem: u32,
 }
 
 impl Recv {
@@ -215,6 +214,9 @@ pub(crate) struct Send {
     state: SendState,
     pub(crate) err: Option<Error>,
     detached: bool,
+    /// (context, tag, element size of the program's buffer type): what a checkpoint keeps of a
+    /// finished send not yet waited for.
+    meta: (u64, i32, u32),
 }
 
 enum OutPayload {
@@ -396,6 +398,11 @@ pub(crate) struct Engine {
     /// them): a failure fails an any-source receive there only if the rank is a member, so a
     /// lost spawned worker does not break the job's own any-source receives.
     scopes: HashMap<u64, Vec<usize>>,
+    /// The communicator table: every `split`/`dup`, with the derivation counts that give new
+    /// communicators their contexts (saved in checkpoints, see `crate::ckpt::CommTable`).
+    pub(crate) comms: crate::ckpt::CommTable,
+    /// The program's handles per derived context (whether it still holds one at a snapshot).
+    pub(crate) comm_handles: HashMap<u64, Vec<std::rc::Weak<crate::comm::CommInner>>>,
 }
 
 /// Passes of [`Engine::recv_fast`] over one ring before the general wait takes over (a few µs:
@@ -458,6 +465,8 @@ impl Engine {
             spawned_in: None,
             base: size,
             scopes: HashMap::new(),
+            comms: crate::ckpt::CommTable::default(),
+            comm_handles: HashMap::new(),
         })
     }
 
@@ -587,7 +596,9 @@ impl Engine {
                 return Ok(None);
             }
             let id = self.new_id();
-            self.sends.insert(id, done_send(peer, data));
+            let mut sd = done_send(peer, data);
+            sd.meta = (ctx, tag, 1);
+            self.sends.insert(id, sd);
             return Ok(Some(id));
         }
         self.check_peer(peer)?;
@@ -610,7 +621,9 @@ impl Engine {
                 return Ok(None);
             }
             let id = self.new_id();
-            self.sends.insert(id, done_send(peer, data));
+            let mut sd = done_send(peer, data);
+            sd.meta = (ctx, tag, 1);
+            self.sends.insert(id, sd);
             Ok(Some(id))
         } else {
             let id = self.new_id();
@@ -633,6 +646,7 @@ impl Engine {
                     state: SendState::WaitCts,
                     err: None,
                     detached: false,
+                    meta: (ctx, tag, 1),
                 },
             );
             let payload: &[u8] = if cma { &info } else { &[] };
@@ -800,6 +814,7 @@ impl Engine {
             status: None,
             err: None,
             detached: false,
+            elem: 1,
         };
         let found = if self.unexpected.is_empty() {
             None
@@ -1007,6 +1022,7 @@ impl Engine {
             status: None,
             err: None,
             detached: false,
+            elem: 1,
         };
         self.unexpected
             .iter()
@@ -1829,6 +1845,7 @@ fn done_send(peer: usize, data: SendData) -> Send {
         state: SendState::Done,
         err: None,
         detached: false,
+        meta: (0, 0, 1),
     }
 }
 
@@ -1891,6 +1908,21 @@ pub(crate) struct CkptRt {
     /// A snapshot taken whose checkpoint is not complete yet (nonblocking mode: waiting for
     /// cuts), or not yet stored.
     pub(crate) pending: Option<crate::ckpt::RankCheckpoint>,
+    /// The requests in flight at the restored snapshot, re-created, until the program takes
+    /// them (`Comm::restored_requests`).
+    pub(crate) restored_reqs: Option<Vec<RestoredReq>>,
+}
+
+/// A request re-created from a checkpoint (see `crate::ckpt::SavedRequest`).
+#[derive(Debug, Clone)]
+pub(crate) struct RestoredReq {
+    pub(crate) id: u64,
+    pub(crate) is_recv: bool,
+    pub(crate) ctx: u64,
+    pub(crate) elem: u32,
+    /// World rank: the source of a receive (`None`: any), the destination of a send.
+    pub(crate) peer: Option<u32>,
+    pub(crate) tag: Option<i32>,
 }
 
 impl Engine {
@@ -2034,17 +2066,296 @@ impl Engine {
         self.apply_ckpt(fx);
     }
 
-    /// No request of the program is in flight (a checkpoint point's precondition).
-    pub(crate) fn quiescent(&self) -> Result<(), Error> {
-        if !self.recvs.is_empty() || !self.sends.is_empty() {
-            return Err(Error::Invalid(format!(
-                "checkpoint point with {} receive(s) and {} send(s) still pending: wait for \
-                 every nonblocking request before a checkpoint point",
-                self.recvs.len(),
-                self.sends.len()
-            )));
+    /// A checkpoint point's precondition: no send of the program unfinished (a rendezvous send
+    /// whose data has not gone cannot be in the sender's cut whole), no request failed.
+    /// Receives may be pending (they are saved) and finished sends too (their messages are
+    /// before the cut).
+    pub(crate) fn check_requests(&self) -> Result<(), Error> {
+        let mut ids: Vec<&u64> = self.sends.keys().collect();
+        ids.sort();
+        for id in ids {
+            let s = &self.sends[id];
+            if s.state != SendState::Done {
+                return Err(Error::Invalid(format!(
+                    "checkpoint point with a nonblocking send of {} bytes to rank {} still in \
+                     progress (a message above the eager limit waits for its receiver): wait for \
+                     it before the checkpoint point, or send it smaller",
+                    s.data.bytes().len(),
+                    s.peer
+                )));
+            }
+            if let Some(e) = &s.err {
+                return Err(Error::Invalid(format!(
+                    "checkpoint point with a nonblocking send to rank {} that failed ({e}): \
+                     wait for it (and handle the error) before the checkpoint point",
+                    s.peer
+                )));
+            }
+        }
+        for (_, r) in self.recvs.iter() {
+            if let Some(e) = &r.err {
+                return Err(Error::Invalid(format!(
+                    "checkpoint point with a nonblocking receive that failed ({e}): wait for it \
+                     (and handle the error) before the checkpoint point"
+                )));
+            }
         }
         Ok(())
+    }
+
+    /// Some receive is taking in a large message's data: the snapshot waits for it to finish
+    /// (its sender finishes it before its own cut, so it needs only progress).
+    pub(crate) fn receiving(&self) -> bool {
+        self.recvs
+            .iter()
+            .any(|(_, r)| r.state == RecvState::Receiving)
+    }
+
+    /// Set a send's element size (what `size_of::<T>()` of its request is).
+    pub(crate) fn set_send_elem(&mut self, id: u64, elem: usize) {
+        // Only checkpoints read it: no lookup on the request path of a job without them.
+        if self.ckpt.is_none() {
+            return;
+        }
+        if let Some(s) = self.sends.get_mut(&id) {
+            s.meta.2 = u32::try_from(elem).unwrap_or(u32::MAX);
+        }
+    }
+
+    /// Set a receive's element size (what `size_of::<T>()` of its request is).
+    pub(crate) fn set_recv_elem(&mut self, id: u64, elem: usize) {
+        if self.ckpt.is_none() {
+            return;
+        }
+        if let Some(r) = self.recvs.get_mut(&id) {
+            r.elem = u32::try_from(elem).unwrap_or(u32::MAX);
+        }
+    }
+
+    /// The context is one checkpoints cover: the world's or a derived one in the table.
+    fn covered(&self, ctx: u64) -> bool {
+        ctx == 0 || self.comms.entry(ctx).is_some()
+    }
+
+    /// The program's requests in flight, as saved in a snapshot, in the order it made them.
+    /// Call after [`Engine::check_requests`] and once no receive is [`Engine::receiving`].
+    pub(crate) fn saved_requests(&self) -> Result<Vec<crate::ckpt::SavedRequest>, Error> {
+        use crate::ckpt::{SavedRequest, SavedRequestState as St};
+        let mut out: Vec<(u64, SavedRequest)> = Vec::new();
+        for (id, r) in self.recvs.iter() {
+            if !self.covered(r.ctx) {
+                return Err(Error::Invalid(
+                    "checkpoint point with a nonblocking receive pending on a spawn \
+                     communicator, which checkpoints do not cover: wait for it first"
+                        .into(),
+                ));
+            }
+            let state = match r.state {
+                RecvState::Posted => St::Recv {
+                    source: r.src.map(|s| s as u32),
+                    tag: r.tag,
+                    into: match &r.dest {
+                        Dest::Owned(b) => Some(b.bytes().to_vec()),
+                        _ => None,
+                    },
+                },
+                RecvState::Done => {
+                    let st = r.status.ok_or_else(|| {
+                        Error::Invalid("a finished receive without a status".into())
+                    })?;
+                    St::Received {
+                        source: st.source as u32,
+                        tag: st.tag,
+                        len: st.bytes as u64,
+                        buf: match &r.dest {
+                            Dest::Owned(b) => b.bytes().to_vec(),
+                            _ => Vec::new(),
+                        },
+                    }
+                }
+                RecvState::Receiving => {
+                    return Err(Error::Invalid(
+                        "a large message was still arriving at the snapshot".into(),
+                    ))
+                }
+            };
+            out.push((
+                *id,
+                SavedRequest {
+                    ctx: r.ctx,
+                    elem: r.elem,
+                    state,
+                },
+            ));
+        }
+        for (id, s) in &self.sends {
+            // Only finished ones are left (`check_requests`); their messages are before the cut.
+            let (ctx, tag, elem) = s.meta;
+            if !self.covered(ctx) {
+                return Err(Error::Invalid(
+                    "checkpoint point with a nonblocking send on a spawn communicator, which \
+                     checkpoints do not cover: wait for it first"
+                        .into(),
+                ));
+            }
+            out.push((
+                *id,
+                SavedRequest {
+                    ctx,
+                    elem,
+                    state: St::Sent {
+                        dest: s.peer as u32,
+                        tag,
+                        buf: match &s.data {
+                            SendData::Owned(b) => b.bytes().to_vec(),
+                            SendData::Borrowed(..) => Vec::new(),
+                        },
+                    },
+                },
+            ));
+        }
+        out.sort_by_key(|(id, _)| *id);
+        Ok(out.into_iter().map(|(_, r)| r).collect())
+    }
+
+    /// Re-create the requests of a restored snapshot (before anything new arrives): receives
+    /// are posted again, in their order; finished ones wait to be taken. Their buffers are
+    /// bytes until the program names the type ([`Engine::retype`]).
+    pub(crate) fn restore_requests(
+        &mut self,
+        reqs: Vec<crate::ckpt::SavedRequest>,
+    ) -> Result<Vec<RestoredReq>, Error> {
+        use crate::ckpt::SavedRequestState as St;
+        let mut out = Vec::with_capacity(reqs.len());
+        for q in reqs {
+            let bad = |what: &str| {
+                Error::Init(format!(
+                    "restart: the checkpoint holds a request {what}: it was written by another \
+                     program or job"
+                ))
+            };
+            match q.state {
+                St::Recv { source, tag, into } => {
+                    if source.is_some_and(|s| s as usize >= self.peers.len()) {
+                        return Err(bad("from a rank the job does not have"));
+                    }
+                    let dest = match into {
+                        Some(b) => Dest::Owned(Box::new(b)),
+                        None => Dest::Alloc(discard_alloc),
+                    };
+                    let id = self.post_recv(q.ctx, source.map(|s| s as usize), tag, dest)?;
+                    if let Some(r) = self.recvs.get_mut(&id) {
+                        r.elem = q.elem;
+                    }
+                    out.push(RestoredReq {
+                        id,
+                        is_recv: true,
+                        ctx: q.ctx,
+                        elem: q.elem,
+                        peer: source,
+                        tag,
+                    });
+                }
+                St::Received {
+                    source,
+                    tag,
+                    len,
+                    buf,
+                } => {
+                    let id = self.new_id();
+                    self.recvs.insert(
+                        id,
+                        Recv {
+                            ctx: q.ctx,
+                            src: Some(source as usize),
+                            tag: Some(tag),
+                            dest: Dest::Owned(Box::new(buf)),
+                            len: len as usize,
+                            state: RecvState::Done,
+                            status: Some(Status {
+                                source: source as usize,
+                                tag,
+                                bytes: len as usize,
+                            }),
+                            err: None,
+                            detached: false,
+                            elem: q.elem,
+                        },
+                    );
+                    out.push(RestoredReq {
+                        id,
+                        is_recv: true,
+                        ctx: q.ctx,
+                        elem: q.elem,
+                        peer: Some(source),
+                        tag: Some(tag),
+                    });
+                }
+                St::Sent { dest, tag, buf } => {
+                    if dest as usize >= self.peers.len() {
+                        return Err(bad("to a rank the job does not have"));
+                    }
+                    let id = self.new_id();
+                    let mut sd = done_send(dest as usize, SendData::Owned(Box::new(buf)));
+                    sd.meta = (q.ctx, tag, q.elem);
+                    self.sends.insert(id, sd);
+                    out.push(RestoredReq {
+                        id,
+                        is_recv: false,
+                        ctx: q.ctx,
+                        elem: q.elem,
+                        peer: Some(dest),
+                        tag: Some(tag),
+                    });
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Give a restored request's buffer the program's element type `T` (it was bytes).
+    pub(crate) fn retype<T: bytemuck::Pod>(&mut self, id: u64, is_recv: bool) -> Result<(), Error> {
+        let elem = std::mem::size_of::<T>();
+        let cast = |b: &dyn Buf| -> Result<Box<dyn Buf>, Error> {
+            let bytes = b.bytes();
+            if elem == 0 || bytes.len() % elem != 0 {
+                return Err(Error::ElementSize {
+                    bytes: bytes.len(),
+                    elem,
+                });
+            }
+            Ok(Box::new(bytemuck::pod_collect_to_vec::<u8, T>(bytes)))
+        };
+        if is_recv {
+            let Some(r) = self.recvs.get_mut(&id) else {
+                return Ok(()); // taken already
+            };
+            r.dest = match &r.dest {
+                Dest::Owned(b) => Dest::Owned(cast(b.as_ref())?),
+                Dest::Alloc(_) => Dest::Alloc(crate::comm::alloc_vec::<T>),
+                Dest::Borrowed(..) => return Ok(()),
+            };
+            // A finished irecv of any length whose message does not fit `T`: as at arrival.
+            if r.state == RecvState::Done && r.status.is_some_and(|s| s.bytes % elem != 0) {
+                r.err.get_or_insert(Error::ElementSize {
+                    bytes: r.status.map_or(0, |s| s.bytes),
+                    elem,
+                });
+            }
+        } else if let Some(s) = self.sends.get_mut(&id) {
+            if let SendData::Owned(b) = &s.data {
+                s.data = SendData::Owned(cast(b.as_ref())?);
+            }
+        }
+        Ok(())
+    }
+
+    /// Late messages of a restored snapshot (channel state): delivered as they were, matching
+    /// the re-posted receives first.
+    pub(crate) fn restore_late(&mut self, msgs: Vec<crate::ckpt::SavedMessage>) {
+        for m in msgs {
+            self.deliver_eager(m.source as usize, m.ctx, m.tag, m.bytes);
+        }
     }
 
     /// The unexpected queue as saved messages (the snapshot's runtime state). A rendezvous
@@ -2125,6 +2436,116 @@ mod tests {
             .unwrap();
         e.wait_until(|e| e.recv_finished(id)).unwrap();
         e.take_recv(id).err().expect("the receive must fail")
+    }
+
+    /// Requests in flight survive a snapshot and a restore: a posted `irecv_into` (its buffer
+    /// kept), an `irecv` completed before the snapshot, a finished send; typed again, they
+    /// complete as before, and a large send in progress is refused.
+    #[test]
+    fn requests_in_flight_are_saved_restored_and_typed_again() {
+        use crate::ckpt::SavedRequestState as St;
+        let (mut e, _raw) = engine_with_raw_peer();
+        // Posted, from the peer, into an owned buffer of u32.
+        let into = e
+            .post_recv(0, Some(1), Some(3), Dest::Owned(Box::new(vec![9u32; 4])))
+            .unwrap();
+        // (What `set_recv_elem` records in a job with checkpoints.)
+        e.recvs.get_mut(&into).unwrap().elem = 4;
+        // Completed (a message to itself), into an exact-size Vec<u16>.
+        let done = e
+            .post_recv(
+                0,
+                Some(0),
+                Some(4),
+                Dest::Alloc(crate::comm::alloc_vec::<u16>),
+            )
+            .unwrap();
+        e.recvs.get_mut(&done).unwrap().elem = 2;
+        let s1 = e
+            .start_send(0, 0, 4, SendData::Owned(Box::new(vec![7u16, 8, 9])))
+            .unwrap();
+        e.sends.get_mut(&s1).unwrap().meta.2 = 2;
+        assert!(e.recv_finished(done));
+        e.check_requests().unwrap();
+        let saved = e.saved_requests().unwrap();
+        assert_eq!(saved.len(), 3);
+        assert!(matches!(
+            &saved[0].state,
+            St::Recv { source: Some(1), tag: Some(3), into: Some(b) } if b.len() == 16
+        ));
+        assert!(matches!(
+            &saved[1].state,
+            St::Received { source: 0, tag: 4, len: 6, buf } if buf.len() == 6
+        ));
+        assert!(matches!(&saved[2].state, St::Sent { dest: 0, tag: 4, buf } if buf.len() == 6));
+        assert_eq!(saved.iter().map(|q| q.elem).collect::<Vec<_>>(), [4, 2, 2]);
+
+        // A new incarnation.
+        let (mut e2, mut raw2) = engine_with_raw_peer();
+        let back = e2.restore_requests(saved).unwrap();
+        assert_eq!(
+            back.iter()
+                .map(|q| (q.is_recv, q.peer, q.tag))
+                .collect::<Vec<_>>(),
+            [
+                (true, Some(1), Some(3)),
+                (true, Some(0), Some(4)),
+                (false, Some(0), Some(4))
+            ]
+        );
+        for q in &back {
+            match q.elem {
+                4 => e2.retype::<u32>(q.id, q.is_recv).unwrap(),
+                _ => e2.retype::<u16>(q.id, q.is_recv).unwrap(),
+            }
+        }
+        // The re-posted receive takes the peer's message into the saved buffer.
+        let h = Header {
+            kind: Kind::Eager,
+            tag: 3,
+            ctx: 0,
+            len: 8,
+            id: 0,
+        };
+        raw2.write_all(&h.encode()).unwrap();
+        raw2.write_all(&[1, 0, 0, 0, 2, 0, 0, 0]).unwrap();
+        e2.wait_until(|e| e.recv_finished(back[0].id)).unwrap();
+        let (st, buf) = e2.take_recv(back[0].id).unwrap();
+        assert_eq!((st.source, st.tag, st.bytes), (1, 3, 8));
+        let v = *buf.unwrap().into_any().downcast::<Vec<u32>>().unwrap();
+        assert_eq!(
+            v,
+            [1, 2, 9, 9],
+            "the message, then the buffer's saved contents"
+        );
+        let (st, buf) = e2.take_recv(back[1].id).unwrap();
+        assert_eq!((st.source, st.tag, st.bytes), (0, 4, 6));
+        let v = *buf.unwrap().into_any().downcast::<Vec<u16>>().unwrap();
+        assert_eq!(v, [7, 8, 9]);
+        let v = *e2
+            .take_send(back[2].id)
+            .unwrap()
+            .unwrap()
+            .into_any()
+            .downcast::<Vec<u16>>()
+            .unwrap();
+        assert_eq!(
+            v,
+            [7, 8, 9],
+            "the send's buffer comes back; nothing is sent again"
+        );
+        assert!(e2.peers[1].txq.is_empty());
+
+        // A large send whose receiver has not taken it is refused at a checkpoint point.
+        let big = e2
+            .start_send(1, 0, 1, SendData::Owned(Box::new(vec![0u8; 4096])))
+            .unwrap();
+        let err = e2.check_requests().unwrap_err();
+        assert!(
+            matches!(&err, Error::Invalid(m) if m.contains("4096 bytes to rank 1") && m.contains("still in progress")),
+            "{err}"
+        );
+        e2.forget_send(big);
     }
 
     #[test]

@@ -558,6 +558,7 @@ pub fn init_with(env: &JobEnv) -> Result<Comm, Error> {
     if env.ckpt_interval.is_some() || env.restart_epoch.is_some() {
         let pmi_timeout = cfg.connect_timeout.max(env.ckpt_timeout());
         let mut restored_app = None;
+        let mut restored_reqs = None;
         if let Some(epoch) = env.restart_epoch {
             let blob = pmi
                 .ckpt_get(epoch, pmi_timeout)
@@ -565,9 +566,13 @@ pub fn init_with(env: &JobEnv) -> Result<Comm, Error> {
             let c =
                 crate::ckpt::RankCheckpoint::decode(&blob, epoch, env.rank as u32, env.size as u32)
                     .map_err(|e| Error::Init(format!("restart: {e}")))?;
-            let mut msgs = c.unexpected;
-            msgs.extend(c.late);
-            engine.restore_unexpected(msgs);
+            // In this order: the communicator table (so contexts are known), the unmatched
+            // messages (which matched no pending receive), the pending receives posted again,
+            // then the channel state, delivered as it was (to those receives first).
+            engine.comms = crate::ckpt::CommTable::restore(c.comms);
+            engine.restore_unexpected(c.unexpected);
+            restored_reqs = Some(engine.restore_requests(c.requests)?);
+            engine.restore_late(c.late);
             restored_app = Some(c.app);
         }
         let clock0 = Instant::now();
@@ -588,6 +593,7 @@ pub fn init_with(env: &JobEnv) -> Result<Comm, Error> {
             aborted: Vec::new(),
             committed: Vec::new(),
             pending: None,
+            restored_reqs,
         });
     }
     engine._pmi = Some(pmi);

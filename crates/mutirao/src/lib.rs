@@ -59,7 +59,7 @@ mod spawn;
 mod transport;
 pub mod wire;
 
-pub use comm::{wait_all, wait_any, Comm, Completion, Recovery, Request};
+pub use comm::{wait_all, wait_any, Comm, Completion, Recovery, Request, RestoredRequest};
 pub use init::{init, init_with, JobEnv, SpawnEnv};
 pub use spawn::{PendingSpawn, SpawnSpec, Spawned};
 

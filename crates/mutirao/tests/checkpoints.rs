@@ -41,6 +41,9 @@ fn env_u64(k: &str) -> Option<u64> {
 }
 
 fn rank_main() -> Result<(), String> {
+    if std::env::var("CK_PROG").as_deref() == Ok("comms") {
+        return comms_main();
+    }
     let e = |err: mutirao::Error| err.to_string();
     let w = mutirao::init().map_err(e)?;
     let (r, n) = (w.rank(), w.size());
@@ -65,14 +68,19 @@ fn rank_main() -> Result<(), String> {
     });
     std::fs::write(out.join(format!("start.{r}")), st.iter.to_string())
         .map_err(|x| x.to_string())?;
-    if std::env::var("MUTIRAO_CKPT_INTERVAL").is_ok() {
-        // A checkpoint point with a request in flight is refused, and counts for nothing.
-        let pending = w.irecv::<u64>(mutirao::ANY_SOURCE, 77).map_err(e)?;
+    if std::env::var("MUTIRAO_CKPT_INTERVAL").is_ok() && n > 1 {
+        // A checkpoint point with a large (rendezvous) send in flight is refused, and counts
+        // for nothing.
+        let big = w.isend(vec![7u64; 1 << 20], (r + 1) % n, 77).map_err(e)?;
         match w.checkpoint_point(&st) {
-            Err(mutirao::Error::Invalid(m)) if m.contains("pending") => {}
-            other => return Err(format!("checkpoint point with a pending irecv: {other:?}")),
+            Err(mutirao::Error::Invalid(m)) if m.contains("still in progress") => {}
+            other => return Err(format!("checkpoint point with a large isend: {other:?}")),
         }
-        drop(pending);
+        let (v, _) = w.recv_vec::<u64>((r + n - 1) % n, 77).map_err(e)?;
+        big.wait().map_err(e)?;
+        if v.len() != 1 << 20 {
+            return Err("the large message came short".into());
+        }
     }
     let die = (env_u64("CK_DIE_RANK"), env_u64("CK_DIE_AT"));
     let big = env_u64("CK_BIG") == Some(1) && n > 2;
@@ -126,6 +134,158 @@ fn rank_main() -> Result<(), String> {
     if r == 0 {
         std::fs::write(out.join("commits"), format!("{committed:?}")).map_err(|x| x.to_string())?;
     }
+    w.finalize().map_err(e)
+}
+
+/// The state of the communicators scenario.
+#[derive(Serialize, Deserialize)]
+struct CommsState {
+    iter: u64,
+    acc: u64,
+    hist: Vec<u64>,
+}
+
+/// Communicators and requests across checkpoints: a "row" communicator split at the start and
+/// a "pair" one duplicated from it at iteration 5; a receive posted for the next iteration's
+/// message and an eager isend are in flight at every checkpoint point. On a restart
+/// (`CK_COMMS`): `restored` takes them back with `restored_comm`/`restored_requests`;
+/// `remake` makes the communicators again in the same order; `wrong` makes "row" with other
+/// colours (must be an error naming it). The dying rank (`CK_DIE_RANK`) exits at `CK_DIE_AT`.
+fn comms_main() -> Result<(), String> {
+    use mutirao::{Comm, Request};
+    let e = |err: mutirao::Error| err.to_string();
+    let w = mutirao::init().map_err(e)?;
+    let (r, n) = (w.rank(), w.size());
+    let out = PathBuf::from(std::env::var("CK_OUT").map_err(|_| "CK_OUT unset")?);
+    let iters = env_u64("CK_ITERS").unwrap_or(40);
+    let how = std::env::var("CK_COMMS").unwrap_or_default();
+    let restored = w.restored::<CommsState>().map_err(e)?;
+    let color = |r: usize| (r < n.div_ceil(2)) as u32;
+    let make_row = |color: u32| -> Result<Comm, String> {
+        let row = w
+            .split(Some(color), -(r as i32))
+            .map_err(e)?
+            .ok_or("split gave no communicator")?;
+        row.set_name("row").map_err(e)?;
+        Ok(row)
+    };
+    let mut pend_recv: Option<Request<u64>> = None;
+    let mut pend8: Option<Request<u64>> = None;
+    let mut pend_send: Option<Request<u64>> = None;
+    let (row, mut pair, mut st) = match restored {
+        None => (
+            make_row(color(r))?,
+            None,
+            CommsState {
+                iter: 0,
+                acc: r as u64 + 1,
+                hist: Vec::new(),
+            },
+        ),
+        Some(st) => {
+            let (row, pair) = match how.as_str() {
+                "restored" => {
+                    let all = w.restored_comms();
+                    let row = w.restored_comm("row").ok_or("no restored \"row\"")?;
+                    let pair = w.restored_comm("pair");
+                    if all.len() != 1 + usize::from(pair.is_some()) {
+                        return Err(format!("{} restored communicators", all.len()));
+                    }
+                    (row, pair)
+                }
+                "wrong" => (make_row(1 - color(r))?, None),
+                _ => {
+                    let row = make_row(color(r))?;
+                    let pair = if st.iter > 5 {
+                        let p = row.dup().map_err(e)?;
+                        p.set_name("pair").map_err(e)?;
+                        Some(p)
+                    } else {
+                        None
+                    };
+                    (row, pair)
+                }
+            };
+            let reqs = w.restored_requests();
+            if reqs.len() != 3 {
+                return Err(format!("{} restored requests: {reqs:?}", reqs.len()));
+            }
+            for q in reqs {
+                if q.comm().name().as_deref() != Some("row") {
+                    return Err(format!("a restored request on {:?}", q.comm().name()));
+                }
+                match (q.is_recv(), q.tag()) {
+                    (true, Some(5)) => pend_recv = Some(q.into_request().map_err(e)?),
+                    (true, Some(8)) => pend8 = Some(q.into_request().map_err(e)?),
+                    (false, Some(6)) => pend_send = Some(q.into_request().map_err(e)?),
+                    other => return Err(format!("unexpected restored request {other:?}")),
+                }
+            }
+            (row, pair, st)
+        }
+    };
+    std::fs::write(out.join(format!("start.{r}")), st.iter.to_string())
+        .map_err(|x| x.to_string())?;
+    let (rr, rn) = (row.rank(), row.size());
+    let (right, left) = ((rr + 1) % rn, (rr + rn - 1) % rn);
+    let die = (env_u64("CK_DIE_RANK"), env_u64("CK_DIE_AT"));
+    loop {
+        // After the checkpoint point: the message sent before the sender's checkpoint point
+        // (already in, or late), the isend's buffer back, its message received.
+        if let Some(q) = pend8.take() {
+            let (v, _) = q.wait().map_err(e)?;
+            st.hist.push(v[0] % 977);
+        }
+        if let Some(s6) = pend_send.take() {
+            let (buf, _) = s6.wait().map_err(e)?;
+            let (x, _) = row.recv_vec::<u64>(left, 6).map_err(e)?;
+            st.hist.push(x[0] ^ buf[0].rotate_left(7));
+        }
+        if st.iter >= iters {
+            break;
+        }
+        if pend_recv.is_none() {
+            pend_recv = Some(row.irecv::<u64>(left, 5).map_err(e)?);
+        }
+        row.send(&[st.acc.wrapping_mul(31) + st.iter], right, 5)
+            .map_err(e)?;
+        let (v, _) = pend_recv.take().ok_or("no receive")?.wait().map_err(e)?;
+        let mut s = [0u64];
+        w.allreduce(&[v[0] % 1_000_003], &mut s, &op::Sum)
+            .map_err(e)?;
+        st.acc = st.acc.wrapping_mul(6364136223846793005).wrapping_add(s[0]);
+        if let Some(p) = &pair {
+            let mut m = [0u64];
+            p.allreduce(&[st.acc % 1000], &mut m, &op::Max).map_err(e)?;
+            st.hist.push(m[0]);
+        }
+        if st.iter == 5 {
+            let p = row.dup().map_err(e)?;
+            p.set_name("pair").map_err(e)?;
+            pair = Some(p);
+        }
+        // In flight at the checkpoint point: the receive of the next iteration's message (its
+        // sender sends it after its own checkpoint point), a receive of a message its sender
+        // sends before its checkpoint point (rank 0 late: in nonblocking mode it arrives after
+        // the receiver's snapshot, as channel state), and an eager send.
+        pend_recv = Some(row.irecv::<u64>(left, 5).map_err(e)?);
+        pend8 = Some(row.irecv::<u64>(left, 8).map_err(e)?);
+        pend_send = Some(row.isend(vec![st.acc], right, 6).map_err(e)?);
+        if r == 0 {
+            std::thread::sleep(Duration::from_millis(6));
+        }
+        row.send(&[st.acc ^ 0x5555], right, 8).map_err(e)?;
+        st.iter += 1;
+        if die == (Some(r as u64), Some(st.iter)) {
+            std::thread::sleep(Duration::from_millis(100));
+            std::process::exit(9);
+        }
+        std::thread::sleep(Duration::from_millis(3));
+        w.checkpoint_point(&st).map_err(e)?;
+    }
+    drop(pend_recv);
+    let res = format!("{} {:?}", st.acc, st.hist);
+    std::fs::write(out.join(format!("result.{r}")), res).map_err(|x| x.to_string())?;
     w.finalize().map_err(e)
 }
 
@@ -516,6 +676,143 @@ fn large_message_across_checkpoint_points() -> Result<(), Failed> {
     Ok(())
 }
 
+/// The communicators scenario: a failure-free run without checkpoints; a run with waves whose
+/// rank 1 dies; restarts from the last committed epoch taking communicators and requests back,
+/// making the communicators again, and making "row" wrongly (a clear error naming it).
+fn comms_and_pending_requests(mode: &str) -> Result<(), Failed> {
+    let base = vec![
+        ("CK_PROG", "comms".to_string()),
+        ("CK_ITERS", "60".to_string()),
+    ];
+    let sink = Arc::new(MapSink::default());
+    let out = scratch(&format!("comms-ref-{mode}"));
+    let o = launch(N, &sink, &out, &base, Duration::from_secs(60))?;
+    all_ok(&o, "the communicators scenario without checkpoints")?;
+    let want = results(&out, N)?;
+    let _ = std::fs::remove_dir_all(&out);
+
+    let mut env = base.clone();
+    env.extend([
+        ("MUTIRAO_CKPT_MODE", mode.to_string()),
+        ("MUTIRAO_CKPT_INTERVAL", "0.03".to_string()),
+        ("MUTIRAO_CKPT_TIMEOUT", "5".to_string()),
+        ("CK_DIE_RANK", "1".to_string()),
+        ("CK_DIE_AT", "45".to_string()),
+    ]);
+    let out = scratch(&format!("comms-{mode}"));
+    let o = launch(N, &sink, &out, &env, Duration::from_secs(60))?;
+    let _ = std::fs::remove_dir_all(&out);
+    if o.codes[1] != Some(9) {
+        return Err(format!(
+            "rank 1 should have died with 9: {:?} {:?}",
+            o.codes, o.stderr
+        )
+        .into());
+    }
+    let committed = sink.committed.lock().unwrap().clone();
+    let Some(&last) = committed.last() else {
+        return Err(format!("no epoch committed before the failure: {:?}", o.stderr).into());
+    };
+    // The committed epoch has what this test is about: the communicator table (row, and pair
+    // once it exists) and, on every rank, a pending receive, a receive pending or completed,
+    // and a finished send. Blocking mode: rank 1's receive from rank 0 completed before the
+    // snapshot; nonblocking mode: it is pending and its message late (channel state) in some
+    // committed epoch.
+    let mut late8 = 0;
+    for &ep in &committed {
+        let blob = sink.blobs.lock().unwrap()[&(ep, 1)].clone();
+        let c = mutirao::ckpt::RankCheckpoint::decode(&blob, ep, 1, N as u32)?;
+        late8 += c.late.iter().filter(|m| m.tag == 8).count();
+    }
+    println!(
+        "{mode}: {} epochs committed, {late8} late messages into pending receives",
+        committed.len()
+    );
+    if mode == "nonblocking" && late8 == 0 {
+        return Err("no committed epoch has a late message for rank 1's pending receive".into());
+    }
+    for r in 0..N as u32 {
+        let blob = sink.blobs.lock().unwrap()[&(last, r)].clone();
+        let c = mutirao::ckpt::RankCheckpoint::decode(&blob, last, r, N as u32)?;
+        let names: Vec<_> = c.comms.iter().filter_map(|s| s.name.clone()).collect();
+        if !names.contains(&"row".to_string()) || !names.contains(&"pair".to_string()) {
+            return Err(format!("epoch {last} rank {r}: communicator table {:?}", c.comms).into());
+        }
+        let kinds: Vec<_> = c
+            .requests
+            .iter()
+            .map(|q| match q.state {
+                mutirao::ckpt::SavedRequestState::Recv { .. } => "recv",
+                mutirao::ckpt::SavedRequestState::Received { .. } => "received",
+                mutirao::ckpt::SavedRequestState::Sent { .. } => "sent",
+            })
+            .collect();
+        let second = if mode == "blocking" && r == 1 {
+            "received"
+        } else {
+            kinds.get(1).copied().unwrap_or("")
+        };
+        if kinds != ["recv", second, "sent"] || !["recv", "received"].contains(&second) {
+            return Err(format!("epoch {last} rank {r}: requests {kinds:?}").into());
+        }
+    }
+    // Restored communicators, then again from an epoch the restored run committed (its
+    // re-posted requests and its table checkpointed in turn); then made again in order.
+    let runs = [("restored", last), ("restored-again", 0), ("remake", last)];
+    for (i, &(how, mut epoch)) in runs.iter().enumerate() {
+        if how == "restored-again" {
+            let now = *sink.committed.lock().unwrap().last().unwrap_or(&0);
+            if now <= last {
+                return Err("the restored run committed no epoch".into());
+            }
+            epoch = now;
+        }
+        let last = epoch;
+        let how = how.trim_end_matches("-again");
+        let out = scratch(&format!("comms-{mode}-{how}-{i}"));
+        let mut env2 = base.clone();
+        env2.extend([
+            ("MUTIRAO_CKPT_MODE", mode.to_string()),
+            ("MUTIRAO_CKPT_INTERVAL", "0.03".to_string()),
+            ("MUTIRAO_CKPT_TIMEOUT", "5".to_string()),
+            ("MUTIRAO_RESTART_EPOCH", last.to_string()),
+            ("MUTIRAO_INCARNATION", (i + 1).to_string()),
+            ("CK_COMMS", how.to_string()),
+        ]);
+        let o = launch(N, &sink, &out, &env2, Duration::from_secs(60))?;
+        all_ok(&o, &format!("restart from epoch {last} ({how})"))?;
+        let start = std::fs::read_to_string(out.join("start.0")).map_err(|e| e.to_string())?;
+        let got = results(&out, N)?;
+        let _ = std::fs::remove_dir_all(&out);
+        if start == "0" {
+            return Err(format!("the restart ({how}) began at iteration 0").into());
+        }
+        if got != want {
+            return Err(format!(
+                "restart from epoch {last} ({how}, iteration {start}) ended with {got:?}, the failure-free run with {want:?}"
+            )
+            .into());
+        }
+    }
+    let out = scratch(&format!("comms-{mode}-wrong"));
+    let mut env3 = base;
+    env3.extend([
+        ("MUTIRAO_RESTART_EPOCH", last.to_string()),
+        ("CK_COMMS", "wrong".to_string()),
+    ]);
+    let o = launch(N, &sink, &out, &env3, Duration::from_secs(60))?;
+    let _ = std::fs::remove_dir_all(&out);
+    if o.codes.contains(&Some(0)) {
+        return Err(format!("a disagreeing split was accepted: {:?}", o.codes).into());
+    }
+    for (r, err) in o.stderr.iter().enumerate() {
+        if !err.contains("communicator \"row\"") || !err.contains("restored from the checkpoint") {
+            return Err(format!("rank {r}: no clear error naming \"row\": {err:?}").into());
+        }
+    }
+    Ok(())
+}
+
 fn main() {
     if std::env::var("CK_SCENARIO").is_ok() {
         match rank_main() {
@@ -539,6 +836,14 @@ fn main() {
         Trial::test(
             "a_rank_dying_mid_wave_leaves_the_previous_epoch_committed",
             killed_mid_wave,
+        ),
+        Trial::test(
+            "split_communicators_and_a_pending_irecv_survive_a_kill_and_restart",
+            || comms_and_pending_requests("blocking"),
+        ),
+        Trial::test(
+            "nonblocking_split_communicators_and_a_pending_irecv_survive_a_kill_and_restart",
+            || comms_and_pending_requests("nonblocking"),
         ),
         Trial::test(
             "a_large_message_across_checkpoint_points_abandons_waves_and_never_hangs",
