@@ -191,6 +191,15 @@ impl Platform {
         }
     }
 
+    /// The largest [`Platform::push_s`] of a message of `bytes` from `src` to any other host.
+    pub fn max_push_s(&self, bytes: u64, src: usize) -> f64 {
+        if self.len() > 1 && self.eager_limit.is_some_and(|e| bytes > e) {
+            self.push.get(src).map_or(0.0, |p| p * bytes as f64)
+        } else {
+            0.0
+        }
+    }
+
     /// Set host `host`'s push cost in seconds per byte (tests; models give it in µs per byte).
     pub fn set_push(&mut self, host: usize, s_per_byte: f64) {
         if let Some(p) = self.push.get_mut(host) {
