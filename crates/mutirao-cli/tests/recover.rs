@@ -4,7 +4,7 @@
 //! --max-restarts with its exit status.
 
 mod common;
-use common::{checksum, ckpt_files, jacobi, rank_pid};
+use common::{checksum, ckpt_files, gen_token, jacobi, plain_checksum, rank_pid};
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -15,36 +15,6 @@ fn scratch(tag: &str) -> PathBuf {
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
     d
-}
-
-/// The checksum jacobi prints after a failure-free run of `n` ranks.
-fn plain_checksum(j: &Path, n: usize, args: &[&str]) -> String {
-    let plain = Command::new(env!("CARGO_BIN_EXE_mutirao"))
-        .args(["run", "-n", &n.to_string(), "--timeout", "120"])
-        .arg(j)
-        .arg("--")
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        plain.status.success(),
-        "{}",
-        String::from_utf8_lossy(&plain.stderr)
-    );
-    checksum(&String::from_utf8_lossy(&plain.stdout)).expect("a checksum")
-}
-
-/// A new agent token in `d`.
-fn gen_token(d: &Path) -> PathBuf {
-    let token = d.join("agent.token");
-    assert!(Command::new(env!("CARGO_BIN_EXE_mutirao"))
-        .args(["agent", "--gen-token"])
-        .arg(&token)
-        .output()
-        .unwrap()
-        .status
-        .success());
-    token
 }
 
 #[test]
