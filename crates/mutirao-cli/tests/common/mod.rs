@@ -32,7 +32,30 @@ pub fn checksum(out: &str) -> Option<String> {
 }
 
 /// The checksum jacobi (`j`) prints after a failure-free local run of `n` ranks with `args`.
+/// Remembered per build of jacobi (its size and modification time) in the tests' target
+/// temporary directory, so the tests of one run that share arguments run it once.
 pub fn plain_checksum(j: &Path, n: usize, args: &[&str]) -> String {
+    use std::io::Write;
+    let meta = std::fs::metadata(j).unwrap();
+    let mtime = meta
+        .modified()
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_nanos());
+    let key = format!(
+        "{} {} {mtime} {n} {}",
+        j.display(),
+        meta.len(),
+        args.join(" ")
+    );
+    let cache = Path::new(env!("CARGO_TARGET_TMPDIR")).join("jacobi-plain-checksums");
+    let known = std::fs::read_to_string(&cache).unwrap_or_default();
+    if let Some(c) = known
+        .lines()
+        .find_map(|l| l.split_once('\t').filter(|(k, _)| *k == key))
+    {
+        return c.1.to_string();
+    }
     let plain = Command::new(MUTIRAO)
         .args(["run", "-n", &n.to_string(), "--timeout", "120"])
         .arg(j)
@@ -45,7 +68,16 @@ pub fn plain_checksum(j: &Path, n: usize, args: &[&str]) -> String {
         "the failure-free run failed: {}",
         String::from_utf8_lossy(&plain.stderr)
     );
-    checksum(&String::from_utf8_lossy(&plain.stdout)).expect("a checksum")
+    let c = checksum(&String::from_utf8_lossy(&plain.stdout)).expect("a checksum");
+    // One short append (atomic with O_APPEND): concurrent tests at worst both compute it.
+    if let Ok(mut f) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&cache)
+    {
+        let _ = f.write_all(format!("{key}\t{c}\n").as_bytes());
+    }
+    c
 }
 
 /// A new agent token, `d/agent.token`.
