@@ -184,6 +184,15 @@ fn tmpdir(tag: &str) -> PathBuf {
     d
 }
 
+/// Removes a test's directory when dropped, also when the test fails.
+struct RemoveOnDrop(PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 /// Run a command with a time limit; kill it if it overruns.
 fn run_limited(mut cmd: Command, limit: Duration) -> Result<(Output, Duration), Failed> {
     let start = Instant::now();
@@ -634,6 +643,7 @@ fn tests() -> Vec<Trial> {
             "a_rank_that_never_reaches_the_start_up_barrier_times_out_and_the_job_recovers",
             || {
                 let d = tmpdir("hang");
+                let _rm = RemoveOnDrop(d.clone());
                 let mut cmd = mutirao_run(
                     &[
                         "-n",
@@ -668,6 +678,7 @@ fn tests() -> Vec<Trial> {
             "a_registration_with_an_earlier_incarnations_token_is_refused",
             || {
                 let d = tmpdir("stale");
+                let _rm = RemoveOnDrop(d.clone());
                 let (out, _) = run_limited(
                     mutirao_run(
                         &[
