@@ -19,7 +19,10 @@
 //! wrapper script around jacobi that acts on `MUTIRAO_INCARNATION` and `MUTIRAO_RANK`.
 
 mod common;
-use common::{checksum, ckpt_files, committed, dir_blob, kill9, up_with_agents, Ended, Grid};
+use common::{
+    checksum, ckpt_files, committed, dir_blob, jacobi_wrapper, kill9, poll, restart_epoch, resumed,
+    up_with_agents, Ended, Grid,
+};
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -53,58 +56,9 @@ fn strs(v: &[String]) -> Vec<&str> {
     v.iter().map(String::as_str).collect()
 }
 
-/// Call `f` every 2 ms until it returns true (→ true), or the launcher exited or 60 s passed
-/// (→ false).
-fn poll(run: &mut common::Running, mut f: impl FnMut() -> bool) -> bool {
-    let t0 = Instant::now();
-    while t0.elapsed() < Duration::from_secs(60) {
-        if f() {
-            return true;
-        }
-        if run.exited() {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(2));
-    }
-    false
-}
-
-/// A wrapper around jacobi in the grid's scratch directory: runs the shell `cases` (a `case`
-/// body on `INCARNATION:RANK`) first, then jacobi with the same arguments.
+/// A wrapper around jacobi in the grid's scratch directory (see `common::jacobi_wrapper`).
 fn wrapper(g: &Grid, name: &str, cases: &str) -> PathBuf {
-    use std::os::unix::fs::PermissionsExt;
-    let p = g.dir.join(name);
-    std::fs::write(
-        &p,
-        format!(
-            "#!/bin/bash\ncase \"${{MUTIRAO_INCARNATION:-0}}:${{MUTIRAO_RANK}}\" in\n{cases}\nesac\nexec '{}' \"$@\"\n",
-            g.jacobi.display()
-        ),
-    )
-    .unwrap();
-    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
-    p
-}
-
-/// The epoch the launcher's notice `restart K of …` names (`None`: no such restart, or from
-/// the beginning).
-fn restart_epoch(se: &str, k: u32) -> Option<u64> {
-    se.split(&format!(
-        "restart {k} of 3: every rank from committed epoch "
-    ))
-    .nth(1)?
-    .split(|c: char| !c.is_ascii_digit())
-    .next()?
-    .parse()
-    .ok()
-}
-
-/// The epochs jacobi's ranks said they resumed from (`… resumes at iteration I (epoch E)`).
-fn resumed(se: &str) -> Vec<u64> {
-    se.lines()
-        .filter(|l| l.contains("resumes at iteration"))
-        .filter_map(|l| l.split("(epoch ").nth(1)?.split(')').next()?.parse().ok())
-        .collect()
+    jacobi_wrapper(&g.dir.0, &g.jacobi, name, cases)
 }
 
 /// The job ended well, with the failure-free checksum.

@@ -185,6 +185,45 @@ pub fn dir_blob(dir: &Path, epoch: u64, rank: usize) -> bool {
         .is_file()
 }
 
+/// A wrapper script `dir/name` around jacobi (`j`): runs the shell `cases` (the body of a `case`
+/// on `INCARNATION:RANK`, e.g. `1:2) sleep 2 ;;`) first, then jacobi with the same arguments
+/// (`exec`: the rank keeps its pid).
+pub fn jacobi_wrapper(dir: &Path, j: &Path, name: &str, cases: &str) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let p = dir.join(name);
+    std::fs::write(
+        &p,
+        format!(
+            "#!/bin/bash\ncase \"${{MUTIRAO_INCARNATION:-0}}:${{MUTIRAO_RANK}}\" in\n{cases}\nesac\nexec '{}' \"$@\"\n",
+            j.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    p
+}
+
+/// The epoch the launcher's notice `restart K of 3` names (`None`: no such restart, or one
+/// from the beginning).
+pub fn restart_epoch(se: &str, k: u32) -> Option<u64> {
+    se.split(&format!(
+        "restart {k} of 3: every rank from committed epoch "
+    ))
+    .nth(1)?
+    .split(|c: char| !c.is_ascii_digit())
+    .next()?
+    .parse()
+    .ok()
+}
+
+/// The epochs jacobi's ranks said they resumed from (`… resumes at iteration I (epoch E)`).
+pub fn resumed(se: &str) -> Vec<u64> {
+    se.lines()
+        .filter(|l| l.contains("resumes at iteration"))
+        .filter_map(|l| l.split("(epoch ").nth(1)?.split(')').next()?.parse().ok())
+        .collect()
+}
+
 /// A scratch directory under the temporary directory, made empty; removed when dropped.
 pub struct Scratch(pub PathBuf);
 
@@ -299,6 +338,21 @@ impl Drop for Running {
             let _ = self.child.wait();
         }
     }
+}
+
+/// Call `f` every 2 ms until it returns true (→ true), or `run` exited or 60 s passed (→ false).
+pub fn poll(run: &mut Running, mut f: impl FnMut() -> bool) -> bool {
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_secs(60) {
+        if f() {
+            return true;
+        }
+        if run.exited() {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    false
 }
 
 /// The reason printed when a testbed test cannot run here, or `None` when it can.
