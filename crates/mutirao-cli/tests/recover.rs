@@ -13,11 +13,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-fn scratch(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("mutirao-recover-{}-{tag}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+/// A scratch directory, removed when the test ends (also when it fails).
+fn scratch(tag: &str) -> Scratch {
+    Scratch::new(&format!("recover-{tag}"))
 }
 
 #[test]
