@@ -327,8 +327,7 @@ impl Running {
                 break Some(st);
             }
             if Instant::now() > deadline {
-                let _ = self.child.kill();
-                let _ = self.child.wait();
+                self.stop();
                 break None;
             }
             std::thread::sleep(Duration::from_millis(20));
@@ -350,12 +349,32 @@ impl Running {
     }
 }
 
+impl Running {
+    /// End it if it still runs: SIGINT first (`mutirao run` then ends its ranks, which a
+    /// SIGKILL of the launcher alone would leave running), SIGKILL after 5 s.
+    fn stop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_some() {
+            return;
+        }
+        // SAFETY: kill(2) on our own child's pid; no memory is involved.
+        unsafe {
+            libc::kill(self.child.id() as i32, libc::SIGINT);
+        }
+        let t0 = Instant::now();
+        while t0.elapsed() < Duration::from_secs(5) {
+            if self.child.try_wait().ok().flatten().is_some() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 impl Drop for Running {
     fn drop(&mut self) {
-        if self.child.try_wait().ok().flatten().is_none() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
+        self.stop();
     }
 }
 
