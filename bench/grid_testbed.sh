@@ -21,13 +21,13 @@
 # time minus bare `mutirao run` time (same hosts, same agents) for 2, 4, 8 ranks.
 #
 # Usage: flock /tmp/mutirao-measure.lock sudo bench/grid_testbed.sh [SCENARIO…]   (default: all)
-# Env:   N=1200 (matmul order for scenarios 1-4), NF=200 (for the figures), RUNS=3 (figures),
+# Env:   N=1200 (matmul order for scenarios 1-4), NF=200 (for the figures), RUNS=5 (figures),
 #        MUTIRAO=path (default $CARGO_TARGET_DIR or target, /release/mutirao),
 #        MATMUL=path (…/release/examples/matmul), KEEP=dir (keep the logs there)
 set -euo pipefail
 N=${N:-1200}
 NF=${NF:-200}
-RUNS=${RUNS:-3}
+RUNS=${RUNS:-5}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 T=${CARGO_TARGET_DIR:-$ROOT/target}
 B=${MUTIRAO:-$T/release/mutirao}
@@ -130,7 +130,8 @@ EOF
         export MUTIRAO_COORD_TOKEN=${ATOK[$h]}
         exec ip netns exec "${NS[$h]}" unshare -m sh -c 'mount -t tmpfs hidden "$0" && exec "$@"' \
             "$W/coord" "$B" agent --listen "${ADDR[$h]}:7207" --token-file "$W/agent.token" --no-dir \
-            --coordinator "$URL" --name "$h" --site "${SITE[$h]}" --owner-policy "$W/agent-$h/owner.toml" \
+            --coordinator "$URL" --name "$h" --site "${SITE[$h]}" --resources "$W/tb/$NAME.meu" \
+            --owner-policy "$W/agent-$h/owner.toml" \
             --program-cache "$W/agent-$h/programs" --store-dir "$W/agent-$h/store"
     ) >>"$W/agent-$h.log" 2>&1 &
     AGENT_PID[$h]=$!
@@ -139,6 +140,14 @@ EOF
 
 api() { curl -sf -H "Authorization: Bearer $ANA" "$URL$1"; }
 alive_hosts() { api /hosts | jq -r '[.[] | select(.alive) | .report.name] | sort | join(" ")'; }
+# Until every host named reports its owner away (owner "available").
+wait_available() { # "names" seconds
+    local t0=$SECONDS
+    until [[ $(api /hosts | jq -r '[.[] | select(.alive and .report.owner == "available") | .report.name] | sort | join(" ")') == *"$1"* ]]; do
+        (( SECONDS - t0 < $2 )) || { echo "not every one of $1 is available" >&2; return 1; }
+        sleep 0.2
+    done
+}
 wait_hosts() { # "names" seconds
     local t0=$SECONDS
     until [[ $(alive_hosts 2>/dev/null) == "$1" ]]; do
@@ -187,9 +196,10 @@ wait_hosts "a1 a2 a3 a4 b1" 30
 say "testbed $NAME ($PREFIX): coordinator $URL, agents on ${ADDR[a1]} ${ADDR[a2]} ${ADDR[a3]} ${ADDR[a4]} (site a) ${ADDR[b1]} (site b)"
 
 scenario_place() {
-    say "1 place: matmul $N -n 8 --require site=a"
+    # nic_mbit comes from the testbed's resource hierarchy (agent --resources), site from --site.
+    say "1 place: matmul $N -n 8 --require 'site=a & nic_mbit>=800'"
     local id
-    id=$(m submit -n 8 --require 'site=a' "$MM" "$N")
+    id=$(m submit -n 8 --require 'site=a & nic_mbit>=800' "$MM" "$N")
     local s
     s=$(wait_state "$id" "finished failed cancelled" 600) || true
     local hosts why
@@ -198,7 +208,7 @@ scenario_place() {
     journal "$id"
     echo "$why" | sed 's/^/    /'
     if [[ $s == finished ]] && ok_result "$id" 8 && [[ $(echo "$hosts" | tr ' ' '\n' | sort | tr '\n' ' ') == "a1 a2 a3 a4 " ]] &&
-        echo "$why" | grep -q 'b1.*site is "b"'; then
+        echo "$why" | grep -q 'b1: site is "b"'; then
         verdict place PASS "(8 ranks on $hosts; b1 refused: site b; result checked bit for bit)"
     else
         verdict place FAIL "(state $s, hosts $hosts)"
@@ -227,7 +237,12 @@ scenario_kill() {
         s=$(wait_state "$id" "finished failed cancelled" 600) || true
         journal "$id"
         local after
-        after=$(job_hosts "$id")
+        if [[ $mode == ckpt ]]; then
+            # The launcher restarted the ranks itself: its last "ranks on" note says where.
+            after=$(api "/jobs/$id" | jq -r '[.events[] | select(.kind == "launcher" and (.detail | test("ranks on")))] | last | .detail | sub("^restart [0-9]+: ranks on "; "")')
+        else
+            after=$(job_hosts "$id")
+        fi
         local how
         if [[ $mode == ckpt ]]; then
             how=$(m logs "$id" | grep -o "restart [0-9]* of [0-9]*: every rank from [^,;]*" | head -1)
@@ -292,44 +307,57 @@ scenario_owner() {
     fi
 }
 
-# Figures: grid against bare `mutirao run` on the same agents, NF-order matmul, RUNS each.
+# Figures (digest 004 §15.6 check 3): grid time (submit → finished, as a user sees it) against a
+# bare `mutirao run` on the same agents, matmul NF, 2/4/8 ranks, RUNS interleaved runs; and
+# submit → all 8 ranks running on 4 agents, from the ranks' own clock (a probe program that
+# prints the time it starts), first run (each agent downloads the probe) and later ones.
 scenario_figures() {
-    say "figures: matmul $NF, grid (submit → finished) against bare mutirao run, 2 4 8 ranks, $RUNS runs"
+    say "figures: matmul $NF, grid against bare mutirao run on a1-a4, 2 4 8 ranks, $RUNS runs"
     local hf=$W/hosts.a
     for h in a1 a2 a3 a4; do echo "${ADDR[$h]} slots=2 port=7207"; done >"$hf"
-    local n r t0 t1 id
+    printf '#!/bin/sh\necho "up $(date +%%s%%3N)"\n' >"$W/probe.sh"
+    wait_available "a1 a2 a3 a4" 30 || true
+    local n r t0 t1 t2 id up
     for r in $(seq "$RUNS"); do
+        t0=$(now_ms)
+        id=$(m submit -n 8 --require 'site=a' "$W/probe.sh" 2>/dev/null)
+        m logs --follow "$id" >"$W/probe.out" 2>&1 || true
+        up=$(grep -c '^\[[0-9]*\] up ' "$W/probe.out" || true)
+        t1=$(sed -n 's/^\[[0-9]*\] up //p' "$W/probe.out" | sort -n | tail -1)
+        echo "$r $(( ${t1:-0} - t0 )) $up $(job_hosts "$id")" >>"$W/probe.t"
         for n in 2 4 8; do
             t0=$(now_ms)
             "$B" run --hostfile "$hf" --token-file "$W/agent.token" -n "$n" "$MM" "$NF" >"$W/bare.out" 2>&1 ||
-                { cat "$W/bare.out" >&2; }
+                cat "$W/bare.out" >&2
             t1=$(now_ms)
+            grep -q " ok" "$W/bare.out" || echo "bare run of $n ranks: no ok" >&2
             echo "$n $(( t1 - t0 ))" >>"$W/bare.t"
             t0=$(now_ms)
-            id=$(m submit -n "$n" --require 'site=a' "$MM" "$NF")
-            m logs --follow "$id" >"$W/grid.out" 2>&1 || true
+            id=$(m submit -n "$n" --require 'site=a' "$MM" "$NF" 2>/dev/null)
             t1=$(now_ms)
-            echo "$n $(( t1 - t0 ))" >>"$W/grid.t"
-            # submit → all ranks started, from the journal's clock
-            api "/jobs/$id" | jq -r --arg n "$n" '(.events[0].at_ms) as $s |
-                [.events[] | select(.kind == "launcher" and (.detail | test("rank\\(s\\) started")))][0] |
-                "\($n) \(.at_ms - $s) \(.detail)"' >>"$W/started.t"
+            m logs --follow "$id" >"$W/grid.out" 2>&1 || true
+            t2=$(now_ms)
+            grep -q " ok" "$W/grid.out" || echo "grid run of $n ranks: no ok" >&2
+            echo "$n $(( t2 - t0 )) $(( t1 - t0 ))" >>"$W/grid.t"
         done
     done
     med() { sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
     echo
-    echo "| ranks | bare mutirao run, ms | grid submit → finished, ms | difference, ms | submit → all ranks started, ms |"
+    echo "submit → all 8 ranks running on 4 agents (probe; run, ms, ranks up, hosts):"
+    sed 's/^/    /' "$W/probe.t"
+    echo
+    echo "| ranks | bare mutirao run, ms | grid submit → finished, ms | difference, ms | of which submit (upload), ms |"
     echo "|---|---|---|---|---|"
     for n in 2 4 8; do
-        local b g st
+        local b g u
         b=$(awk -v n=$n '$1 == n { print $2 }' "$W/bare.t" | med)
         g=$(awk -v n=$n '$1 == n { print $2 }' "$W/grid.t" | med)
-        st=$(awk -v n=$n '$1 == n { print $2 }' "$W/started.t" | med)
-        echo "| $n | $b | $g | $(( g - b )) | $st |"
+        u=$(awk -v n=$n '$1 == n { print $3 }' "$W/grid.t" | med)
+        echo "| $n | $b | $g | $(( g - b )) | $u |"
     done
-    echo "(medians of $RUNS; matmul $NF on a1-a4, 2 slots each)"
+    echo "(medians of $RUNS; matmul $NF on a1-a4, 2 slots each; the runtime's barrier and connect are the same in both)"
     echo "repository downloads by the agents (first use of each program on each host):"
-    grep -h "fetched sha256" "$W"/agent-*.log | sed 's/^/    /' || true
+    grep -h "fetched sha256" "$W"/agent-*.log | sed 's/^mutirao agent: /    /' || true
 }
 
 for s in "${SCENARIOS[@]}"; do

@@ -83,6 +83,42 @@ impl Execution for LaunchExecution {
     }
 }
 
+/// `text` with every host address of `by_addr` (address, name) that stands alone (not part of
+/// a longer address or number) replaced by the host's name.
+fn name_hosts(text: &str, by_addr: &[(String, String)]) -> String {
+    let mut out = text.to_string();
+    for (addr, name) in by_addr {
+        if addr.is_empty() || addr == name {
+            continue;
+        }
+        let mut done = String::with_capacity(out.len());
+        let mut rest = out.as_str();
+        while let Some(i) = rest.find(addr.as_str()) {
+            let before = rest[..i].chars().next_back();
+            let after = rest[i + addr.len()..].chars().next();
+            let part = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric() || c == '.');
+            // A trailing '.' ends a sentence; a digit after it continues an address.
+            let after_part = match after {
+                Some('.') => rest[i + addr.len() + 1..]
+                    .chars()
+                    .next()
+                    .is_some_and(|c| c.is_ascii_digit()),
+                c => part(c),
+            };
+            done.push_str(&rest[..i]);
+            if part(before) || after_part {
+                done.push_str(addr);
+            } else {
+                done.push_str(name);
+            }
+            rest = &rest[i + addr.len()..];
+        }
+        done.push_str(rest);
+        out = done;
+    }
+    out
+}
+
 /// The hostfile entries of a placement: one per host, as many slots as ranks placed there.
 fn host_entries(hosts: &[Slot]) -> Result<Vec<mutirao_launch::hostfile::HostEntry>> {
     hosts
@@ -143,6 +179,14 @@ impl Executor for LaunchExecutor {
         let handle = cancelled.clone();
         // Hostfile index → the host's name (the hostfile holds addresses).
         let names: Vec<String> = l.hosts.iter().map(|s| s.name.clone()).collect();
+        // The launcher names hosts by address; the journal by the names the agents registered.
+        let by_addr: Vec<(String, String)> = spec
+            .hosts
+            .iter()
+            .flatten()
+            .zip(&names)
+            .map(|(h, n)| (h.host.clone(), n.clone()))
+            .collect();
         std::thread::Builder::new()
             .name(format!("job-{job_id}"))
             .spawn(move || {
@@ -151,7 +195,7 @@ impl Executor for LaunchExecutor {
                         Report::Output { rank, line, .. } => format!("[{rank}] {line}\n"),
                         Report::Notice(n) => {
                             // Failures and restarts only: the journal tells the run's story.
-                            events(ExecEvent::Note(n.clone()));
+                            events(ExecEvent::Note(name_hosts(&n, &by_addr)));
                             format!("mutirao: {n}\n")
                         }
                     };
@@ -801,5 +845,24 @@ impl JobHook for Dispatcher {
         if let Some(x) = x {
             x.exec.cancel();
         }
+    }
+}
+
+#[cfg(test)]
+mod name_tests {
+    #[test]
+    fn launcher_notices_name_hosts_as_they_registered() {
+        let by = [
+            ("10.0.0.1".to_string(), "a1".to_string()),
+            ("10.0.0.12".to_string(), "a12".to_string()),
+        ];
+        assert_eq!(
+            super::name_hosts("agent of 10.0.0.1 lost; not on 10.0.0.12, 10.0.0.1.", &by),
+            "agent of a1 lost; not on a12, a1."
+        );
+        assert_eq!(
+            super::name_hosts("x110.0.0.1 10.0.0.100", &by),
+            "x110.0.0.1 10.0.0.100"
+        );
     }
 }
