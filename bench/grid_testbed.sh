@@ -17,6 +17,8 @@
 #             is re-queued and completes
 #   4 owner   the owner of a host running the job becomes active (owner-active file): the job is
 #             suspended, then (past the grace period) vacated and resumed on other hosts
+#   5 tamper  a1's cached copy of matmul is altered: a1 refuses the launch (journalled), the job
+#             is re-queued without a1 and finishes on the others
 # Figures: submit → all 8 ranks started on 4 agents; the agents' repository downloads; grid
 # time minus bare `mutirao run` time (same hosts, same agents) for 2, 4, 8 ranks.
 #
@@ -33,7 +35,7 @@ T=${CARGO_TARGET_DIR:-$ROOT/target}
 B=${MUTIRAO:-$T/release/mutirao}
 MM=${MATMUL:-$T/release/examples/matmul}
 SCENARIOS=("$@")
-[ ${#SCENARIOS[@]} -gt 0 ] || SCENARIOS=(place kill coord owner figures)
+[ ${#SCENARIOS[@]} -gt 0 ] || SCENARIOS=(place kill coord owner tamper figures)
 [ "$(id -u)" = 0 ] || { echo "needs root (network namespaces, cgroups, mounts): sudo $0" >&2; exit 2; }
 for t in jq curl unshare ip; do
     command -v $t >/dev/null || { echo "needs $t" >&2; exit 2; }
@@ -304,6 +306,28 @@ scenario_owner() {
         verdict owner PASS "(owner on $h: suspended $(( t_sus - t_owner )) ms after, vacated; ran on $before, resumed on $after)"
     else
         verdict owner FAIL "(owner on $h; suspended? $sus; vacated $vac; state $s; ran on $before, then $after)"
+    fi
+}
+
+scenario_tamper() {
+    say "5 tamper: the cached matmul on a1 is altered; matmul $N -n 4 --require site=a"
+    local digest f id s
+    digest=$(sha256sum "$MM" | awk '{ print $1 }')
+    f=$W/agent-a1/programs/sha256-$digest
+    [[ -f $f ]] || m submit -n 1 --require 'name=a1' "$MM" 10 >/dev/null
+    local t0=$SECONDS
+    until [[ -f $f ]] || (( SECONDS - t0 > 60 )); do sleep 0.2; done
+    printf '#!/bin/sh\necho tampered\n' >"$f"
+    wait_available "a1 a2 a3 a4" 30 || true
+    id=$(m submit -n 4 --require 'site=a' "$MM" "$N")
+    s=$(wait_state "$id" "finished failed cancelled" 600) || true
+    journal "$id"
+    if [[ $s == finished ]] && ok_result "$id" 4 && ! m logs "$id" | grep -q tampered &&
+        api "/jobs/$id" | jq -e '[.events[] | select(.detail | contains("altered on this host"))] | length > 0' >/dev/null &&
+        [[ " $(job_hosts "$id") " != *" a1 "* ]]; then
+        verdict tamper PASS "(a1 refused its altered copy, journalled; the job ran on $(job_hosts "$id"))"
+    else
+        verdict tamper FAIL "(state $s; last run on $(job_hosts "$id"))"
     fi
 }
 
