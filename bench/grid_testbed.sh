@@ -19,13 +19,16 @@
 #             suspended, then (past the grace period) vacated and resumed on other hosts
 #   5 tamper  a1's cached copy of matmul is altered: a1 refuses the launch (journalled), the job
 #             is re-queued without a1 and finishes on the others
+#   6 spawn   rank 0 of the spawn example spawns copies of itself: they name the agent's cached
+#             copy (…/sha256-<hex>), which every agent resolves by digest from its own cache
 # Figures: submit → all 8 ranks started on 4 agents; the agents' repository downloads; grid
 # time minus bare `mutirao run` time (same hosts, same agents) for 2, 4, 8 ranks.
 #
 # Usage: flock /tmp/mutirao-measure.lock sudo bench/grid_testbed.sh [SCENARIO…]   (default: all)
 # Env:   N=1200 (matmul order for scenarios 1-4), NF=200 (for the figures), RUNS=5 (figures),
 #        MUTIRAO=path (default $CARGO_TARGET_DIR or target, /release/mutirao),
-#        MATMUL=path (…/release/examples/matmul), KEEP=dir (keep the logs there)
+#        MATMUL=path (…/release/examples/matmul), SPAWN=path (…/release/examples/spawn),
+#        KEEP=dir (keep the logs there)
 set -euo pipefail
 N=${N:-1200}
 NF=${NF:-200}
@@ -34,8 +37,9 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 T=${CARGO_TARGET_DIR:-$ROOT/target}
 B=${MUTIRAO:-$T/release/mutirao}
 MM=${MATMUL:-$T/release/examples/matmul}
+SP=${SPAWN:-$T/release/examples/spawn}
 SCENARIOS=("$@")
-[ ${#SCENARIOS[@]} -gt 0 ] || SCENARIOS=(place kill coord owner tamper figures)
+[ ${#SCENARIOS[@]} -gt 0 ] || SCENARIOS=(place kill coord owner tamper spawn figures)
 [ "$(id -u)" = 0 ] || { echo "needs root (network namespaces, cgroups, mounts): sudo $0" >&2; exit 2; }
 for t in jq curl unshare ip; do
     command -v $t >/dev/null || { echo "needs $t" >&2; exit 2; }
@@ -328,6 +332,25 @@ scenario_tamper() {
         verdict tamper PASS "(a1 refused its altered copy, journalled; the job ran on $(job_hosts "$id"))"
     else
         verdict tamper FAIL "(state $s; last run on $(job_hosts "$id"))"
+    fi
+}
+
+scenario_spawn() {
+    say "6 spawn: $SP -n 2 --add 4 --rounds 2 (rank 0 spawns itself: the children name the agent's cached copy)"
+    [[ -x $SP ]] || { verdict spawn FAIL "(no spawn example at $SP)"; return; }
+    wait_available "a1 a2 a3 a4" 30 || true
+    local id s
+    id=$(m submit -n 2 --require 'site=a' "$SP" --add 4 --rounds 2)
+    s=$(wait_state "$id" "finished failed cancelled" 300) || true
+    journal "$id"
+    m logs "$id" | sed 's/^/    /' | head -8
+    # Every agent that ran a child resolved the parent's cache path by its digest.
+    local resolved
+    resolved=$(grep -l "programs/sha256-[0-9a-f]*\" is sha256:" "$W"/agent-*.log 2>/dev/null | wc -l)
+    if [[ $s == finished ]] && m logs "$id" | grep -q "request -> first message"; then
+        verdict spawn PASS "(children started from the agents' caches; $resolved agent(s) resolved a cached path by digest)"
+    else
+        verdict spawn FAIL "(state $s)"
     fi
 }
 

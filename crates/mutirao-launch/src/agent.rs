@@ -592,6 +592,32 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_launch_names_its_program_by_digest_in_three_ways() {
+        let hex = "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad";
+        let d = format!("sha256:{hex}");
+        // The program itself is a digest (a program of the coordinator's repository).
+        assert_eq!(program_digest(&d, None), Some(d.clone()));
+        // The launch's digest variable, for the program it names (or any, without _OF).
+        let mut env = BTreeMap::new();
+        env.insert(PROGRAM_DIGEST_ENV.to_string(), d.clone());
+        assert_eq!(
+            program_digest("/jobs/7/program", Some(&env)),
+            Some(d.clone())
+        );
+        env.insert(PROGRAM_DIGEST_OF_ENV.to_string(), "/jobs/7/program".into());
+        assert_eq!(
+            program_digest("/jobs/7/program", Some(&env)),
+            Some(d.clone())
+        );
+        assert_eq!(program_digest("/usr/bin/other", Some(&env)), None);
+        // An agent's cached copy, named by a rank that spawns itself.
+        let cached = format!("/var/agent/programs/sha256-{hex}");
+        assert_eq!(program_digest(&cached, Some(&env)), Some(d.clone()));
+        assert_eq!(program_digest("/var/agent/programs/sha256-xyz", None), None);
+        assert_eq!(program_digest("./prog", None), None);
+    }
+
+    #[test]
     fn a_program_is_run_only_with_the_digest_it_was_named_by() {
         let d = std::env::temp_dir().join(format!("mutirao-agent-digest-{}", std::process::id()));
         std::fs::create_dir_all(&d).unwrap();
