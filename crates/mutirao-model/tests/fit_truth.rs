@@ -748,21 +748,7 @@ fn a_long_upper_tail_of_descheduled_samples_does_not_hide_a_bend() {
     // not. The one-way time bends at 256 KiB (the per-byte cost triples: a cache spilled).
     // The fit must follow the medians and `poor_fits` find nothing; with the 10–90% spread as
     // the medians' error the fit took the bend for noise and drew one line (22% off at 1 MiB).
-    let mut c = Calibration::new(StrategyKind::AllPairs, "test", 1);
-    for n in ["a1", "a2"] {
-        let mut host = CalibHost::new(n, "a", "127.0.0.1:0");
-        host.speed = Some(SpeedMeasurement {
-            kernel: "inc+matmul+gauss".into(),
-            reps: 100,
-            samples: (0..5)
-                .map(|_| SpeedSample {
-                    wall_us: 100.0,
-                    cpu_us: 100.0,
-                })
-                .collect(),
-        });
-        c.add_host(host).unwrap();
-    }
+    let mut c = hosts_on_site_a(&[("a1", 1.0), ("a2", 1.0)]);
     let sizes: Vec<u64> = std::iter::once(0)
         .chain((0..11).map(|k| 1024u64 << k))
         .collect();
@@ -832,21 +818,7 @@ fn push_cost_is_the_eager_send_slope_times_the_wall_cpu_ratio() {
     // a1 gets half a core (wall = 2 × CPU), a2 a whole one. An eager send call copies and
     // pushes its bytes itself: Os = 5 µs + 6 µs/KiB up to the 64 KiB eager limit, then 8 µs
     // (a rendezvous send only posts). The push cost is that slope, in each host's time.
-    let mut c = Calibration::new(StrategyKind::AllPairs, "test", 1);
-    for (n, ratio) in [("a1", 2.0), ("a2", 1.0)] {
-        let mut host = CalibHost::new(n, "a", "127.0.0.1:0");
-        host.speed = Some(SpeedMeasurement {
-            kernel: "inc+matmul+gauss".into(),
-            reps: 100,
-            samples: (0..5)
-                .map(|_| SpeedSample {
-                    wall_us: 100.0 * ratio,
-                    cpu_us: 100.0,
-                })
-                .collect(),
-        });
-        c.add_host(host).unwrap();
-    }
+    let mut c = hosts_on_site_a(&[("a1", 2.0), ("a2", 1.0)]);
     let eager = 64u64 << 10;
     let slope = 6.0 / 1024.0;
     let os = |m: u64| {
@@ -892,4 +864,25 @@ fn push_cost_is_the_eager_send_slope_times_the_wall_cpu_ratio() {
     // It survives the JSON round trip.
     let back = mutirao_model::Model::from_json(&serde_json::to_string(&model).unwrap()).unwrap();
     assert_eq!(back.push_cost, model.push_cost);
+}
+
+/// A calibration of hosts on site "a", each with five speed runs of 100 µs of CPU and the given
+/// wall/CPU ratio (2.0: a host held to half a core).
+fn hosts_on_site_a(hosts: &[(&str, f64)]) -> Calibration {
+    let mut c = Calibration::new(StrategyKind::AllPairs, "test", 1);
+    for &(n, ratio) in hosts {
+        let mut host = CalibHost::new(n, "a", "127.0.0.1:0");
+        host.speed = Some(SpeedMeasurement {
+            kernel: "inc+matmul+gauss".into(),
+            reps: 100,
+            samples: (0..5)
+                .map(|_| SpeedSample {
+                    wall_us: 100.0 * ratio,
+                    cpu_us: 100.0,
+                })
+                .collect(),
+        });
+        c.add_host(host).unwrap();
+    }
+    c
 }
