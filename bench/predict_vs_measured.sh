@@ -13,6 +13,9 @@
 #                                             with --no-contention (the thesis's HLogP)
 #   mutirao exec-dag --testbed N              measured makespan, RUNS times (median)
 #
+# A third prediction column simulates the same model without its push cost (the CPU a sender
+# spends moving rendezvous bytes after its send call), to show what that term changes.
+#
 # and prints one markdown table: per graph and scheduler, both predictions, the measured median
 # (min–max), measured/predicted and whether it is within 10%; then digest 000's check 11 on
 # measured times (overhead-aware HEFT ahead of latency HEFT, round-robin far behind).
@@ -121,6 +124,10 @@ if ! "$B" fit "$W/calib.json" -o "$W/model.json" >&2; then
     POOR=$(jq -r '.poor_fit[]' "$W/model.json")
 fi
 jq -r '.hosts[] | "model host \(.name) site \(.site) speed \(.speed)"' "$W/model.json" >&2
+jq -r '(.push_cost // [])[] | "push cost \(.host) \(.us_per_byte * 1048.576 | . * 10 | round / 10) ms per MiB"' \
+    "$W/model.json" >&2
+# The same model without the push cost, for the column that shows what it changes.
+jq 'del(.push_cost)' "$W/model.json" >"$W/model-nopush.json"
 jq -r '.capacity // {} | (.nics // [])[] | "capacity NIC \(.host) out \(.out_mbit) in \(.in_mbit) Mbit/s"' \
     "$W/model.json" >&2
 jq -r '.capacity // {} | (.site_links // [])[] | "capacity site link \(.from) -> \(.to) \(.mbit) Mbit/s"' \
@@ -154,6 +161,8 @@ for g in "${G[@]}"; do
             jq .makespan_s)
         pn=$("$B" simulate --model "$W/model.json" --dag "$W/$g.json" --schedule "$s" \
             --no-contention --json | jq .makespan_s)
+        pp=$("$B" simulate --model "$W/model-nopush.json" --dag "$W/$g.json" --schedule "$s" \
+            --json | jq .makespan_s)
         : >"$W/$g.$algo.measured"
         for _ in $(seq "$RUNS"); do
             out=$("$B" exec-dag --dag "$W/$g.json" --schedule "$s" --testbed "$NAME" \
@@ -164,7 +173,7 @@ for g in "${G[@]}"; do
         med=$(median <"$W/$g.$algo.measured")
         lo=$(sort -g "$W/$g.$algo.measured" | head -1)
         hi=$(sort -g "$W/$g.$algo.measured" | tail -1)
-        printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$g" "$algo" "$pc" "$pn" "$med" "$lo" "$hi" >>"$W/rows.tsv"
+        printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$g" "$algo" "$pc" "$pn" "$med" "$lo" "$hi" "$pp" >>"$W/rows.tsv"
         echo "$g $algo: predicted $pc (no contention $pn), measured median $med" >&2
     done
 done
@@ -177,11 +186,11 @@ if [[ -n $POOR ]]; then
     printf '%s\n' "$POOR" | sed 's/^/- /'
 fi
 echo
-echo "| graph | scheduler | predicted, contention (s) | predicted, none (s) | measured median (min–max) (s) | ratio | ratio, none | within 10%? |"
-echo "|---|---|---|---|---|---|---|---|"
+echo "| graph | scheduler | predicted, contention (s) | predicted, none (s) | predicted, no push (s) | measured median (min–max) (s) | ratio | ratio, none | ratio, no push | within 10%? |"
+echo "|---|---|---|---|---|---|---|---|---|---|"
 awk -F'\t' '{
-    r = $5 / $3; rn = $5 / $4; ok = (r >= 0.9 && r <= 1.1) ? "yes" : "no";
-    printf "| %s | %s | %.3f | %.3f | %.3f (%.3f–%.3f) | %.3f | %.3f | %s |\n", $1, $2, $3, $4, $5, $6, $7, r, rn, ok
+    r = $5 / $3; rn = $5 / $4; rp = $5 / $8; ok = (r >= 0.9 && r <= 1.1) ? "yes" : "no";
+    printf "| %s | %s | %.3f | %.3f | %.3f | %.3f (%.3f–%.3f) | %.3f | %.3f | %.3f | %s |\n", $1, $2, $3, $4, $8, $5, $6, $7, r, rn, rp, ok
 }' "$W/rows.tsv"
 echo
 echo "Check 11 (measured medians): hlogp-heft / heft and round-robin / hlogp-heft per graph"
@@ -191,7 +200,8 @@ echo "|---|---|---|---|---|---|"
 awk -F'\t' '{ m[$1, $2] = $5; if (!($1 in seen)) { seen[$1] = 1; order[++n] = $1 } }
     END { for (i = 1; i <= n; i++) { g = order[i]; h = m[g, "hlogp-heft"]; f = m[g, "heft"]; r = m[g, "round-robin"];
         printf "| %s | %.3f | %.3f | %.3f | %.2f | %.2f |\n", g, h, f, r, f / h, r / h } }' "$W/rows.tsv"
-awk -F'\t' '{ r = $5 / $3; rn = $5 / $4; n++; if (r >= 0.9 && r <= 1.1) k++; if (rn >= 0.9 && rn <= 1.1) kn++;
-    e += (r > 1 ? r - 1 : 1 - r); en += (rn > 1 ? rn - 1 : 1 - rn) }
-    END { printf "\nwithin 10%%: %d of %d with contention (mean |error| %.1f%%), %d of %d without (%.1f%%)\n",
-          k, n, 100 * e / n, kn, n, 100 * en / n }' "$W/rows.tsv"
+awk -F'\t' '{ r = $5 / $3; rn = $5 / $4; rp = $5 / $8; n++; if (r >= 0.9 && r <= 1.1) k++; if (rn >= 0.9 && rn <= 1.1) kn++;
+    if (rp >= 0.9 && rp <= 1.1) kp++;
+    e += (r > 1 ? r - 1 : 1 - r); en += (rn > 1 ? rn - 1 : 1 - rn); ep += (rp > 1 ? rp - 1 : 1 - rp) }
+    END { printf "\nwithin 10%%: %d of %d with contention (mean |error| %.1f%%), %d of %d without (%.1f%%), %d of %d with contention but no push cost (%.1f%%)\n",
+          k, n, 100 * e / n, kn, n, 100 * en / n, kp, n, 100 * ep / n }' "$W/rows.tsv"
