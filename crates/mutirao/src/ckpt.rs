@@ -28,7 +28,7 @@
 //! context ids back, and checks communicators the program makes again against it).
 
 use serde::{Deserialize, Serialize};
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
 
 /// How a rank takes its snapshot.
@@ -179,8 +179,9 @@ struct Active<M> {
     at: u64,
     cut_sent: bool,
     snapshot: bool,
-    cuts_in: Vec<bool>,
-    held: Vec<VecDeque<M>>,
+    /// The wave's members among this rank's peers, and whether each one's cut is in.
+    cuts_in: BTreeMap<usize, bool>,
+    held: BTreeMap<usize, VecDeque<M>>,
     late: Vec<(usize, M)>,
     handed_over: bool,
 }
@@ -190,14 +191,38 @@ struct Coordinator {
     timeout: Duration,
     /// When the last wave ended (committed or aborted), or the start.
     last_end: Duration,
-    /// The wave in progress: (epoch, started at, done from each rank).
-    running: Option<(u64, Duration, Vec<bool>)>,
+    /// The wave in progress: (epoch, started at).
+    running: Option<(u64, Duration)>,
+}
+
+/// A channel of this rank that waves use (issue 13: spawned ranks are reached only through
+/// their parent and siblings, so markers go over these links, not all-to-all).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Link {
+    rank: usize,
+    /// The peer's checkpoint point count minus this rank's (a child counts from its own start:
+    /// its count is its parent's count at the spawn less). Markers' cut numbers are translated
+    /// with it.
+    delta: i64,
+    /// The peer is a member of waves from this epoch on.
+    from_epoch: u64,
+    /// This rank relays the peer's DONE: its own DONE waits for the peer's.
+    down: bool,
+    /// The peer is a rank this one spawned (its checkpoint is declared with this rank's).
+    child: bool,
+}
+
+/// DONE aggregation for one epoch: a rank sends DONE upstream (rank 0 commits) once its own
+/// checkpoint is stored and every downstream member's DONE came in.
+struct Relay {
+    epoch: u64,
+    /// Downstream members of the epoch this rank waits for; set when its own blob is stored.
+    need: Option<Vec<usize>>,
+    got: BTreeSet<usize>,
 }
 
 /// One rank's view of the checkpoint waves.
 pub struct Wave<M> {
-    rank: usize,
-    size: usize,
     mode: Mode,
     /// Highest epoch this rank has closed (completed or aborted) or started from.
     closed: u64,
@@ -205,8 +230,14 @@ pub struct Wave<M> {
     coord: Option<Coordinator>,
     /// The rank is finalizing: it reaches no more safe points and refuses every new wave.
     leaving: bool,
-    /// Safe points passed since the start (or the restore: every rank restarts at 0 together).
+    /// Safe points passed since the start (or the restore: every rank restarts at 0 together;
+    /// a spawned rank from its own start).
     points: u64,
+    links: Vec<Link>,
+    /// Where this rank's DONE goes: rank 0 for the job's ranks, the parent for a spawned one,
+    /// `None` on rank 0 (it commits).
+    upstream: Option<usize>,
+    relay: Option<Relay>,
 }
 
 impl<M: Clone> Wave<M> {
@@ -222,9 +253,17 @@ impl<M: Clone> Wave<M> {
         timeout: Duration,
         now: Duration,
     ) -> Self {
+        let links = (0..size)
+            .filter(|&r| r != rank)
+            .map(|r| Link {
+                rank: r,
+                delta: 0,
+                from_epoch: 0,
+                down: rank == 0,
+                child: false,
+            })
+            .collect();
         Wave {
-            rank,
-            size,
             mode,
             closed: after,
             leaving: false,
@@ -236,7 +275,116 @@ impl<M: Clone> Wave<M> {
                 last_end: now,
                 running: None,
             }),
+            links,
+            upstream: (rank != 0).then_some(0),
+            relay: None,
         }
+    }
+
+    /// A spawned rank's machine (issue 13): its wave peers are its parent (whose checkpoint
+    /// point count was `parent_points` when the spawn completed; this rank counts from its own
+    /// start) and its siblings (which count as this rank does); its DONE goes to the parent.
+    /// `after` is the newest epoch the parent had closed or started, or one less than a wave
+    /// the parent had not cut yet (the parent brings this rank into that one).
+    pub fn spawned(
+        rank: usize,
+        parent: usize,
+        siblings: &[usize],
+        parent_points: u64,
+        mode: Mode,
+        after: u64,
+    ) -> Self {
+        let mut links = vec![Link {
+            rank: parent,
+            delta: i64::try_from(parent_points).unwrap_or(i64::MAX),
+            from_epoch: 0,
+            down: false,
+            child: false,
+        }];
+        links.extend(siblings.iter().filter(|&&s| s != rank).map(|&s| Link {
+            rank: s,
+            delta: 0,
+            from_epoch: 0,
+            down: false,
+            child: false,
+        }));
+        Wave {
+            mode,
+            closed: after,
+            leaving: false,
+            points: 0,
+            active: None,
+            coord: None,
+            links,
+            upstream: Some(parent),
+            relay: None,
+        }
+    }
+
+    /// This rank spawned `children` (issue 13): they take part in every wave from now on —
+    /// in the active one too if this rank has not cut it yet (they are brought in with an
+    /// ANNOUNCE, returned here). Returns the epoch the children must consider closed (what
+    /// [`Wave::spawned`]'s `after` wants) with the effects.
+    pub fn add_children(&mut self, children: &[usize]) -> (u64, Effects<M>) {
+        let mut fx = Effects::default();
+        let (after, from_epoch) = match &self.active {
+            Some(a) if !a.cut_sent => (a.epoch - 1, a.epoch),
+            Some(a) => (a.epoch.max(self.closed), a.epoch.max(self.closed) + 1),
+            None => (self.closed, self.closed + 1),
+        };
+        let delta = -i64::try_from(self.points).unwrap_or(i64::MAX);
+        for &c in children {
+            self.links.retain(|l| l.rank != c);
+            self.links.push(Link {
+                rank: c,
+                delta,
+                from_epoch,
+                down: true,
+                child: true,
+            });
+        }
+        if let Some(a) = &mut self.active {
+            if a.epoch == from_epoch {
+                for &c in children {
+                    a.cuts_in.insert(c, false);
+                    a.held.insert(c, VecDeque::new());
+                    fx.send.push((c, Marker::Announce(a.epoch, a.at)));
+                }
+            }
+        }
+        (after, self.translate(fx))
+    }
+
+    /// Wave peer `peer` is gone: it said goodbye (`failed` false: its DONE or its ABORT came
+    /// before, FIFO) or its channel broke (`failed`: a wave it is a member of cannot complete
+    /// and is aborted for everyone). It is a member of no later wave.
+    pub fn remove_peer(&mut self, peer: usize, failed: bool, now: Duration) -> Effects<M> {
+        let mut fx = Effects::default();
+        if !self.links.iter().any(|l| l.rank == peer) {
+            return fx;
+        }
+        self.links.retain(|l| l.rank != peer);
+        let in_active = self
+            .active
+            .as_ref()
+            .and_then(|a| a.cuts_in.get(&peer).map(|c| (a.epoch, *c)));
+        let waits = self.relay.as_ref().is_some_and(|r| {
+            !r.got.contains(&peer) && r.need.as_ref().is_none_or(|n| n.contains(&peer))
+        });
+        if failed && (in_active.is_some() || waits) {
+            let e = in_active
+                .map(|(e, _)| e)
+                .or(self.relay.as_ref().map(|r| r.epoch));
+            if let Some(e) = e {
+                fx.send
+                    .extend(self.links.iter().map(|l| (l.rank, Marker::Abort(e))));
+                fx.merge(self.end_coordinated(e, now));
+                fx.merge(self.abandon(e));
+                fx.aborted = Some(e);
+                self.relay = None;
+            }
+        }
+        self.translate(fx)
     }
 
     /// The epoch of the wave this rank currently takes part in.
@@ -250,8 +398,75 @@ impl<M: Clone> Wave<M> {
         self.active.as_ref().is_some_and(|a| !a.cut_sent)
     }
 
-    fn others(&self) -> impl Iterator<Item = usize> + '_ {
-        (0..self.size).filter(move |&r| r != self.rank)
+    /// This rank's wave peers that are members of `epoch`.
+    fn members(&self, epoch: u64) -> impl Iterator<Item = usize> + '_ {
+        self.links
+            .iter()
+            .filter(move |l| l.from_epoch <= epoch)
+            .map(|l| l.rank)
+    }
+
+    fn all_links(&self) -> impl Iterator<Item = usize> + '_ {
+        self.links.iter().map(|l| l.rank)
+    }
+
+    /// The ranks this rank spawned that are members of `epoch` (declared with its checkpoint,
+    /// so the launcher counts their checkpoints before a commit).
+    pub fn children_in(&self, epoch: u64) -> Vec<u32> {
+        let mut v: Vec<u32> = match &self.active {
+            Some(a) if a.epoch == epoch => a
+                .cuts_in
+                .keys()
+                .filter(|r| self.links.iter().any(|l| l.rank == **r && l.child))
+                .map(|r| *r as u32)
+                .collect(),
+            _ => self
+                .links
+                .iter()
+                .filter(|l| l.child && l.from_epoch <= epoch)
+                .map(|l| l.rank as u32)
+                .collect(),
+        };
+        v.sort_unstable();
+        v
+    }
+
+    /// Markers leave with their cut number in the receiver's count.
+    fn translate(&self, mut fx: Effects<M>) -> Effects<M> {
+        for (to, m) in fx.send.iter_mut() {
+            *m = self.to_peer(*to, *m);
+        }
+        fx
+    }
+
+    fn to_peer(&self, to: usize, m: Marker) -> Marker {
+        let d = self.links.iter().find(|l| l.rank == to).map_or(0, |l| l.delta);
+        let conv = |at: u64| -> u64 {
+            let v = i128::from(at) + i128::from(d);
+            u64::try_from(v.max(0)).unwrap_or(u64::MAX)
+        };
+        match m {
+            Marker::Announce(e, at) => Marker::Announce(e, conv(at)),
+            Marker::Cut(e, at) => Marker::Cut(e, conv(at)),
+            other => other,
+        }
+    }
+
+    fn from_peer(&self, from: usize, m: Marker) -> Marker {
+        let d = self
+            .links
+            .iter()
+            .find(|l| l.rank == from)
+            .map_or(0, |l| l.delta);
+        let conv = |at: u64| -> u64 {
+            let v = i128::from(at) - i128::from(d);
+            u64::try_from(v.max(0)).unwrap_or(u64::MAX)
+        };
+        match m {
+            Marker::Announce(e, at) => Marker::Announce(e, conv(at)),
+            Marker::Cut(e, at) => Marker::Cut(e, conv(at)),
+            other => other,
+        }
     }
 
     /// Start tracking `epoch` (first time it is heard of); returns the forward flood.
@@ -272,25 +487,28 @@ impl<M: Clone> Wave<M> {
             // This rank will never reach that safe point (it is finalizing, or already past
             // it): end the wave for everyone.
             self.closed = self.closed.max(epoch);
-            fx.send
-                .extend(self.others().map(|r| (r, Marker::Abort(epoch))));
+            let to: Vec<usize> = self.all_links().collect();
+            fx.send.extend(to.into_iter().map(|r| (r, Marker::Abort(epoch))));
             fx.aborted = Some(epoch);
             return fx;
         }
-        let mut cuts_in = vec![false; self.size];
-        cuts_in[self.rank] = true;
+        let members: Vec<usize> = self.members(epoch).collect();
         self.active = Some(Active {
             epoch,
             at,
             cut_sent: false,
             snapshot: false,
-            cuts_in,
-            held: (0..self.size).map(|_| VecDeque::new()).collect(),
+            cuts_in: members.iter().map(|r| (*r, false)).collect(),
+            held: members.iter().map(|r| (*r, VecDeque::new())).collect(),
             late: Vec::new(),
             handed_over: false,
         });
+        if self.relay.as_ref().is_some_and(|r| r.epoch < epoch) {
+            self.relay = None;
+        }
         fx.send.extend(
-            self.others()
+            members
+                .into_iter()
                 .filter(|&r| Some(r) != from)
                 .map(|r| (r, Marker::Announce(epoch, at))),
         );
@@ -301,13 +519,27 @@ impl<M: Clone> Wave<M> {
     fn abandon(&mut self, epoch: u64) -> Effects<M> {
         let mut fx = Effects::default();
         if let Some(a) = self.active.take_if(|a| a.epoch == epoch) {
-            for (src, q) in a.held.into_iter().enumerate() {
+            for (src, q) in a.held {
                 fx.release.extend(q.into_iter().map(|m| (src, m)));
             }
             fx.aborted = Some(epoch);
         }
+        if self.relay.as_ref().is_some_and(|r| r.epoch <= epoch) {
+            self.relay = None;
+        }
         self.closed = self.closed.max(epoch);
         fx
+    }
+
+    /// The coordinator's wave `epoch` ended without a commit.
+    fn end_coordinated(&mut self, epoch: u64, now: Duration) -> Effects<M> {
+        if let Some(c) = &mut self.coord {
+            if c.running.as_ref().is_some_and(|(re, _)| *re == epoch) {
+                c.running = None;
+                c.last_end = now;
+            }
+        }
+        Effects::default()
     }
 
     /// The rank is finalizing: it will reach no more safe points. A wave it has not cut yet is
@@ -327,11 +559,12 @@ impl<M: Clone> Wave<M> {
         if let Some(a) = &self.active {
             if !a.cut_sent {
                 let e = a.epoch;
-                fx.send.extend(self.others().map(|r| (r, Marker::Abort(e))));
+                let to: Vec<usize> = self.all_links().collect();
+                fx.send.extend(to.into_iter().map(|r| (r, Marker::Abort(e))));
                 fx.merge(self.abandon(e));
             }
         }
-        fx
+        self.translate(fx)
     }
 
     /// The coordinator's clock: start a wave when it is due, abort one that took too long.
@@ -345,13 +578,13 @@ impl<M: Clone> Wave<M> {
             return fx;
         }
         match &c.running {
-            Some((e, started, _)) => {
+            Some((e, started)) => {
                 if now.saturating_sub(*started) >= c.timeout {
                     let e = *e;
                     c.running = None;
                     c.last_end = now;
-                    fx.send
-                        .extend((1..self.size).map(|r| (r, Marker::Abort(e))));
+                    let to: Vec<usize> = self.all_links().collect();
+                    fx.send.extend(to.into_iter().map(|r| (r, Marker::Abort(e))));
                     fx.merge(self.abandon(e));
                     fx.aborted = Some(e);
                 }
@@ -359,59 +592,97 @@ impl<M: Clone> Wave<M> {
             None => {
                 if now.saturating_sub(c.last_end) >= c.interval {
                     let e = next;
-                    c.running = Some((e, now, vec![false; self.size]));
+                    c.running = Some((e, now));
                     // Two safe points ahead: a peer may be one iteration ahead of this rank.
                     let at = self.points + 2;
                     fx.merge(self.learn(e, at, None));
                 }
             }
         }
-        fx
+        self.translate(fx)
     }
 
     /// A marker arrived from `from`.
     pub fn on_marker(&mut self, from: usize, m: Marker, now: Duration) -> Effects<M> {
         let mut fx = Effects::default();
-        match m {
+        match self.from_peer(from, m) {
             Marker::Announce(e, at) => fx.merge(self.learn(e, at, Some(from))),
             Marker::Cut(e, at) => {
                 fx.merge(self.learn(e, at, Some(from)));
                 if let Some(a) = &mut self.active {
-                    if a.epoch == e && from < self.size {
-                        a.cuts_in[from] = true;
+                    if a.epoch == e {
+                        if let Some(c) = a.cuts_in.get_mut(&from) {
+                            *c = true;
+                        }
                     }
                 }
             }
             Marker::Abort(e) => {
-                if let Some(c) = &mut self.coord {
-                    if c.running.as_ref().is_some_and(|(re, _, _)| *re == e) {
-                        c.running = None;
-                        c.last_end = now;
-                    }
-                }
+                fx.merge(self.end_coordinated(e, now));
+                let fresh = e > self.closed || self.active_epoch() == Some(e);
                 if self.active_epoch() == Some(e) {
                     fx.merge(self.abandon(e));
                 } else {
                     self.closed = self.closed.max(e);
+                    if self.relay.as_ref().is_some_and(|r| r.epoch <= e) {
+                        self.relay = None;
+                    }
+                }
+                if fresh {
+                    // Flood on: ranks that are not this one's peers' peers (spawned ranks,
+                    // reached only through their parent) must hear of it too.
+                    let to: Vec<usize> = self.all_links().filter(|&r| r != from).collect();
+                    fx.send.extend(to.into_iter().map(|r| (r, Marker::Abort(e))));
                 }
             }
             Marker::Done(e) => fx.merge(self.done_from(from, e, now)),
         }
-        fx
+        self.translate(fx)
     }
 
     fn done_from(&mut self, from: usize, e: u64, now: Duration) -> Effects<M> {
+        if e <= self.closed && self.relay.as_ref().is_none_or(|r| r.epoch != e) {
+            // An epoch this rank already closed without a relay (aborted): nothing to do.
+            if self.active_epoch() != Some(e) {
+                return Effects::default();
+            }
+        }
+        match &mut self.relay {
+            Some(r) if r.epoch == e => {
+                r.got.insert(from);
+            }
+            Some(r) if r.epoch > e => return Effects::default(),
+            _ => {
+                self.relay = Some(Relay {
+                    epoch: e,
+                    need: None,
+                    got: BTreeSet::from([from]),
+                })
+            }
+        }
+        self.relay_check(now)
+    }
+
+    /// If this rank's DONE of the relay's epoch is due, send it upstream (or commit, rank 0).
+    fn relay_check(&mut self, now: Duration) -> Effects<M> {
         let mut fx = Effects::default();
-        let Some(c) = &mut self.coord else { return fx };
-        if let Some((re, _, done)) = &mut c.running {
-            if *re == e && from < done.len() {
-                done[from] = true;
-                if done.iter().all(|d| *d) {
+        let Some(r) = &self.relay else { return fx };
+        let Some(need) = &r.need else { return fx };
+        if !need.iter().all(|n| r.got.contains(n)) {
+            return fx;
+        }
+        let e = r.epoch;
+        self.relay = None;
+        match (self.upstream, &mut self.coord) {
+            (None, Some(c)) => {
+                if c.running.as_ref().is_some_and(|(re, _)| *re == e) {
                     c.running = None;
                     c.last_end = now;
                     fx.commit = Some(e);
                 }
             }
+            (Some(up), _) => fx.send.push((up, Marker::Done(e))),
+            (None, None) => {}
         }
         fx
     }
@@ -423,14 +694,14 @@ impl<M: Clone> Wave<M> {
         let Some(a) = &mut self.active else {
             return Some(m);
         };
-        if from >= self.size {
+        let Some(cut) = a.cuts_in.get(&from).copied() else {
             return Some(m);
-        }
-        if a.cuts_in[from] && !a.snapshot {
-            a.held[from].push_back(m);
+        };
+        if cut && !a.snapshot {
+            a.held.entry(from).or_default().push_back(m);
             return None;
         }
-        if a.snapshot && !a.cuts_in[from] && self.mode == Mode::Nonblocking {
+        if a.snapshot && !cut && self.mode == Mode::Nonblocking {
             a.late.push((from, m.clone()));
         }
         Some(m)
@@ -441,7 +712,9 @@ impl<M: Clone> Wave<M> {
     pub fn diverts(&self, from: usize) -> bool {
         self.holds(from)
             || self.active.as_ref().is_some_and(|a| {
-                self.mode == Mode::Nonblocking && from < self.size && a.snapshot && !a.cuts_in[from]
+                self.mode == Mode::Nonblocking
+                    && a.snapshot
+                    && a.cuts_in.get(&from).is_some_and(|c| !*c)
             })
     }
 
@@ -455,7 +728,7 @@ impl<M: Clone> Wave<M> {
     pub fn holds(&self, from: usize) -> bool {
         self.active
             .as_ref()
-            .is_some_and(|a| from < self.size && a.cuts_in[from] && !a.snapshot)
+            .is_some_and(|a| !a.snapshot && a.cuts_in.get(&from).is_some_and(|c| *c))
     }
 
     /// The program reached a safe point.
@@ -469,9 +742,18 @@ impl<M: Clone> Wave<M> {
         }
         a.cut_sent = true;
         let (e, at) = (a.epoch, a.at);
+        let send = a
+            .cuts_in
+            .keys()
+            .map(|&r| (r, Marker::Cut(e, at)))
+            .collect();
+        let fx = self.translate(Effects {
+            send,
+            ..Effects::default()
+        });
         SafePoint::Cut {
             epoch: e,
-            send: self.others().map(|r| (r, Marker::Cut(e, at))).collect(),
+            send: fx.send,
         }
     }
 
@@ -481,7 +763,7 @@ impl<M: Clone> Wave<M> {
         self.active.as_ref().is_some_and(|a| {
             a.cut_sent
                 && !a.snapshot
-                && (self.mode == Mode::Nonblocking || a.cuts_in.iter().all(|c| *c))
+                && (self.mode == Mode::Nonblocking || a.cuts_in.values().all(|c| *c))
         })
     }
 
@@ -490,8 +772,8 @@ impl<M: Clone> Wave<M> {
         let mut fx = Effects::default();
         if let Some(a) = &mut self.active {
             a.snapshot = true;
-            for (src, q) in a.held.iter_mut().enumerate() {
-                fx.release.extend(q.drain(..).map(|m| (src, m)));
+            for (src, q) in a.held.iter_mut() {
+                fx.release.extend(q.drain(..).map(|m| (*src, m)));
             }
         }
         fx
@@ -501,7 +783,7 @@ impl<M: Clone> Wave<M> {
     /// (returned once per wave).
     pub fn take_complete(&mut self) -> Option<Complete<M>> {
         let a = self.active.as_mut()?;
-        if !a.snapshot || a.handed_over || !a.cuts_in.iter().all(|c| *c) {
+        if !a.snapshot || a.handed_over || !a.cuts_in.values().all(|c| *c) {
             return None;
         }
         a.handed_over = true;
@@ -511,19 +793,32 @@ impl<M: Clone> Wave<M> {
         })
     }
 
-    /// This rank's checkpoint of `epoch` is durable: tell the coordinator; the wave is closed here.
+    /// This rank's checkpoint of `epoch` is durable: once every downstream member's DONE is in
+    /// too, tell upstream (rank 0 commits); the wave is closed here.
     pub fn stored(&mut self, epoch: u64, now: Duration) -> Effects<M> {
-        let mut fx = Effects::default();
-        if self.active_epoch() == Some(epoch) {
-            self.active = None;
-            self.closed = self.closed.max(epoch);
+        let need: Vec<usize> = match &self.active {
+            Some(a) if a.epoch == epoch => a
+                .cuts_in
+                .keys()
+                .filter(|r| self.links.iter().any(|l| l.rank == **r && l.down))
+                .copied()
+                .collect(),
+            _ => return Effects::default(),
+        };
+        self.active = None;
+        self.closed = self.closed.max(epoch);
+        match &mut self.relay {
+            Some(r) if r.epoch == epoch => r.need = Some(need),
+            _ => {
+                self.relay = Some(Relay {
+                    epoch,
+                    need: Some(need),
+                    got: BTreeSet::new(),
+                })
+            }
         }
-        if self.rank == 0 {
-            fx.merge(self.done_from(0, epoch, now));
-        } else {
-            fx.send.push((0, Marker::Done(epoch)));
-        }
-        fx
+        let fx = self.relay_check(now);
+        self.translate(fx)
     }
 
     /// How long the coordinator lets a wave run before aborting it (the coordinator only).
