@@ -327,11 +327,7 @@ impl<M: Clone> Wave<M> {
     /// [`Wave::spawned`]'s `after` wants) with the effects.
     pub fn add_children(&mut self, children: &[usize]) -> (u64, Effects<M>) {
         let mut fx = Effects::default();
-        let (after, from_epoch) = match &self.active {
-            Some(a) if !a.cut_sent => (a.epoch - 1, a.epoch),
-            Some(a) => (a.epoch.max(self.closed), a.epoch.max(self.closed) + 1),
-            None => (self.closed, self.closed + 1),
-        };
+        let (after, from_epoch) = self.child_epochs();
         let delta = -i64::try_from(self.points).unwrap_or(i64::MAX);
         for &c in children {
             self.links.retain(|l| l.rank != c);
@@ -353,6 +349,22 @@ impl<M: Clone> Wave<M> {
             }
         }
         (after, self.translate(fx))
+    }
+
+    /// (the epoch children spawned now consider closed, the first epoch they are members of)
+    fn child_epochs(&self) -> (u64, u64) {
+        match &self.active {
+            Some(a) if !a.cut_sent => (a.epoch - 1, a.epoch),
+            Some(a) => (a.epoch.max(self.closed), a.epoch.max(self.closed) + 1),
+            None => (self.closed, self.closed + 1),
+        }
+    }
+
+    /// What children spawned now need for [`Wave::spawned`]: this rank's checkpoint point count
+    /// and the epoch they consider closed (the same [`Wave::add_children`] returns, as long as
+    /// no marker or safe point comes in between).
+    pub fn spawn_basis(&self) -> (u64, u64) {
+        (self.points, self.child_epochs().0)
     }
 
     /// Wave peer `peer` is gone: it said goodbye (`failed` false: its DONE or its ABORT came
@@ -951,6 +963,35 @@ pub struct RankCheckpoint {
     pub late: Vec<SavedMessage>,
     /// The program's state, serialized by the program's serde value (bincode).
     pub app: Vec<u8>,
+    /// The spawn groups this rank is the parent of whose children are members of this epoch
+    /// (issue 13): a restart from it starts them again (layout version 3).
+    pub spawns: Vec<SavedSpawn>,
+}
+
+/// A spawn group in a parent's checkpoint: what a restart needs to start its children again
+/// and re-form the merged communicator (same group id, so the same context, and the same
+/// world ranks, so each child restores its own checkpoint).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SavedSpawn {
+    pub group: u64,
+    /// World ranks, the parent first, then the children that are members of the epoch.
+    pub members: Vec<u32>,
+    /// The program the spawn started (as the parent resolved it) and its arguments.
+    pub program: String,
+    pub args: Vec<String>,
+}
+
+/// The layout of version 2 blobs (before spawn groups were saved).
+#[derive(Deserialize)]
+struct RankCheckpointV2 {
+    epoch: u64,
+    rank: u32,
+    size: u32,
+    comms: Vec<SavedComm>,
+    requests: Vec<SavedRequest>,
+    unexpected: Vec<SavedMessage>,
+    late: Vec<SavedMessage>,
+    app: Vec<u8>,
 }
 
 /// The layout of version 1 blobs (before communicators and requests were saved). Read so that
@@ -971,8 +1012,8 @@ struct RankCheckpointV1 {
 /// First bytes of every checkpoint blob.
 pub const BLOB_MAGIC: [u8; 8] = *b"MUTICKP\0";
 /// Version of the blob layout this runtime writes: 2 adds the communicator table and the
-/// requests in flight. Version 1 is still read.
-pub const BLOB_VERSION: u32 = 2;
+/// requests in flight, 3 the spawn groups. Versions 1 and 2 are still read.
+pub const BLOB_VERSION: u32 = 3;
 
 // ------------------------------------------------------------------ the communicator table
 
@@ -1184,9 +1225,9 @@ impl RankCheckpoint {
         let u32_at = |o: usize| u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
         let u64_at = |o: usize| u64::from(u32_at(o)) | (u64::from(u32_at(o + 4)) << 32);
         let version = u32_at(8);
-        if version != BLOB_VERSION && version != 1 {
+        if !(1..=BLOB_VERSION).contains(&version) {
             return Err(format!(
-                "{what} has layout version {version}, this runtime reads 1 and {BLOB_VERSION}: \
+                "{what} has layout version {version}, this runtime reads 1 to {BLOB_VERSION}: \
                  restart with the mutirão build that wrote it"
             ));
         }
@@ -1213,6 +1254,21 @@ impl RankCheckpoint {
                 unexpected: v.unexpected,
                 late: v.late,
                 app: v.app,
+                spawns: Vec::new(),
+            }
+        } else if version == 2 {
+            let v: RankCheckpointV2 =
+                bincode::deserialize(body).map_err(|e| format!("{what} is corrupt: {e}"))?;
+            RankCheckpoint {
+                epoch: v.epoch,
+                rank: v.rank,
+                size: v.size,
+                comms: v.comms,
+                requests: v.requests,
+                unexpected: v.unexpected,
+                late: v.late,
+                app: v.app,
+                spawns: Vec::new(),
             }
         } else {
             bincode::deserialize(body).map_err(|e| format!("{what} is corrupt: {e}"))?
@@ -1389,6 +1445,12 @@ mod tests {
             }],
             late: vec![],
             app: vec![7; 100],
+            spawns: vec![SavedSpawn {
+                group: 2,
+                members: vec![1, 4, 5],
+                program: "/bin/prog".into(),
+                args: vec!["--worker".into()],
+            }],
         };
         let b = c.encode().unwrap();
         assert_eq!(RankCheckpoint::decode(&b, 3, 1, 4).unwrap(), c);
@@ -1403,9 +1465,43 @@ mod tests {
         let e = RankCheckpoint::decode(b"hello world, not a checkpoint", 3, 1, 4).unwrap_err();
         assert!(e.contains("not a mutirão checkpoint"), "{e}");
         let mut future = b.clone();
-        future[8..12].copy_from_slice(&3u32.to_le_bytes());
+        future[8..12].copy_from_slice(&4u32.to_le_bytes());
         let e = RankCheckpoint::decode(&future, 3, 1, 4).unwrap_err();
-        assert!(e.contains("layout version 3"), "{e}");
+        assert!(e.contains("layout version 4"), "{e}");
+    }
+
+    /// The layout of version 2, as the previous runtime wrote it.
+    #[derive(Serialize)]
+    struct V2 {
+        epoch: u64,
+        rank: u32,
+        size: u32,
+        comms: Vec<SavedComm>,
+        requests: Vec<SavedRequest>,
+        unexpected: Vec<SavedMessage>,
+        late: Vec<SavedMessage>,
+        app: Vec<u8>,
+    }
+
+    #[test]
+    fn a_version_2_blob_reads_with_no_spawn_groups() {
+        let v2 = V2 {
+            epoch: 5,
+            rank: 1,
+            size: 2,
+            comms: vec![],
+            requests: vec![],
+            unexpected: vec![],
+            late: vec![],
+            app: vec![9, 9],
+        };
+        let c = RankCheckpoint::decode(&frame(2, &bincode::serialize(&v2).unwrap()), 5, 1, 2)
+            .unwrap();
+        assert_eq!((c.app, c.spawns), (vec![9, 9], vec![]));
+        // A version 2 body under a version 3 header is corrupt, not misread.
+        assert!(
+            RankCheckpoint::decode(&frame(3, &bincode::serialize(&v2).unwrap()), 5, 1, 2).is_err()
+        );
     }
 
     /// The layout of version 1, as the previous runtime wrote it.
@@ -1450,6 +1546,7 @@ mod tests {
                 unexpected: vec![msg],
                 late: vec![],
                 app: vec![1, 2, 3],
+                spawns: vec![],
             }
         );
         // A version 1 body under a version 2 header is corrupt, not misread.

@@ -548,7 +548,32 @@ pub fn init_with(env: &JobEnv) -> Result<Comm, Error> {
         cfg: cfg.clone(),
     });
     if let Some(sp) = &env.spawn {
-        // Spawned ranks take no part in the job's checkpoint waves (docs/spawn.md).
+        // A parent with checkpoints on brings its children into its waves (docs/spawn.md):
+        // they count checkpoint points from their own start, store their checkpoints, and
+        // send DONE to the parent. A spawned rank is never restored from MUTIRAO_RESTART_EPOCH
+        // (the launcher's environment may carry it): spawn groups are not re-created.
+        if let Some(basis) = all.first().and_then(|k| k.get(crate::spawn::CKPT_KEY)) {
+            let (mode, parent_points, after, pmi_timeout) =
+                crate::spawn::parse_ckpt_basis(basis).map_err(Error::Init)?;
+            engine.ckpt = Some(crate::engine::CkptRt {
+                wave: crate::ckpt::Wave::spawned(
+                    env.rank,
+                    members[0],
+                    &members[1..],
+                    parent_points,
+                    mode,
+                    after,
+                ),
+                clock0: Instant::now(),
+                pmi_timeout,
+                restored_app: None,
+                recovery: None,
+                aborted: Vec::new(),
+                committed: Vec::new(),
+                pending: None,
+                restored_reqs: None,
+            });
+        }
         engine.spawned_in = Some(sp.group);
         engine._pmi = Some(pmi);
         let ctx = crate::spawn::spawn_ctx(sp.group);

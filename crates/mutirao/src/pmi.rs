@@ -66,6 +66,10 @@ enum Msg {
     CkptPut {
         epoch: u64,
         len: u64,
+        /// The ranks this rank spawned that are members of the wave (issue 13): the server
+        /// requires their blobs too before it commits the epoch.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        children: Vec<u32>,
     },
     CkptGet {
         epoch: u64,
@@ -373,10 +377,23 @@ impl PmiClient {
 
     /// Store this rank's checkpoint of `epoch`; returns once the launcher has it durably.
     pub fn ckpt_put(&mut self, epoch: u64, blob: &[u8], timeout: Duration) -> Result<(), String> {
+        self.ckpt_put_with(epoch, blob, &[], timeout)
+    }
+
+    /// [`PmiClient::ckpt_put`] of a rank whose spawned ranks `children` are members of the
+    /// wave: the launcher then commits `epoch` only once their checkpoints are stored too.
+    pub fn ckpt_put_with(
+        &mut self,
+        epoch: u64,
+        blob: &[u8],
+        children: &[u32],
+        timeout: Duration,
+    ) -> Result<(), String> {
         let what = format!("storing the checkpoint of epoch {epoch}");
         let m = Msg::CkptPut {
             epoch,
             len: blob.len() as u64,
+            children: children.to_vec(),
         };
         match self.call(&m, Some(blob), timeout, &what)? {
             Msg::Ok => Ok(()),
@@ -503,8 +520,11 @@ struct Shared {
     cv: Condvar,
     sink: Option<Arc<dyn CheckpointSink>>,
     size: u32,
-    /// Per epoch, which ranks have put their blob. Its lock is held through a commit.
-    puts: Mutex<BTreeMap<u64, Vec<bool>>>,
+    /// Per epoch, which ranks have put their blob, with the spawned ranks each declared as
+    /// members of the wave. Its lock is held through a commit.
+    puts: Mutex<BTreeMap<u64, BTreeMap<u32, Vec<u32>>>>,
+    /// Spawned ranks that were members of each committed epoch (issue 13), newest last.
+    committed_spawned: Mutex<BTreeMap<u64, Vec<SpawnedMember>>>,
     /// Set by [`PmiServer::fence_checkpoints`]: this incarnation commits nothing more.
     ckpt_fenced: std::sync::atomic::AtomicBool,
     failures: Mutex<Vec<FailureReport>>,
@@ -523,6 +543,21 @@ struct FenceState {
     failed: Option<String>,
 }
 
+/// A spawned rank that took part in a committed checkpoint epoch: what restarting it would
+/// need (issue 13; see [`PmiServer::spawned_members`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SpawnedMember {
+    /// Its world rank.
+    pub rank: u32,
+    /// The rank that spawned it.
+    pub parent: u32,
+    /// Its spawn group.
+    pub group: u64,
+    /// The program and arguments its spawn asked for.
+    pub program: PathBuf,
+    pub args: Vec<String>,
+}
+
 /// Spawn groups in flight.
 struct SpawnState {
     /// The next world rank to give a spawned rank.
@@ -531,11 +566,15 @@ struct SpawnState {
     groups: BTreeMap<u64, Group>,
     /// Why a group was forgotten (so its late members get the reason).
     gone: BTreeMap<u64, String>,
+    /// Every spawned rank of a spawn that completed: (parent, group, program, args).
+    joined: BTreeMap<u32, SpawnedMember>,
 }
 
 /// One spawn group: the parent (member 0) and its children.
 struct Group {
     members: Vec<u32>,
+    program: PathBuf,
+    args: Vec<String>,
     hello: Vec<bool>,
     arrived: Vec<Option<Kvs>>,
     epoch: u64,
@@ -649,6 +688,7 @@ impl PmiServer {
             sink,
             size,
             puts: Mutex::new(BTreeMap::new()),
+            committed_spawned: Mutex::new(BTreeMap::new()),
             ckpt_fenced: std::sync::atomic::AtomicBool::new(false),
             failures: Mutex::new(Vec::new()),
             spawner,
@@ -657,6 +697,7 @@ impl PmiServer {
                 next_group: 1,
                 groups: BTreeMap::new(),
                 gone: BTreeMap::new(),
+                joined: BTreeMap::new(),
             }),
             scv: Condvar::new(),
             token,
@@ -706,6 +747,17 @@ impl PmiServer {
     /// and the spawner is told to abort the group; otherwise nothing happens.
     pub fn spawned_exited(&self, rank: u32, why: &str) {
         member_lost(&self.state, rank, why);
+    }
+
+    /// The spawned ranks that were members of committed epoch `epoch` (empty: only the job's
+    /// own ranks; `None`: this server did not commit that epoch). A launcher restarting from an
+    /// epoch with spawned members must start them again too, or refuse (issue 13).
+    pub fn spawned_members(&self, epoch: u64) -> Option<Vec<SpawnedMember>> {
+        self.state
+            .committed_spawned
+            .lock()
+            .ok()
+            .and_then(|c| c.get(&epoch).cloned())
     }
 
     /// The channel failures ranks reported since the last call (oldest first).
@@ -828,31 +880,32 @@ fn conn_loop(
                 }
                 continue;
             }
-            Msg::Fence { .. }
-            | Msg::CkptPut { .. }
-            | Msg::CkptGet { .. }
-            | Msg::CkptCommit { .. }
-                if spawned =>
-            {
-                // Spawned ranks are not in the job's fences or checkpoint waves (docs/spawn.md).
+            Msg::Fence { .. } | Msg::CkptGet { .. } | Msg::CkptCommit { .. } if spawned => {
+                // Spawned ranks are not in the job's fences; they store checkpoints (waves
+                // include them) but neither commit nor restore (docs/spawn.md).
                 let _ = write_msg(
                     w,
                     &Msg::Error {
                         msg: format!(
-                            "rank {rank} was spawned: it takes part in its spawn group's fences only, \
-                             not in the job's fences or checkpoints"
+                            "rank {rank} was spawned: it takes part in its spawn group's fences \
+                             and stores its checkpoints, but not in the job's fences, commits or \
+                             restores"
                         ),
                     },
                 );
                 return;
             }
             Msg::Fence { kvs } => kvs,
-            Msg::CkptPut { epoch, len } => {
+            Msg::CkptPut {
+                epoch,
+                len,
+                children,
+            } => {
                 let blob = match read_blob(r, len) {
                     Ok(b) => b,
                     Err(_) => return,
                 };
-                let reply = answer(ckpt_put(st, rank, epoch, &blob));
+                let reply = answer(ckpt_put(st, rank, epoch, &blob, children));
                 if write_msg(w, &reply).is_err() {
                     return;
                 }
@@ -1056,6 +1109,8 @@ fn do_spawn(
             group,
             Group {
                 members,
+                program: program.clone(),
+                args: args.clone(),
                 hello: (0..k).map(|i| i == 0).collect(),
                 arrived: vec![None; k],
                 epoch: 0,
@@ -1250,7 +1305,21 @@ fn group_fence(st: &Shared, rank: u32, group: u64, kvs: Kvs) -> Msg {
                 let all = all.as_ref().clone();
                 g.taken += 1;
                 if g.taken == g.members.len() && g.epoch >= GROUP_FENCES {
-                    s.groups.remove(&group);
+                    if let Some(g) = s.groups.remove(&group) {
+                        // Complete: its children may now take part in checkpoint waves.
+                        for &c in &g.members[1..] {
+                            s.joined.insert(
+                                c,
+                                SpawnedMember {
+                                    rank: c,
+                                    parent: g.members[0],
+                                    group,
+                                    program: g.program.clone(),
+                                    args: g.args.clone(),
+                                },
+                            );
+                        }
+                    }
                 }
                 return Msg::FenceDone { all };
             }
@@ -1298,15 +1367,86 @@ fn with_sink(st: &Shared) -> Result<&Arc<dyn CheckpointSink>, String> {
     })
 }
 
-fn ckpt_put(st: &Shared, rank: usize, epoch: u64, blob: &[u8]) -> Result<(), String> {
+fn ckpt_put(
+    st: &Shared,
+    rank: usize,
+    epoch: u64,
+    blob: &[u8],
+    children: Vec<u32>,
+) -> Result<(), String> {
+    if children.len() > MAX_SPAWN as usize * 64 {
+        return Err(format!(
+            "rank {rank} declared {} spawned ranks with its checkpoint: too many",
+            children.len()
+        ));
+    }
     with_sink(st)?.put(epoch, rank as u32, blob)?;
     let mut puts = st
         .puts
         .lock()
         .map_err(|_| "checkpoint bookkeeping poisoned".to_string())?;
-    puts.entry(epoch)
-        .or_insert_with(|| vec![false; st.size as usize])[rank] = true;
+    puts.entry(epoch).or_default().insert(rank as u32, children);
     Ok(())
+}
+
+/// Which ranks epoch `epoch` needs before it can be committed: every rank of the job, and the
+/// spawned ranks their checkpoints (and, for grandchildren, their children's) declared as
+/// members of the wave. Returns the spawned members, or what is missing or wrong.
+fn wave_members(
+    st: &Shared,
+    puts: &BTreeMap<u32, Vec<u32>>,
+    epoch: u64,
+) -> Result<Vec<SpawnedMember>, String> {
+    let missing: Vec<u32> = (0..st.size).filter(|r| !puts.contains_key(r)).collect();
+    if !missing.is_empty() {
+        return Err(format!(
+            "cannot commit epoch {epoch}: ranks {missing:?} have not stored their checkpoint of it"
+        ));
+    }
+    let joined = st
+        .spawn
+        .lock()
+        .map_err(|_| "spawn bookkeeping poisoned".to_string())?
+        .joined
+        .clone();
+    let mut out: Vec<SpawnedMember> = Vec::new();
+    let mut todo: Vec<u32> = (0..st.size).collect();
+    let mut missing = Vec::new();
+    // Each spawned rank has one parent, so every rank is visited once; bounded by the puts.
+    while let Some(r) = todo.pop() {
+        let Some(children) = puts.get(&r) else {
+            missing.push(r);
+            continue;
+        };
+        for &c in children {
+            match joined.get(&c) {
+                Some(m) if m.parent == r => {
+                    if out.iter().any(|o| o.rank == c) {
+                        return Err(format!(
+                            "cannot commit epoch {epoch}: spawned rank {c} was declared twice"
+                        ));
+                    }
+                    out.push(m.clone());
+                    todo.push(c);
+                }
+                _ => {
+                    return Err(format!(
+                        "cannot commit epoch {epoch}: rank {r} declared rank {c} as a spawned \
+                         member of the wave, but {c} is not a rank it spawned"
+                    ))
+                }
+            }
+        }
+    }
+    if !missing.is_empty() {
+        missing.sort_unstable();
+        return Err(format!(
+            "cannot commit epoch {epoch}: spawned ranks {missing:?} are members of its wave and \
+             have not stored their checkpoint of it"
+        ));
+    }
+    out.sort_by_key(|m| m.rank);
+    Ok(out)
 }
 
 fn ckpt_commit(st: &Shared, rank: usize, epoch: u64) -> Result<(), String> {
@@ -1320,20 +1460,8 @@ fn ckpt_commit(st: &Shared, rank: usize, epoch: u64) -> Result<(), String> {
         .puts
         .lock()
         .map_err(|_| "checkpoint bookkeeping poisoned".to_string())?;
-    let missing: Vec<usize> = match puts.get(&epoch) {
-        Some(p) => p
-            .iter()
-            .enumerate()
-            .filter(|(_, d)| !**d)
-            .map(|(i, _)| i)
-            .collect(),
-        None => (0..st.size as usize).collect(),
-    };
-    if !missing.is_empty() {
-        return Err(format!(
-            "cannot commit epoch {epoch}: ranks {missing:?} have not stored their checkpoint of it"
-        ));
-    }
+    let empty = BTreeMap::new();
+    let spawned = wave_members(st, puts.get(&epoch).unwrap_or(&empty), epoch)?;
     if st.ckpt_fenced.load(std::sync::atomic::Ordering::SeqCst) {
         return Err(format!(
             "cannot commit epoch {epoch}: the launcher is ending this incarnation of the job"
@@ -1341,6 +1469,13 @@ fn ckpt_commit(st: &Shared, rank: usize, epoch: u64) -> Result<(), String> {
     }
     sink.commit(epoch)?;
     puts.retain(|e, _| *e > epoch);
+    if let Ok(mut c) = st.committed_spawned.lock() {
+        c.insert(epoch, spawned);
+        // Only the newest epochs matter (a restart uses the last committed one).
+        while c.len() > 16 {
+            c.pop_first();
+        }
+    }
     Ok(())
 }
 

@@ -163,6 +163,7 @@ fn run_spawn(
     me: usize,
     spec: &SpawnSpec,
     t0: Instant,
+    ckpt: Option<String>,
 ) -> Result<Joined, Error> {
     let program = match &spec.program {
         Some(p) => p.clone(),
@@ -184,7 +185,9 @@ fn run_spawn(
             &launch.job_id,
         )
         .map_err(Error::Spawn)?;
-    let res = join_group(pmi, launch, me, spec, t0, group, &ranks, &hosts, &listener);
+    let res = join_group(
+        pmi, launch, me, spec, t0, group, &ranks, &hosts, &listener, ckpt,
+    );
     if let Err(err) = &res {
         // Stop the children now rather than at their own timeouts; a launcher that is gone
         // changes nothing (the children then fail on their own).
@@ -204,11 +207,16 @@ fn join_group(
     ranks: &[u32],
     hosts: &[String],
     listener: &TcpListener,
+    ckpt: Option<String>,
 ) -> Result<Joined, Error> {
     let deadline = t0 + spec.timeout;
     let mut kvs = Kvs::new();
     kvs.insert("addr".into(), listener.local_addr()?.to_string());
     kvs.insert("host".into(), launch.host.clone());
+    if let Some(c) = ckpt {
+        // The children join this rank's checkpoint waves (see `ckpt_basis`).
+        kvs.insert(CKPT_KEY.into(), c);
+    }
     let answer_within = spec.timeout + Duration::from_secs(2);
     let all = pmi
         .group_fence(group, kvs, answer_within)
@@ -283,10 +291,10 @@ impl Comm {
             )
         })?;
         let mut pmi = e._pmi.take().ok_or_else(no_launcher_connection)?;
-        let res = if e.ckpt.is_some() {
+        let res = if let Some(basis) = ckpt_basis(&e) {
             // Checkpoint waves need the launcher connection the spawn is using: do not
             // progress meanwhile (a wave waits for this rank at most the spawn's duration).
-            run_spawn(&mut pmi, &launch, e.rank, spec, t0)
+            run_spawn(&mut pmi, &launch, e.rank, spec, t0, Some(basis))
         } else {
             let (p, res) = spawn_progressing(&mut e, pmi, launch, spec, t0)?;
             pmi = p;
@@ -297,6 +305,7 @@ impl Comm {
         add(&mut e, chans)?;
         let ctx = spawn_ctx(group);
         e.scope(ctx, members.clone());
+        e.ckpt_add_children(group, &members, program_of(spec), spec.args.clone());
         drop(e);
         let ranks = members[1..].to_vec();
         let comm = self.with_group(ctx, members);
@@ -342,13 +351,15 @@ impl Comm {
             )
         })?;
         let mut pmi = e._pmi.take().ok_or_else(no_launcher_connection)?;
-        if e.ckpt.is_some() {
-            let res = run_spawn(&mut pmi, &launch, e.rank, spec, t0);
+        if let Some(basis) = ckpt_basis(&e) {
+            let res = run_spawn(&mut pmi, &launch, e.rank, spec, t0, Some(basis));
             drop(e);
             return Ok(PendingSpawn {
                 comm: self.clone(),
                 t0,
                 state: Some(Pending::Done(pmi, res)),
+                program: program_of(spec),
+                args: spec.args.clone(),
             });
         }
         drop(e);
@@ -357,7 +368,7 @@ impl Comm {
         let helper = std::thread::Builder::new()
             .name("mutirao-spawn".into())
             .spawn(move || {
-                let res = run_spawn(&mut pmi, &launch, me, &spec2, t0);
+                let res = run_spawn(&mut pmi, &launch, me, &spec2, t0, None);
                 let _ = tx.send(());
                 (pmi, res)
             });
@@ -366,6 +377,8 @@ impl Comm {
                 comm: self.clone(),
                 t0,
                 state: Some(Pending::Running { rx, helper }),
+                program: program_of(spec),
+                args: spec.args.clone(),
             }),
             Err(err) => Err(Error::Spawn(format!(
                 "cannot start the spawn's helper thread: {err}; the launcher connection is lost \
@@ -379,6 +392,16 @@ impl Comm {
     pub fn is_spawned(&self) -> bool {
         self.inner.eng.borrow().spawned_in.is_some()
     }
+}
+
+/// The program a spawn starts, as saved in checkpoints (this program's path when the spec
+/// names none).
+fn program_of(spec: &SpawnSpec) -> String {
+    spec.program
+        .clone()
+        .or_else(|| std::env::current_exe().ok())
+        .map(|p| p.to_string_lossy().into_owned())
+        .unwrap_or_default()
 }
 
 fn no_launcher_connection() -> Error {
@@ -405,6 +428,9 @@ pub struct PendingSpawn {
     comm: Comm,
     t0: Instant,
     state: Option<Pending>,
+    /// What was spawned (saved with checkpoints: a restart starts it again).
+    program: String,
+    args: Vec<String>,
 }
 
 impl std::fmt::Debug for PendingSpawn {
@@ -470,6 +496,7 @@ impl PendingSpawn {
         add(&mut e, chans)?;
         let ctx = spawn_ctx(group);
         e.scope(ctx, members.clone());
+        e.ckpt_add_children(group, &members, self.program.clone(), self.args.clone());
         drop(e);
         let ranks = members[1..].to_vec();
         let comm = self.comm.with_group(ctx, members);
@@ -507,7 +534,7 @@ fn spawn_progressing(
     let helper = std::thread::Builder::new()
         .name("mutirao-spawn".into())
         .spawn(move || {
-            let res = run_spawn(&mut pmi, &launch, me, &spec2, t0);
+            let res = run_spawn(&mut pmi, &launch, me, &spec2, t0, None);
             let _ = tx.send(());
             (pmi, res)
         })
@@ -525,6 +552,44 @@ fn spawn_progressing(
             "the spawn's helper thread panicked; this rank lost its launcher connection".into(),
         )
     })
+}
+
+/// The group-fence key under which a parent with checkpoints on tells its children how to
+/// join its waves.
+pub(crate) const CKPT_KEY: &str = "ckpt";
+
+/// With checkpoints on, what the children need to join this rank's waves (issue 13):
+/// `"MODE POINTS AFTER PMI_TIMEOUT_MS"` — the snapshot mode, this rank's checkpoint point
+/// count (children count from their own start; markers are translated by it), the epoch the
+/// children consider closed (they join the next one; a wave this rank has not cut yet brings
+/// them in), how long a checkpoint's PMI operation may take.
+fn ckpt_basis(e: &Engine) -> Option<String> {
+    let c = e.ckpt.as_ref()?;
+    let (points, after) = c.wave.spawn_basis();
+    Some(format!(
+        "{} {points} {after} {}",
+        c.wave.mode().as_str(),
+        c.pmi_timeout.as_millis()
+    ))
+}
+
+/// A child's reading of [`ckpt_basis`]: (mode, parent's points, after, PMI timeout).
+pub(crate) fn parse_ckpt_basis(
+    s: &str,
+) -> Result<(crate::ckpt::Mode, u64, u64, Duration), String> {
+    let f: Vec<&str> = s.split(' ').collect();
+    let bad = || format!("the parent's checkpoint settings {s:?} do not parse: mixed mutirão versions?");
+    if f.len() != 4 {
+        return Err(bad());
+    }
+    let mode = crate::ckpt::Mode::parse(f[0])?;
+    let num = |x: &str| x.parse::<u64>().map_err(|_| bad());
+    Ok((
+        mode,
+        num(f[1])?,
+        num(f[2])?,
+        Duration::from_millis(num(f[3])?),
+    ))
 }
 
 fn add(e: &mut Engine, chans: Vec<(usize, Link)>) -> Result<(), Error> {
