@@ -443,7 +443,8 @@ impl<M: Clone> Wave<M> {
         v
     }
 
-    /// Markers leave with their cut number in the receiver's count.
+    /// Markers leave with their cut number in the receiver's count (the receiver uses it as
+    /// it comes).
     fn translate(&self, mut fx: Effects<M>) -> Effects<M> {
         for (to, m) in fx.send.iter_mut() {
             *m = self.to_peer(*to, *m);
@@ -452,26 +453,13 @@ impl<M: Clone> Wave<M> {
     }
 
     fn to_peer(&self, to: usize, m: Marker) -> Marker {
-        let d = self.links.iter().find(|l| l.rank == to).map_or(0, |l| l.delta);
-        let conv = |at: u64| -> u64 {
-            let v = i128::from(at) + i128::from(d);
-            u64::try_from(v.max(0)).unwrap_or(u64::MAX)
-        };
-        match m {
-            Marker::Announce(e, at) => Marker::Announce(e, conv(at)),
-            Marker::Cut(e, at) => Marker::Cut(e, conv(at)),
-            other => other,
-        }
-    }
-
-    fn from_peer(&self, from: usize, m: Marker) -> Marker {
         let d = self
             .links
             .iter()
-            .find(|l| l.rank == from)
+            .find(|l| l.rank == to)
             .map_or(0, |l| l.delta);
         let conv = |at: u64| -> u64 {
-            let v = i128::from(at) - i128::from(d);
+            let v = i128::from(at) + i128::from(d);
             u64::try_from(v.max(0)).unwrap_or(u64::MAX)
         };
         match m {
@@ -500,7 +488,8 @@ impl<M: Clone> Wave<M> {
             // it): end the wave for everyone.
             self.closed = self.closed.max(epoch);
             let to: Vec<usize> = self.all_links().collect();
-            fx.send.extend(to.into_iter().map(|r| (r, Marker::Abort(epoch))));
+            fx.send
+                .extend(to.into_iter().map(|r| (r, Marker::Abort(epoch))));
             fx.aborted = Some(epoch);
             return fx;
         }
@@ -572,7 +561,8 @@ impl<M: Clone> Wave<M> {
             if !a.cut_sent {
                 let e = a.epoch;
                 let to: Vec<usize> = self.all_links().collect();
-                fx.send.extend(to.into_iter().map(|r| (r, Marker::Abort(e))));
+                fx.send
+                    .extend(to.into_iter().map(|r| (r, Marker::Abort(e))));
                 fx.merge(self.abandon(e));
             }
         }
@@ -596,7 +586,8 @@ impl<M: Clone> Wave<M> {
                     c.running = None;
                     c.last_end = now;
                     let to: Vec<usize> = self.all_links().collect();
-                    fx.send.extend(to.into_iter().map(|r| (r, Marker::Abort(e))));
+                    fx.send
+                        .extend(to.into_iter().map(|r| (r, Marker::Abort(e))));
                     fx.merge(self.abandon(e));
                     fx.aborted = Some(e);
                 }
@@ -617,7 +608,8 @@ impl<M: Clone> Wave<M> {
     /// A marker arrived from `from`.
     pub fn on_marker(&mut self, from: usize, m: Marker, now: Duration) -> Effects<M> {
         let mut fx = Effects::default();
-        match self.from_peer(from, m) {
+        // Cut numbers arrive in this rank's count (the sender translated them).
+        match m {
             Marker::Announce(e, at) => fx.merge(self.learn(e, at, Some(from))),
             Marker::Cut(e, at) => {
                 fx.merge(self.learn(e, at, Some(from)));
@@ -644,7 +636,8 @@ impl<M: Clone> Wave<M> {
                     // Flood on: ranks that are not this one's peers' peers (spawned ranks,
                     // reached only through their parent) must hear of it too.
                     let to: Vec<usize> = self.all_links().filter(|&r| r != from).collect();
-                    fx.send.extend(to.into_iter().map(|r| (r, Marker::Abort(e))));
+                    fx.send
+                        .extend(to.into_iter().map(|r| (r, Marker::Abort(e))));
                 }
             }
             Marker::Done(e) => fx.merge(self.done_from(from, e, now)),
@@ -754,11 +747,7 @@ impl<M: Clone> Wave<M> {
         }
         a.cut_sent = true;
         let (e, at) = (a.epoch, a.at);
-        let send = a
-            .cuts_in
-            .keys()
-            .map(|&r| (r, Marker::Cut(e, at)))
-            .collect();
+        let send = a.cuts_in.keys().map(|&r| (r, Marker::Cut(e, at))).collect();
         let fx = self.translate(Effects {
             send,
             ..Effects::default()
@@ -1495,8 +1484,8 @@ mod tests {
             late: vec![],
             app: vec![9, 9],
         };
-        let c = RankCheckpoint::decode(&frame(2, &bincode::serialize(&v2).unwrap()), 5, 1, 2)
-            .unwrap();
+        let c =
+            RankCheckpoint::decode(&frame(2, &bincode::serialize(&v2).unwrap()), 5, 1, 2).unwrap();
         assert_eq!((c.app, c.spawns), (vec![9, 9], vec![]));
         // A version 2 body under a version 3 header is corrupt, not misread.
         assert!(

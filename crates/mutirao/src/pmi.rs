@@ -95,6 +95,10 @@ enum Msg {
         hosts: Vec<String>,
         timeout_ms: u64,
         job_id: String,
+        /// A restart re-creating a checkpointed spawn group (issue 13): its group id and its
+        /// children's world ranks, as they were.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        restore: Option<Respawn>,
     },
     Spawned {
         group: u64,
@@ -109,6 +113,13 @@ enum Msg {
         group: u64,
         why: String,
     },
+}
+
+/// A spawn group as a checkpoint saved it, started again on a restart.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct Respawn {
+    group: u64,
+    ranks: Vec<u32>,
 }
 
 /// Most ranks one spawn may ask for.
@@ -461,6 +472,47 @@ impl PmiClient {
         timeout: Duration,
         job_id: &str,
     ) -> Result<(u64, Vec<u32>, Vec<String>), String> {
+        self.spawn_inner(program, args, n, hosts, timeout, job_id, None)
+    }
+
+    /// A restart: start the children of checkpointed spawn group `group` again, with their
+    /// world ranks `ranks` (each then restores its own checkpoint), placed by the launcher.
+    /// Only before the job's first fence, so no new spawn has taken those ranks.
+    pub fn respawn(
+        &mut self,
+        program: &std::path::Path,
+        args: &[String],
+        group: u64,
+        ranks: &[u32],
+        timeout: Duration,
+        job_id: &str,
+    ) -> Result<(u64, Vec<u32>, Vec<String>), String> {
+        let n = u32::try_from(ranks.len()).map_err(|_| "too many ranks".to_string())?;
+        let r = Respawn {
+            group,
+            ranks: ranks.to_vec(),
+        };
+        let got = self.spawn_inner(program, args, n, &[], timeout, job_id, Some(r))?;
+        if got.0 != group || got.1 != ranks {
+            return Err(format!(
+                "the launcher re-created spawn group {group} as group {} with ranks {:?} instead of {ranks:?}",
+                got.0, got.1
+            ));
+        }
+        Ok(got)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn spawn_inner(
+        &mut self,
+        program: &std::path::Path,
+        args: &[String],
+        n: u32,
+        hosts: &[String],
+        timeout: Duration,
+        job_id: &str,
+        restore: Option<Respawn>,
+    ) -> Result<(u64, Vec<u32>, Vec<String>), String> {
         let what = format!("spawning {n} ranks of {}", program.display());
         let m = Msg::Spawn {
             program: program.to_path_buf(),
@@ -469,6 +521,7 @@ impl PmiClient {
             hosts: hosts.to_vec(),
             timeout_ms: timeout.as_millis().min(u64::MAX as u128) as u64,
             job_id: job_id.to_string(),
+            restore,
         };
         match self.call(&m, None, timeout + Duration::from_secs(2), &what)? {
             Msg::Spawned {
@@ -855,12 +908,22 @@ fn conn_loop(
                 hosts,
                 timeout_ms,
                 job_id,
+                restore,
             } => {
-                let reply =
-                    match do_spawn(st, rank as u32, program, args, n, hosts, timeout_ms, job_id) {
-                        Ok(m) => m,
-                        Err(msg) => Msg::Error { msg },
-                    };
+                let reply = match do_spawn(
+                    st,
+                    rank as u32,
+                    program,
+                    args,
+                    n,
+                    hosts,
+                    timeout_ms,
+                    job_id,
+                    restore,
+                ) {
+                    Ok(m) => m,
+                    Err(msg) => Msg::Error { msg },
+                };
                 if write_msg(w, &reply).is_err() {
                     return;
                 }
@@ -880,16 +943,15 @@ fn conn_loop(
                 }
                 continue;
             }
-            Msg::Fence { .. } | Msg::CkptGet { .. } | Msg::CkptCommit { .. } if spawned => {
-                // Spawned ranks are not in the job's fences; they store checkpoints (waves
-                // include them) but neither commit nor restore (docs/spawn.md).
+            Msg::Fence { .. } | Msg::CkptCommit { .. } if spawned => {
+                // Spawned ranks are not in the job's fences; they store and restore their
+                // checkpoints (waves include them) but do not commit (docs/spawn.md).
                 let _ = write_msg(
                     w,
                     &Msg::Error {
                         msg: format!(
                             "rank {rank} was spawned: it takes part in its spawn group's fences \
-                             and stores its checkpoints, but not in the job's fences, commits or \
-                             restores"
+                             and stores its checkpoints, but not in the job's fences or commits"
                         ),
                     },
                 );
@@ -1063,6 +1125,7 @@ fn do_spawn(
     hosts: Vec<String>,
     timeout_ms: u64,
     job_id: String,
+    restore: Option<Respawn>,
 ) -> Result<Msg, String> {
     let spawner = st.spawner.clone().ok_or_else(|| {
         "this launcher cannot spawn ranks (its bootstrap server was started without a spawner); \
@@ -1089,19 +1152,48 @@ fn do_spawn(
             .spawn
             .lock()
             .map_err(|_| "spawn bookkeeping poisoned".to_string())?;
-        let first = s.next_rank;
-        let end = first
-            .checked_add(n)
-            .filter(|e| *e <= MAX_WORLD_RANK)
-            .ok_or_else(|| {
-                format!(
-                    "no world ranks left for this spawn: this job has given out {first} of {MAX_WORLD_RANK}"
-                )
-            })?;
-        s.next_rank = end;
-        let group = s.next_group;
-        s.next_group += 1;
-        let ranks: Vec<u32> = (first..end).collect();
+        let (group, ranks) = match &restore {
+            Some(r) => {
+                // The same group id and world ranks as when the checkpoint was taken; they
+                // must be free (a restart asks before the job's first fence, before any new
+                // spawn could take them).
+                let taken = |x: u32| {
+                    s.joined.contains_key(&x) || s.groups.values().any(|g| g.members.contains(&x))
+                };
+                if r.ranks.len() != n as usize
+                    || r.ranks
+                        .iter()
+                        .any(|&x| x < st.size || x >= MAX_WORLD_RANK || taken(x))
+                    || s.groups.contains_key(&r.group)
+                    || s.joined.values().any(|m| m.group == r.group)
+                {
+                    return Err(format!(
+                        "cannot re-create spawn group {} with ranks {:?}: ranks out of range or \
+                         already in use (re-create spawn groups before the job's first fence)",
+                        r.group, r.ranks
+                    ));
+                }
+                let top = r.ranks.iter().copied().max().unwrap_or(0);
+                s.next_rank = s.next_rank.max(top + 1);
+                s.next_group = s.next_group.max(r.group + 1);
+                (r.group, r.ranks.clone())
+            }
+            None => {
+                let first = s.next_rank;
+                let end = first
+                    .checked_add(n)
+                    .filter(|e| *e <= MAX_WORLD_RANK)
+                    .ok_or_else(|| {
+                        format!(
+                            "no world ranks left for this spawn: this job has given out {first} of {MAX_WORLD_RANK}"
+                        )
+                    })?;
+                s.next_rank = end;
+                let group = s.next_group;
+                s.next_group += 1;
+                ((group), (first..end).collect::<Vec<u32>>())
+            }
+        };
         let mut members = vec![parent];
         members.extend(&ranks);
         let k = members.len();

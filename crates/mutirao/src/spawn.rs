@@ -197,7 +197,7 @@ fn run_spawn(
 }
 
 #[allow(clippy::too_many_arguments)]
-fn join_group(
+pub(crate) fn join_group(
     pmi: &mut PmiClient,
     launch: &Launch,
     me: usize,
@@ -387,6 +387,30 @@ impl Comm {
         }
     }
 
+    /// On a restart from an epoch whose waves included ranks this rank had spawned (issue 13):
+    /// those spawn groups, re-created before [`crate::init`] returned — the children were
+    /// started again by the launcher with the same program and arguments, restored their own
+    /// checkpoints, and the merged communicators are back with their saved contexts (messages
+    /// saved in the checkpoints are received on them). In the order the groups were spawned;
+    /// `latency` is empty and `elapsed` is the time to re-create the group. Returned once
+    /// (later calls: empty); empty on a fresh start and when the restored epoch had no
+    /// spawned members (a spawn after the last committed epoch is not restored: the program
+    /// spawns again).
+    pub fn respawned(&self) -> Vec<Spawned> {
+        let groups = self.inner.eng.borrow_mut().respawned.take();
+        groups
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(group, members, elapsed)| Spawned {
+                comm: self.with_group(spawn_ctx(group), members.clone()),
+                ranks: members[1..].to_vec(),
+                latency: Vec::new(),
+                elapsed,
+                group,
+            })
+            .collect()
+    }
+
     /// Whether this process was started by a spawn (then [`crate::init`] returned the merged
     /// communicator of its spawn group, where the parent is rank 0).
     pub fn is_spawned(&self) -> bool {
@@ -567,32 +591,55 @@ fn ckpt_basis(e: &Engine) -> Option<String> {
     let c = e.ckpt.as_ref()?;
     let (points, after) = c.wave.spawn_basis();
     Some(format!(
-        "{} {points} {after} {}",
+        "{} {points} {after} {} -",
         c.wave.mode().as_str(),
         c.pmi_timeout.as_millis()
     ))
 }
 
-/// A child's reading of [`ckpt_basis`]: (mode, parent's points, after, PMI timeout).
-pub(crate) fn parse_ckpt_basis(
-    s: &str,
-) -> Result<(crate::ckpt::Mode, u64, u64, Duration), String> {
+/// [`ckpt_basis`] for a spawn group a restart re-creates from `epoch`: every member counts
+/// checkpoint points from the restore (offset 0), the children restore their checkpoints of
+/// `epoch` and join the waves after it.
+pub(crate) fn restore_basis(mode: crate::ckpt::Mode, epoch: u64, pmi_timeout: Duration) -> String {
+    format!(
+        "{} 0 {epoch} {} {epoch}",
+        mode.as_str(),
+        pmi_timeout.as_millis()
+    )
+}
+
+/// A child's reading of [`ckpt_basis`] / [`restore_basis`].
+pub(crate) struct Basis {
+    pub mode: crate::ckpt::Mode,
+    pub parent_points: u64,
+    pub after: u64,
+    pub pmi_timeout: Duration,
+    /// The epoch to restore this child from (a restart re-creating its group).
+    pub restore: Option<u64>,
+}
+
+pub(crate) fn parse_ckpt_basis(s: &str) -> Result<Basis, String> {
     let f: Vec<&str> = s.split(' ').collect();
-    let bad = || format!("the parent's checkpoint settings {s:?} do not parse: mixed mutirão versions?");
-    if f.len() != 4 {
+    let bad =
+        || format!("the parent's checkpoint settings {s:?} do not parse: mixed mutirão versions?");
+    if f.len() != 5 {
         return Err(bad());
     }
     let mode = crate::ckpt::Mode::parse(f[0])?;
     let num = |x: &str| x.parse::<u64>().map_err(|_| bad());
-    Ok((
+    Ok(Basis {
         mode,
-        num(f[1])?,
-        num(f[2])?,
-        Duration::from_millis(num(f[3])?),
-    ))
+        parent_points: num(f[1])?,
+        after: num(f[2])?,
+        pmi_timeout: Duration::from_millis(num(f[3])?),
+        restore: match f[4] {
+            "-" => None,
+            x => Some(num(x)?),
+        },
+    })
 }
 
-fn add(e: &mut Engine, chans: Vec<(usize, Link)>) -> Result<(), Error> {
+pub(crate) fn add(e: &mut Engine, chans: Vec<(usize, Link)>) -> Result<(), Error> {
     let chans = chans
         .into_iter()
         .map(|(w, l)| (w, l.into_transport()))
