@@ -1399,6 +1399,84 @@ mod tests {
         assert_eq!(w.on_marker(1, Marker::Done(1), ms(13)).commit, Some(1));
     }
 
+    fn cut_of(p: SafePoint) -> Vec<(usize, Marker)> {
+        match p {
+            SafePoint::Cut { send, .. } => send,
+            SafePoint::Continue => panic!("expected a cut here"),
+        }
+    }
+
+    #[test]
+    fn spawned_children_join_waves_in_their_own_count_and_done_goes_through_the_parent() {
+        use Marker::*;
+        // A job of 2; rank 1 spawns child 2 after 5 safe points.
+        let mut r0: Wave<u32> = Wave::new(0, 2, Mode::Blocking, 0, ms(10), ms(1000), ms(0));
+        let mut r1: Wave<u32> = Wave::new(1, 2, Mode::Blocking, 0, ms(10), ms(1000), ms(0));
+        for _ in 0..5 {
+            r0.at_safe_point();
+            r1.at_safe_point();
+        }
+        assert_eq!(r1.spawn_basis(), (5, 0));
+        let (after, fx) = r1.add_children(&[2]);
+        assert_eq!((after, fx.send.len()), (0, 0));
+        let mut c: Wave<u32> = Wave::spawned(2, 1, &[2], 5, Mode::Blocking, after);
+        // Wave 1 is cut at rank 0's point 7: the child's point 7 - 5 = 2.
+        assert_eq!(r0.tick(ms(10)).send, vec![(1, Announce(1, 7))]);
+        assert_eq!(
+            r1.on_marker(0, Announce(1, 7), ms(10)).send,
+            vec![(2, Announce(1, 2))]
+        );
+        assert!(c.on_marker(1, Announce(1, 2), ms(10)).send.is_empty());
+        for w in [&mut r0, &mut r1, &mut c] {
+            assert_eq!(w.at_safe_point(), SafePoint::Continue);
+        }
+        assert_eq!(cut_of(r0.at_safe_point()), vec![(1, Cut(1, 7))]);
+        assert_eq!(
+            cut_of(r1.at_safe_point()),
+            vec![(0, Cut(1, 7)), (2, Cut(1, 2))]
+        );
+        assert_eq!(cut_of(c.at_safe_point()), vec![(1, Cut(1, 7))]);
+        r0.on_marker(1, Cut(1, 7), ms(11));
+        r1.on_marker(0, Cut(1, 7), ms(11));
+        assert!(!r1.ready_to_snapshot(), "the child's cut is not in yet");
+        r1.on_marker(2, Cut(1, 7), ms(11));
+        c.on_marker(1, Cut(1, 2), ms(11));
+        for w in [&mut r0, &mut r1, &mut c] {
+            assert!(w.ready_to_snapshot());
+            w.snapshot_taken();
+            w.take_complete().unwrap();
+        }
+        assert_eq!((r1.children_in(1), r0.children_in(1)), (vec![2], vec![]));
+        // Rank 1's DONE waits for its child's; rank 0 commits once rank 1's comes.
+        assert!(r1.stored(1, ms(12)).send.is_empty());
+        assert_eq!(r0.stored(1, ms(12)).commit, None);
+        assert_eq!(c.stored(1, ms(12)).send, vec![(1, Done(1))]);
+        assert_eq!(r1.on_marker(2, Done(1), ms(13)).send, vec![(0, Done(1))]);
+        assert_eq!(r0.on_marker(1, Done(1), ms(13)).commit, Some(1));
+        // A spawn while wave 2 is not cut yet brings the new child (3) into that wave.
+        let fx = r0.tick(ms(30));
+        let Some(&(1, Announce(2, at))) = fx.send.first() else {
+            panic!("{:?}", fx.send)
+        };
+        r1.on_marker(0, Announce(2, at), ms(30));
+        assert_eq!(r1.spawn_basis(), (7, 1));
+        let (after, fx) = r1.add_children(&[3]);
+        assert_eq!(after, 1);
+        assert_eq!(fx.send, vec![(3, Announce(2, at - 7))]);
+        assert_eq!(r1.children_in(2), vec![2, 3]);
+        // A child's broken channel aborts the wave it is in, for everyone, and it is in no
+        // later wave.
+        let fx = r1.remove_peer(2, true, ms(31));
+        assert_eq!(fx.aborted, Some(2));
+        assert_eq!(fx.send, vec![(0, Abort(2)), (3, Abort(2))]);
+        assert_eq!(r1.children_in(3), vec![3]);
+        // Rank 0 learns it and floods on (to no one else here); its next wave can start.
+        let fx = r0.on_marker(1, Abort(2), ms(32));
+        assert_eq!(fx.aborted, Some(2));
+        assert!(fx.send.is_empty());
+        assert!(r0.tick(ms(50)).send.contains(&(1, Announce(3, 9))));
+    }
+
     #[test]
     fn blobs_round_trip_and_bad_ones_are_named_errors() {
         let c = RankCheckpoint {

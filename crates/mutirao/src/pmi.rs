@@ -1751,6 +1751,8 @@ mod tests {
     /// the ranks in `absent`, never connects).
     struct ThreadSpawner {
         absent: Vec<u32>,
+        /// Children store a checkpoint of this epoch after the group fences.
+        put: Option<u64>,
         aborted: Mutex<Vec<(u64, String)>>,
         requests: Mutex<Vec<SpawnRequest>>,
         children: Mutex<Vec<ChildThread>>,
@@ -1778,6 +1780,7 @@ mod tests {
                     get("MUTIRAO_SPAWN_GROUP").parse::<u64>().unwrap(),
                 );
                 let token = unhex_token(&get("MUTIRAO_JOB_TOKEN")).unwrap();
+                let put = self.put;
                 self.children
                     .lock()
                     .unwrap()
@@ -1788,7 +1791,15 @@ mod tests {
                         kvs.insert("who".into(), format!("child{rank}"));
                         let all = c.group_fence(group, kvs, t)?;
                         c.group_fence(group, Kvs::new(), t)?;
-                        // A spawned rank is not part of the job's fences.
+                        if let Some(epoch) = put {
+                            // A spawned rank stores checkpoints (it is in the waves), but
+                            // commits nothing.
+                            c.ckpt_put(epoch, format!("child{rank}").as_bytes(), t)?;
+                            let e = c.ckpt_commit(epoch, t).unwrap_err();
+                            assert!(e.contains("was spawned"), "{e}");
+                            return Ok(all);
+                        }
+                        // It is not part of the job's fences.
                         let e = c.fence(Kvs::new(), t).unwrap_err();
                         assert!(e.contains("was spawned"), "{e}");
                         Ok(all)
@@ -1804,10 +1815,116 @@ mod tests {
     fn thread_spawner(absent: Vec<u32>) -> Arc<ThreadSpawner> {
         Arc::new(ThreadSpawner {
             absent,
+            put: None,
             aborted: Mutex::new(Vec::new()),
             requests: Mutex::new(Vec::new()),
             children: Mutex::new(Vec::new()),
         })
+    }
+
+    /// Spawn a group of 2 from rank 0 and complete its fences; the children store `put`.
+    fn spawn_two(
+        p: &mut PmiClient,
+        restore: Option<(u64, &[u32])>,
+    ) -> Result<(u64, Vec<u32>), String> {
+        let t = Duration::from_secs(10);
+        let prog = std::path::Path::new("/bin/prog");
+        let (g, ranks, _) = match restore {
+            None => p.spawn(prog, &["w".into()], 2, &[], Duration::from_secs(5), "job-1")?,
+            Some((g, r)) => {
+                p.respawn(prog, &["w".into()], g, r, Duration::from_secs(5), "job-1")?
+            }
+        };
+        p.group_fence(g, Kvs::new(), t)?;
+        p.group_fence(g, Kvs::new(), t)?;
+        Ok((g, ranks))
+    }
+
+    #[test]
+    fn a_commit_counts_the_declared_spawned_members_and_a_restart_respawns_them() {
+        let token = new_token().unwrap();
+        let t = Duration::from_secs(10);
+        let sink = Arc::new(MemSink::default());
+        let sp = Arc::new(ThreadSpawner {
+            put: Some(1),
+            ..Arc::into_inner(thread_spawner(vec![])).unwrap()
+        });
+        let srv = PmiServer::builder("127.0.0.1:0".parse().unwrap(), 1, token, t)
+            .spawner(sp.clone())
+            .checkpoints(sink.clone())
+            .start()
+            .unwrap();
+        let mut p = PmiClient::connect(&srv.addr().to_string(), 0, &token, t).unwrap();
+        let (g, kids) = spawn_two(&mut p, None).unwrap();
+        assert_eq!(kids, [1, 2]);
+        for h in std::mem::take(&mut *sp.children.lock().unwrap()) {
+            h.join().unwrap().unwrap();
+        }
+        // Epoch 1: both children stored theirs; the parent declares them.
+        p.ckpt_put_with(1, b"p", &kids, t).unwrap();
+        p.ckpt_commit(1, t).unwrap();
+        let m = srv.spawned_members(1).unwrap();
+        assert_eq!(
+            m.iter()
+                .map(|m| (m.rank, m.parent, m.group))
+                .collect::<Vec<_>>(),
+            [(1, 0, g), (2, 0, g)]
+        );
+        assert_eq!(
+            (m[0].program.to_str(), m[0].args.clone()),
+            (Some("/bin/prog"), vec!["w".to_string()])
+        );
+        // Epoch 2: declared but not stored by the children: no commit.
+        p.ckpt_put_with(2, b"p", &kids, t).unwrap();
+        let e = p.ckpt_commit(2, t).unwrap_err();
+        assert!(
+            e.contains("spawned ranks [1, 2]") && e.contains("have not stored"),
+            "{e}"
+        );
+        // Epoch 3: a rank that is not its child.
+        p.ckpt_put_with(3, b"p", &[7], t).unwrap();
+        let e = p.ckpt_commit(3, t).unwrap_err();
+        assert!(e.contains("7 is not a rank it spawned"), "{e}");
+        // Epoch 4: no spawned members.
+        p.ckpt_put(4, b"p", t).unwrap();
+        p.ckpt_commit(4, t).unwrap();
+        assert_eq!(srv.spawned_members(4), Some(vec![]));
+        assert_eq!(sink.blobs.lock().unwrap()[&(1, 2)], b"child2");
+        drop(srv);
+
+        // A restart: a new server; the group comes back with its id and ranks, a spawned
+        // rank reads its checkpoint, and a new spawn gets ranks and a group above them.
+        let sp = thread_spawner(vec![]);
+        let srv = PmiServer::builder("127.0.0.1:0".parse().unwrap(), 1, token, t)
+            .spawner(sp.clone())
+            .checkpoints(sink.clone())
+            .start()
+            .unwrap();
+        let mut p = PmiClient::connect(&srv.addr().to_string(), 0, &token, t).unwrap();
+        let e = spawn_two(&mut p, Some((g, &[0, 1]))).unwrap_err();
+        assert!(e.contains("already in use"), "{e}");
+        assert_eq!(
+            spawn_two(&mut p, Some((g, &kids))).unwrap(),
+            (g, kids.clone())
+        );
+        let e = spawn_two(&mut p, Some((g, &kids))).unwrap_err();
+        assert!(e.contains("already in use"), "{e}");
+        let (g2, r2) = spawn_two(&mut p, None).unwrap();
+        assert!(g2 > g && r2 == [3, 4], "{g2} {r2:?}");
+        for h in std::mem::take(&mut *sp.children.lock().unwrap()) {
+            h.join().unwrap().unwrap();
+        }
+        let env: BTreeMap<_, _> = sp.requests.lock().unwrap()[0].env[1]
+            .iter()
+            .cloned()
+            .collect();
+        assert_eq!(
+            (
+                env["MUTIRAO_RANK"].as_str(),
+                env["MUTIRAO_SPAWN_MEMBERS"].as_str()
+            ),
+            ("2", "0,1,2")
+        );
     }
 
     #[test]
