@@ -181,6 +181,10 @@ struct Active<M> {
     snapshot: bool,
     /// The wave's members among this rank's peers, and whether each one's cut is in.
     cuts_in: BTreeMap<usize, bool>,
+    /// Members whose DONE this rank relays, and members it spawned (as they were when the
+    /// wave began here: a child that says goodbye after its cut stays a member of it).
+    down: Vec<usize>,
+    children: Vec<usize>,
     held: BTreeMap<usize, VecDeque<M>>,
     late: Vec<(usize, M)>,
     handed_over: bool,
@@ -344,6 +348,8 @@ impl<M: Clone> Wave<M> {
                 for &c in children {
                     a.cuts_in.insert(c, false);
                     a.held.insert(c, VecDeque::new());
+                    a.down.push(c);
+                    a.children.push(c);
                     fx.send.push((c, Marker::Announce(a.epoch, a.at)));
                 }
             }
@@ -426,12 +432,7 @@ impl<M: Clone> Wave<M> {
     /// so the launcher counts their checkpoints before a commit).
     pub fn children_in(&self, epoch: u64) -> Vec<u32> {
         let mut v: Vec<u32> = match &self.active {
-            Some(a) if a.epoch == epoch => a
-                .cuts_in
-                .keys()
-                .filter(|r| self.links.iter().any(|l| l.rank == **r && l.child))
-                .map(|r| *r as u32)
-                .collect(),
+            Some(a) if a.epoch == epoch => a.children.iter().map(|r| *r as u32).collect(),
             _ => self
                 .links
                 .iter()
@@ -494,11 +495,21 @@ impl<M: Clone> Wave<M> {
             return fx;
         }
         let members: Vec<usize> = self.members(epoch).collect();
+        let of = |pick: fn(&Link) -> bool| -> Vec<usize> {
+            self.links
+                .iter()
+                .filter(|l| l.from_epoch <= epoch && pick(l))
+                .map(|l| l.rank)
+                .collect()
+        };
+        let (down, children) = (of(|l| l.down), of(|l| l.child));
         self.active = Some(Active {
             epoch,
             at,
             cut_sent: false,
             snapshot: false,
+            down,
+            children,
             cuts_in: members.iter().map(|r| (*r, false)).collect(),
             held: members.iter().map(|r| (*r, VecDeque::new())).collect(),
             late: Vec::new(),
@@ -798,12 +809,7 @@ impl<M: Clone> Wave<M> {
     /// too, tell upstream (rank 0 commits); the wave is closed here.
     pub fn stored(&mut self, epoch: u64, now: Duration) -> Effects<M> {
         let need: Vec<usize> = match &self.active {
-            Some(a) if a.epoch == epoch => a
-                .cuts_in
-                .keys()
-                .filter(|r| self.links.iter().any(|l| l.rank == **r && l.down))
-                .copied()
-                .collect(),
+            Some(a) if a.epoch == epoch => a.down.clone(),
             _ => return Effects::default(),
         };
         self.active = None;
