@@ -59,6 +59,11 @@ pub struct SpawnSpec {
     /// How long the children may take to start and connect; past it the spawn fails, the
     /// launcher stops what it started, and the job goes on.
     pub timeout: Duration,
+    /// With checkpoints on, the children take part in the waves (the default; they must then
+    /// reach checkpoint points in step with the parent). `false`: they stay out (their
+    /// checkpoint points do nothing, no checkpoint holds them, a restart does not re-create
+    /// them) — for children that never reach checkpoint points.
+    pub in_waves: bool,
 }
 
 impl SpawnSpec {
@@ -70,7 +75,14 @@ impl SpawnSpec {
             n,
             hosts: Vec::new(),
             timeout: Duration::from_secs(30),
+            in_waves: true,
         }
+    }
+
+    /// Keep the children out of checkpoint waves (see [`SpawnSpec::in_waves`]).
+    pub fn outside_waves(mut self) -> Self {
+        self.in_waves = false;
+        self
     }
 
     /// Start `program` instead of this program.
@@ -291,10 +303,11 @@ impl Comm {
             )
         })?;
         let mut pmi = e._pmi.take().ok_or_else(no_launcher_connection)?;
-        let res = if let Some(basis) = ckpt_basis(&e) {
+        let res = if e.ckpt.is_some() {
             // Checkpoint waves need the launcher connection the spawn is using: do not
             // progress meanwhile (a wave waits for this rank at most the spawn's duration).
-            run_spawn(&mut pmi, &launch, e.rank, spec, t0, Some(basis))
+            let basis = ckpt_basis(&e).filter(|_| spec.in_waves);
+            run_spawn(&mut pmi, &launch, e.rank, spec, t0, basis)
         } else {
             let (p, res) = spawn_progressing(&mut e, pmi, launch, spec, t0)?;
             pmi = p;
@@ -305,7 +318,9 @@ impl Comm {
         add(&mut e, chans)?;
         let ctx = spawn_ctx(group);
         e.scope(ctx, members.clone());
-        e.ckpt_add_children(group, &members, program_of(spec), spec.args.clone());
+        if spec.in_waves {
+            e.ckpt_add_children(group, &members, program_of(spec), spec.args.clone());
+        }
         drop(e);
         let ranks = members[1..].to_vec();
         let comm = self.with_group(ctx, members);
@@ -351,8 +366,9 @@ impl Comm {
             )
         })?;
         let mut pmi = e._pmi.take().ok_or_else(no_launcher_connection)?;
-        if let Some(basis) = ckpt_basis(&e) {
-            let res = run_spawn(&mut pmi, &launch, e.rank, spec, t0, Some(basis));
+        if e.ckpt.is_some() {
+            let basis = ckpt_basis(&e).filter(|_| spec.in_waves);
+            let res = run_spawn(&mut pmi, &launch, e.rank, spec, t0, basis);
             drop(e);
             return Ok(PendingSpawn {
                 comm: self.clone(),
@@ -360,6 +376,7 @@ impl Comm {
                 state: Some(Pending::Done(pmi, res)),
                 program: program_of(spec),
                 args: spec.args.clone(),
+                in_waves: spec.in_waves,
             });
         }
         drop(e);
@@ -379,6 +396,7 @@ impl Comm {
                 state: Some(Pending::Running { rx, helper }),
                 program: program_of(spec),
                 args: spec.args.clone(),
+                in_waves: spec.in_waves,
             }),
             Err(err) => Err(Error::Spawn(format!(
                 "cannot start the spawn's helper thread: {err}; the launcher connection is lost \
@@ -455,6 +473,7 @@ pub struct PendingSpawn {
     /// What was spawned (saved with checkpoints: a restart starts it again).
     program: String,
     args: Vec<String>,
+    in_waves: bool,
 }
 
 impl std::fmt::Debug for PendingSpawn {
@@ -520,7 +539,9 @@ impl PendingSpawn {
         add(&mut e, chans)?;
         let ctx = spawn_ctx(group);
         e.scope(ctx, members.clone());
-        e.ckpt_add_children(group, &members, self.program.clone(), self.args.clone());
+        if self.in_waves {
+            e.ckpt_add_children(group, &members, self.program.clone(), self.args.clone());
+        }
         drop(e);
         let ranks = members[1..].to_vec();
         let comm = self.comm.with_group(ctx, members);

@@ -368,6 +368,38 @@ fn with_checkpoints(w: &Comm) -> R {
     Ok(())
 }
 
+/// `SpawnSpec::outside_waves`: the children never reach checkpoint points in step, and the
+/// waves still commit after the spawn, without them.
+fn outside_waves(w: &Comm) -> R {
+    if w.is_spawned() {
+        check!(
+            w.checkpoint_history() == (vec![], vec![]),
+            "a spawned rank outside the waves takes part in them"
+        );
+        w.checkpoint_point(&0u32).map_err(e)?; // does nothing
+        return echo_child(w);
+    }
+    let mut before = 0;
+    for it in 0..40u32 {
+        std::thread::sleep(Duration::from_millis(4));
+        w.barrier().map_err(e)?;
+        w.checkpoint_point(&it).map_err(e)?;
+        if it == 15 && w.rank() == 0 {
+            before = w.checkpoint_history().0.len();
+            let s = w.spawn(&SpawnSpec::new(2).outside_waves()).map_err(e)?;
+            echo_parent(&s, 7)?;
+        }
+    }
+    if w.rank() == 0 {
+        let after = w.checkpoint_history().0.len();
+        check!(
+            after > before,
+            "no wave committed after the spawn ({before} → {after})"
+        );
+    }
+    Ok(())
+}
+
 /// Rounds of the `family` scenario, the round rank 0 spawns at, the round rank 1 dies at.
 const FAM_ROUNDS: u32 = 70;
 const FAM_SPAWN_AT: u32 = 10;
@@ -588,6 +620,7 @@ fn run_scenario(name: &str) -> ! {
         "concurrent" => concurrent(&w),
         "ckpt" => with_checkpoints(&w),
         "family" => family(&w),
+        "outside" => outside_waves(&w),
         "nested" => nested(&w),
         "nonblocking" => nonblocking(&w),
         "nbmissing" => nonblocking_missing(&w),
@@ -852,6 +885,26 @@ fn main() {
                     committed_ranks(&sink)
                 )
                 .into());
+            }
+            Ok(())
+        },
+    ));
+    trials.push(Trial::test(
+        "a_spawn_outside_waves_keeps_its_children_out_of_them_and_waves_commit",
+        || {
+            let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+            let sink = Arc::new(MemSink::default());
+            let o = LocalJob::new(exe, 2)
+                .env("SPAWN_SCENARIO", "outside")
+                .env("MUTIRAO_CKPT_INTERVAL", "0.02")
+                .checkpoints(sink.clone())
+                .limit(Duration::from_secs(40))
+                .run()?;
+            all_ok(&o, 2, Some(0))?;
+            let ranks: std::collections::BTreeSet<u32> =
+                sink.blobs.lock().unwrap().keys().map(|(_, r)| *r).collect();
+            if ranks.iter().any(|r| *r >= 2) {
+                return Err(format!("spawned ranks stored checkpoints: {ranks:?}").into());
             }
             Ok(())
         },
