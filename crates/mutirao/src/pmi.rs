@@ -14,7 +14,9 @@
 //!    [`CheckpointSink`] has it durably; `{"op":"ckpt_get","epoch":E}` → `{"op":"blob","len":N}`
 //!    and N raw bytes; `{"op":"ckpt_commit","epoch":E}` (rank 0 only, once every rank has put
 //!    its blob of E) → `ok`; `{"op":"ckpt_last"}` → `{"op":"last","epoch":E|null}`. A server
-//!    started without a sink answers each with an error saying so.
+//!    started without a sink answers each with an error saying so. Spawned ranks in the waves
+//!    (issue 13) put and get their own blobs; a parent's `ckpt_put` names its children in the
+//!    wave (`"children":[…]`) and a commit needs their blobs too (and their declared children's).
 //! 4. `{"op":"report_failure","peer":P,"reason":…}` → `ok`: the rank's channel to rank P broke
 //!    (digest 004 §15.4 step 1); the launcher reads these with [`PmiServer::take_failures`].
 //!
@@ -29,7 +31,8 @@
 //!    (parent first). A group fence that a member does not reach within T fails for all of
 //!    them; the server then forgets the group and tells the spawner to abort it. The parent
 //!    may give up on its group at any time with `{"op":"spawn_cancel","group":G,"why":…}` →
-//!    `ok` (same effect).
+//!    `ok` (same effect). A restart re-creates a checkpointed group with `spawn` and
+//!    `"restore":{"group":G,"ranks":[…]}`: the same group id and world ranks, which must be free.
 //!
 //! The server side ([`PmiServer`]) is used by `mutirao run`; the client by [`crate::init`].
 

@@ -746,11 +746,16 @@ fn results(o: &Outcome) -> Vec<String> {
     v
 }
 
-fn family_job(sink: &Arc<MemSink>, extra: &[(&str, String)]) -> Result<Outcome, Failed> {
+fn family_job(
+    sink: &Arc<MemSink>,
+    mode: &str,
+    extra: &[(&str, String)],
+) -> Result<Outcome, Failed> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let mut job = LocalJob::new(exe, 2)
         .env("SPAWN_SCENARIO", "family")
         .env("MUTIRAO_CKPT_INTERVAL", "0.02")
+        .env("MUTIRAO_CKPT_MODE", mode)
         .checkpoints(sink.clone())
         .limit(Duration::from_secs(40));
     for (k, v) in extra {
@@ -763,16 +768,16 @@ fn family_job(sink: &Arc<MemSink>, extra: &[(&str, String)]) -> Result<Outcome, 
 /// checkpoints); rank 1 is killed; a restart from the last committed epoch starts the two
 /// ranks and re-creates the two children, all four resume there, and every result is the
 /// failure-free run's.
-fn family_kill_and_restart() -> Result<(), Failed> {
+fn family_kill_and_restart(mode: &str) -> Result<(), Failed> {
     let reference = Arc::new(MemSink::default());
-    let o = family_job(&reference, &[])?;
+    let o = family_job(&reference, mode, &[])?;
     all_ok(&o, 2, Some(0))?;
     let want = results(&o);
     if want.len() != 4 {
         return Err(format!("the failure-free run printed {want:?}").into());
     }
     let sink = Arc::new(MemSink::default());
-    let o = family_job(&sink, &[("FAM_DIE", "1".into())])?;
+    let o = family_job(&sink, mode, &[("FAM_DIE", "1".into())])?;
     if o.codes[1] != Some(9) {
         return Err(format!("rank 1 should have died with 9: {:?}", o.codes).into());
     }
@@ -787,7 +792,7 @@ fn family_kill_and_restart() -> Result<(), Failed> {
         )
         .into());
     }
-    let o = family_job(&sink, &[("MUTIRAO_RESTART_EPOCH", last.to_string())])?;
+    let o = family_job(&sink, mode, &[("MUTIRAO_RESTART_EPOCH", last.to_string())])?;
     all_ok(&o, 2, Some(0))?;
     let resumed: Vec<&str> = o
         .stdout
@@ -911,7 +916,11 @@ fn main() {
     ));
     trials.push(Trial::test(
         "a_killed_rank_restarts_the_job_and_its_spawned_children_from_the_committed_epoch",
-        family_kill_and_restart,
+        || family_kill_and_restart("blocking"),
+    ));
+    trials.push(Trial::test(
+        "nonblocking_a_killed_rank_restarts_the_job_and_its_spawned_children_from_the_committed_epoch",
+        || family_kill_and_restart("nonblocking"),
     ));
     trials.push(Trial::test(
         "a_one_rank_job_spawns_a_child_that_spawns_a_grandchild",
