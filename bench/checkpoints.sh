@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Checkpoint cost and recovery on the local default (issue 12), with the jacobi example.
 #
-#   bash bench/checkpoints.sh                 # all three parts
+#   bash bench/checkpoints.sh                 # cost, overhead, recovery (a few minutes)
 #   PARTS=overhead REPS=5 INTERVAL=30 ITERS=… bash bench/checkpoints.sh
+#   PARTS=ab bash bench/checkpoints.sh        # the issue's 30 s figure: ~22 min, quiet machine
+#   PARTS=ab SCALE=0.05 bash bench/checkpoints.sh   # same protocol, ~6 s runs (~2 min): a check
 #
 # 1. cost: one wave's cost (first blob to commit, median, as `mutirao run` reports it) against
 #    the state size (jacobi's plate n×n doubles over RANKS ranks);
@@ -12,6 +14,13 @@
 # 3. recovery: SIGKILL rank 1 once epoch 2 is committed; report the time from the kill to the
 #    first rank printing that it resumed (all ranks started, restored, past init), and the work
 #    redone (the kill's time minus the last commit's time).
+# 4. ab: the acceptance figure of issue 12 — jacobi (plate AB_N, default 2048: 10.7 MiB of state
+#    per rank on 3 ranks) for about RUN_S seconds (default 120 × SCALE) without checkpoints (A)
+#    and with --checkpoint-interval AB_INTERVAL (default 30 × SCALE) (B), interleaved A B A B …
+#    PAIRS times (default 5); each pair's B/A wall-time ratio, the waves B committed and their
+#    median cost as `mutirao run` reports it (waves × cost / A: the overhead those waves account
+#    for, a cross-check of the ratio), and the median ratio. Both runs of a pair must print the
+#    same checksum. SCALE (default 1) shrinks run and interval together.
 # Output: a markdown table per part. Numbers are noisy on a shared machine: compare ratios.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,18 +30,20 @@ REPS=${REPS:-3}
 INTERVAL=${INTERVAL:-2}
 N=${N:-512}
 cargo build --release -q -p mutirao-cli -p mutirao --examples --bins
-BIN=target/release/mutirao
-J=target/release/examples/jacobi
+TGT=${CARGO_TARGET_DIR:-target}
+BIN=$TGT/release/mutirao
+J=$TGT/release/examples/jacobi
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 
 now() { date +%s.%N; }
 
-# Seconds per iteration of jacobi at size N (one short run), to size the runs.
+# Iterations of jacobi at plate size $2 (default N) that take about $1 seconds, from one run
+# of $3 (default 200) iterations.
 calibrate_iters() {
-  local out
-  out=$("$BIN" run -n "$RANKS" "$J" -- --n "$N" --iters 200 2>/dev/null)
-  awk -v want="$1" '{ for (i = 1; i <= NF; i++) if ($i ~ /^elapsed_s=/) { split($i, a, "="); printf "%d\n", want / (a[2] / 200) } }' <<<"$out"
+  local out n=${2:-$N} it=${3:-200}
+  out=$("$BIN" run -n "$RANKS" "$J" -- --n "$n" --iters "$it" 2>/dev/null)
+  awk -v want="$1" -v it="$it" '{ for (i = 1; i <= NF; i++) if ($i ~ /^elapsed_s=/) { split($i, a, "="); printf "%d\n", want / (a[2] / it) } }' <<<"$out"
 }
 
 if [[ " $PARTS " == *" cost "* ]]; then
@@ -124,5 +135,51 @@ if [[ " $PARTS " == *" recovery "* ]]; then
     same=$([ "$got" = "$want" ] && echo yes || echo "NO ($got vs $want)")
     echo "| $r | $dt | ${back:-?} | $redo | $same |"
   done
+  echo
+fi
+
+if [[ " $PARTS " == *" ab "* ]]; then
+  SCALE=${SCALE:-1}
+  AB_N=${AB_N:-2048}
+  PAIRS=${PAIRS:-5}
+  RUN_S=${RUN_S:-$(awk -v s="$SCALE" 'BEGIN { print 120 * s }')}
+  AB_INTERVAL=${AB_INTERVAL:-$(awk -v s="$SCALE" 'BEGIN { print 30 * s }')}
+  # Size the runs from a calibration of about 2 % of a run (at least 20 iterations).
+  cal=$(calibrate_iters 1 "$AB_N" 20)
+  cal=$(awk -v c="$cal" -v r="$RUN_S" 'BEGIN { i = int(c * r / 50); print (i < 20 ? 20 : i) }')
+  AB_ITERS=${AB_ITERS:-$(calibrate_iters "$RUN_S" "$AB_N" "$cal")}
+  echo "## Checkpoint overhead at a ${AB_INTERVAL} s interval (jacobi n=$AB_N, $AB_ITERS iterations ≈ ${RUN_S} s, $RANKS ranks, $PAIRS interleaved pairs A B)"
+  echo
+  echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg) on $(nproc) cores (noise grows with it)"
+  echo
+  echo "| pair | A: without (s) | B: every ${AB_INTERVAL} s (s) | B / A | waves | median wave cost (s) | waves × cost / A |"
+  echo "|---|---|---|---|---|---|---|"
+  ratios=()
+  for r in $(seq 1 "$PAIRS"); do
+    t0=$(now)
+    outa=$("$BIN" run -n "$RANKS" "$J" -- --n "$AB_N" --iters "$AB_ITERS" 2>/dev/null)
+    t1=$(now)
+    outb=$("$BIN" run -n "$RANKS" --checkpoint-interval "$AB_INTERVAL" --checkpoint-dir "$TMP/ab$r" "$J" -- --n "$AB_N" --iters "$AB_ITERS" 2>"$TMP/ab$r.err")
+    t2=$(now)
+    rm -rf "$TMP/ab$r"
+    line=$(grep -o '[0-9]* checkpoint(s) committed, median cost [0-9.]* s' "$TMP/ab$r.err" || true)
+    waves=$(awk '{print $1}' <<<"$line")
+    cost=$(awk '{print $6}' <<<"$line")
+    ca=$(grep -o 'checksum=[^ ]*' <<<"$outa" || echo "none")
+    cb=$(grep -o 'checksum=[^ ]*' <<<"$outb" || echo "none")
+    if [ "$ca" != "$cb" ]; then
+      echo "pair $r: the checksums differ ($ca without, $cb with checkpoints)" >&2
+      exit 1
+    fi
+    a=$(awk -v x="$t0" -v y="$t1" 'BEGIN { printf "%.3f", y - x }')
+    b=$(awk -v x="$t1" -v y="$t2" 'BEGIN { printf "%.3f", y - x }')
+    q=$(awk -v a="$a" -v b="$b" 'BEGIN { printf "%.4f", b / a }')
+    ratios+=("$q")
+    est=$(awk -v w="${waves:-0}" -v c="${cost:-0}" -v a="$a" 'BEGIN { printf "%.2f %%", w * c / a * 100 }')
+    echo "| $r | $a | $b | $q | ${waves:-0} | ${cost:-none} | $est |"
+  done
+  med=$(printf '%s\n' "${ratios[@]}" | sort -g | awk '{ a[NR] = $1 } END { if (NR % 2) print a[(NR + 1) / 2]; else printf "%.4f\n", (a[NR / 2] + a[NR / 2 + 1]) / 2 }')
+  echo
+  echo "median B / A: $med (overhead $(awk -v m="$med" 'BEGIN { printf "%.2f", (m - 1) * 100 }') %; the issue asks ≤ 5 %)"
   echo
 fi

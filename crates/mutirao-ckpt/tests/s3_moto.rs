@@ -5,69 +5,9 @@
 
 use mutirao_ckpt::repo::CheckpointRepo;
 use mutirao_ckpt::{BlobStore, S3Config, S3Store};
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
-
-/// Kills and reaps the server when dropped, so a failing assertion does not leave it running.
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> std::io::Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
-}
-
-/// One HTTP/1.1 request with an empty body; returns the status line.
-fn http(port: u16, method: &str, path: &str) -> std::io::Result<String> {
-    let mut s = TcpStream::connect(("127.0.0.1", port))?;
-    s.set_read_timeout(Some(Duration::from_secs(5)))?;
-    s.set_write_timeout(Some(Duration::from_secs(5)))?;
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-    )?;
-    let mut buf = Vec::new();
-    s.take(64 * 1024).read_to_end(&mut buf)?;
-    let text = String::from_utf8_lossy(&buf);
-    Ok(text.lines().next().unwrap_or("").to_string())
-}
-
-/// Starts moto_server and waits (at most 30 s) until it answers; Err(reason) to skip.
-fn start_moto() -> Result<(Server, u16), String> {
-    let port = free_port().map_err(|e| format!("no free loopback port: {e}"))?;
-    let child = Command::new("moto_server")
-        .args(["-p", &port.to_string(), "-H", "127.0.0.1"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .map_err(|e| {
-            format!("cannot run moto_server ({e}); install it with pip install 'moto[server]'")
-        })?;
-    let mut server = Server(child);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Ok(Some(st)) = server.0.try_wait() {
-            return Err(format!("moto_server exited at start ({st})"));
-        }
-        if let Ok(line) = http(port, "GET", "/") {
-            if line.starts_with("HTTP/1.") {
-                return Ok((server, port));
-            }
-        }
-        if Instant::now() > deadline {
-            return Err("moto_server did not answer within 30 s".into());
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
+#[path = "support/moto.rs"]
+mod moto;
+use moto::http;
 
 fn store(port: u16, bucket: &str, prefix: &str) -> S3Store {
     S3Store::new(&S3Config {
@@ -85,14 +25,15 @@ fn store(port: u16, bucket: &str, prefix: &str) -> S3Store {
 
 #[test]
 fn s3_store_put_get_list_delete_against_moto() {
-    let (_server, port) = match start_moto() {
+    let (_server, port) = match moto::start() {
         Ok(s) => s,
         Err(why) => {
             println!("skipped: {why}");
             return;
         }
     };
-    let status = http(port, "PUT", "/ckpt-test").expect("create bucket");
+    let made = http(port, "PUT", "/ckpt-test").expect("create bucket");
+    let status = made.lines().next().unwrap_or("");
     assert!(status.contains(" 200"), "create bucket: {status}");
 
     let s = store(port, "ckpt-test", "");

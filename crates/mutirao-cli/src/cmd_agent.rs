@@ -74,6 +74,13 @@ pub struct AgentArgs {
     /// `--prop arch=x86_64 --prop gpu=1`: `submit --require 'arch=x86_64 & gpu>=1'` matches it.
     #[arg(long = "prop", value_name = "KEY=VALUE", value_parser = parse_prop)]
     pub props: Vec<(String, String)>,
+    /// The resource hierarchy this host belongs to (a mεμ spec, e.g. the testbed's NAME.meu;
+    /// see `mutirao resources`): the properties of its domain named as this host (--name)
+    /// and the name of its nearest `site` ancestor go into the reports, so `submit --require`
+    /// matches them (`cpu_milli>=500 & site=a`). --site and --prop override them; keys the
+    /// agent measures itself (cpu, mem, load, name) are not taken from it.
+    #[arg(long, value_name = "FILE")]
+    pub resources: Option<PathBuf>,
     /// The host owner's policy (TOML; see docs/grid.md, "Owner policy"): when the owner is
     /// active (own load, keyboard, hours, an owner-active file) the grid's processes here are
     /// stopped (SIGSTOP) and continued (SIGCONT) when the owner leaves; past the policy's grace
@@ -82,6 +89,12 @@ pub struct AgentArgs {
     /// every heartbeat.
     #[arg(long, value_name = "FILE")]
     pub owner_policy: Option<PathBuf>,
+    /// With --coordinator: where programs fetched from the coordinator's repository are cached
+    /// by digest, and where ranks run whose job directory this host does not have (default:
+    /// $TMPDIR/mutirao-agent-programs-IP-PORT, mode 0700). Every program is checked against its
+    /// digest right before it runs; an altered copy is removed and the launch refused.
+    #[arg(long, value_name = "DIR")]
+    pub program_cache: Option<PathBuf>,
     /// Node number in the directory's resource ids (default: derived from the listen port).
     #[arg(long, value_name = "N")]
     pub dir_node: Option<u16>,
@@ -166,6 +179,93 @@ fn parse_prop(s: &str) -> Result<(String, String), String> {
         ));
     }
     Ok((k.to_string(), v.trim().to_string()))
+}
+
+/// The properties a resource hierarchy (mεμ spec) gives host `name`: those of its domain
+/// (qualities as `true`, values and amounts as written) and `site`, the name of its nearest
+/// ancestor with the quality `site`. Keys the agent measures itself are left out.
+fn meu_props(
+    path: &std::path::Path,
+    name: &str,
+) -> anyhow::Result<std::collections::BTreeMap<String, String>> {
+    use mutirao_dir::meu::{spec, Hierarchy};
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read the resource hierarchy {}", path.display()))?;
+    let s = spec::parse(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    let (h, _) =
+        Hierarchy::from_spec(&s).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    let g = h.find_by_name(name).with_context(|| {
+        format!(
+            "{} has no domain named {name:?} (this host's --name); name the agent as the hierarchy does",
+            path.display()
+        )
+    })?;
+    let valid = |k: &str| parse_prop(&format!("{k}=x")).is_ok();
+    let mut out = std::collections::BTreeMap::new();
+    let set = h.properties(g);
+    for (k, v) in &set.exact {
+        if valid(k) {
+            out.insert(k.clone(), v.clone().unwrap_or_else(|| "true".into()));
+        }
+    }
+    for (k, (_, v)) in &set.acc {
+        if valid(k) {
+            out.insert(k.clone(), v.to_string());
+        }
+    }
+    let mut up = h.get(g).and_then(|e| e.ancestor);
+    while let Some(a) = up {
+        let Some(e) = h.get(a) else { break };
+        if h.properties(a).has("site", None) {
+            out.insert("site".into(), e.name.clone());
+            break;
+        }
+        up = e.ancestor;
+    }
+    Ok(out)
+}
+
+/// Largest program an agent fetches from the coordinator (the coordinator's own default cap).
+const MAX_PROGRAM: u64 = 256 << 20;
+
+/// Programs by digest from the coordinator's repository, cached in --program-cache; every
+/// fetch and refusal goes to the agent's log.
+fn program_source(
+    args: &AgentArgs,
+    bound: SocketAddr,
+    client: mutirao_coord::client::Client,
+) -> anyhow::Result<agent::ProgramSource> {
+    use mutirao_coord::fetch::{Fetched, ProgramCache};
+    let dir = args.program_cache.clone().unwrap_or_else(|| {
+        std::env::temp_dir().join(format!(
+            "mutirao-agent-programs-{}-{}",
+            bound.ip(),
+            bound.port()
+        ))
+    });
+    let cache = ProgramCache::open(&dir, client, MAX_PROGRAM)?;
+    let run_dir = dir.join("run");
+    log(&format!(
+        "caching programs from the coordinator in {}",
+        dir.display()
+    ));
+    Ok(agent::ProgramSource {
+        resolve: Arc::new(move |digest: &str| match cache.resolve(digest) {
+            Ok((path, Fetched::Cached)) => Ok(path),
+            Ok((path, Fetched::Downloaded { bytes, took })) => {
+                log(&format!(
+                    "fetched {digest} ({bytes} bytes) from the coordinator's repository in {:.1} ms",
+                    took.as_secs_f64() * 1e3
+                ));
+                Ok(path)
+            }
+            Err(e) => {
+                log(&format!("refused to run {digest}: {e}"));
+                Err(e.to_string())
+            }
+        }),
+        run_dir,
+    })
 }
 
 pub fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
@@ -274,6 +374,7 @@ pub fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
         }
     };
     let owner_status = owner.as_ref().map(|w| w.shared());
+    let mut programs = None;
     // Kept alive while the agent serves: dropping it stops the heartbeats.
     let _heartbeat = match &args.coordinator {
         None => None,
@@ -285,10 +386,30 @@ pub fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
             })?;
             let client = mutirao_coord::client::Client::new(url, &token)
                 .map_err(|e| anyhow::anyhow!("--coordinator {url}: {e}"))?;
+            programs = Some(program_source(
+                &args,
+                bound,
+                mutirao_coord::client::Client::new(url, &token)
+                    .map_err(|e| anyhow::anyhow!("--coordinator {url}: {e}"))?,
+            )?);
             let name = args.name.clone().unwrap_or_else(agent::host_name);
             let addr = bound.to_string();
-            let mut props: std::collections::BTreeMap<String, String> =
-                args.props.iter().cloned().collect();
+            let mut props = match &args.resources {
+                Some(path) => {
+                    let p = meu_props(path, &name)?;
+                    log(&format!(
+                        "properties of {name} from the resource hierarchy {}: {}",
+                        path.display(),
+                        p.iter()
+                            .map(|(k, v)| format!("{k}={v}"))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ));
+                    p
+                }
+                None => std::collections::BTreeMap::new(),
+            };
+            props.extend(args.props.iter().cloned());
             if let Some(site) = &args.site {
                 props.insert("site".into(), site.clone());
             }
@@ -317,8 +438,54 @@ pub fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
             log: Arc::new(log),
             store,
             procs,
+            programs,
         },
     );
     drop(owner);
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_host_takes_its_domain_s_properties_and_site_from_the_hierarchy() {
+        let dir = std::env::temp_dir().join(format!("mutirao-agent-meu-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("g1.meu");
+        std::fs::write(
+            &p,
+            r#"tb: "g1" { testbed, "wan.a.b"=40 };
+s0: "a" <tb> { site };
+s1: "b" <tb> { site };
+h0: "a1" <s0> { host, addr="10.213.0.2", cpu="1", cpu_milli=1000, nic_mbit=800 };
+h1: "b1" <s1> { host, addr="10.213.1.2", cpu="0.5", cpu_milli=500, nic_mbit=200 };
+"#,
+        )
+        .unwrap();
+        let b1 = meu_props(&p, "b1").unwrap();
+        assert_eq!(b1.get("site").map(String::as_str), Some("b"), "{b1:?}");
+        assert_eq!(
+            b1.get("cpu_milli").map(String::as_str),
+            Some("500"),
+            "{b1:?}"
+        );
+        assert_eq!(
+            b1.get("nic_mbit").map(String::as_str),
+            Some("200"),
+            "{b1:?}"
+        );
+        assert_eq!(
+            b1.get("addr").map(String::as_str),
+            Some("10.213.1.2"),
+            "{b1:?}"
+        );
+        assert_eq!(b1.get("host").map(String::as_str), Some("true"), "{b1:?}");
+        // The agent measures cpu itself: the hierarchy's quota is not reported as `cpu`.
+        assert!(!b1.contains_key("cpu"), "{b1:?}");
+        let e = meu_props(&p, "c9").unwrap_err().to_string();
+        assert!(e.contains("no domain named \"c9\""), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

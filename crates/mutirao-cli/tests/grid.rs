@@ -261,6 +261,8 @@ fn start_agent(dir: &std::path::Path, coord: Option<(&str, &str)>) -> (Agent, Pa
         .arg(&tok)
         .arg("--dir-socket")
         .arg(dir.join("agent-dir.sock"))
+        .arg("--program-cache")
+        .arg(dir.join("programs"))
         .args(
             coord
                 .map(|(url, _)| {
@@ -471,7 +473,9 @@ fn a_submitted_job_runs_through_a_registered_agent_to_finished() {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
-    let program = c.dir.join(format!("coord.sqlite.jobs/{id}/program"));
+    // The agent runs its own copy, fetched from the repository by digest.
+    let digest = mutirao_coord::repo::digest_of(&std::fs::read(&slow).unwrap());
+    let program = tmp.0.join("programs").join(digest.replace(':', "-"));
     let program = program.to_str().unwrap();
     let ps = || {
         let o = Command::new("ps").args(["-eo", "args"]).output().unwrap();
@@ -497,6 +501,105 @@ fn a_submitted_job_runs_through_a_registered_agent_to_finished() {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
+}
+
+#[test]
+fn an_agent_runs_the_program_it_fetched_by_digest_and_refuses_an_altered_copy() {
+    struct Scratch(PathBuf);
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+    let tmp =
+        Scratch(std::env::temp_dir().join(format!("mutirao-grid-{}-fetch", std::process::id())));
+    let _ = std::fs::remove_dir_all(&tmp.0);
+    std::fs::create_dir_all(&tmp.0).unwrap();
+    let agent_tok = tmp.0.join("agent.token");
+    let o = Command::new(BIN)
+        .args(["agent", "--gen-token"])
+        .arg(&agent_tok)
+        .output()
+        .unwrap();
+    assert!(o.status.success());
+    let c = start_with(
+        "fetch",
+        &["--agent-token-file", agent_tok.to_str().unwrap()],
+    );
+    let (_agent, _) = start_agent(&tmp.0, Some((&c.url, N1)));
+    let ana = mutirao_coord::client::Client::new(&c.url, ANA).unwrap();
+    let t0 = Instant::now();
+    while !ana
+        .hosts()
+        .map(|h| h.iter().any(|h| h.host.report.name == "n1"))
+        .unwrap_or(false)
+    {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "n1 did not register"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // The program says where it runs from and in which directory.
+    let prog = c.dir.join("where.sh");
+    std::fs::write(&prog, "#!/bin/sh\necho \"from $0 in $(pwd)\"\n").unwrap();
+    let digest = mutirao_coord::repo::digest_of(&std::fs::read(&prog).unwrap());
+    let cached = tmp.0.join("programs").join(digest.replace(':', "-"));
+    let submit = || -> i64 {
+        ok(&mutirao(
+            &c,
+            ANA,
+            &["submit", "-n", "1", prog.to_str().unwrap()],
+        ))
+        .trim()
+        .parse()
+        .unwrap()
+    };
+    let id = submit();
+    let v = wait_state(&c, id, "finished", Duration::from_secs(30));
+    let out = ok(&mutirao(&c, ANA, &["logs", &id.to_string()]));
+    assert!(
+        out.contains(&format!("[0] from {}", cached.display())),
+        "the rank did not run the agent's copy: {out:?} {v:#}"
+    );
+    assert!(cached.exists());
+    // Someone alters the cached copy on the agent's host: the launch there is refused, the
+    // journal says why, the copy is gone, and the job waits for another host.
+    std::fs::write(&cached, "#!/bin/sh\necho evil\n").unwrap();
+    let id = submit();
+    let t0 = Instant::now();
+    let v = loop {
+        let o = mutirao(&c, ANA, &["job", "--json", &id.to_string()]);
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
+        if v["events"]
+            .to_string()
+            .contains("lost during an earlier run")
+        {
+            break v;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "not re-queued: {v:#}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let story = v["events"].to_string();
+    assert!(
+        story.contains("altered on this host") && story.contains(&digest),
+        "the refusal is not in the journal: {v:#}"
+    );
+    let out = ok(&mutirao(&c, ANA, &["logs", &id.to_string()]));
+    assert!(!out.contains("evil"), "the altered copy ran: {out}");
+    assert!(!cached.exists(), "the altered copy was kept");
+    ok(&mutirao(&c, ANA, &["cancel", &id.to_string()]));
+    // The next launch fetches a fresh copy from the repository and runs.
+    let id = submit();
+    wait_state(&c, id, "finished", Duration::from_secs(30));
+    let out = ok(&mutirao(&c, ANA, &["logs", &id.to_string()]));
+    assert!(
+        out.contains(&format!("[0] from {}", cached.display())),
+        "{out}"
+    );
 }
 
 #[test]

@@ -4,47 +4,18 @@
 //! --max-restarts with its exit status.
 
 mod common;
-use common::{checksum, ckpt_files, jacobi, rank_pid};
+use common::{
+    checksum, ckpt_files, committed, gen_token, jacobi, jacobi_wrapper, kill9, plain_checksum,
+    poll, rank_pid, rank_pid_of, restart_epoch, resumed, Running, Scratch, MUTIRAO,
+};
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-fn scratch(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("mutirao-recover-{}-{tag}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-/// The checksum jacobi prints after a failure-free run of `n` ranks.
-fn plain_checksum(j: &Path, n: usize, args: &[&str]) -> String {
-    let plain = Command::new(env!("CARGO_BIN_EXE_mutirao"))
-        .args(["run", "-n", &n.to_string(), "--timeout", "120"])
-        .arg(j)
-        .arg("--")
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        plain.status.success(),
-        "{}",
-        String::from_utf8_lossy(&plain.stderr)
-    );
-    checksum(&String::from_utf8_lossy(&plain.stdout)).expect("a checksum")
-}
-
-/// A new agent token in `d`.
-fn gen_token(d: &Path) -> PathBuf {
-    let token = d.join("agent.token");
-    assert!(Command::new(env!("CARGO_BIN_EXE_mutirao"))
-        .args(["agent", "--gen-token"])
-        .arg(&token)
-        .output()
-        .unwrap()
-        .status
-        .success());
-    token
+/// A scratch directory, removed when the test ends (also when it fails).
+fn scratch(tag: &str) -> Scratch {
+    Scratch::new(&format!("recover-{tag}"))
 }
 
 #[test]
@@ -762,7 +733,7 @@ fn a_dead_rank_restarts_the_job_and_its_spawned_children_from_the_committed_epoc
             "2",
             "--checkpoint-dir",
         ])
-        .arg(&d)
+        .arg(&d.0)
         .arg(&ex)
         .args(["--", "80", "10", "60"])
         .output()
@@ -798,5 +769,160 @@ fn a_dead_rank_restarts_the_job_and_its_spawned_children_from_the_committed_epoc
         let f = d.join(format!("epoch-{e}")).join(format!("rank-{r}.ckpt"));
         assert!(f.is_file(), "{} missing\n{se}", f.display());
     }
-    let _ = std::fs::remove_dir_all(&d);
+    // The scratch directory is removed when `d` is dropped.
+}
+
+/// jacobi's arguments for the local scenarios below (about 2 s of work, debug build).
+const LOCAL_ARGS: [&str; 4] = ["--n", "64", "--iters", "6000"];
+
+/// `mutirao run -n 3` of `program` (jacobi or a wrapper around it) on this host, checkpoints
+/// every `interval` s in `d/ckpt`, with `env` added.
+fn local_run(d: &Scratch, program: &Path, interval: &str, env: &[(&str, &str)]) -> Running {
+    let mut cmd = Command::new(MUTIRAO);
+    cmd.args(["run", "-n", "3", "--timeout", "120"])
+        .args(["--checkpoint-interval", interval, "--checkpoint-dir"])
+        .arg(d.join("ckpt"))
+        .arg(program)
+        .arg("--")
+        .args(LOCAL_ARGS)
+        .envs(env.iter().copied());
+    Running::spawn(cmd)
+}
+
+/// Kill rank 1 of the first incarnation once an epoch is committed in `ck`.
+fn kill_rank1_after_a_commit(run: &mut Running, ck: &Path) -> bool {
+    let launcher = run.id();
+    poll(run, || match rank_pid_of(&[launcher], 1, Some(0)) {
+        Some(pid) if committed(ck).is_some_and(|e| e >= 1) => {
+            kill9(pid);
+            true
+        }
+        _ => false,
+    })
+}
+
+#[test]
+fn a_rank_killed_before_any_checkpoint_restarts_jacobi_from_scratch_with_the_same_result() {
+    let Some(j) = jacobi() else {
+        println!("skipped: the jacobi example is not built (cargo build -p mutirao --examples)");
+        return;
+    };
+    let want = plain_checksum(&j, 3, &LOCAL_ARGS);
+    let d = Scratch::new("recover-scratch");
+    // The first wave would come after 60 s: the job is long over by then.
+    let mut run = local_run(&d, &j, "60", &[]);
+    let launcher = run.id();
+    let mut since: Option<Instant> = None;
+    let killed = poll(&mut run, || {
+        if !(0..3).all(|r| rank_pid_of(&[launcher], r, Some(0)).is_some()) {
+            since = None;
+            return false;
+        }
+        // Half a second into the computation.
+        if since.get_or_insert_with(Instant::now).elapsed() < Duration::from_millis(500) {
+            return false;
+        }
+        let Some(pid) = rank_pid_of(&[launcher], 1, Some(0)) else {
+            return false;
+        };
+        assert_eq!(
+            committed(&d.join("ckpt")),
+            None,
+            "a checkpoint was committed"
+        );
+        kill9(pid);
+        true
+    });
+    let out = run.wait(Duration::from_secs(90));
+    let (so, se) = (&out.stdout, &out.stderr);
+    assert!(killed, "the job ended before rank 1 could be killed:\n{se}");
+    assert!(out.status.success(), "{so}\n{se}");
+    assert!(
+        se.contains("restart 1 of 3: every rank from the beginning (no checkpoint committed yet)"),
+        "no restart from scratch:\n{se}"
+    );
+    assert!(
+        resumed(se).is_empty(),
+        "a rank restored a checkpoint:\n{se}"
+    );
+    assert_eq!(checksum(so).as_deref(), Some(want.as_str()), "{so}\n{se}");
+}
+
+#[test]
+fn a_rank_killed_during_recovery_restarts_jacobi_again_from_the_same_epoch() {
+    let Some(j) = jacobi() else {
+        println!("skipped: the jacobi example is not built (cargo build -p mutirao --examples)");
+        return;
+    };
+    let want = plain_checksum(&j, 3, &LOCAL_ARGS);
+    let d = Scratch::new("recover-twice-jacobi");
+    // Incarnation 1's rank 2 starts slowly, so it can be killed while the job is recovered.
+    let w = jacobi_wrapper(
+        &d.0,
+        &j,
+        "slow.sh",
+        &format!("1:2) : > '{}'; sleep 2 ;;", d.join("slow-start").display()),
+    );
+    let ck = d.join("ckpt");
+    let mut run = local_run(&d, &w, "0.1", &[]);
+    let first = kill_rank1_after_a_commit(&mut run, &ck);
+    let launcher = run.id();
+    let second = first
+        && poll(&mut run, || match rank_pid_of(&[launcher], 2, Some(1)) {
+            Some(pid) if d.join("slow-start").is_file() => {
+                kill9(pid);
+                true
+            }
+            _ => false,
+        });
+    let out = run.wait(Duration::from_secs(90));
+    let (so, se) = (&out.stdout, &out.stderr);
+    assert!(first, "the job ended before a commit:\n{se}");
+    assert!(
+        second,
+        "incarnation 1's rank 2 was not seen starting:\n{se}"
+    );
+    assert!(out.status.success(), "{so}\n{se}");
+    let (e1, e2) = (restart_epoch(se, 1), restart_epoch(se, 2));
+    assert!(
+        e1.is_some(),
+        "no first restart from a committed epoch:\n{se}"
+    );
+    assert_eq!(e2, e1, "the second restart's epoch:\n{se}");
+    assert_eq!(resumed(se), vec![e2.unwrap(); 3], "{se}");
+    assert_eq!(checksum(so).as_deref(), Some(want.as_str()), "{so}\n{se}");
+}
+
+#[test]
+fn a_rank_that_never_reaches_the_barrier_on_restart_is_named_and_jacobi_recovers_again() {
+    let Some(j) = jacobi() else {
+        println!("skipped: the jacobi example is not built (cargo build -p mutirao --examples)");
+        return;
+    };
+    let want = plain_checksum(&j, 3, &LOCAL_ARGS);
+    let d = Scratch::new("recover-hang-jacobi");
+    let w = jacobi_wrapper(&d.0, &j, "hang.sh", "1:1) exec sleep 600 ;;");
+    let ck = d.join("ckpt");
+    let mut run = local_run(&d, &w, "0.1", &[("MUTIRAO_CONNECT_TIMEOUT_S", "3")]);
+    let killed = kill_rank1_after_a_commit(&mut run, &ck);
+    let launcher = run.id();
+    let hung = killed && poll(&mut run, || rank_pid_of(&[launcher], 1, Some(1)).is_some());
+    let out = run.wait(Duration::from_secs(90));
+    let (so, se) = (&out.stdout, &out.stderr);
+    assert!(killed, "the job ended before a commit:\n{se}");
+    assert!(hung, "incarnation 1's rank 1 never ran:\n{se}");
+    assert!(out.status.success(), "{so}\n{se}");
+    assert!(
+        se.contains("timed out after 2.4s waiting for ranks [1] to reach the fence"),
+        "no rank said the barrier timed out waiting for rank 1:\n{se}"
+    );
+    let (e1, e2) = (restart_epoch(se, 1), restart_epoch(se, 2));
+    assert!(e1.is_some(), "no restart from a committed epoch:\n{se}");
+    assert_eq!(e2, e1, "the second restart's epoch:\n{se}");
+    assert!(
+        out.elapsed < Duration::from_secs(45),
+        "{:?}:\n{se}",
+        out.elapsed
+    );
+    assert_eq!(checksum(so).as_deref(), Some(want.as_str()), "{so}\n{se}");
 }

@@ -5,65 +5,11 @@
 //! run's. Skipped, with the reason printed, when moto_server is not installed or does not answer.
 
 mod common;
-use common::{checksum, jacobi, rank_pid};
+use common::moto::{self, http};
+use common::{checksum, jacobi, kill9, plain_checksum, rank_pid, Running, MUTIRAO};
 
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
-
-/// Kills and reaps the server when dropped.
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// One HTTP/1.1 request with an empty body; the whole answer (status line, headers, body).
-fn http(port: u16, method: &str, path: &str) -> std::io::Result<String> {
-    let mut s = TcpStream::connect(("127.0.0.1", port))?;
-    s.set_read_timeout(Some(Duration::from_secs(5)))?;
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-    )?;
-    let mut buf = Vec::new();
-    s.take(1 << 20).read_to_end(&mut buf)?;
-    Ok(String::from_utf8_lossy(&buf).into_owned())
-}
-
-fn moto() -> Result<(Server, u16), String> {
-    let port = TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map_err(|e| format!("no free loopback port: {e}"))?
-        .port();
-    let child = Command::new("moto_server")
-        .args(["-p", &port.to_string(), "-H", "127.0.0.1"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .map_err(|e| {
-            format!("cannot run moto_server ({e}); install it with pip install 'moto[server]'")
-        })?;
-    let mut server = Server(child);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Ok(Some(st)) = server.0.try_wait() {
-            return Err(format!("moto_server exited at start ({st})"));
-        }
-        if http(port, "GET", "/").is_ok_and(|a| a.starts_with("HTTP/1.")) {
-            return Ok((server, port));
-        }
-        if Instant::now() > deadline {
-            return Err("moto_server did not answer within 30 s".into());
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
 
 #[test]
 fn a_killed_rank_restarts_from_checkpoints_kept_on_s3() {
@@ -71,7 +17,7 @@ fn a_killed_rank_restarts_from_checkpoints_kept_on_s3() {
         println!("skipped: the jacobi example is not built (cargo build -p mutirao --examples)");
         return;
     };
-    let (_server, port) = match moto() {
+    let (_server, port) = match moto::start() {
         Ok(s) => s,
         Err(why) => {
             println!("skipped: {why}");
@@ -84,23 +30,14 @@ fn a_killed_rank_restarts_from_checkpoints_kept_on_s3() {
         made.starts_with("HTTP/1.1 200"),
         "cannot create the bucket: {made}"
     );
-    let bin = env!("CARGO_BIN_EXE_mutirao");
     // About 2-3 s of work without checkpoints (debug build): long enough for a commit before
     // the kill, whatever the runtime's speed.
     let args = ["--n", "192", "--iters", "2000"];
-    let plain = Command::new(bin)
-        .args(["run", "-n", "3", "--timeout", "120"])
-        .arg(&j)
-        .arg("--")
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(plain.status.success());
-    let want = checksum(&String::from_utf8_lossy(&plain.stdout)).expect("a checksum");
+    let want = plain_checksum(&j, 3, &args);
 
     let endpoint = format!("http://127.0.0.1:{port}");
-    let mut child = Command::new(bin)
-        .args(["run", "-n", "3", "--timeout", "120"])
+    let mut cmd = Command::new(MUTIRAO);
+    cmd.args(["run", "-n", "3", "--timeout", "120"])
         .args(["--checkpoint-interval", "0.4", "--keep-checkpoints"])
         .args(["--checkpoint-store", &format!("s3://{bucket}/ckpt")])
         .env("AWS_ENDPOINT_URL", &endpoint)
@@ -110,11 +47,8 @@ fn a_killed_rank_restarts_from_checkpoints_kept_on_s3() {
         .env("AWS_ALLOW_HTTP", "true")
         .arg(&j)
         .arg("--")
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+        .args(args);
+    let mut child = Running::spawn(cmd);
     // Once the bucket holds a commit record, kill rank 1.
     let t0 = Instant::now();
     let mut killed = false;
@@ -123,27 +57,18 @@ fn a_killed_rank_restarts_from_checkpoints_kept_on_s3() {
             http(port, "GET", &format!("/{bucket}?list-type=2&prefix=ckpt/")).unwrap_or_default();
         if list.contains("/COMMITTED</Key>") {
             if let Some(pid) = rank_pid(child.id(), 1) {
-                // SAFETY: kill(2) with a pid read from /proc; no memory is involved.
-                unsafe {
-                    libc::kill(pid, libc::SIGKILL);
-                }
+                kill9(pid);
                 killed = true;
                 break;
             }
         }
-        if child.try_wait().unwrap().is_some() {
+        if child.exited() {
             break;
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    if !killed {
-        let _ = child.kill();
-    }
-    let out = child.wait_with_output().unwrap();
-    let (so, se) = (
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-    );
+    let out = child.wait(Duration::from_secs(150));
+    let (so, se) = (&out.stdout, &out.stderr);
     assert!(
         killed,
         "no epoch reached the bucket before the job ended:\n{se}"
@@ -172,6 +97,6 @@ fn a_killed_rank_restarts_from_checkpoints_kept_on_s3() {
         named.is_some() && named == resumed,
         "{named:?} vs {resumed:?}:\n{se}"
     );
-    assert_eq!(checksum(&so).as_deref(), Some(want.as_str()), "{so}\n{se}");
+    assert_eq!(checksum(so).as_deref(), Some(want.as_str()), "{so}\n{se}");
     eprintln!("{se}");
 }

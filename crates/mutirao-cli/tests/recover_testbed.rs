@@ -1,21 +1,31 @@
 //! Recovery on an emulated grid (needs root; without it each test prints `skipped: …` and
-//! returns): three testbed hosts, an agent in each, jacobi with checkpoints on all three.
-//! - once an epoch is committed one host's network goes down (its link set down: no socket is
-//!   closed, nothing exits). The launcher must notice the missing heartbeats, end the job, and
-//!   restart every rank from the committed epoch on the two hosts left;
-//! - with the default store (replicas on two agents other than each rank's host), a rank is
-//!   killed (SIGKILL) on its host once an epoch is committed, or the agent of a host holding
-//!   replicas is killed with everything it started: every rank restarts from the committed
-//!   epoch, read from the replicas on the other hosts.
+//! returns): three testbed hosts, an agent in each (`common::up_with_agents`), jacobi with
+//! checkpoints on all three — the failure scenarios of digest 004 §15.5:
+//! - a rank killed (SIGKILL) on its host once an epoch is committed, with the default store
+//!   (replicas on two agents other than each rank's host), or the agent of a host holding
+//!   replicas killed with everything it started: every rank restarts from the committed epoch,
+//!   read from the replicas on the other hosts;
+//! - a rank killed during a wave (its blob not stored yet): the previous committed epoch is used;
+//! - a host's network goes down (its link set down: no socket is closed, nothing exits): the
+//!   launcher notices the missing heartbeats and restarts every rank on the two hosts left;
+//! - on the restart, a rank that never reaches the start-up barrier: the others time out, the
+//!   job is recovered again, nothing blocks;
+//! - a registration with the previous incarnation's job token, from a testbed host: refused;
+//! - a failure during recovery (a rank of the restarted incarnation killed before the barrier):
+//!   the incarnation rises again and the job finishes;
+//! - a rank killed before any checkpoint is committed: the job restarts from scratch.
 //!
-//! Each ends with the failure-free run's checksum.
+//! Each ends with the failure-free run's checksum. The per-scenario behaviour is driven by a
+//! wrapper script around jacobi that acts on `MUTIRAO_INCARNATION` and `MUTIRAO_RANK`.
 
 mod common;
-use common::{checksum, ckpt_files, jacobi, rank_pid};
+use common::{
+    checksum, ckpt_files, committed, dir_blob, jacobi_wrapper, kill9, poll, restart_epoch, resumed,
+    up_with_agents, Ended, Grid,
+};
 
-use mutirao_testbed::{sys, AgentLaunch, Spec, Testbed, UpOptions};
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 const SPEC: &str = r#"
@@ -25,9 +35,48 @@ nic_mbit = 1000
 hosts = [ { name = "h1", cpu = 1.0 }, { name = "h2", cpu = 1.0 }, { name = "h3", cpu = 1.0 } ]
 "#;
 
-/// The agent store directory `mutirao agent` uses by default for `addr:port`.
-fn agent_store(addr: std::net::Ipv4Addr, port: u16) -> PathBuf {
-    std::env::temp_dir().join(format!("mutirao-agent-store-{addr}-{port}"))
+/// jacobi's arguments for most scenarios: a few seconds on the testbed.
+const ARGS: [&str; 4] = ["--n", "96", "--iters", "4000"];
+
+/// How long a test waits for the launcher (a job takes a few seconds; the bound only keeps a
+/// broken recovery from hanging the suite).
+const LIMIT: Duration = Duration::from_secs(90);
+
+/// The store options of the scenarios that watch the directory store.
+fn dir_store(g: &Grid) -> Vec<String> {
+    vec![
+        "--checkpoint-store".into(),
+        "dir".into(),
+        "--checkpoint-dir".into(),
+        g.dir.join("ckpt").display().to_string(),
+    ]
+}
+
+fn strs(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
+
+/// A wrapper around jacobi in the grid's scratch directory (see `common::jacobi_wrapper`).
+fn wrapper(g: &Grid, name: &str, cases: &str) -> PathBuf {
+    jacobi_wrapper(&g.dir.0, &g.jacobi, name, cases)
+}
+
+/// The job ended well, with the failure-free checksum.
+fn assert_same_result(g: &Grid, out: &Ended) {
+    let (so, se) = (&out.stdout, &out.stderr);
+    assert!(out.status.success(), "{so}\n{se}");
+    assert_eq!(
+        checksum(so).as_deref(),
+        Some(g.want.as_str()),
+        "not the failure-free result:\n{so}\n{se}"
+    );
+}
+
+fn signal(pid: i32, sig: i32) {
+    // SAFETY: kill(2) with a pid read from /proc; no memory is involved.
+    unsafe {
+        libc::kill(pid, sig);
+    }
 }
 
 #[test]
@@ -45,130 +94,37 @@ fn a_testbed_agent_killed_with_its_replicas_restores_from_the_other_hosts() {
 /// blobs are on the agents, either rank 1 is killed on its host, or the third host's agent is
 /// killed (taking its replicas and rank 2 with it).
 fn replicas_on_testbed_agents(kill_agent: bool) {
-    if !sys::is_root() {
-        println!(
-            "skipped: needs root (the testbed creates network namespaces, veth links and cgroups)"
-        );
-        return;
-    }
-    let Some(j) = jacobi() else {
-        println!("skipped: the jacobi example is not built (cargo build -p mutirao --examples)");
+    let tag = if kill_agent { "agent" } else { "rank" };
+    let Some(g) = up_with_agents(tag, SPEC, 3, &ARGS) else {
         return;
     };
-    let bin = env!("CARGO_BIN_EXE_mutirao");
-    let tag = if kill_agent { "agent" } else { "rank" };
-    let d = std::env::temp_dir().join(format!("mutirao-recover-tb-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    let token = d.join("agent.token");
-    assert!(Command::new(bin)
-        .args(["agent", "--gen-token"])
-        .arg(&token)
-        .output()
-        .unwrap()
-        .status
-        .success());
-    let args = ["--n", "96", "--iters", "4000"];
-    let plain = Command::new(bin)
-        .args(["run", "-n", "3", "--timeout", "120"])
-        .arg(&j)
-        .arg("--")
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(plain.status.success());
-    let want = checksum(&String::from_utf8_lossy(&plain.stdout)).expect("a checksum");
-
-    let spec = Spec::parse(SPEC, 2).expect("valid spec");
-    let tb = Testbed::up(
-        &spec,
-        UpOptions {
-            agent: Some(AgentLaunch {
-                program: bin.into(),
-                args: vec![
-                    "agent".into(),
-                    "--listen".into(),
-                    "{addr}".into(),
-                    "--no-dir".into(),
-                    "--token-file".into(),
-                    token.display().to_string(),
-                ],
-                port: 7207,
-                log_dir: None,
-                ready_timeout: Duration::from_secs(10),
-            }),
-            ..UpOptions::default()
-        },
-    )
-    .expect("testbed up");
-    let stores: Vec<PathBuf> = tb
-        .hosts()
-        .iter()
-        .map(|h| agent_store(h.addr, 7207))
-        .collect();
-    for s in &stores {
-        let _ = std::fs::remove_dir_all(s);
-    }
-    let agent_pids: Vec<u32> = tb.state().agents.iter().map(|a| a.pid).collect();
-    assert_eq!(agent_pids.len(), 3, "one agent per host");
-    let hostfile = d.join("hosts");
-    std::fs::write(&hostfile, tb.hostfile()).unwrap();
-    let child = Command::new(bin)
-        .args(["run", "-n", "3", "--timeout", "120", "--heartbeat", "0.2"])
-        .arg("--hostfile")
-        .arg(&hostfile)
-        .arg("--token-file")
-        .arg(&token)
-        .args(["--checkpoint-interval", "0.3"])
-        .arg(&j)
-        .arg("--")
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let t0 = Instant::now();
-    let mut killed = false;
-    while t0.elapsed() < Duration::from_secs(60) {
-        let epoch2 = stores.iter().any(|s| {
+    let mut run = g.run(&["--checkpoint-interval", "0.3"], &g.jacobi, &[]);
+    let killed = poll(&mut run, || {
+        let epoch2 = g.stores.iter().any(|s| {
             ckpt_files(s)
                 .iter()
                 .any(|f| f.split('/').nth(2) == Some("2"))
         });
-        if epoch2 {
-            let pid = if kill_agent {
-                Some(agent_pids[2] as i32)
-            } else {
-                rank_pid(agent_pids[1], 1)
-            };
-            if let Some(pid) = pid {
-                // SAFETY: kill(2) with a pid this test started or read from /proc; no memory
-                // is involved.
-                unsafe {
-                    libc::kill(pid, libc::SIGKILL);
-                }
-                killed = true;
-                break;
+        let pid = if kill_agent {
+            Some(g.agents[2] as i32)
+        } else {
+            g.rank_pid(1, Some(0))
+        };
+        match pid {
+            Some(pid) if epoch2 => {
+                kill9(pid);
+                true
             }
+            _ => false,
         }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    let out = child.wait_with_output().unwrap();
-    let (so, se) = (
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-    );
-    let dead = tb.hosts()[2].addr;
-    drop(tb);
-    for s in &stores {
-        let _ = std::fs::remove_dir_all(s);
-    }
-    let _ = std::fs::remove_dir_all(&d);
+    });
+    let out = run.wait(LIMIT);
+    let se = &out.stderr;
     assert!(
         killed,
         "no epoch reached the agents before the job ended:\n{se}"
     );
-    assert!(out.status.success(), "{so}\n{se}");
+    assert_same_result(&g, &out);
     assert!(
         se.contains("go to 2 agent(s) other than each rank's host"),
         "the default store on three agents is not the replicated one:\n{se}"
@@ -179,7 +135,7 @@ fn replicas_on_testbed_agents(kill_agent: bool) {
     );
     if kill_agent {
         assert!(
-            se.contains(&format!("not on {dead}")),
+            se.contains(&format!("not on {}", g.hosts()[2].addr)),
             "the dead agent's host was used again:\n{se}"
         );
         // Two hosts are left: each blob can have one replica off its producer's host, and the
@@ -190,112 +146,34 @@ fn replicas_on_testbed_agents(kill_agent: bool) {
             "waves after the restart did not commit:\n{se}"
         );
     }
-    assert_eq!(checksum(&so).as_deref(), Some(want.as_str()), "{so}\n{se}");
     eprintln!("{se}");
 }
 
 #[test]
 fn a_host_whose_network_goes_down_is_detected_and_its_ranks_restart_elsewhere() {
-    if !sys::is_root() {
-        println!(
-            "skipped: needs root (the testbed creates network namespaces, veth links and cgroups)"
-        );
-        return;
-    }
-    let Some(j) = jacobi() else {
-        println!("skipped: the jacobi example is not built (cargo build -p mutirao --examples)");
+    let Some(g) = up_with_agents("link", SPEC, 3, &ARGS) else {
         return;
     };
-    let bin = env!("CARGO_BIN_EXE_mutirao");
-    let d = std::env::temp_dir().join(format!("mutirao-recover-tb-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    let token = d.join("agent.token");
-    assert!(Command::new(bin)
-        .args(["agent", "--gen-token"])
-        .arg(&token)
-        .output()
-        .unwrap()
-        .status
-        .success());
-    let args = ["--n", "96", "--iters", "4000"];
-    let plain = Command::new(bin)
-        .args(["run", "-n", "3", "--timeout", "120"])
-        .arg(&j)
-        .arg("--")
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(plain.status.success());
-    let want = checksum(&String::from_utf8_lossy(&plain.stdout)).expect("a checksum");
-
-    let spec = Spec::parse(SPEC, 2).expect("valid spec");
-    let tb = Testbed::up(
-        &spec,
-        UpOptions {
-            agent: Some(AgentLaunch {
-                program: bin.into(),
-                args: vec![
-                    "agent".into(),
-                    "--listen".into(),
-                    "{addr}".into(),
-                    "--no-dir".into(),
-                    "--token-file".into(),
-                    token.display().to_string(),
-                ],
-                port: 7207,
-                log_dir: None,
-                ready_timeout: Duration::from_secs(10),
-            }),
-            ..UpOptions::default()
-        },
-    )
-    .expect("testbed up");
-    let hostfile = d.join("hosts");
-    std::fs::write(&hostfile, tb.hostfile()).unwrap();
-    let victim = tb.hosts()[2].clone();
-    let child = Command::new(bin)
-        .args(["run", "-n", "3", "--timeout", "120", "--heartbeat", "0.2"])
-        .arg("--hostfile")
-        .arg(&hostfile)
-        .arg("--token-file")
-        .arg(&token)
-        .args(["--checkpoint-interval", "0.3", "--checkpoint-store", "dir"])
-        .arg("--checkpoint-dir")
-        .arg(d.join("ckpt"))
-        .arg(&j)
-        .arg("--")
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let t0 = Instant::now();
-    let mut cut = false;
-    while t0.elapsed() < Duration::from_secs(60) {
-        let e = std::fs::read_to_string(d.join("ckpt").join("COMMITTED"))
-            .ok()
-            .and_then(|s| s.trim().parse::<u64>().ok());
-        if e.is_some_and(|e| e >= 2) {
-            let st = Command::new("ip")
-                .args(["-n", &victim.netns, "link", "set", "eth0", "down"])
-                .status()
-                .unwrap();
-            assert!(st.success(), "ip link set down failed");
-            cut = true;
-            break;
+    let ck = g.dir.join("ckpt");
+    let mut opts = vec!["--checkpoint-interval".to_string(), "0.3".into()];
+    opts.extend(dir_store(&g));
+    let victim = g.hosts()[2].clone();
+    let mut run = g.run(&strs(&opts), &g.jacobi, &[]);
+    let cut = poll(&mut run, || {
+        if committed(&ck).is_none_or(|e| e < 2) {
+            return false;
         }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    let out = child.wait_with_output().unwrap();
-    let (so, se) = (
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-    );
-    drop(tb);
-    let _ = std::fs::remove_dir_all(&d);
+        let st = Command::new("ip")
+            .args(["-n", &victim.netns, "link", "set", "eth0", "down"])
+            .status()
+            .unwrap();
+        assert!(st.success(), "ip link set down failed");
+        true
+    });
+    let out = run.wait(LIMIT);
+    let se = &out.stderr;
     assert!(cut, "the job ended before the link could be cut:\n{se}");
-    assert!(out.status.success(), "{so}\n{se}");
+    assert_same_result(&g, &out);
     assert!(
         se.contains(&format!("agent of {} sent no heartbeat", victim.addr)),
         "the cut host was not detected by heartbeat:\n{se}"
@@ -308,7 +186,272 @@ fn a_host_whose_network_goes_down_is_detected_and_its_ranks_restart_elsewhere() 
         se.contains(&format!("not on {}", victim.addr)),
         "the cut host was used again:\n{se}"
     );
-    assert_eq!(checksum(&so).as_deref(), Some(want.as_str()), "{so}\n{se}");
     // The launcher's story, for `--no-capture` readers.
+    eprintln!("{se}");
+}
+
+/// Rank 1's host has a slow link (5 Mbit/s against 1000 for the others), so its blob of a wave
+/// reaches the store tens of milliseconds after the others': the test sees a wave in progress
+/// (another rank's blob of epoch c+1 stored, rank 1's not) and kills rank 1 then.
+const SPEC_SLOW_H2: &str = r#"
+[[site]]
+name = "lab"
+nic_mbit = 1000
+hosts = [ { name = "h1", cpu = 1.0 }, { name = "h2", cpu = 1.0, nic_mbit = 5 }, { name = "h3", cpu = 1.0 } ]
+"#;
+
+#[test]
+fn a_rank_killed_during_a_wave_restarts_from_the_previous_committed_epoch() {
+    // 128 rows: about 43 KiB of state per rank, 70 ms through rank 1's 5 Mbit/s link.
+    let Some(g) = up_with_agents("wave", SPEC_SLOW_H2, 3, &["--n", "128", "--iters", "1500"])
+    else {
+        return;
+    };
+    let ck = g.dir.join("ckpt");
+    let mut opts = vec!["--checkpoint-interval".to_string(), "0.2".into()];
+    opts.extend(dir_store(&g));
+    let mut run = g.run(&strs(&opts), &g.jacobi, &[]);
+    let mut killed_after = None;
+    let found = poll(&mut run, || {
+        let Some(c) = committed(&ck) else {
+            return false;
+        };
+        let next = c + 1;
+        let in_progress =
+            (dir_blob(&ck, next, 0) || dir_blob(&ck, next, 2)) && !dir_blob(&ck, next, 1);
+        if !in_progress {
+            return false;
+        }
+        let Some(pid) = g.rank_pid(1, Some(0)) else {
+            return false;
+        };
+        // Stopped, rank 1 can neither finish storing its blob nor tell rank 0 it is done, so
+        // if its blob is still missing now, wave `next` can no longer commit.
+        signal(pid, libc::SIGSTOP);
+        if !dir_blob(&ck, next, 1) && committed(&ck) == Some(c) {
+            kill9(pid);
+            killed_after = Some(c);
+            return true;
+        }
+        signal(pid, libc::SIGCONT);
+        false
+    });
+    let out = run.wait(LIMIT);
+    let se = &out.stderr;
+    assert!(
+        found,
+        "no wave was seen in progress before the job ended:\n{se}"
+    );
+    let c = killed_after.unwrap();
+    assert_same_result(&g, &out);
+    assert!(
+        se.contains("rank 1 on") && se.contains("was killed by signal 9"),
+        "the failure is not rank 1's SIGKILL:\n{se}"
+    );
+    assert_eq!(
+        restart_epoch(se, 1),
+        Some(c),
+        "the restart did not use epoch {c}, the last committed before the wave:\n{se}"
+    );
+    assert_eq!(resumed(se), vec![c; 3], "{se}");
+    eprintln!("{se}");
+}
+
+#[test]
+fn a_rank_that_never_reaches_the_barrier_on_restart_times_out_and_the_job_recovers_again() {
+    let Some(g) = up_with_agents("barrier", SPEC, 3, &ARGS) else {
+        return;
+    };
+    // Incarnation 1's rank 1 never registers with the launcher (never reaches the barrier).
+    let w = wrapper(&g, "hang.sh", "1:1) exec sleep 600 ;;");
+    let ck = g.dir.join("ckpt");
+    let mut opts = vec!["--checkpoint-interval".to_string(), "0.3".into()];
+    opts.extend(dir_store(&g));
+    // The ranks' start-up waits at most 3 s for the launcher's barrier (default 60).
+    let mut run = g.run(&strs(&opts), &w, &[("MUTIRAO_CONNECT_TIMEOUT_S", "3")]);
+    let killed = poll(&mut run, || match g.rank_pid(1, Some(0)) {
+        Some(pid) if committed(&ck).is_some_and(|e| e >= 1) => {
+            kill9(pid);
+            true
+        }
+        _ => false,
+    });
+    let hung = killed && poll(&mut run, || g.rank_pid(1, Some(1)).is_some());
+    let out = run.wait(LIMIT);
+    let se = &out.stderr;
+    assert!(killed, "the job ended before a commit:\n{se}");
+    assert!(hung, "incarnation 1's rank 1 never ran:\n{se}");
+    assert_same_result(&g, &out);
+    let (e1, e2) = (restart_epoch(se, 1), restart_epoch(se, 2));
+    assert!(e1.is_some(), "no restart from a committed epoch:\n{se}");
+    // Incarnation 1 never passed its barrier, so it committed nothing.
+    assert_eq!(e2, e1, "the second restart's epoch:\n{se}");
+    // The others were told why by the launcher, whose barrier gives up first (at 80 % of the
+    // ranks' 3 s), naming the rank that never came.
+    assert!(
+        se.contains("timed out after 2.4s waiting for ranks [1] to reach the fence"),
+        "no rank said the barrier timed out waiting for rank 1:\n{se}"
+    );
+    // Nothing blocked: the time lost is the barrier's timeout (3 s) plus two restarts, not the
+    // job's --timeout.
+    assert!(
+        out.elapsed < Duration::from_secs(45),
+        "{:?}:\n{se}",
+        out.elapsed
+    );
+    assert!(
+        g.rank_pid(1, Some(1)).is_none(),
+        "the hung rank was left running"
+    );
+    eprintln!("{se}");
+}
+
+#[test]
+fn a_registration_with_the_previous_incarnations_token_is_refused_on_the_testbed() {
+    let Some(g) = up_with_agents("stale", SPEC, 3, &ARGS) else {
+        return;
+    };
+    let d = g.dir.0.display().to_string();
+    // Incarnation 0's rank 1 (on h2) leaves its job token behind; incarnation 1's rank 0 (on h1)
+    // says hello as rank 1 with it to the new bootstrap server, over the testbed's network,
+    // and keeps the answer, then runs jacobi as usual.
+    let probe = r#"exec 3<>"/dev/tcp/${0%:*}/${0##*:}" || exit 1; printf "%s\n" "$1" >&3; IFS= read -r -t 5 a <&3; printf "%s" "$a""#;
+    let w = wrapper(
+        &g,
+        "stale.sh",
+        &format!(
+            r#"0:1) printf '%s' "$MUTIRAO_JOB_TOKEN" > '{d}/old.token' ;;
+1:0) printf '%s' "$MUTIRAO_JOB_TOKEN" > '{d}/new.token'
+     hello="{{\"op\":\"hello\",\"rank\":1,\"token\":\"$(cat '{d}/old.token')\"}}"
+     timeout 10 bash -c '{probe}' "$MUTIRAO_PMI_ADDR" "$hello" > '{d}/answer.tmp' 2>&1
+     mv '{d}/answer.tmp' '{d}/answer' ;;"#
+        ),
+    );
+    let ck = g.dir.join("ckpt");
+    let mut opts = vec!["--checkpoint-interval".to_string(), "0.3".into()];
+    opts.extend(dir_store(&g));
+    let mut run = g.run(&strs(&opts), &w, &[]);
+    let killed = poll(&mut run, || match g.rank_pid(1, Some(0)) {
+        Some(pid) if committed(&ck).is_some_and(|e| e >= 1) => {
+            kill9(pid);
+            true
+        }
+        _ => false,
+    });
+    let out = run.wait(LIMIT);
+    let se = &out.stderr;
+    assert!(killed, "the job ended before a commit:\n{se}");
+    assert_same_result(&g, &out);
+    assert!(
+        restart_epoch(se, 1).is_some(),
+        "no restart from a committed epoch:\n{se}"
+    );
+    let read = |f: &str| std::fs::read_to_string(g.dir.join(f)).unwrap_or_default();
+    let (old, new) = (read("old.token"), read("new.token"));
+    assert!(
+        old.len() == 64 && new.len() == 64 && old != new,
+        "every incarnation has a new job token: {old:?} {new:?}"
+    );
+    let answer = read("answer");
+    assert!(
+        answer.contains(r#""op":"error""#) && answer.contains("wrong job token"),
+        "the stale registration was not refused: {answer:?}\n{se}"
+    );
+    eprintln!("stale registration answered {answer}\n{se}");
+}
+
+#[test]
+fn a_failure_during_recovery_raises_the_incarnation_again_and_the_job_finishes() {
+    let Some(g) = up_with_agents("twice", SPEC, 3, &ARGS) else {
+        return;
+    };
+    // Incarnation 1's rank 2 starts slowly (2 s before jacobi), so the test can kill it while
+    // the job is being recovered: before the new barrier, before any rank restored.
+    let d = g.dir.0.display().to_string();
+    let w = wrapper(
+        &g,
+        "slow.sh",
+        &format!("1:2) : > '{d}/slow-start'; sleep 2 ;;"),
+    );
+    let ck = g.dir.join("ckpt");
+    let mut opts = vec!["--checkpoint-interval".to_string(), "0.3".into()];
+    opts.extend(dir_store(&g));
+    let mut run = g.run(&strs(&opts), &w, &[]);
+    let first = poll(&mut run, || match g.rank_pid(1, Some(0)) {
+        Some(pid) if committed(&ck).is_some_and(|e| e >= 1) => {
+            kill9(pid);
+            true
+        }
+        _ => false,
+    });
+    let second = first
+        && poll(&mut run, || match g.rank_pid(2, Some(1)) {
+            Some(pid) if g.dir.join("slow-start").is_file() => {
+                kill9(pid);
+                true
+            }
+            _ => false,
+        });
+    let out = run.wait(LIMIT);
+    let se = &out.stderr;
+    assert!(first, "the job ended before a commit:\n{se}");
+    assert!(
+        second,
+        "incarnation 1's rank 2 was not seen starting:\n{se}"
+    );
+    assert_same_result(&g, &out);
+    let (e1, e2) = (restart_epoch(se, 1), restart_epoch(se, 2));
+    assert!(
+        e1.is_some(),
+        "no first restart from a committed epoch:\n{se}"
+    );
+    assert_eq!(e2, e1, "the second restart's epoch:\n{se}");
+    assert!(!se.contains("restart 3 of 3"), "{se}");
+    // Only incarnation 2 restored (incarnation 1 never passed its barrier).
+    assert_eq!(resumed(se), vec![e2.unwrap(); 3], "{se}");
+    eprintln!("{se}");
+}
+
+#[test]
+fn a_rank_killed_before_any_checkpoint_restarts_the_job_from_scratch() {
+    let Some(g) = up_with_agents("scratch", SPEC, 3, &ARGS) else {
+        return;
+    };
+    let ck = g.dir.join("ckpt");
+    // The first wave would come after 60 s: the job is long over by then.
+    let mut opts = vec!["--checkpoint-interval".to_string(), "60".into()];
+    opts.extend(dir_store(&g));
+    let mut run = g.run(&strs(&opts), &g.jacobi, &[]);
+    let mut since: Option<Instant> = None;
+    let killed = poll(&mut run, || {
+        let all = (0..3).all(|r| g.rank_pid(r, Some(0)).is_some());
+        let t = *since.get_or_insert_with(Instant::now);
+        if !all {
+            since = None;
+            return false;
+        }
+        // Half a second into the computation.
+        if t.elapsed() < Duration::from_millis(500) {
+            return false;
+        }
+        let Some(pid) = g.rank_pid(1, Some(0)) else {
+            return false;
+        };
+        assert_eq!(committed(&ck), None, "a checkpoint was committed");
+        kill9(pid);
+        true
+    });
+    let out = run.wait(LIMIT);
+    let se = &out.stderr;
+    assert!(killed, "the job ended before rank 1 could be killed:\n{se}");
+    assert_same_result(&g, &out);
+    assert!(
+        se.contains("restart 1 of 3: every rank from the beginning (no checkpoint committed yet)"),
+        "no restart from scratch:\n{se}"
+    );
+    assert!(
+        resumed(se).is_empty(),
+        "a rank restored a checkpoint:\n{se}"
+    );
     eprintln!("{se}");
 }

@@ -23,8 +23,11 @@ use std::time::{Duration, Instant};
 pub enum ExecEvent {
     /// Output of the job's ranks (stdout and stderr, as it comes).
     Output(Vec<u8>),
-    /// A host of the job stopped answering.
+    /// A host of the job stopped answering (its name).
     HostLost(String),
+    /// What the launcher tells about the run (a host lost, a restart from a checkpoint), for
+    /// the job's journal besides its log.
+    Note(String),
     /// The job ended; nothing follows.
     Exited {
         /// The program succeeded on every rank.
@@ -78,6 +81,42 @@ impl Execution for LaunchExecution {
     fn cancel(&self) {
         self.cancelled.store(true, Ordering::SeqCst);
     }
+}
+
+/// `text` with every host address of `by_addr` (address, name) that stands alone (not part of
+/// a longer address or number) replaced by the host's name.
+fn name_hosts(text: &str, by_addr: &[(String, String)]) -> String {
+    let mut out = text.to_string();
+    for (addr, name) in by_addr {
+        if addr.is_empty() || addr == name {
+            continue;
+        }
+        let mut done = String::with_capacity(out.len());
+        let mut rest = out.as_str();
+        while let Some(i) = rest.find(addr.as_str()) {
+            let before = rest[..i].chars().next_back();
+            let after = rest[i + addr.len()..].chars().next();
+            let part = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric() || c == '.');
+            // A trailing '.' ends a sentence; a digit after it continues an address.
+            let after_part = match after {
+                Some('.') => rest[i + addr.len() + 1..]
+                    .chars()
+                    .next()
+                    .is_some_and(|c| c.is_ascii_digit()),
+                c => part(c),
+            };
+            done.push_str(&rest[..i]);
+            if part(before) || after_part {
+                done.push_str(addr);
+            } else {
+                done.push_str(name);
+            }
+            rest = &rest[i + addr.len()..];
+        }
+        done.push_str(rest);
+        out = done;
+    }
+    out
 }
 
 /// The hostfile entries of a placement: one per host, as many slots as ranks placed there.
@@ -138,13 +177,27 @@ impl Executor for LaunchExecutor {
         let ckpt_dir = l.work_dir.join("ckpt");
         let job_id = l.job.id;
         let handle = cancelled.clone();
+        // Hostfile index → the host's name (the hostfile holds addresses).
+        let names: Vec<String> = l.hosts.iter().map(|s| s.name.clone()).collect();
+        // The launcher names hosts by address; the journal by the names the agents registered.
+        let by_addr: Vec<(String, String)> = spec
+            .hosts
+            .iter()
+            .flatten()
+            .zip(&names)
+            .map(|(h, n)| (h.host.clone(), n.clone()))
+            .collect();
         std::thread::Builder::new()
             .name(format!("job-{job_id}"))
             .spawn(move || {
                 let mut on = |r: Report| {
                     let line = match r {
                         Report::Output { rank, line, .. } => format!("[{rank}] {line}\n"),
-                        Report::Notice(n) => format!("mutirao: {n}\n"),
+                        Report::Notice(n) => {
+                            // Failures and restarts only: the journal tells the run's story.
+                            events(ExecEvent::Note(name_hosts(&n, &by_addr)));
+                            format!("mutirao: {n}\n")
+                        }
                     };
                     events(ExecEvent::Output(line.into_bytes()));
                 };
@@ -173,13 +226,9 @@ impl Executor for LaunchExecutor {
                     Ok((0, _)) => (true, "exit 0".to_string()),
                     Ok((code, cause)) => {
                         if let Some(Cause::HostLost { host, .. }) = &cause {
-                            let name = spec
-                                .hosts
-                                .as_ref()
-                                .and_then(|h| h.get(*host))
-                                .map(|h| h.host.clone())
-                                .unwrap_or_default();
-                            events(ExecEvent::HostLost(name));
+                            if let Some(name) = names.get(*host) {
+                                events(ExecEvent::HostLost(name.clone()));
+                            }
                         }
                         (false, format!("exit status {code}"))
                     }
@@ -279,12 +328,18 @@ pub struct Dispatcher {
     last_refusal: Mutex<HashMap<i64, String>>,
     placing: Mutex<()>,
     model: Mutex<Option<HashMap<String, f64>>>,
+    /// Per job, hosts lost by its earlier runs (left out of its placements) and how often it
+    /// was re-queued for it.
+    excluded: Mutex<HashMap<i64, (BTreeSet<String>, u32)>>,
     me: Weak<Dispatcher>,
 }
 
 /// Hours ahead a host should stay idle for placement to prefer it (jobs do not say how long
 /// they run).
 pub const STAY_IDLE_HOURS: u32 = 2;
+
+/// How often a job whose run failed with lost hosts is placed again before it fails.
+pub const MAX_HOST_LOSS_REQUEUES: u32 = 3;
 
 /// The hosts' relative speeds of a calibrated model (`mutirao-model/1` JSON), for
 /// [`Dispatcher::set_model`]; the error says what is wrong with the file.
@@ -316,6 +371,7 @@ impl Dispatcher {
             last_refusal: Mutex::new(HashMap::new()),
             placing: Mutex::new(()),
             model: Mutex::new(None),
+            excluded: Mutex::new(HashMap::new()),
             me: me.clone(),
         });
         c.set_hook(d.clone());
@@ -384,14 +440,21 @@ impl Dispatcher {
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_millis() as i64)
             .unwrap_or(0);
-        let hosts: Vec<_> = store
+        let left_out: BTreeSet<String> = self
+            .excluded
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&j.id)
+            .map(|e| e.0.clone())
+            .unwrap_or_default();
+        let (hosts, out): (Vec<_>, Vec<_>) = store
             .hosts()?
             .into_iter()
             .map(|h| {
                 let alive = now - h.last_seen_ms <= lost_after;
                 (h, alive)
             })
-            .collect();
+            .partition(|(h, _)| !left_out.contains(&h.report.name));
         let req =
             Requirement::parse(j.spec.require.as_deref().unwrap_or("")).map_err(Error::Invalid)?;
         let prefs = Prefs {
@@ -404,7 +467,13 @@ impl Dispatcher {
                 .collect(),
             speed: self.model.lock().unwrap_or_else(|p| p.into_inner()).clone(),
         };
-        let p: Placement = place_with(j.spec.ranks, &req, &hosts, &prefs);
+        let mut p: Placement = place_with(j.spec.ranks, &req, &hosts, &prefs);
+        for (h, _) in &out {
+            p.refused.push((
+                h.report.name.clone(),
+                "lost during an earlier run of this job".to_string(),
+            ));
+        }
         if p.chosen.is_empty() {
             let why = if p.refused.is_empty() {
                 "no host has registered; waiting for agents".to_string()
@@ -480,17 +549,23 @@ impl Dispatcher {
         let (c, id, me) = (self.c.clone(), j.id, self.me.clone());
         let ckpt_dir = launch.work_dir.join("ckpt");
         let hosts_used: Vec<String> = launch.hosts.iter().map(|s| s.name.clone()).collect();
+        let mut lost_here: BTreeSet<String> = BTreeSet::new();
         let sink: EventSink = Box::new(move |ev| match ev {
             ExecEvent::Output(b) => {
                 if let Err(e) = c.append_log(id, &b) {
                     eprintln!("mutirao coordinator: job {id}: cannot store output: {e}");
                 }
             }
+            ExecEvent::Note(n) => {
+                let _ = c.store().note(id, "launcher", &n);
+            }
             ExecEvent::HostLost(h) => {
                 let _ = c.store().note(id, "host-lost", &h);
+                lost_here.insert(h);
             }
             ExecEvent::Exited { success, detail } => {
-                let run = me.upgrade().and_then(|d| {
+                let d = me.upgrade();
+                let run = d.as_ref().and_then(|d| {
                     d.running
                         .lock()
                         .unwrap_or_else(|p| p.into_inner())
@@ -501,6 +576,15 @@ impl Dispatcher {
                         eprintln!("mutirao coordinator: job {id}: cannot re-queue it: {e}");
                     }
                     return;
+                }
+                if let (false, false, Some(d)) = (success, lost_here.is_empty(), &d) {
+                    match d.requeue_lost(id, &lost_here, &detail, &ckpt_dir) {
+                        Ok(true) => return,
+                        Ok(false) => {}
+                        Err(e) => {
+                            eprintln!("mutirao coordinator: job {id}: cannot re-queue it: {e}")
+                        }
+                    }
                 }
                 let to = if success {
                     JobState::Finished
@@ -648,6 +732,59 @@ impl Dispatcher {
         Ok(())
     }
 
+    /// A run that failed because hosts were lost: unless the job was cancelled meanwhile or
+    /// has been re-queued [`MAX_HOST_LOSS_REQUEUES`] times already, it goes back to `waiting`
+    /// through `recovering` (journalled, with the committed epoch it resumes from, if any) and
+    /// its next placements leave the lost hosts out. Returns whether it was re-queued.
+    fn requeue_lost(
+        &self,
+        id: i64,
+        lost: &BTreeSet<String>,
+        ended: &str,
+        ckpt_dir: &Path,
+    ) -> Result<bool> {
+        let job = self.c.store().job(id)?;
+        if job.state.is_final() {
+            return Ok(false);
+        }
+        let names: Vec<&str> = lost.iter().map(String::as_str).collect();
+        let names = names.join(", ");
+        let tries = {
+            let mut ex = self.excluded.lock().unwrap_or_else(|p| p.into_inner());
+            let e = ex.entry(id).or_default();
+            e.0.extend(lost.iter().cloned());
+            e.1 += 1;
+            e.1
+        };
+        if tries > MAX_HOST_LOSS_REQUEUES {
+            self.c.store().note(
+                id,
+                "host-lost",
+                &format!("lost {names} ({ended}); re-queued {MAX_HOST_LOSS_REQUEUES} times already: giving up"),
+            )?;
+            return Ok(false);
+        }
+        if job.state == JobState::Suspended {
+            self.c
+                .transition(id, JobState::Running, "its run ended while suspended")?;
+        }
+        let from = match (job.spec.checkpoint_interval_s, committed_epoch(ckpt_dir)) {
+            (Some(_), Some(e)) => format!("it resumes from committed epoch {e}"),
+            (Some(_), None) => {
+                "no epoch was committed: it starts again from the beginning".to_string()
+            }
+            (None, _) => "no checkpoints: it runs again from the beginning".to_string(),
+        };
+        self.c
+            .transition(id, JobState::Recovering, &format!("lost {names} ({ended})"))?;
+        self.c.transition(
+            id,
+            JobState::Waiting,
+            &format!("re-queued (host loss {tries} of at most {MAX_HOST_LOSS_REQUEUES}): {from}, on hosts other than {names}"),
+        )?;
+        Ok(true)
+    }
+
     /// How many jobs run now.
     pub fn running(&self) -> usize {
         self.running.lock().unwrap_or_else(|p| p.into_inner()).len()
@@ -708,5 +845,24 @@ impl JobHook for Dispatcher {
         if let Some(x) = x {
             x.exec.cancel();
         }
+    }
+}
+
+#[cfg(test)]
+mod name_tests {
+    #[test]
+    fn launcher_notices_name_hosts_as_they_registered() {
+        let by = [
+            ("10.0.0.1".to_string(), "a1".to_string()),
+            ("10.0.0.12".to_string(), "a12".to_string()),
+        ];
+        assert_eq!(
+            super::name_hosts("agent of 10.0.0.1 lost; not on 10.0.0.12, 10.0.0.1.", &by),
+            "agent of a1 lost; not on a12, a1."
+        );
+        assert_eq!(
+            super::name_hosts("x110.0.0.1 10.0.0.100", &by),
+            "x110.0.0.1 10.0.0.100"
+        );
     }
 }

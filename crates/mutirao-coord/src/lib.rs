@@ -35,6 +35,7 @@ pub mod api;
 pub mod auth;
 pub mod client;
 pub mod exec;
+pub mod fetch;
 mod model;
 pub mod owner;
 mod pg;

@@ -4,6 +4,7 @@
 
 use crate::proto::{self, Msg, Stream};
 use anyhow::bail;
+use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
@@ -27,6 +28,58 @@ pub struct AgentConfig {
     /// Every process group this agent runs for launchers (the owner's policy stops and
     /// continues them all).
     pub procs: Procs,
+    /// Where programs named by digest come from (an agent of a grid coordinator fetches them
+    /// from its repository); `None`: programs are run from the paths launchers name.
+    pub programs: Option<ProgramSource>,
+}
+
+/// Resolves a program digest (`sha256:<hex>`) to a local file whose content has just been
+/// checked against it, or says why not.
+pub type Resolve = Arc<dyn Fn(&str) -> Result<PathBuf, String> + Send + Sync>;
+
+/// Programs by digest, for an agent that does not share the launcher's file system.
+#[derive(Clone)]
+pub struct ProgramSource {
+    /// Digest → checked local file.
+    pub resolve: Resolve,
+    /// Ranks whose launch names a working directory this host does not have run in a
+    /// directory of their own under this one (one per launcher directory, kept between runs).
+    pub run_dir: PathBuf,
+}
+
+/// The digest a launch names its program by, if any: the program itself given as
+/// `sha256:<hex>` (a program in the coordinator's repository, e.g. one a rank spawns), the
+/// digest of [`PROGRAM_DIGEST_ENV`] when the program is the one [`PROGRAM_DIGEST_OF_ENV`]
+/// names, or a file name `sha256-<hex>` (an agent's cached copy: a rank run from it that
+/// spawns itself names that path).
+pub fn program_digest(program: &str, env: Option<&BTreeMap<String, String>>) -> Option<String> {
+    let is_digest = |d: &str| {
+        d.strip_prefix("sha256:")
+            .is_some_and(|h| h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()))
+    };
+    if program.starts_with("sha256:") {
+        return Some(program.to_string());
+    }
+    if let Some(want) = env.and_then(|env| {
+        let of = env.get(PROGRAM_DIGEST_OF_ENV);
+        env.get(PROGRAM_DIGEST_ENV)
+            .filter(|_| of.is_none_or(|p| *p == program))
+    }) {
+        return Some(want.trim().to_string());
+    }
+    let name = Path::new(program).file_name()?.to_str()?;
+    let d = name.replacen('-', ":", 1);
+    is_digest(&d).then_some(d)
+}
+
+/// The directory a rank runs in on an agent with a [`ProgramSource`] when the launcher's
+/// `cwd` does not exist here: `run_dir/<16 hex of the launcher directory's digest>`.
+fn own_run_dir(run_dir: &Path, cwd: Option<&str>) -> std::io::Result<PathBuf> {
+    use sha2::{Digest, Sha256};
+    let h = Sha256::digest(cwd.unwrap_or("").as_bytes());
+    let d = run_dir.join(&mutirao::pmi::hex(&h)[..16]);
+    std::fs::create_dir_all(&d)?;
+    Ok(d)
 }
 
 /// The process groups an agent runs for launchers, so that the host owner's policy can stop
@@ -255,17 +308,54 @@ pub fn serve(conn: TcpStream, cfg: &AgentConfig) -> anyhow::Result<()> {
     // A launcher that names the program's digest (the grid coordinator does) has it checked
     // here, on the host that runs it, before anything starts.
     // Only for the program it names (a rank may spawn another program with its environment).
-    let named = ranks.first().and_then(|r| {
-        let of = r.env.get(PROGRAM_DIGEST_OF_ENV);
-        r.env
-            .get(PROGRAM_DIGEST_ENV)
-            .filter(|_| of.is_none_or(|p| *p == program))
-    });
-    if let Some(want) = named {
-        if let Err(e) = verify_program(&program, cwd.as_deref(), want) {
-            let _ = send(&Msg::Error { msg: e.clone() });
-            bail!("{peer}: {e}");
+    let named = program_digest(&program, ranks.first().map(|r| &r.env));
+    let mut program = program;
+    let mut cwd = cwd;
+    match (&cfg.programs, named) {
+        (Some(src), Some(want)) => {
+            // From the coordinator's repository (or this agent's cache), checked just now.
+            match (src.resolve)(&want) {
+                Ok(p) => {
+                    log(&format!(
+                        "{peer}: {program:?} is {want}, run from {}",
+                        p.display()
+                    ));
+                    program = p.display().to_string();
+                }
+                Err(e) => {
+                    let msg = format!("{want}: {e}");
+                    let _ = send(&Msg::Error { msg: msg.clone() });
+                    bail!("{peer}: refused the launch: {msg}");
+                }
+            }
+            if !cwd.as_deref().is_some_and(|d| Path::new(d).is_dir()) {
+                match own_run_dir(&src.run_dir, cwd.as_deref()) {
+                    Ok(d) => cwd = Some(d.display().to_string()),
+                    Err(e) => {
+                        let msg = format!(
+                            "cannot create a working directory under {}: {e}",
+                            src.run_dir.display()
+                        );
+                        let _ = send(&Msg::Error { msg: msg.clone() });
+                        bail!("{peer}: {msg}");
+                    }
+                }
+            }
         }
+        (None, Some(want)) if program.starts_with("sha256:") => {
+            let msg = format!(
+                "the program is named by its digest {want}, but this agent fetches no programs (start it with --coordinator URL)"
+            );
+            let _ = send(&Msg::Error { msg: msg.clone() });
+            bail!("{peer}: {msg}");
+        }
+        (None, Some(want)) => {
+            if let Err(e) = verify_program(&program, cwd.as_deref(), &want) {
+                let _ = send(&Msg::Error { msg: e.clone() });
+                bail!("{peer}: {e}");
+            }
+        }
+        (_, None) => {}
     }
     log(&format!(
         "{peer}: starting {program:?} as ranks {:?}",
@@ -500,6 +590,32 @@ fn kill_all(pids: &[i32], sig: i32) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_launch_names_its_program_by_digest_in_three_ways() {
+        let hex = "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad";
+        let d = format!("sha256:{hex}");
+        // The program itself is a digest (a program of the coordinator's repository).
+        assert_eq!(program_digest(&d, None), Some(d.clone()));
+        // The launch's digest variable, for the program it names (or any, without _OF).
+        let mut env = BTreeMap::new();
+        env.insert(PROGRAM_DIGEST_ENV.to_string(), d.clone());
+        assert_eq!(
+            program_digest("/jobs/7/program", Some(&env)),
+            Some(d.clone())
+        );
+        env.insert(PROGRAM_DIGEST_OF_ENV.to_string(), "/jobs/7/program".into());
+        assert_eq!(
+            program_digest("/jobs/7/program", Some(&env)),
+            Some(d.clone())
+        );
+        assert_eq!(program_digest("/usr/bin/other", Some(&env)), None);
+        // An agent's cached copy, named by a rank that spawns itself.
+        let cached = format!("/var/agent/programs/sha256-{hex}");
+        assert_eq!(program_digest(&cached, Some(&env)), Some(d.clone()));
+        assert_eq!(program_digest("/var/agent/programs/sha256-xyz", None), None);
+        assert_eq!(program_digest("./prog", None), None);
+    }
 
     #[test]
     fn a_program_is_run_only_with_the_digest_it_was_named_by() {

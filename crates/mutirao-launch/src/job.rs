@@ -58,7 +58,8 @@ pub struct JobSpec {
     /// Environment remote ranks get besides their rank variables (local ranks inherit this
     /// process's environment, plus these).
     pub env: BTreeMap<String, String>,
-    /// How long the bootstrap server waits for every rank at a fence.
+    /// How long the bootstrap server waits for every rank at a fence (at most; see
+    /// [`effective_fence_timeout`]).
     pub fence_timeout: Duration,
     /// The checkpoint store the bootstrap server hands the ranks' checkpoints to.
     pub checkpoints: Option<Arc<dyn CheckpointSink>>,
@@ -412,6 +413,25 @@ impl Drop for Job {
     }
 }
 
+/// The bootstrap server's fence timeout for `spec`: `spec.fence_timeout`, but no more than 80 %
+/// of the ranks' own start-up timeout (`MUTIRAO_CONNECT_TIMEOUT_S` of `spec.env`, else of this
+/// process's environment, which local ranks inherit; 60 s by default). A rank that never
+/// reaches the barrier is then reported by the launcher's answer to the others, naming it
+/// ("timed out after … waiting for ranks [1] to reach the fence"), before they give up on a bare
+/// read timeout of their own.
+pub fn effective_fence_timeout(spec: &JobSpec) -> Duration {
+    const VAR: &str = "MUTIRAO_CONNECT_TIMEOUT_S";
+    let ranks = spec
+        .env
+        .get(VAR)
+        .cloned()
+        .or_else(|| std::env::var(VAR).ok())
+        .and_then(|s| s.trim().parse::<u64>().ok())
+        .unwrap_or(60);
+    spec.fence_timeout
+        .min(Duration::from_secs(ranks).mul_f64(0.8))
+}
+
 /// The bootstrap server, with the checkpoint store when checkpoints are on.
 fn start_pmi(
     spec: &JobSpec,
@@ -419,7 +439,8 @@ fn start_pmi(
     token: [u8; 32],
     spawner: Arc<JobSpawner>,
 ) -> std::io::Result<PmiServer> {
-    let mut b = PmiServer::builder(bind, spec.n as u32, token, spec.fence_timeout).spawner(spawner);
+    let fence = effective_fence_timeout(spec);
+    let mut b = PmiServer::builder(bind, spec.n as u32, token, fence).spawner(spawner);
     if let Some(sink) = &spec.checkpoints {
         b = b.checkpoints(sink.clone());
     }
@@ -1181,6 +1202,22 @@ mod tests {
 
     fn hosts(text: &str) -> Vec<HostEntry> {
         hostfile::parse(text).unwrap()
+    }
+
+    #[test]
+    fn the_barrier_gives_up_before_the_ranks_do() {
+        let mut spec = JobSpec::local(2, "prog", vec![]);
+        spec.env
+            .insert("MUTIRAO_CONNECT_TIMEOUT_S".into(), "3".into());
+        assert_eq!(effective_fence_timeout(&spec), Duration::from_millis(2400));
+        spec.fence_timeout = Duration::from_secs(1);
+        assert_eq!(effective_fence_timeout(&spec), Duration::from_secs(1));
+        spec.env.remove("MUTIRAO_CONNECT_TIMEOUT_S");
+        spec.fence_timeout = Duration::from_secs(120);
+        if std::env::var_os("MUTIRAO_CONNECT_TIMEOUT_S").is_none() {
+            // The ranks' default, 60 s.
+            assert_eq!(effective_fence_timeout(&spec), Duration::from_secs(48));
+        }
     }
 
     #[test]

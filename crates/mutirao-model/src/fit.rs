@@ -1322,6 +1322,11 @@ pub fn fit(calib: &Calibration, opts: &FitOptions) -> Result<(Model, FitReport),
                 .collect(),
         });
     }
+    model.push_cost = push_costs(
+        calib,
+        mode,
+        &measured.iter().map(|m| (m.0, m.3)).collect::<Vec<_>>(),
+    );
     model.validate()?;
     let mut uncovered = Vec::new();
     for a in &model.hosts {
@@ -1342,6 +1347,67 @@ pub fn fit(calib: &Calibration, opts: &FitOptions) -> Result<(Model, FitReport),
         warnings,
     };
     Ok((model, report))
+}
+
+/// Per host, the time it spends per byte pushing a rendezvous message to another host
+/// ([`Model::push_cost`]): the slope of its send overhead between the smallest measured size and
+/// the largest eager one (at least 16 KiB) — an eager send call does that copy and protocol
+/// work itself, a rendezvous send does it later, while the program computes — the median over
+/// its sweeps to other hosts, times its wall/CPU ratio (a host held to part of a core spends
+/// that much longer on the same work). Nothing when the calibration does not record the eager
+/// limit. On the testbed (1500-byte frames through the stack) it is about 6 µs per KiB of CPU:
+/// a task on a half-core host computed for 50 ms while its rank pushed 3 MiB took 90–120 ms.
+fn push_costs(
+    calib: &Calibration,
+    mode: SendMode,
+    ratios: &[(&str, Option<f64>)],
+) -> Vec<crate::PushCost> {
+    const MIN_EAGER: u64 = 16 << 10;
+    let Some(eager) = calib.provenance.eager_limit_bytes else {
+        return Vec::new();
+    };
+    if eager < MIN_EAGER {
+        return Vec::new();
+    }
+    let mut slopes: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+    for sw in calib
+        .pairs
+        .iter()
+        .filter(|p| p.mode == mode && p.method == Method::PingPong && p.src != p.dst)
+    {
+        let os: Vec<(u64, f64)> = sw
+            .sizes
+            .iter()
+            .filter_map(|s| Some((s.bytes, s.stats.or_else(|| s.derive(sw.method))?.os.median)))
+            .filter(|(_, v)| v.is_finite())
+            .collect();
+        let small = os.iter().min_by_key(|p| p.0);
+        let big = os
+            .iter()
+            .filter(|p| p.0 <= eager && p.0 >= MIN_EAGER)
+            .max_by_key(|p| p.0);
+        if let (Some(&(b0, v0)), Some(&(b1, v1))) = (small, big) {
+            if b1 > b0 {
+                slopes
+                    .entry(sw.src.as_str())
+                    .or_default()
+                    .push(((v1 - v0) / (b1 - b0) as f64).max(0.0));
+            }
+        }
+    }
+    ratios
+        .iter()
+        .filter_map(|&(host, ratio)| {
+            let mut v = slopes.remove(host)?;
+            v.sort_by(f64::total_cmp);
+            let median = v[v.len() / 2];
+            let r = ratio.filter(|r| r.is_finite()).unwrap_or(1.0).max(1.0);
+            Some(crate::PushCost {
+                host: host.to_string(),
+                us_per_byte: median * r,
+            })
+        })
+        .collect()
 }
 
 fn pair_link(src: &str, dst: &str, os: Piecewise, or: Piecewise, l: Piecewise) -> Link {

@@ -53,6 +53,9 @@ pub enum ModelError {
     BadLink { index: usize, msg: String },
     #[error("capacity: {0}")]
     BadCapacity(String),
+    /// A push cost entry is invalid.
+    #[error("{0}")]
+    BadPushCost(String),
     #[error("unknown host {0:?}: it is not in the model's host list")]
     UnknownHost(String),
     #[error("no link class in the model covers {src:?} -> {dst:?} ({class}); add a {class:?} link (or a pair link) to the model")]
@@ -274,6 +277,23 @@ pub struct Model {
     /// taken to leave at once.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub eager_limit_bytes: Option<u64>,
+    /// Per host, the time its CPU spends pushing the bytes of a rendezvous message to another
+    /// host after the send call returned (the runtime moves them while the program computes and
+    /// tests its requests). `fit` derives it from the slope of the eager send overhead (the same
+    /// copy and protocol work, done inside the call) times the host's wall/CPU ratio. The
+    /// contention simulator charges it to the sender's CPU; absent, a rendezvous send costs its
+    /// sender only `Os`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub push_cost: Vec<PushCost>,
+}
+
+/// Time a host spends per byte pushing a rendezvous message (see [`Model::push_cost`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PushCost {
+    /// Host name.
+    pub host: String,
+    /// Microseconds of that host's time per byte (≥ 0).
+    pub us_per_byte: f64,
 }
 
 impl Model {
@@ -286,6 +306,7 @@ impl Model {
             capacity: None,
             poor_fit: Vec::new(),
             eager_limit_bytes: None,
+            push_cost: Vec::new(),
         };
         m.validate()?;
         Ok(m)
@@ -387,7 +408,36 @@ impl Model {
                 }
             }
         }
+        let mut pushed = HashMap::new();
+        for (i, p) in self.push_cost.iter().enumerate() {
+            if !seen.contains_key(p.host.as_str()) {
+                return Err(ModelError::BadPushCost(format!(
+                    "push_cost[{i}]: host {:?} is not in the model's host list",
+                    p.host
+                )));
+            }
+            if pushed.insert(p.host.as_str(), ()).is_some() {
+                return Err(ModelError::BadPushCost(format!(
+                    "push_cost[{i}]: host {:?} is listed twice",
+                    p.host
+                )));
+            }
+            if !(p.us_per_byte.is_finite() && p.us_per_byte >= 0.0) {
+                return Err(ModelError::BadPushCost(format!(
+                    "push_cost[{i}] ({:?}): us_per_byte {} must be a finite number >= 0",
+                    p.host, p.us_per_byte
+                )));
+            }
+        }
         Ok(())
+    }
+
+    /// Push cost of `host` in µs per byte (0 when the model has none for it).
+    pub fn push_us_per_byte(&self, host: &str) -> f64 {
+        self.push_cost
+            .iter()
+            .find(|p| p.host == host)
+            .map_or(0.0, |p| p.us_per_byte)
     }
 
     /// NIC capacity of `host`, if the model has one.

@@ -245,6 +245,7 @@ pub fn gridrio2004() -> Model {
         capacity: None,
         poor_fit: Vec::new(),
         eager_limit_bytes: None,
+        push_cost: Vec::new(),
     }
 }
 

@@ -748,21 +748,7 @@ fn a_long_upper_tail_of_descheduled_samples_does_not_hide_a_bend() {
     // not. The one-way time bends at 256 KiB (the per-byte cost triples: a cache spilled).
     // The fit must follow the medians and `poor_fits` find nothing; with the 10–90% spread as
     // the medians' error the fit took the bend for noise and drew one line (22% off at 1 MiB).
-    let mut c = Calibration::new(StrategyKind::AllPairs, "test", 1);
-    for n in ["a1", "a2"] {
-        let mut host = CalibHost::new(n, "a", "127.0.0.1:0");
-        host.speed = Some(SpeedMeasurement {
-            kernel: "inc+matmul+gauss".into(),
-            reps: 100,
-            samples: (0..5)
-                .map(|_| SpeedSample {
-                    wall_us: 100.0,
-                    cpu_us: 100.0,
-                })
-                .collect(),
-        });
-        c.add_host(host).unwrap();
-    }
+    let mut c = hosts_on_site_a(&[("a1", 1.0), ("a2", 1.0)]);
     let sizes: Vec<u64> = std::iter::once(0)
         .chain((0..11).map(|k| 1024u64 << k))
         .collect();
@@ -825,4 +811,78 @@ fn a_long_upper_tail_of_descheduled_samples_does_not_hide_a_bend() {
             "{m} B: modelled one-way {modelled:.1} us, clean truth {truth:.1} us"
         );
     }
+}
+
+#[test]
+fn push_cost_is_the_eager_send_slope_times_the_wall_cpu_ratio() {
+    // a1 gets half a core (wall = 2 × CPU), a2 a whole one. An eager send call copies and
+    // pushes its bytes itself: Os = 5 µs + 6 µs/KiB up to the 64 KiB eager limit, then 8 µs
+    // (a rendezvous send only posts). The push cost is that slope, in each host's time.
+    let mut c = hosts_on_site_a(&[("a1", 2.0), ("a2", 1.0)]);
+    let eager = 64u64 << 10;
+    let slope = 6.0 / 1024.0;
+    let os = |m: u64| {
+        if m <= eager {
+            5.0 + slope * m as f64
+        } else {
+            8.0
+        }
+    };
+    for (s, d) in [("a1", "a2"), ("a2", "a1")] {
+        for m in [0u64, 1024, 16384, 65536, 262144, 1 << 20] {
+            let samples: Vec<PingPongSample> = (0..9)
+                .map(|_| PingPongSample {
+                    rtt_us: 2.0 * (os(m) + 10.0 + 100.0 + m as f64 * 0.01),
+                    os_src_us: os(m),
+                    or_dst_us: 10.0,
+                    os_dst_us: os(m),
+                    or_src_us: 10.0,
+                    probe_us: None,
+                    wait_src_us: None,
+                })
+                .collect();
+            c.record_pingpong(s, d, SendMode::Isend, m, 1, &samples)
+                .unwrap();
+        }
+    }
+    c.finalize(2);
+    // Without the eager limit the calibration cannot tell: no push cost.
+    let (model, _) = fit_default(&c).unwrap();
+    assert!(model.push_cost.is_empty(), "{:?}", model.push_cost);
+    c.provenance.eager_limit_bytes = Some(eager);
+    let (model, _) = fit_default(&c).unwrap();
+    assert!(
+        rel(model.push_us_per_byte("a1"), 2.0 * slope) < 1e-9,
+        "{:?}",
+        model.push_cost
+    );
+    assert!(
+        rel(model.push_us_per_byte("a2"), slope) < 1e-9,
+        "{:?}",
+        model.push_cost
+    );
+    // It survives the JSON round trip.
+    let back = mutirao_model::Model::from_json(&serde_json::to_string(&model).unwrap()).unwrap();
+    assert_eq!(back.push_cost, model.push_cost);
+}
+
+/// A calibration of hosts on site "a", each with five speed runs of 100 µs of CPU and the given
+/// wall/CPU ratio (2.0: a host held to half a core).
+fn hosts_on_site_a(hosts: &[(&str, f64)]) -> Calibration {
+    let mut c = Calibration::new(StrategyKind::AllPairs, "test", 1);
+    for &(n, ratio) in hosts {
+        let mut host = CalibHost::new(n, "a", "127.0.0.1:0");
+        host.speed = Some(SpeedMeasurement {
+            kernel: "inc+matmul+gauss".into(),
+            reps: 100,
+            samples: (0..5)
+                .map(|_| SpeedSample {
+                    wall_us: 100.0 * ratio,
+                    cpu_us: 100.0,
+                })
+                .collect(),
+        });
+        c.add_host(host).unwrap();
+    }
+    c
 }

@@ -48,6 +48,8 @@ pub struct Platform {
     caps: Result<Capacities, String>,
     // The runtime's eager limit between hosts, if the model records it.
     eager_limit: Option<u64>,
+    // Per host: seconds of its CPU per byte of a rendezvous message it pushes (0 = none).
+    push: Vec<f64>,
 }
 
 impl Platform {
@@ -74,6 +76,11 @@ impl Platform {
         let mut p = Self::from_parts(model.hosts.clone(), links, pair)?;
         p.caps = resolve_capacities(model);
         p.eager_limit = model.eager_limit_bytes;
+        p.push = model
+            .hosts
+            .iter()
+            .map(|h| model.push_us_per_byte(&h.name) * 1e-6)
+            .collect();
         Ok(p)
     }
 
@@ -162,6 +169,7 @@ impl Platform {
             offdiag_count,
             caps: Err("the platform was built without capacities".to_string()),
             eager_limit: None,
+            push: vec![0.0; n],
         })
     }
 
@@ -170,6 +178,37 @@ impl Platform {
     /// runtime's eager limit (`eager_limit_bytes`); otherwise every message leaves at once.
     pub fn rendezvous(&self, bytes: u64, src: usize, dst: usize) -> bool {
         src != dst && self.eager_limit.is_some_and(|e| bytes > e)
+    }
+
+    /// Seconds host `src` spends pushing a rendezvous message of `bytes` after its send call
+    /// ([`mutirao_model::Model::push_cost`]); 0 for an eager message, within a host, or when
+    /// the model gives no push cost.
+    pub fn push_s(&self, bytes: u64, src: usize, dst: usize) -> f64 {
+        if self.rendezvous(bytes, src, dst) {
+            self.push.get(src).map_or(0.0, |p| p * bytes as f64)
+        } else {
+            0.0
+        }
+    }
+
+    /// The largest [`Platform::push_s`] of a message of `bytes` from `src` to any other host.
+    pub fn max_push_s(&self, bytes: u64, src: usize) -> f64 {
+        if self.len() > 1 && self.eager_limit.is_some_and(|e| bytes > e) {
+            self.push.get(src).map_or(0.0, |p| p * bytes as f64)
+        } else {
+            0.0
+        }
+    }
+
+    /// Set host `host`'s push cost in seconds per byte (tests; models give it in µs per byte).
+    pub fn set_push(&mut self, host: usize, s_per_byte: f64) {
+        if let Some(p) = self.push.get_mut(host) {
+            *p = if s_per_byte.is_finite() {
+                s_per_byte.max(0.0)
+            } else {
+                0.0
+            };
+        }
     }
 
     /// Set the eager limit (bytes) above which messages between hosts go by rendezvous.

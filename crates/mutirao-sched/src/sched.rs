@@ -736,6 +736,24 @@ fn hlogp_heft(
     let mut unplaced = vec![0usize; n];
     let mut tl = vec![Timeline::default(); np];
     let mut arr: Vec<(f64, usize, f64)> = Vec::new();
+    // With contention (a link book), a rendezvous message also costs its sender the push of its
+    // bytes after the send call, as the simulator charges it: the sender's slot grows, the
+    // message does not leave later.
+    let with_push = book.is_some();
+    let push = |bytes: u64, src: usize, dst: usize| {
+        if with_push {
+            platform.push_s(bytes, src, dst)
+        } else {
+            0.0
+        }
+    };
+    let max_push = |bytes: u64, src: usize| {
+        if with_push {
+            platform.max_push_s(bytes, src)
+        } else {
+            0.0
+        }
+    };
     let order = by_priority(dag, rank, |v| {
         // (finish, host, start, block start, window)
         let mut best = (f64::INFINITY, 0usize, 0.0, 0.0, 0.0);
@@ -752,7 +770,7 @@ fn hlogp_heft(
                 let ss = finish[u] + sent[u] + before;
                 let lp = platform.link(hu, p);
                 let os = lp.os.value(e.bytes) * 1e-6;
-                extra.push((u, os));
+                extra.push((u, os + push(e.bytes, hu, p)));
                 let mut a = ss + os + lp.l.value(e.bytes) * 1e-6;
                 if hu != p {
                     if let Some(b) = book.as_mut() {
@@ -768,7 +786,7 @@ fn hlogp_heft(
             let window: f64 = dag
                 .out_edges(v)
                 .iter()
-                .map(|&ei| platform.max_os_s(edges[ei].bytes, p))
+                .map(|&ei| platform.max_os_s(edges[ei].bytes, p) + max_push(edges[ei].bytes, p))
                 .sum();
             let w = platform.exec_s(dag.tasks()[v].work, p);
             let first = arr.first().map_or(0.0, |x| x.0);
@@ -808,12 +826,12 @@ fn hlogp_heft(
                     b.reserve(hu, p, e.bytes, finish[u] + sent[u] + os, ei);
                 }
             }
-            sent[u] += os;
+            sent[u] += os + push(e.bytes, hu, p);
             unplaced[u] -= 1;
             pending[u] = if unplaced[u] == 0 {
                 0.0
             } else {
-                (pending[u] - platform.max_os_s(e.bytes, hu)).max(0.0)
+                (pending[u] - platform.max_os_s(e.bytes, hu) - max_push(e.bytes, hu)).max(0.0)
             };
             tl[hu].set_end(block_start[u], u, finish[u] + sent[u] + pending[u]);
         }

@@ -15,7 +15,9 @@
 //!   records one) is a rendezvous: its receive is posted when the host reaches the task (all of
 //!   a task's such receives at once), its transfer is a flow from max(post, arrival of its
 //!   request), its receive ends `Or` plus what sharing cost after the post — never before
-//!   its end in HLogP's chain of receive overheads — and the task starts after the last;
+//!   its end in HLogP's chain of receive overheads — and the task starts after the last; its
+//!   sender's CPU is busy for the model's push cost of those bytes after its sends (the
+//!   runtime moves them while the sender goes on; the message is not delayed by it);
 //! * contention only adds: for the same placement, no message arrives, no receive chain ends
 //!   and no task starts earlier than without it (`tests/contention_floor.rs`);
 //! * [`CommMode::LatencyOnly`] is the thesis's latency-model baseline: no CPU occupation,
@@ -459,6 +461,17 @@ pub fn simulate_with_network<N: FlowNetwork>(
                     if remaining[w] == 0 && host_next[placement.host[w]] == pos[w] {
                         ready.push(w);
                     }
+                }
+            }
+            // The bytes of its rendezvous messages: the runtime pushes them after the send
+            // calls returned, while the host goes on; that CPU time delays the host's next
+            // activity, not the messages (whose transfers are the flows above).
+            if rdv_flows {
+                for &(_, ei) in &sbuf {
+                    let e = edges[ei];
+                    let push = platform.push_s(e.bytes, q, placement.host[e.to]) * f;
+                    t += push;
+                    used += push;
                 }
             }
             host_free[q] = t;

@@ -466,3 +466,77 @@ fn a_tasks_rendezvous_inputs_move_together_and_it_waits_for_the_last() {
         "waited {waited}, wire {wire}"
     );
 }
+
+/// The model's push cost: the bytes of a rendezvous message cost its sender CPU after the send
+/// call (the runtime moves them while the sender computes its next task), so the sender's next
+/// task ends later by bytes × cost; the message itself and its receiver are not delayed, an
+/// eager message costs nothing more, and without contention (the thesis's HLogP) nothing
+/// changes. On the testbed a task on a half-core host computing 50 ms while its rank pushed
+/// 3 MiB took 90–120 ms; this is what the simulator did not see.
+#[test]
+fn a_rendezvous_senders_push_cost_delays_its_next_task_not_the_message() {
+    use mutirao_model::PushCost;
+    let mut m = two_sites_rendezvous(2, 0, 400.0, 30.0);
+    // root and next on a0; root sends `bytes` to child on a1.
+    let run = |m: &Model, bytes: u64, contention: bool| {
+        let tasks = ["root", "next", "child"]
+            .iter()
+            .zip([0.01, 0.05, 0.01])
+            .map(|(id, work)| Task {
+                id: id.to_string(),
+                work,
+            })
+            .collect();
+        let dag = Dag::new(
+            tasks,
+            vec![Edge {
+                from: 0,
+                to: 2,
+                bytes,
+            }],
+        )
+        .unwrap();
+        let pl = Placement {
+            host: vec![0, 0, 1],
+            start: vec![0.0, 0.02, 0.0],
+            seq: vec![0, 1, 2],
+        };
+        let p = Platform::from_model(m).unwrap();
+        simulate(&dag, &p, &pl, opts(contention)).unwrap()
+    };
+    let mb = 1u64 << 20;
+    let before = run(&m, mb, true);
+    m.push_cost = vec![PushCost {
+        host: "a0".into(),
+        us_per_byte: 0.01, // 10.5 ms per MiB
+    }];
+    m.validate().unwrap();
+    let after = run(&m, mb, true);
+    let push = mb as f64 * 0.01e-6;
+    assert!(
+        (after.tasks[1].finish_s - before.tasks[1].finish_s - push).abs() < 1e-9,
+        "the sender's next task ends {:.6} s later, expected the push cost {push:.6} s",
+        after.tasks[1].finish_s - before.tasks[1].finish_s
+    );
+    assert!(
+        (after.tasks[2].finish_s - before.tasks[2].finish_s).abs() < 1e-12,
+        "the receiver's task moved: {} -> {}",
+        before.tasks[2].finish_s,
+        after.tasks[2].finish_s
+    );
+    // An eager message (64 KiB, the limit) costs only Os, as before.
+    let eager_before = run(&two_sites_rendezvous(2, 0, 400.0, 30.0), 64 << 10, true);
+    let eager_after = run(&m, 64 << 10, true);
+    assert_eq!(
+        eager_before.tasks[1].finish_s,
+        eager_after.tasks[1].finish_s
+    );
+    // The thesis's HLogP (no contention) has no push cost.
+    let thesis_before = run(&two_sites_rendezvous(2, 0, 400.0, 30.0), mb, false);
+    let thesis_after = run(&m, mb, false);
+    assert_eq!(thesis_before.makespan_s, thesis_after.makespan_s);
+    // A bad push cost is refused with the host named.
+    m.push_cost[0].us_per_byte = -1.0;
+    let err = m.validate().unwrap_err().to_string();
+    assert!(err.contains("a0") && err.contains("us_per_byte"), "{err}");
+}
