@@ -214,6 +214,9 @@ struct Link {
     down: bool,
     /// The peer is a rank this one spawned (its checkpoint is declared with this rank's).
     child: bool,
+    /// A link between two of the job's own ranks (all-to-all: whoever starts an ABORT there
+    /// sends it to every one of them, so it is forwarded only to spawned ranks).
+    mesh: bool,
 }
 
 /// DONE aggregation for one epoch: a rank sends DONE upstream (rank 0 commits) once its own
@@ -265,6 +268,7 @@ impl<M: Clone> Wave<M> {
                 from_epoch: 0,
                 down: rank == 0,
                 child: false,
+                mesh: true,
             })
             .collect();
         Wave {
@@ -304,6 +308,7 @@ impl<M: Clone> Wave<M> {
             from_epoch: 0,
             down: false,
             child: false,
+            mesh: false,
         }];
         links.extend(siblings.iter().filter(|&&s| s != rank).map(|&s| Link {
             rank: s,
@@ -311,6 +316,7 @@ impl<M: Clone> Wave<M> {
             from_epoch: 0,
             down: false,
             child: false,
+            mesh: false,
         }));
         Wave {
             mode,
@@ -341,6 +347,7 @@ impl<M: Clone> Wave<M> {
                 from_epoch,
                 down: true,
                 child: true,
+                mesh: false,
             });
         }
         if let Some(a) = &mut self.active {
@@ -644,9 +651,16 @@ impl<M: Clone> Wave<M> {
                     }
                 }
                 if fresh {
-                    // Flood on: ranks that are not this one's peers' peers (spawned ranks,
-                    // reached only through their parent) must hear of it too.
-                    let to: Vec<usize> = self.all_links().filter(|&r| r != from).collect();
+                    // Flood on: spawned ranks are reached only through their parent, and a
+                    // spawned rank's abort reaches the job only through its parent. An abort
+                    // from one of the job's ranks already went to all of them.
+                    let from_mesh = self.links.iter().any(|l| l.rank == from && l.mesh);
+                    let to: Vec<usize> = self
+                        .links
+                        .iter()
+                        .filter(|l| l.rank != from && !(from_mesh && l.mesh))
+                        .map(|l| l.rank)
+                        .collect();
                     fx.send
                         .extend(to.into_iter().map(|r| (r, Marker::Abort(e))));
                 }
@@ -1481,6 +1495,24 @@ mod tests {
         assert_eq!(fx.aborted, Some(2));
         assert!(fx.send.is_empty());
         assert!(r0.tick(ms(50)).send.contains(&(1, Announce(3, 9))));
+    }
+
+    #[test]
+    fn an_abort_is_flooded_to_spawned_ranks_and_from_them_but_not_around_the_job_again() {
+        use Marker::*;
+        // Ranks 0..3 of the job; rank 1 has spawned rank 3.
+        let mut r1: Wave<u32> = Wave::new(1, 3, Mode::Blocking, 0, ms(10), ms(1000), ms(0));
+        r1.add_children(&[3]);
+        r1.on_marker(0, Announce(1, 5), ms(1));
+        // From one of the job's ranks (it sent the abort to all of them): on to the child only.
+        assert_eq!(r1.on_marker(2, Abort(1), ms(2)).send, vec![(3, Abort(1))]);
+        assert!(r1.on_marker(0, Abort(1), ms(2)).send.is_empty(), "once");
+        // From the child: to every other link.
+        r1.on_marker(0, Announce(2, 9), ms(3));
+        assert_eq!(
+            r1.on_marker(3, Abort(2), ms(4)).send,
+            vec![(0, Abort(2)), (2, Abort(2))]
+        );
     }
 
     #[test]
