@@ -405,6 +405,22 @@ const FAM_ROUNDS: u32 = 70;
 const FAM_SPAWN_AT: u32 = 10;
 const FAM_DIE_AT: u32 = 50;
 
+/// The `family` round rank 0 spawns at (`FAM_SPAWN_AT` in the environment, else 10).
+fn fam_spawn_at() -> u32 {
+    std::env::var("FAM_SPAWN_AT")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(FAM_SPAWN_AT)
+}
+
+/// The `family` round rank 1 dies at (`FAM_DIE`: a round, or `1` for round 50); `None`: never.
+fn fam_die_at() -> Option<u32> {
+    match std::env::var("FAM_DIE").ok()?.as_str() {
+        "1" => Some(FAM_DIE_AT),
+        r => r.parse().ok(),
+    }
+}
+
 /// Two ranks; rank 0 spawns two children at round 10; every round the job's ranks allreduce,
 /// rank 0 sends its value to both children and adds their answers, and all four reach a
 /// checkpoint point. With `FAM_DIE` set, rank 1 dies at round 50. Restarted, the ranks and the
@@ -436,7 +452,7 @@ fn family(w: &Comm) -> R {
     }
     for it in start..FAM_ROUNDS {
         std::thread::sleep(Duration::from_millis(3));
-        if it == FAM_SPAWN_AT && w.rank() == 0 && !spawned {
+        if it == fam_spawn_at() && w.rank() == 0 && !spawned {
             kids = Some(w.spawn(&SpawnSpec::new(2)).map_err(e)?.comm);
             spawned = true;
         }
@@ -454,7 +470,7 @@ fn family(w: &Comm) -> R {
                 acc = acc.wrapping_add(b[0]);
             }
         }
-        if it == FAM_DIE_AT && w.rank() == 1 && std::env::var_os("FAM_DIE").is_some() {
+        if Some(it) == fam_die_at() && w.rank() == 1 {
             std::process::exit(9);
         }
         w.checkpoint_point(&(it, acc, spawned)).map_err(e)?;
@@ -469,9 +485,9 @@ fn family(w: &Comm) -> R {
 fn family_child(m: &Comm) -> R {
     let (start, mut acc) = match m.restored::<(u32, u64)>().map_err(e)? {
         Some((it, acc)) => (it + 1, acc),
-        None => (FAM_SPAWN_AT, m.rank() as u64),
+        None => (fam_spawn_at(), m.rank() as u64),
     };
-    if start > FAM_SPAWN_AT {
+    if start > fam_spawn_at() {
         println!("child {} resumes at round {start}", m.rank());
     }
     for it in start..FAM_ROUNDS {
@@ -746,6 +762,59 @@ fn results(o: &Outcome) -> Vec<String> {
     v
 }
 
+/// A spawn after the last committed epoch is not restored: rank 1 dies at round 29, before
+/// rank 0's spawn at round 30 is in any committed epoch; the restart resumes the two ranks, rank 0 gets no group back and spawns
+/// again, and every result is the failure-free run's.
+fn spawn_after_the_epoch_is_made_again() -> Result<(), Failed> {
+    let late = [("FAM_SPAWN_AT", "30".to_string())];
+    let reference = Arc::new(MemSink::default());
+    let o = family_job(&reference, "blocking", &late)?;
+    all_ok(&o, 2, Some(0))?;
+    let want = results(&o);
+    let sink = Arc::new(MemSink::default());
+    let o = family_job(
+        &sink,
+        "blocking",
+        &[late[0].clone(), ("FAM_DIE", "29".into())],
+    )?;
+    // (Rank 0 may still spawn at round 30 before it meets the failure.)
+    if o.codes[1] != Some(9) {
+        return Err(format!("rank 1 should have died with 9: {:?}", o.codes).into());
+    }
+    let committed = committed_ranks(&sink);
+    let Some((last, ranks)) = committed.last().cloned() else {
+        return Err(format!("no epoch committed before the failure: {:?}", o.stderr).into());
+    };
+    if ranks != [0, 1] {
+        return Err(format!("epoch {last} holds {ranks:?} before any spawn").into());
+    }
+    let o = family_job(
+        &sink,
+        "blocking",
+        &[late[0].clone(), ("MUTIRAO_RESTART_EPOCH", last.to_string())],
+    )?;
+    // The two children of the new spawn, none re-created.
+    all_ok(&o, 2, Some(0))?;
+    let resumed = o
+        .stdout
+        .iter()
+        .filter(|s| s.contains("resumes at round"))
+        .count();
+    let kids_resumed = o
+        .spawned
+        .iter()
+        .filter(|s| s.stdout.contains("resumes"))
+        .count();
+    if resumed != 2 || kids_resumed != 0 {
+        return Err(format!("{resumed} ranks and {kids_resumed} children resumed").into());
+    }
+    let got = results(&o);
+    if got != want {
+        return Err(format!("restarted from epoch {last}: {got:?}, failure-free: {want:?}").into());
+    }
+    Ok(())
+}
+
 fn family_job(
     sink: &Arc<MemSink>,
     mode: &str,
@@ -917,6 +986,10 @@ fn main() {
     trials.push(Trial::test(
         "a_killed_rank_restarts_the_job_and_its_spawned_children_from_the_committed_epoch",
         || family_kill_and_restart("blocking"),
+    ));
+    trials.push(Trial::test(
+        "a_spawn_after_the_committed_epoch_is_not_restored_and_the_program_spawns_again",
+        spawn_after_the_epoch_is_made_again,
     ));
     trials.push(Trial::test(
         "nonblocking_a_killed_rank_restarts_the_job_and_its_spawned_children_from_the_committed_epoch",
