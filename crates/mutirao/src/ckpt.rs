@@ -1876,6 +1876,10 @@ mod tests {
         log: Vec<Vec<Vec<u64>>>,
         /// Test switches that disable a mechanism (each must make the test fail).
         broken: Broken,
+        /// Which pairs have a channel (all of them, unless ranks were spawned).
+        links: Vec<Vec<bool>>,
+        /// Spawned ranks in this run (then no collective derivations).
+        kids: usize,
     }
 
     /// Mechanisms a run can switch off, to show the test catches their absence.
@@ -1922,7 +1926,42 @@ mod tests {
                 next_req: 0,
                 log: vec![vec![Vec::new(); n]; n],
                 broken: Broken::default(),
+                links: (0..n).map(|a| (0..n).map(|b| a != b).collect()).collect(),
+                kids: 0,
             }
+        }
+
+        /// `mesh` job ranks, and `kids` ranks spawned by `parent` once every job rank had
+        /// passed `pre` safe points (the children count their own from 0): channels only
+        /// between job ranks, parent–child and sibling–sibling.
+        fn with_children(mesh: usize, kids: usize, parent: usize, pre: u64, mode: Mode) -> Sim {
+            let n = mesh + kids;
+            let mut sim = Sim::new(n, mode);
+            let children: Vec<usize> = (mesh..n).collect();
+            for r in 0..mesh {
+                sim.waves[r] = Wave::new(r, mesh, mode, 0, ms(20), ms(400), ms(0));
+                for _ in 0..pre {
+                    assert_eq!(sim.waves[r].at_safe_point(), SafePoint::Continue);
+                }
+            }
+            assert_eq!(sim.waves[parent].spawn_basis(), (pre, 0));
+            let (after, fx) = sim.waves[parent].add_children(&children);
+            assert!(fx.send.is_empty());
+            for &c in &children {
+                sim.waves[c] = Wave::spawned(c, parent, &children, pre, mode, after);
+            }
+            for a in 0..n {
+                for b in 0..n {
+                    let job = a < mesh && b < mesh;
+                    let family = (a == parent && b >= mesh) || (b == parent && a >= mesh);
+                    let siblings = a >= mesh && b >= mesh;
+                    sim.links[a][b] = a != b && (job || family || siblings);
+                }
+            }
+            // The simulation's own count: a child's point c is its parent's pre + c.
+            sim.points = vec![pre; n];
+            sim.kids = kids;
+            sim
         }
 
         /// The engine's matching: the first posted receive that matches, else unexpected.
@@ -1959,7 +1998,9 @@ mod tests {
         /// Every member of one of rank 0's communicators splits it (or dups it), as a
         /// collective does: only between waves, since its messages cannot cross a cut.
         fn derive(&mut self, k: u32) {
-            if (0..self.n).any(|r| self.waves[r].active_epoch().is_some() || self.blocked[r]) {
+            if self.kids > 0
+                || (0..self.n).any(|r| self.waves[r].active_epoch().is_some() || self.blocked[r])
+            {
                 return;
             }
             let parents: Vec<u64> = self.comms[0].keys().copied().collect();
@@ -2104,7 +2145,7 @@ mod tests {
             match *op {
                 Op::Send(a, b, c) => {
                     let (a, b) = (a % self.n, b % self.n);
-                    if a != b && !self.blocked[a] {
+                    if self.links[a][b] && !self.blocked[a] {
                         let id = self.next_id;
                         self.next_id += 1;
                         let ctxs: Vec<u64> = self.comms[a]
@@ -2126,7 +2167,9 @@ mod tests {
                             self.comms[r].iter().map(|(c, m)| (*c, m.clone())).collect();
                         let (ctx, members) = &comms[c % comms.len()];
                         let src = (src < ANY).then(|| members[src % members.len()] as usize);
-                        self.post(r, src, *ctx);
+                        if src.is_none_or(|s| s == r || self.links[r][s]) {
+                            self.post(r, src, *ctx);
+                        }
                     }
                 }
                 Op::Derive(k) => self.derive(k),
@@ -2327,6 +2370,11 @@ mod tests {
     fn run_broken(n: usize, mode: Mode, ops: &[Op], broken: Broken) {
         let mut sim = Sim::new(n, mode);
         sim.broken = broken;
+        drive(sim, ops)
+    }
+
+    fn drive(mut sim: Sim, ops: &[Op]) {
+        let n = sim.n;
         for o in ops {
             sim.step(o);
         }
@@ -2393,6 +2441,22 @@ mod tests {
         ) {
             let mode = if nonblocking { Mode::Nonblocking } else { Mode::Blocking };
             run(n, mode, &ops);
+        }
+
+        /// The same with spawned ranks (issue 13): 2–3 job ranks, 1–2 children of one of them
+        /// spawned after 0–4 safe points (so their cut numbers are translated), channels only
+        /// along the spawn links, waves flooded and DONE relayed through the parent.
+        #[test]
+        fn with_spawned_ranks_restoring_any_committed_epoch_loses_and_orphans_nothing(
+            mesh in 2usize..=3,
+            kids in 1usize..=2,
+            parent in 0usize..3,
+            pre in 0u64..5,
+            nonblocking in any::<bool>(),
+            ops in proptest::collection::vec(op(), 0..600),
+        ) {
+            let mode = if nonblocking { Mode::Nonblocking } else { Mode::Blocking };
+            drive(Sim::with_children(mesh, kids, parent % mesh, pre, mode), &ops);
         }
     }
 
