@@ -669,6 +669,109 @@ fn master_worker_chooses_whom_to_add_by_predicted_makespan() {
     let _ = std::fs::remove_dir_all(&d);
 }
 
+/// The `spawn_ckpt` example (crates/mutirao/examples), when built.
+fn spawn_ckpt() -> Option<PathBuf> {
+    let p = Path::new(env!("CARGO_BIN_EXE_mutirao"))
+        .parent()?
+        .join("examples")
+        .join("spawn_ckpt");
+    p.is_file().then_some(p)
+}
+
+/// The `rank=W value=V` results spawn_ckpt printed, sorted.
+fn spawn_ckpt_values(out: &str) -> Vec<String> {
+    let mut v: Vec<String> = out
+        .lines()
+        .filter_map(|l| {
+            l.split_once("spawn_ckpt ")
+                .map(|(_, r)| r.trim().to_string())
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+/// Issue 13: a 2-rank job whose rank 0 spawned 2 children; checkpoint waves include the
+/// children, so the committed epoch holds 4 checkpoints; rank 1 dies; `mutirao run` restarts
+/// the 2 ranks, rank 0's restart re-creates its spawn group through the launcher, all 4 resume
+/// at the committed round and end with the failure-free run's values.
+#[test]
+fn a_dead_rank_restarts_the_job_and_its_spawned_children_from_the_committed_epoch() {
+    let Some(ex) = spawn_ckpt() else {
+        println!(
+            "skipped: the spawn_ckpt example is not built (cargo build -p mutirao --examples)"
+        );
+        return;
+    };
+    let bin = env!("CARGO_BIN_EXE_mutirao");
+    let plain = Command::new(bin)
+        .args(["run", "-n", "2", "--timeout", "60"])
+        .arg(&ex)
+        .args(["--", "80", "10"])
+        .output()
+        .unwrap();
+    let so = String::from_utf8_lossy(&plain.stdout);
+    assert!(
+        plain.status.success(),
+        "{so}\n{}",
+        String::from_utf8_lossy(&plain.stderr)
+    );
+    let want = spawn_ckpt_values(&so);
+    assert_eq!(want.len(), 4, "two ranks and two children: {so}");
+
+    let d = scratch("spawned");
+    let out = Command::new(bin)
+        .args([
+            "run",
+            "-n",
+            "2",
+            "--timeout",
+            "60",
+            "--checkpoint-interval",
+            "0.02",
+            "--max-restarts",
+            "2",
+            "--checkpoint-dir",
+        ])
+        .arg(&d.0)
+        .arg(&ex)
+        .args(["--", "80", "10", "60"])
+        .output()
+        .unwrap();
+    let (so, se) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{so}\n{se}");
+    assert!(
+        se.contains("restart 1 of 2: every rank from committed epoch"),
+        "no restart from a committed epoch:\n{se}"
+    );
+    let resumed: Vec<&str> = so
+        .lines()
+        .filter(|l| l.contains("resumes at round"))
+        .collect();
+    assert_eq!(
+        resumed.iter().filter(|l| l.contains("child")).count(),
+        2,
+        "both children must resume from their checkpoints: {resumed:?}\n{se}"
+    );
+    assert_eq!(resumed.len(), 4, "{resumed:?}\n{se}");
+    assert_eq!(spawn_ckpt_values(&so), want, "{so}\n{se}");
+    // The last committed epoch (taken after the restart, with the re-created children in its
+    // waves) holds the checkpoints of both ranks and both children.
+    let e: u64 = std::fs::read_to_string(d.join("COMMITTED"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    for r in 0..4 {
+        let f = d.join(format!("epoch-{e}")).join(format!("rank-{r}.ckpt"));
+        assert!(f.is_file(), "{} missing\n{se}", f.display());
+    }
+    // The scratch directory is removed when `d` is dropped.
+}
+
 /// jacobi's arguments for the local scenarios below (about 2 s of work, debug build).
 const LOCAL_ARGS: [&str; 4] = ["--n", "64", "--iters", "6000"];
 

@@ -54,10 +54,12 @@ impl DirSink {
 
 impl CheckpointSink for DirSink {
     fn put(&self, epoch: u64, rank: u32, blob: &[u8]) -> Result<(), String> {
-        if rank >= self.ranks {
+        // Spawned ranks (world ranks above the job's) store checkpoints too when their waves
+        // include them; the bootstrap server counts them before a commit (issue 13).
+        if rank >= mutirao::pmi::MAX_WORLD_RANK {
             return Err(format!(
-                "rank {rank} is not below the job's {} ranks",
-                self.ranks
+                "rank {rank} is not a world rank (at most {})",
+                mutirao::pmi::MAX_WORLD_RANK - 1
             ));
         }
         if let Ok(mut t) = self.timing.lock() {
@@ -162,7 +164,10 @@ mod tests {
         s.commit(2).unwrap();
         assert_eq!(s.last_committed().unwrap(), Some(2));
         assert!(s.get(1, 1).is_err(), "epoch 1 collected");
-        assert!(s.put(0, 5, b"x").is_err());
+        assert!(s.put(0, mutirao::pmi::MAX_WORLD_RANK, b"x").is_err());
+        // A spawned rank's checkpoint (world rank above the job's).
+        s.put(3, 5, b"x").unwrap();
+        assert_eq!(s.get(3, 5).unwrap(), b"x");
         assert_eq!(s.wave_costs().len(), 2);
         let _ = std::fs::remove_dir_all(&d);
     }

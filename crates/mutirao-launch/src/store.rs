@@ -165,9 +165,64 @@ pub fn repo_sink<S: BlobStore + 'static>(
     store: S,
     job: &str,
     n: usize,
-) -> anyhow::Result<Arc<RepoSink<S>>> {
+) -> anyhow::Result<Arc<JobSink<S>>> {
     let repo = CheckpointRepo::new(store, job).map_err(|e| anyhow::anyhow!("{e}"))?;
-    Ok(Arc::new(RepoSink::new(repo, n as u32)))
+    Ok(Arc::new(JobSink {
+        inner: RepoSink::new(repo, n as u32),
+        n: n as u32,
+    }))
+}
+
+/// `mutirao_ckpt`'s repository sink for a job of `n` ranks that also keeps the checkpoints of
+/// spawned ranks (world ranks `n` and above, issue 13: they are in the waves once spawned).
+/// A commit needs the job's `n` ranks' blobs here; the bootstrap server has already checked
+/// the spawned members' (`mutirao::pmi`). Their blobs live under the same epoch as the job's
+/// and are collected with it.
+pub struct JobSink<S: BlobStore> {
+    inner: RepoSink<S>,
+    n: u32,
+}
+
+impl<S: BlobStore> JobSink<S> {
+    /// The repository.
+    pub fn repo(&self) -> &CheckpointRepo<S> {
+        self.inner.repo()
+    }
+
+    /// Seconds from the first blob of a wave to its commit, for every wave committed so far.
+    pub fn wave_costs(&self) -> Vec<f64> {
+        self.inner.wave_costs()
+    }
+}
+
+impl<S: BlobStore> mutirao::pmi::CheckpointSink for JobSink<S> {
+    fn put(&self, epoch: u64, rank: u32, blob: &[u8]) -> Result<(), String> {
+        if rank < self.n {
+            return self.inner.put(epoch, rank, blob);
+        }
+        if rank >= mutirao::pmi::MAX_WORLD_RANK {
+            return Err(format!(
+                "rank {rank} is not a world rank (at most {})",
+                mutirao::pmi::MAX_WORLD_RANK - 1
+            ));
+        }
+        self.inner
+            .repo()
+            .put_rank(epoch, rank, blob)
+            .map_err(|e| e.to_string())
+    }
+
+    fn get(&self, epoch: u64, rank: u32) -> Result<Vec<u8>, String> {
+        self.inner.get(epoch, rank)
+    }
+
+    fn commit(&self, epoch: u64) -> Result<(), String> {
+        self.inner.commit(epoch)
+    }
+
+    fn last_committed(&self) -> Result<Option<u64>, String> {
+        self.inner.last_committed()
+    }
 }
 
 /// Delete every key of `repo`'s job (its checkpoints and commit record); returns how many.
@@ -221,6 +276,34 @@ mod tests {
         assert!("s3://".parse::<StoreKind>().is_err());
         let e = "ftp://x".parse::<StoreKind>().unwrap_err();
         assert!(e.contains("dir, agents"), "{e}");
+    }
+
+    #[test]
+    fn a_repository_sink_keeps_spawned_ranks_checkpoints_and_collects_them_with_their_epoch() {
+        use mutirao::pmi::CheckpointSink;
+        let d = std::env::temp_dir().join(format!("mutirao-jobsink-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        let s = repo_sink(mutirao_ckpt::DirStore::open(&d).unwrap(), "j1", 2).unwrap();
+        for e in [1, 2] {
+            for r in [0, 1, 5] {
+                s.put(e, r, format!("{e}/{r}").as_bytes()).unwrap();
+            }
+        }
+        assert!(s.put(1, mutirao::pmi::MAX_WORLD_RANK, b"x").is_err());
+        s.commit(1).unwrap();
+        assert_eq!(s.get(1, 5).unwrap(), b"1/5");
+        s.commit(2).unwrap();
+        assert_eq!(s.last_committed().unwrap(), Some(2));
+        assert_eq!(s.get(2, 5).unwrap(), b"2/5");
+        assert!(
+            s.get(1, 5).is_err(),
+            "epoch 1's spawned checkpoint collected"
+        );
+        // The job's own ranks are still required.
+        s.put(3, 5, b"3/5").unwrap();
+        s.put(3, 0, b"3/0").unwrap();
+        assert!(s.commit(3).is_err());
+        let _ = std::fs::remove_dir_all(&d);
     }
 
     #[test]

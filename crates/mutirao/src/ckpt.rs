@@ -28,7 +28,7 @@
 //! context ids back, and checks communicators the program makes again against it).
 
 use serde::{Deserialize, Serialize};
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
 
 /// How a rank takes its snapshot.
@@ -179,8 +179,13 @@ struct Active<M> {
     at: u64,
     cut_sent: bool,
     snapshot: bool,
-    cuts_in: Vec<bool>,
-    held: Vec<VecDeque<M>>,
+    /// The wave's members among this rank's peers, and whether each one's cut is in.
+    cuts_in: BTreeMap<usize, bool>,
+    /// Members whose DONE this rank relays, and members it spawned (as they were when the
+    /// wave began here: a child that says goodbye after its cut stays a member of it).
+    down: Vec<usize>,
+    children: Vec<usize>,
+    held: BTreeMap<usize, VecDeque<M>>,
     late: Vec<(usize, M)>,
     handed_over: bool,
 }
@@ -190,14 +195,41 @@ struct Coordinator {
     timeout: Duration,
     /// When the last wave ended (committed or aborted), or the start.
     last_end: Duration,
-    /// The wave in progress: (epoch, started at, done from each rank).
-    running: Option<(u64, Duration, Vec<bool>)>,
+    /// The wave in progress: (epoch, started at).
+    running: Option<(u64, Duration)>,
+}
+
+/// A channel of this rank that waves use (issue 13: spawned ranks are reached only through
+/// their parent and siblings, so markers go over these links, not all-to-all).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Link {
+    rank: usize,
+    /// The peer's checkpoint point count minus this rank's (a child counts from its own start:
+    /// its count is its parent's count at the spawn less). Markers' cut numbers are translated
+    /// with it.
+    delta: i64,
+    /// The peer is a member of waves from this epoch on.
+    from_epoch: u64,
+    /// This rank relays the peer's DONE: its own DONE waits for the peer's.
+    down: bool,
+    /// The peer is a rank this one spawned (its checkpoint is declared with this rank's).
+    child: bool,
+    /// A link between two of the job's own ranks (all-to-all: whoever starts an ABORT there
+    /// sends it to every one of them, so it is forwarded only to spawned ranks).
+    mesh: bool,
+}
+
+/// DONE aggregation for one epoch: a rank sends DONE upstream (rank 0 commits) once its own
+/// checkpoint is stored and every downstream member's DONE came in.
+struct Relay {
+    epoch: u64,
+    /// Downstream members of the epoch this rank waits for; set when its own blob is stored.
+    need: Option<Vec<usize>>,
+    got: BTreeSet<usize>,
 }
 
 /// One rank's view of the checkpoint waves.
 pub struct Wave<M> {
-    rank: usize,
-    size: usize,
     mode: Mode,
     /// Highest epoch this rank has closed (completed or aborted) or started from.
     closed: u64,
@@ -205,8 +237,14 @@ pub struct Wave<M> {
     coord: Option<Coordinator>,
     /// The rank is finalizing: it reaches no more safe points and refuses every new wave.
     leaving: bool,
-    /// Safe points passed since the start (or the restore: every rank restarts at 0 together).
+    /// Safe points passed since the start (or the restore: every rank restarts at 0 together;
+    /// a spawned rank from its own start).
     points: u64,
+    links: Vec<Link>,
+    /// Where this rank's DONE goes: rank 0 for the job's ranks, the parent for a spawned one,
+    /// `None` on rank 0 (it commits).
+    upstream: Option<usize>,
+    relay: Option<Relay>,
 }
 
 impl<M: Clone> Wave<M> {
@@ -222,9 +260,18 @@ impl<M: Clone> Wave<M> {
         timeout: Duration,
         now: Duration,
     ) -> Self {
+        let links = (0..size)
+            .filter(|&r| r != rank)
+            .map(|r| Link {
+                rank: r,
+                delta: 0,
+                from_epoch: 0,
+                down: rank == 0,
+                child: false,
+                mesh: true,
+            })
+            .collect();
         Wave {
-            rank,
-            size,
             mode,
             closed: after,
             leaving: false,
@@ -236,7 +283,133 @@ impl<M: Clone> Wave<M> {
                 last_end: now,
                 running: None,
             }),
+            links,
+            upstream: (rank != 0).then_some(0),
+            relay: None,
         }
+    }
+
+    /// A spawned rank's machine (issue 13): its wave peers are its parent (whose checkpoint
+    /// point count was `parent_points` when the spawn completed; this rank counts from its own
+    /// start) and its siblings (which count as this rank does); its DONE goes to the parent.
+    /// `after` is the newest epoch the parent had closed or started, or one less than a wave
+    /// the parent had not cut yet (the parent brings this rank into that one).
+    pub fn spawned(
+        rank: usize,
+        parent: usize,
+        siblings: &[usize],
+        parent_points: u64,
+        mode: Mode,
+        after: u64,
+    ) -> Self {
+        let mut links = vec![Link {
+            rank: parent,
+            delta: i64::try_from(parent_points).unwrap_or(i64::MAX),
+            from_epoch: 0,
+            down: false,
+            child: false,
+            mesh: false,
+        }];
+        links.extend(siblings.iter().filter(|&&s| s != rank).map(|&s| Link {
+            rank: s,
+            delta: 0,
+            from_epoch: 0,
+            down: false,
+            child: false,
+            mesh: false,
+        }));
+        Wave {
+            mode,
+            closed: after,
+            leaving: false,
+            points: 0,
+            active: None,
+            coord: None,
+            links,
+            upstream: Some(parent),
+            relay: None,
+        }
+    }
+
+    /// This rank spawned `children` (issue 13): they take part in every wave from now on —
+    /// in the active one too if this rank has not cut it yet (they are brought in with an
+    /// ANNOUNCE, returned here). Returns the epoch the children must consider closed (what
+    /// [`Wave::spawned`]'s `after` wants) with the effects.
+    pub fn add_children(&mut self, children: &[usize]) -> (u64, Effects<M>) {
+        let mut fx = Effects::default();
+        let (after, from_epoch) = self.child_epochs();
+        let delta = -i64::try_from(self.points).unwrap_or(i64::MAX);
+        for &c in children {
+            self.links.retain(|l| l.rank != c);
+            self.links.push(Link {
+                rank: c,
+                delta,
+                from_epoch,
+                down: true,
+                child: true,
+                mesh: false,
+            });
+        }
+        if let Some(a) = &mut self.active {
+            if a.epoch == from_epoch {
+                for &c in children {
+                    a.cuts_in.insert(c, false);
+                    a.held.insert(c, VecDeque::new());
+                    a.down.push(c);
+                    a.children.push(c);
+                    fx.send.push((c, Marker::Announce(a.epoch, a.at)));
+                }
+            }
+        }
+        (after, self.translate(fx))
+    }
+
+    /// (the epoch children spawned now consider closed, the first epoch they are members of)
+    fn child_epochs(&self) -> (u64, u64) {
+        match &self.active {
+            Some(a) if !a.cut_sent => (a.epoch - 1, a.epoch),
+            Some(a) => (a.epoch.max(self.closed), a.epoch.max(self.closed) + 1),
+            None => (self.closed, self.closed + 1),
+        }
+    }
+
+    /// What children spawned now need for [`Wave::spawned`]: this rank's checkpoint point count
+    /// and the epoch they consider closed (the same [`Wave::add_children`] returns, as long as
+    /// no marker or safe point comes in between).
+    pub fn spawn_basis(&self) -> (u64, u64) {
+        (self.points, self.child_epochs().0)
+    }
+
+    /// Wave peer `peer` is gone: it said goodbye (`failed` false: its DONE or its ABORT came
+    /// before, FIFO) or its channel broke (`failed`: a wave it is a member of cannot complete
+    /// and is aborted for everyone). It is a member of no later wave.
+    pub fn remove_peer(&mut self, peer: usize, failed: bool, now: Duration) -> Effects<M> {
+        let mut fx = Effects::default();
+        if !self.links.iter().any(|l| l.rank == peer) {
+            return fx;
+        }
+        self.links.retain(|l| l.rank != peer);
+        let in_active = self
+            .active
+            .as_ref()
+            .and_then(|a| a.cuts_in.get(&peer).map(|c| (a.epoch, *c)));
+        let waits = self.relay.as_ref().is_some_and(|r| {
+            !r.got.contains(&peer) && r.need.as_ref().is_none_or(|n| n.contains(&peer))
+        });
+        if failed && (in_active.is_some() || waits) {
+            let e = in_active
+                .map(|(e, _)| e)
+                .or(self.relay.as_ref().map(|r| r.epoch));
+            if let Some(e) = e {
+                fx.send
+                    .extend(self.links.iter().map(|l| (l.rank, Marker::Abort(e))));
+                fx.merge(self.end_coordinated(e, now));
+                fx.merge(self.abandon(e));
+                fx.aborted = Some(e);
+                self.relay = None;
+            }
+        }
+        self.translate(fx)
     }
 
     /// The epoch of the wave this rank currently takes part in.
@@ -250,8 +423,58 @@ impl<M: Clone> Wave<M> {
         self.active.as_ref().is_some_and(|a| !a.cut_sent)
     }
 
-    fn others(&self) -> impl Iterator<Item = usize> + '_ {
-        (0..self.size).filter(move |&r| r != self.rank)
+    /// This rank's wave peers that are members of `epoch`.
+    fn members(&self, epoch: u64) -> impl Iterator<Item = usize> + '_ {
+        self.links
+            .iter()
+            .filter(move |l| l.from_epoch <= epoch)
+            .map(|l| l.rank)
+    }
+
+    fn all_links(&self) -> impl Iterator<Item = usize> + '_ {
+        self.links.iter().map(|l| l.rank)
+    }
+
+    /// The ranks this rank spawned that are members of `epoch` (declared with its checkpoint,
+    /// so the launcher counts their checkpoints before a commit).
+    pub fn children_in(&self, epoch: u64) -> Vec<u32> {
+        let mut v: Vec<u32> = match &self.active {
+            Some(a) if a.epoch == epoch => a.children.iter().map(|r| *r as u32).collect(),
+            _ => self
+                .links
+                .iter()
+                .filter(|l| l.child && l.from_epoch <= epoch)
+                .map(|l| l.rank as u32)
+                .collect(),
+        };
+        v.sort_unstable();
+        v
+    }
+
+    /// Markers leave with their cut number in the receiver's count (the receiver uses it as
+    /// it comes).
+    fn translate(&self, mut fx: Effects<M>) -> Effects<M> {
+        for (to, m) in fx.send.iter_mut() {
+            *m = self.to_peer(*to, *m);
+        }
+        fx
+    }
+
+    fn to_peer(&self, to: usize, m: Marker) -> Marker {
+        let d = self
+            .links
+            .iter()
+            .find(|l| l.rank == to)
+            .map_or(0, |l| l.delta);
+        let conv = |at: u64| -> u64 {
+            let v = i128::from(at) + i128::from(d);
+            u64::try_from(v.max(0)).unwrap_or(u64::MAX)
+        };
+        match m {
+            Marker::Announce(e, at) => Marker::Announce(e, conv(at)),
+            Marker::Cut(e, at) => Marker::Cut(e, conv(at)),
+            other => other,
+        }
     }
 
     /// Start tracking `epoch` (first time it is heard of); returns the forward flood.
@@ -272,25 +495,39 @@ impl<M: Clone> Wave<M> {
             // This rank will never reach that safe point (it is finalizing, or already past
             // it): end the wave for everyone.
             self.closed = self.closed.max(epoch);
+            let to: Vec<usize> = self.all_links().collect();
             fx.send
-                .extend(self.others().map(|r| (r, Marker::Abort(epoch))));
+                .extend(to.into_iter().map(|r| (r, Marker::Abort(epoch))));
             fx.aborted = Some(epoch);
             return fx;
         }
-        let mut cuts_in = vec![false; self.size];
-        cuts_in[self.rank] = true;
+        let members: Vec<usize> = self.members(epoch).collect();
+        let of = |pick: fn(&Link) -> bool| -> Vec<usize> {
+            self.links
+                .iter()
+                .filter(|l| l.from_epoch <= epoch && pick(l))
+                .map(|l| l.rank)
+                .collect()
+        };
+        let (down, children) = (of(|l| l.down), of(|l| l.child));
         self.active = Some(Active {
             epoch,
             at,
             cut_sent: false,
             snapshot: false,
-            cuts_in,
-            held: (0..self.size).map(|_| VecDeque::new()).collect(),
+            down,
+            children,
+            cuts_in: members.iter().map(|r| (*r, false)).collect(),
+            held: members.iter().map(|r| (*r, VecDeque::new())).collect(),
             late: Vec::new(),
             handed_over: false,
         });
+        if self.relay.as_ref().is_some_and(|r| r.epoch < epoch) {
+            self.relay = None;
+        }
         fx.send.extend(
-            self.others()
+            members
+                .into_iter()
                 .filter(|&r| Some(r) != from)
                 .map(|r| (r, Marker::Announce(epoch, at))),
         );
@@ -301,13 +538,27 @@ impl<M: Clone> Wave<M> {
     fn abandon(&mut self, epoch: u64) -> Effects<M> {
         let mut fx = Effects::default();
         if let Some(a) = self.active.take_if(|a| a.epoch == epoch) {
-            for (src, q) in a.held.into_iter().enumerate() {
+            for (src, q) in a.held {
                 fx.release.extend(q.into_iter().map(|m| (src, m)));
             }
             fx.aborted = Some(epoch);
         }
+        if self.relay.as_ref().is_some_and(|r| r.epoch <= epoch) {
+            self.relay = None;
+        }
         self.closed = self.closed.max(epoch);
         fx
+    }
+
+    /// The coordinator's wave `epoch` ended without a commit.
+    fn end_coordinated(&mut self, epoch: u64, now: Duration) -> Effects<M> {
+        if let Some(c) = &mut self.coord {
+            if c.running.as_ref().is_some_and(|(re, _)| *re == epoch) {
+                c.running = None;
+                c.last_end = now;
+            }
+        }
+        Effects::default()
     }
 
     /// The rank is finalizing: it will reach no more safe points. A wave it has not cut yet is
@@ -327,11 +578,13 @@ impl<M: Clone> Wave<M> {
         if let Some(a) = &self.active {
             if !a.cut_sent {
                 let e = a.epoch;
-                fx.send.extend(self.others().map(|r| (r, Marker::Abort(e))));
+                let to: Vec<usize> = self.all_links().collect();
+                fx.send
+                    .extend(to.into_iter().map(|r| (r, Marker::Abort(e))));
                 fx.merge(self.abandon(e));
             }
         }
-        fx
+        self.translate(fx)
     }
 
     /// The coordinator's clock: start a wave when it is due, abort one that took too long.
@@ -345,13 +598,14 @@ impl<M: Clone> Wave<M> {
             return fx;
         }
         match &c.running {
-            Some((e, started, _)) => {
+            Some((e, started)) => {
                 if now.saturating_sub(*started) >= c.timeout {
                     let e = *e;
                     c.running = None;
                     c.last_end = now;
+                    let to: Vec<usize> = self.all_links().collect();
                     fx.send
-                        .extend((1..self.size).map(|r| (r, Marker::Abort(e))));
+                        .extend(to.into_iter().map(|r| (r, Marker::Abort(e))));
                     fx.merge(self.abandon(e));
                     fx.aborted = Some(e);
                 }
@@ -359,59 +613,106 @@ impl<M: Clone> Wave<M> {
             None => {
                 if now.saturating_sub(c.last_end) >= c.interval {
                     let e = next;
-                    c.running = Some((e, now, vec![false; self.size]));
+                    c.running = Some((e, now));
                     // Two safe points ahead: a peer may be one iteration ahead of this rank.
                     let at = self.points + 2;
                     fx.merge(self.learn(e, at, None));
                 }
             }
         }
-        fx
+        self.translate(fx)
     }
 
     /// A marker arrived from `from`.
     pub fn on_marker(&mut self, from: usize, m: Marker, now: Duration) -> Effects<M> {
         let mut fx = Effects::default();
+        // Cut numbers arrive in this rank's count (the sender translated them).
         match m {
             Marker::Announce(e, at) => fx.merge(self.learn(e, at, Some(from))),
             Marker::Cut(e, at) => {
                 fx.merge(self.learn(e, at, Some(from)));
                 if let Some(a) = &mut self.active {
-                    if a.epoch == e && from < self.size {
-                        a.cuts_in[from] = true;
+                    if a.epoch == e {
+                        if let Some(c) = a.cuts_in.get_mut(&from) {
+                            *c = true;
+                        }
                     }
                 }
             }
             Marker::Abort(e) => {
-                if let Some(c) = &mut self.coord {
-                    if c.running.as_ref().is_some_and(|(re, _, _)| *re == e) {
-                        c.running = None;
-                        c.last_end = now;
-                    }
-                }
+                fx.merge(self.end_coordinated(e, now));
+                let fresh = e > self.closed || self.active_epoch() == Some(e);
                 if self.active_epoch() == Some(e) {
                     fx.merge(self.abandon(e));
                 } else {
                     self.closed = self.closed.max(e);
+                    if self.relay.as_ref().is_some_and(|r| r.epoch <= e) {
+                        self.relay = None;
+                    }
+                }
+                if fresh {
+                    // Flood on: spawned ranks are reached only through their parent, and a
+                    // spawned rank's abort reaches the job only through its parent. An abort
+                    // from one of the job's ranks already went to all of them.
+                    let from_mesh = self.links.iter().any(|l| l.rank == from && l.mesh);
+                    let to: Vec<usize> = self
+                        .links
+                        .iter()
+                        .filter(|l| l.rank != from && !(from_mesh && l.mesh))
+                        .map(|l| l.rank)
+                        .collect();
+                    fx.send
+                        .extend(to.into_iter().map(|r| (r, Marker::Abort(e))));
                 }
             }
             Marker::Done(e) => fx.merge(self.done_from(from, e, now)),
         }
-        fx
+        self.translate(fx)
     }
 
     fn done_from(&mut self, from: usize, e: u64, now: Duration) -> Effects<M> {
+        if e <= self.closed && self.relay.as_ref().is_none_or(|r| r.epoch != e) {
+            // An epoch this rank already closed without a relay (aborted): nothing to do.
+            if self.active_epoch() != Some(e) {
+                return Effects::default();
+            }
+        }
+        match &mut self.relay {
+            Some(r) if r.epoch == e => {
+                r.got.insert(from);
+            }
+            Some(r) if r.epoch > e => return Effects::default(),
+            _ => {
+                self.relay = Some(Relay {
+                    epoch: e,
+                    need: None,
+                    got: BTreeSet::from([from]),
+                })
+            }
+        }
+        self.relay_check(now)
+    }
+
+    /// If this rank's DONE of the relay's epoch is due, send it upstream (or commit, rank 0).
+    fn relay_check(&mut self, now: Duration) -> Effects<M> {
         let mut fx = Effects::default();
-        let Some(c) = &mut self.coord else { return fx };
-        if let Some((re, _, done)) = &mut c.running {
-            if *re == e && from < done.len() {
-                done[from] = true;
-                if done.iter().all(|d| *d) {
+        let Some(r) = &self.relay else { return fx };
+        let Some(need) = &r.need else { return fx };
+        if !need.iter().all(|n| r.got.contains(n)) {
+            return fx;
+        }
+        let e = r.epoch;
+        self.relay = None;
+        match (self.upstream, &mut self.coord) {
+            (None, Some(c)) => {
+                if c.running.as_ref().is_some_and(|(re, _)| *re == e) {
                     c.running = None;
                     c.last_end = now;
                     fx.commit = Some(e);
                 }
             }
+            (Some(up), _) => fx.send.push((up, Marker::Done(e))),
+            (None, None) => {}
         }
         fx
     }
@@ -423,14 +724,14 @@ impl<M: Clone> Wave<M> {
         let Some(a) = &mut self.active else {
             return Some(m);
         };
-        if from >= self.size {
+        let Some(cut) = a.cuts_in.get(&from).copied() else {
             return Some(m);
-        }
-        if a.cuts_in[from] && !a.snapshot {
-            a.held[from].push_back(m);
+        };
+        if cut && !a.snapshot {
+            a.held.entry(from).or_default().push_back(m);
             return None;
         }
-        if a.snapshot && !a.cuts_in[from] && self.mode == Mode::Nonblocking {
+        if a.snapshot && !cut && self.mode == Mode::Nonblocking {
             a.late.push((from, m.clone()));
         }
         Some(m)
@@ -441,7 +742,9 @@ impl<M: Clone> Wave<M> {
     pub fn diverts(&self, from: usize) -> bool {
         self.holds(from)
             || self.active.as_ref().is_some_and(|a| {
-                self.mode == Mode::Nonblocking && from < self.size && a.snapshot && !a.cuts_in[from]
+                self.mode == Mode::Nonblocking
+                    && a.snapshot
+                    && a.cuts_in.get(&from).is_some_and(|c| !*c)
             })
     }
 
@@ -455,7 +758,7 @@ impl<M: Clone> Wave<M> {
     pub fn holds(&self, from: usize) -> bool {
         self.active
             .as_ref()
-            .is_some_and(|a| from < self.size && a.cuts_in[from] && !a.snapshot)
+            .is_some_and(|a| !a.snapshot && a.cuts_in.get(&from).is_some_and(|c| *c))
     }
 
     /// The program reached a safe point.
@@ -469,9 +772,14 @@ impl<M: Clone> Wave<M> {
         }
         a.cut_sent = true;
         let (e, at) = (a.epoch, a.at);
+        let send = a.cuts_in.keys().map(|&r| (r, Marker::Cut(e, at))).collect();
+        let fx = self.translate(Effects {
+            send,
+            ..Effects::default()
+        });
         SafePoint::Cut {
             epoch: e,
-            send: self.others().map(|r| (r, Marker::Cut(e, at))).collect(),
+            send: fx.send,
         }
     }
 
@@ -481,7 +789,7 @@ impl<M: Clone> Wave<M> {
         self.active.as_ref().is_some_and(|a| {
             a.cut_sent
                 && !a.snapshot
-                && (self.mode == Mode::Nonblocking || a.cuts_in.iter().all(|c| *c))
+                && (self.mode == Mode::Nonblocking || a.cuts_in.values().all(|c| *c))
         })
     }
 
@@ -490,8 +798,8 @@ impl<M: Clone> Wave<M> {
         let mut fx = Effects::default();
         if let Some(a) = &mut self.active {
             a.snapshot = true;
-            for (src, q) in a.held.iter_mut().enumerate() {
-                fx.release.extend(q.drain(..).map(|m| (src, m)));
+            for (src, q) in a.held.iter_mut() {
+                fx.release.extend(q.drain(..).map(|m| (*src, m)));
             }
         }
         fx
@@ -501,7 +809,7 @@ impl<M: Clone> Wave<M> {
     /// (returned once per wave).
     pub fn take_complete(&mut self) -> Option<Complete<M>> {
         let a = self.active.as_mut()?;
-        if !a.snapshot || a.handed_over || !a.cuts_in.iter().all(|c| *c) {
+        if !a.snapshot || a.handed_over || !a.cuts_in.values().all(|c| *c) {
             return None;
         }
         a.handed_over = true;
@@ -511,19 +819,27 @@ impl<M: Clone> Wave<M> {
         })
     }
 
-    /// This rank's checkpoint of `epoch` is durable: tell the coordinator; the wave is closed here.
+    /// This rank's checkpoint of `epoch` is durable: once every downstream member's DONE is in
+    /// too, tell upstream (rank 0 commits); the wave is closed here.
     pub fn stored(&mut self, epoch: u64, now: Duration) -> Effects<M> {
-        let mut fx = Effects::default();
-        if self.active_epoch() == Some(epoch) {
-            self.active = None;
-            self.closed = self.closed.max(epoch);
+        let need: Vec<usize> = match &self.active {
+            Some(a) if a.epoch == epoch => a.down.clone(),
+            _ => return Effects::default(),
+        };
+        self.active = None;
+        self.closed = self.closed.max(epoch);
+        match &mut self.relay {
+            Some(r) if r.epoch == epoch => r.need = Some(need),
+            _ => {
+                self.relay = Some(Relay {
+                    epoch,
+                    need: Some(need),
+                    got: BTreeSet::new(),
+                })
+            }
         }
-        if self.rank == 0 {
-            fx.merge(self.done_from(0, epoch, now));
-        } else {
-            fx.send.push((0, Marker::Done(epoch)));
-        }
-        fx
+        let fx = self.relay_check(now);
+        self.translate(fx)
     }
 
     /// How long the coordinator lets a wave run before aborting it (the coordinator only).
@@ -656,6 +972,35 @@ pub struct RankCheckpoint {
     pub late: Vec<SavedMessage>,
     /// The program's state, serialized by the program's serde value (bincode).
     pub app: Vec<u8>,
+    /// The spawn groups this rank is the parent of whose children are members of this epoch
+    /// (issue 13): a restart from it starts them again (layout version 3).
+    pub spawns: Vec<SavedSpawn>,
+}
+
+/// A spawn group in a parent's checkpoint: what a restart needs to start its children again
+/// and re-form the merged communicator (same group id, so the same context, and the same
+/// world ranks, so each child restores its own checkpoint).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SavedSpawn {
+    pub group: u64,
+    /// World ranks, the parent first, then the children that are members of the epoch.
+    pub members: Vec<u32>,
+    /// The program the spawn started (as the parent resolved it) and its arguments.
+    pub program: String,
+    pub args: Vec<String>,
+}
+
+/// The layout of version 2 blobs (before spawn groups were saved).
+#[derive(Deserialize)]
+struct RankCheckpointV2 {
+    epoch: u64,
+    rank: u32,
+    size: u32,
+    comms: Vec<SavedComm>,
+    requests: Vec<SavedRequest>,
+    unexpected: Vec<SavedMessage>,
+    late: Vec<SavedMessage>,
+    app: Vec<u8>,
 }
 
 /// The layout of version 1 blobs (before communicators and requests were saved). Read so that
@@ -676,8 +1021,8 @@ struct RankCheckpointV1 {
 /// First bytes of every checkpoint blob.
 pub const BLOB_MAGIC: [u8; 8] = *b"MUTICKP\0";
 /// Version of the blob layout this runtime writes: 2 adds the communicator table and the
-/// requests in flight. Version 1 is still read.
-pub const BLOB_VERSION: u32 = 2;
+/// requests in flight, 3 the spawn groups. Versions 1 and 2 are still read.
+pub const BLOB_VERSION: u32 = 3;
 
 // ------------------------------------------------------------------ the communicator table
 
@@ -889,9 +1234,9 @@ impl RankCheckpoint {
         let u32_at = |o: usize| u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
         let u64_at = |o: usize| u64::from(u32_at(o)) | (u64::from(u32_at(o + 4)) << 32);
         let version = u32_at(8);
-        if version != BLOB_VERSION && version != 1 {
+        if !(1..=BLOB_VERSION).contains(&version) {
             return Err(format!(
-                "{what} has layout version {version}, this runtime reads 1 and {BLOB_VERSION}: \
+                "{what} has layout version {version}, this runtime reads 1 to {BLOB_VERSION}: \
                  restart with the mutirão build that wrote it"
             ));
         }
@@ -918,6 +1263,21 @@ impl RankCheckpoint {
                 unexpected: v.unexpected,
                 late: v.late,
                 app: v.app,
+                spawns: Vec::new(),
+            }
+        } else if version == 2 {
+            let v: RankCheckpointV2 =
+                bincode::deserialize(body).map_err(|e| format!("{what} is corrupt: {e}"))?;
+            RankCheckpoint {
+                epoch: v.epoch,
+                rank: v.rank,
+                size: v.size,
+                comms: v.comms,
+                requests: v.requests,
+                unexpected: v.unexpected,
+                late: v.late,
+                app: v.app,
+                spawns: Vec::new(),
             }
         } else {
             bincode::deserialize(body).map_err(|e| format!("{what} is corrupt: {e}"))?
@@ -1059,6 +1419,102 @@ mod tests {
         assert_eq!(w.on_marker(1, Marker::Done(1), ms(13)).commit, Some(1));
     }
 
+    fn cut_of(p: SafePoint) -> Vec<(usize, Marker)> {
+        match p {
+            SafePoint::Cut { send, .. } => send,
+            SafePoint::Continue => panic!("expected a cut here"),
+        }
+    }
+
+    #[test]
+    fn spawned_children_join_waves_in_their_own_count_and_done_goes_through_the_parent() {
+        use Marker::*;
+        // A job of 2; rank 1 spawns child 2 after 5 safe points.
+        let mut r0: Wave<u32> = Wave::new(0, 2, Mode::Blocking, 0, ms(10), ms(1000), ms(0));
+        let mut r1: Wave<u32> = Wave::new(1, 2, Mode::Blocking, 0, ms(10), ms(1000), ms(0));
+        for _ in 0..5 {
+            r0.at_safe_point();
+            r1.at_safe_point();
+        }
+        assert_eq!(r1.spawn_basis(), (5, 0));
+        let (after, fx) = r1.add_children(&[2]);
+        assert_eq!((after, fx.send.len()), (0, 0));
+        let mut c: Wave<u32> = Wave::spawned(2, 1, &[2], 5, Mode::Blocking, after);
+        // Wave 1 is cut at rank 0's point 7: the child's point 7 - 5 = 2.
+        assert_eq!(r0.tick(ms(10)).send, vec![(1, Announce(1, 7))]);
+        assert_eq!(
+            r1.on_marker(0, Announce(1, 7), ms(10)).send,
+            vec![(2, Announce(1, 2))]
+        );
+        assert!(c.on_marker(1, Announce(1, 2), ms(10)).send.is_empty());
+        for w in [&mut r0, &mut r1, &mut c] {
+            assert_eq!(w.at_safe_point(), SafePoint::Continue);
+        }
+        assert_eq!(cut_of(r0.at_safe_point()), vec![(1, Cut(1, 7))]);
+        assert_eq!(
+            cut_of(r1.at_safe_point()),
+            vec![(0, Cut(1, 7)), (2, Cut(1, 2))]
+        );
+        assert_eq!(cut_of(c.at_safe_point()), vec![(1, Cut(1, 7))]);
+        r0.on_marker(1, Cut(1, 7), ms(11));
+        r1.on_marker(0, Cut(1, 7), ms(11));
+        assert!(!r1.ready_to_snapshot(), "the child's cut is not in yet");
+        r1.on_marker(2, Cut(1, 7), ms(11));
+        c.on_marker(1, Cut(1, 2), ms(11));
+        for w in [&mut r0, &mut r1, &mut c] {
+            assert!(w.ready_to_snapshot());
+            w.snapshot_taken();
+            w.take_complete().unwrap();
+        }
+        assert_eq!((r1.children_in(1), r0.children_in(1)), (vec![2], vec![]));
+        // Rank 1's DONE waits for its child's; rank 0 commits once rank 1's comes.
+        assert!(r1.stored(1, ms(12)).send.is_empty());
+        assert_eq!(r0.stored(1, ms(12)).commit, None);
+        assert_eq!(c.stored(1, ms(12)).send, vec![(1, Done(1))]);
+        assert_eq!(r1.on_marker(2, Done(1), ms(13)).send, vec![(0, Done(1))]);
+        assert_eq!(r0.on_marker(1, Done(1), ms(13)).commit, Some(1));
+        // A spawn while wave 2 is not cut yet brings the new child (3) into that wave.
+        let fx = r0.tick(ms(30));
+        let Some(&(1, Announce(2, at))) = fx.send.first() else {
+            panic!("{:?}", fx.send)
+        };
+        r1.on_marker(0, Announce(2, at), ms(30));
+        assert_eq!(r1.spawn_basis(), (7, 1));
+        let (after, fx) = r1.add_children(&[3]);
+        assert_eq!(after, 1);
+        assert_eq!(fx.send, vec![(3, Announce(2, at - 7))]);
+        assert_eq!(r1.children_in(2), vec![2, 3]);
+        // A child's broken channel aborts the wave it is in, for everyone, and it is in no
+        // later wave.
+        let fx = r1.remove_peer(2, true, ms(31));
+        assert_eq!(fx.aborted, Some(2));
+        assert_eq!(fx.send, vec![(0, Abort(2)), (3, Abort(2))]);
+        assert_eq!(r1.children_in(3), vec![3]);
+        // Rank 0 learns it and floods on (to no one else here); its next wave can start.
+        let fx = r0.on_marker(1, Abort(2), ms(32));
+        assert_eq!(fx.aborted, Some(2));
+        assert!(fx.send.is_empty());
+        assert!(r0.tick(ms(50)).send.contains(&(1, Announce(3, 9))));
+    }
+
+    #[test]
+    fn an_abort_is_flooded_to_spawned_ranks_and_from_them_but_not_around_the_job_again() {
+        use Marker::*;
+        // Ranks 0..3 of the job; rank 1 has spawned rank 3.
+        let mut r1: Wave<u32> = Wave::new(1, 3, Mode::Blocking, 0, ms(10), ms(1000), ms(0));
+        r1.add_children(&[3]);
+        r1.on_marker(0, Announce(1, 5), ms(1));
+        // From one of the job's ranks (it sent the abort to all of them): on to the child only.
+        assert_eq!(r1.on_marker(2, Abort(1), ms(2)).send, vec![(3, Abort(1))]);
+        assert!(r1.on_marker(0, Abort(1), ms(2)).send.is_empty(), "once");
+        // From the child: to every other link.
+        r1.on_marker(0, Announce(2, 9), ms(3));
+        assert_eq!(
+            r1.on_marker(3, Abort(2), ms(4)).send,
+            vec![(0, Abort(2)), (2, Abort(2))]
+        );
+    }
+
     #[test]
     fn blobs_round_trip_and_bad_ones_are_named_errors() {
         let c = RankCheckpoint {
@@ -1094,6 +1550,12 @@ mod tests {
             }],
             late: vec![],
             app: vec![7; 100],
+            spawns: vec![SavedSpawn {
+                group: 2,
+                members: vec![1, 4, 5],
+                program: "/bin/prog".into(),
+                args: vec!["--worker".into()],
+            }],
         };
         let b = c.encode().unwrap();
         assert_eq!(RankCheckpoint::decode(&b, 3, 1, 4).unwrap(), c);
@@ -1108,9 +1570,43 @@ mod tests {
         let e = RankCheckpoint::decode(b"hello world, not a checkpoint", 3, 1, 4).unwrap_err();
         assert!(e.contains("not a mutirão checkpoint"), "{e}");
         let mut future = b.clone();
-        future[8..12].copy_from_slice(&3u32.to_le_bytes());
+        future[8..12].copy_from_slice(&4u32.to_le_bytes());
         let e = RankCheckpoint::decode(&future, 3, 1, 4).unwrap_err();
-        assert!(e.contains("layout version 3"), "{e}");
+        assert!(e.contains("layout version 4"), "{e}");
+    }
+
+    /// The layout of version 2, as the previous runtime wrote it.
+    #[derive(Serialize)]
+    struct V2 {
+        epoch: u64,
+        rank: u32,
+        size: u32,
+        comms: Vec<SavedComm>,
+        requests: Vec<SavedRequest>,
+        unexpected: Vec<SavedMessage>,
+        late: Vec<SavedMessage>,
+        app: Vec<u8>,
+    }
+
+    #[test]
+    fn a_version_2_blob_reads_with_no_spawn_groups() {
+        let v2 = V2 {
+            epoch: 5,
+            rank: 1,
+            size: 2,
+            comms: vec![],
+            requests: vec![],
+            unexpected: vec![],
+            late: vec![],
+            app: vec![9, 9],
+        };
+        let c =
+            RankCheckpoint::decode(&frame(2, &bincode::serialize(&v2).unwrap()), 5, 1, 2).unwrap();
+        assert_eq!((c.app, c.spawns), (vec![9, 9], vec![]));
+        // A version 2 body under a version 3 header is corrupt, not misread.
+        assert!(
+            RankCheckpoint::decode(&frame(3, &bincode::serialize(&v2).unwrap()), 5, 1, 2).is_err()
+        );
     }
 
     /// The layout of version 1, as the previous runtime wrote it.
@@ -1155,6 +1651,7 @@ mod tests {
                 unexpected: vec![msg],
                 late: vec![],
                 app: vec![1, 2, 3],
+                spawns: vec![],
             }
         );
         // A version 1 body under a version 2 header is corrupt, not misread.
@@ -1379,6 +1876,10 @@ mod tests {
         log: Vec<Vec<Vec<u64>>>,
         /// Test switches that disable a mechanism (each must make the test fail).
         broken: Broken,
+        /// Which pairs have a channel (all of them, unless ranks were spawned).
+        links: Vec<Vec<bool>>,
+        /// Spawned ranks in this run (then no collective derivations).
+        kids: usize,
     }
 
     /// Mechanisms a run can switch off, to show the test catches their absence.
@@ -1425,7 +1926,42 @@ mod tests {
                 next_req: 0,
                 log: vec![vec![Vec::new(); n]; n],
                 broken: Broken::default(),
+                links: (0..n).map(|a| (0..n).map(|b| a != b).collect()).collect(),
+                kids: 0,
             }
+        }
+
+        /// `mesh` job ranks, and `kids` ranks spawned by `parent` once every job rank had
+        /// passed `pre` safe points (the children count their own from 0): channels only
+        /// between job ranks, parent–child and sibling–sibling.
+        fn with_children(mesh: usize, kids: usize, parent: usize, pre: u64, mode: Mode) -> Sim {
+            let n = mesh + kids;
+            let mut sim = Sim::new(n, mode);
+            let children: Vec<usize> = (mesh..n).collect();
+            for r in 0..mesh {
+                sim.waves[r] = Wave::new(r, mesh, mode, 0, ms(20), ms(400), ms(0));
+                for _ in 0..pre {
+                    assert_eq!(sim.waves[r].at_safe_point(), SafePoint::Continue);
+                }
+            }
+            assert_eq!(sim.waves[parent].spawn_basis(), (pre, 0));
+            let (after, fx) = sim.waves[parent].add_children(&children);
+            assert!(fx.send.is_empty());
+            for &c in &children {
+                sim.waves[c] = Wave::spawned(c, parent, &children, pre, mode, after);
+            }
+            for a in 0..n {
+                for b in 0..n {
+                    let job = a < mesh && b < mesh;
+                    let family = (a == parent && b >= mesh) || (b == parent && a >= mesh);
+                    let siblings = a >= mesh && b >= mesh;
+                    sim.links[a][b] = a != b && (job || family || siblings);
+                }
+            }
+            // The simulation's own count: a child's point c is its parent's pre + c.
+            sim.points = vec![pre; n];
+            sim.kids = kids;
+            sim
         }
 
         /// The engine's matching: the first posted receive that matches, else unexpected.
@@ -1462,7 +1998,9 @@ mod tests {
         /// Every member of one of rank 0's communicators splits it (or dups it), as a
         /// collective does: only between waves, since its messages cannot cross a cut.
         fn derive(&mut self, k: u32) {
-            if (0..self.n).any(|r| self.waves[r].active_epoch().is_some() || self.blocked[r]) {
+            if self.kids > 0
+                || (0..self.n).any(|r| self.waves[r].active_epoch().is_some() || self.blocked[r])
+            {
                 return;
             }
             let parents: Vec<u64> = self.comms[0].keys().copied().collect();
@@ -1607,7 +2145,7 @@ mod tests {
             match *op {
                 Op::Send(a, b, c) => {
                     let (a, b) = (a % self.n, b % self.n);
-                    if a != b && !self.blocked[a] {
+                    if self.links[a][b] && !self.blocked[a] {
                         let id = self.next_id;
                         self.next_id += 1;
                         let ctxs: Vec<u64> = self.comms[a]
@@ -1629,7 +2167,9 @@ mod tests {
                             self.comms[r].iter().map(|(c, m)| (*c, m.clone())).collect();
                         let (ctx, members) = &comms[c % comms.len()];
                         let src = (src < ANY).then(|| members[src % members.len()] as usize);
-                        self.post(r, src, *ctx);
+                        if src.is_none_or(|s| s == r || self.links[r][s]) {
+                            self.post(r, src, *ctx);
+                        }
                     }
                 }
                 Op::Derive(k) => self.derive(k),
@@ -1830,6 +2370,11 @@ mod tests {
     fn run_broken(n: usize, mode: Mode, ops: &[Op], broken: Broken) {
         let mut sim = Sim::new(n, mode);
         sim.broken = broken;
+        drive(sim, ops)
+    }
+
+    fn drive(mut sim: Sim, ops: &[Op]) {
+        let n = sim.n;
         for o in ops {
             sim.step(o);
         }
@@ -1896,6 +2441,22 @@ mod tests {
         ) {
             let mode = if nonblocking { Mode::Nonblocking } else { Mode::Blocking };
             run(n, mode, &ops);
+        }
+
+        /// The same with spawned ranks (issue 13): 2–3 job ranks, 1–2 children of one of them
+        /// spawned after 0–4 safe points (so their cut numbers are translated), channels only
+        /// along the spawn links, waves flooded and DONE relayed through the parent.
+        #[test]
+        fn with_spawned_ranks_restoring_any_committed_epoch_loses_and_orphans_nothing(
+            mesh in 2usize..=3,
+            kids in 1usize..=2,
+            parent in 0usize..3,
+            pre in 0u64..5,
+            nonblocking in any::<bool>(),
+            ops in proptest::collection::vec(op(), 0..600),
+        ) {
+            let mode = if nonblocking { Mode::Nonblocking } else { Mode::Blocking };
+            drive(Sim::with_children(mesh, kids, parent % mesh, pre, mode), &ops);
         }
     }
 

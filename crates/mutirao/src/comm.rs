@@ -510,6 +510,7 @@ impl Comm {
         });
         let app = bincode::serialize(state)
             .map_err(|err| Error::Codec(format!("checkpoint state: {err}")))?;
+        let spawns = e.saved_spawns(epoch);
         let (rank, size) = (e.rank as u32, e.size as u32);
         let Some(c) = e.ckpt.as_mut() else {
             return Ok(());
@@ -523,6 +524,7 @@ impl Comm {
             unexpected,
             late: Vec::new(),
             app,
+            spawns,
         });
         let fx = c.wave.snapshot_taken();
         e.apply_ckpt(fx);

@@ -391,6 +391,12 @@ pub(crate) struct Engine {
     pub(crate) launch: Option<crate::spawn::Launch>,
     /// The spawn group this process was started by (`None`: an original rank).
     pub(crate) spawned_in: Option<u64>,
+    /// The spawn groups this rank is the parent of (saved with checkpoints while their
+    /// children are wave members, so a restart starts them again).
+    pub(crate) spawn_groups: Vec<crate::ckpt::SavedSpawn>,
+    /// Spawn groups a restart re-created, until the program takes them (`Comm::respawned`):
+    /// (group, members parent first, time to re-create).
+    pub(crate) respawned: Option<Vec<(u64, Vec<usize>, Duration)>>,
     /// Peers this process had at start-up: their failures fail any-source receives of the
     /// communicators not in `scopes` (the job's, and those derived from it).
     base: usize,
@@ -463,6 +469,8 @@ impl Engine {
             ckpt: None,
             launch: None,
             spawned_in: None,
+            spawn_groups: Vec::new(),
+            respawned: None,
             base: size,
             scopes: HashMap::new(),
             comms: crate::ckpt::CommTable::default(),
@@ -1206,6 +1214,7 @@ impl Engine {
             Kind::Bye => {
                 self.peers[peer].state = PeerState::Finalized;
                 self.fail_ops_of(peer);
+                self.ckpt_peer_gone(peer, false);
             }
             Kind::Marker => {
                 let m = hdr.to_marker()?;
@@ -1347,6 +1356,7 @@ impl Engine {
             }
         }
         self.fail_ops_of(peer);
+        self.ckpt_peer_gone(peer, true);
     }
 
     /// Fail pending operations that can no longer complete because `peer` is gone.
@@ -2040,8 +2050,11 @@ impl Engine {
                 }
             }
         }
+        // The ranks this one spawned that are members of the wave: the launcher counts their
+        // checkpoints too before it commits the epoch.
+        let children = c.wave.children_in(epoch);
         let put = cp.encode().and_then(|blob| match self._pmi.as_mut() {
-            Some(p) => p.ckpt_put(epoch, &blob, timeout),
+            Some(p) => p.ckpt_put_with(epoch, &blob, &children, timeout),
             None => Err("no launcher connection".into()),
         });
         match put {
@@ -2056,6 +2069,61 @@ impl Engine {
                 "mutirao: rank {rank}: checkpoint of epoch {epoch} not stored ({why}); this wave will not commit"
             ),
         }
+    }
+
+    /// A spawn link (a child of this rank, or this spawned rank's parent or sibling) said
+    /// goodbye or broke: it is in no later wave; a wave it was in and that can no longer
+    /// complete is aborted. The job's own ranks stay members: a wave without one of them
+    /// would not be a checkpoint of the job (it times out instead, as before).
+    fn ckpt_peer_gone(&mut self, peer: usize, failed: bool) {
+        if peer < self.base && self.spawned_in.is_none() {
+            return;
+        }
+        let Some(c) = self.ckpt.as_mut() else { return };
+        let now = c.clock0.elapsed();
+        let fx = c.wave.remove_peer(peer, failed, now);
+        self.apply_ckpt(fx);
+        self.ckpt_finish();
+    }
+
+    /// This rank spawned group `group` (`members`: itself, then the children) of `program`
+    /// with `args` (issue 13): the children are members of the waves from now on.
+    pub(crate) fn ckpt_add_children(
+        &mut self,
+        group: u64,
+        members: &[usize],
+        program: String,
+        args: Vec<String>,
+    ) {
+        let Some(c) = self.ckpt.as_mut() else { return };
+        let (_, fx) = c.wave.add_children(&members[1..]);
+        self.spawn_groups.push(crate::ckpt::SavedSpawn {
+            group,
+            members: members.iter().map(|m| *m as u32).collect(),
+            program,
+            args,
+        });
+        self.apply_ckpt(fx);
+    }
+
+    /// The spawn groups to save with this rank's checkpoint of `epoch`: those with children
+    /// that are members of it (only those children).
+    pub(crate) fn saved_spawns(&self, epoch: u64) -> Vec<crate::ckpt::SavedSpawn> {
+        let Some(c) = self.ckpt.as_ref() else {
+            return Vec::new();
+        };
+        let kids = c.wave.children_in(epoch);
+        self.spawn_groups
+            .iter()
+            .filter_map(|g| {
+                let mut m = vec![*g.members.first()?];
+                m.extend(g.members[1..].iter().filter(|r| kids.contains(r)));
+                (m.len() > 1).then(|| crate::ckpt::SavedSpawn {
+                    members: m,
+                    ..g.clone()
+                })
+            })
+            .collect()
     }
 
     /// This rank is finalizing: it takes part in no more waves.

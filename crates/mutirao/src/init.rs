@@ -487,6 +487,25 @@ pub fn init_with(env: &JobEnv) -> Result<Comm, Error> {
     )
     .map_err(Error::Init)?;
 
+    // A restart: this rank's checkpoint first, and the spawn groups it saved asked for again
+    // now, before the job's first fence, so that no new spawn (only possible once every rank
+    // passed that fence) takes their world ranks meanwhile (issue 13).
+    let pmi_timeout = cfg.connect_timeout.max(env.ckpt_timeout());
+    let mut restored: Option<crate::ckpt::RankCheckpoint> = None;
+    let mut respawns: Vec<(crate::ckpt::SavedSpawn, Vec<String>)> = Vec::new();
+    if let (None, Some(epoch)) = (&env.spawn, env.restart_epoch) {
+        let blob = pmi
+            .ckpt_get(epoch, pmi_timeout)
+            .map_err(|e| Error::Init(format!("restart from epoch {epoch}: {e}")))?;
+        let c = crate::ckpt::RankCheckpoint::decode(&blob, epoch, env.rank as u32, env.size as u32)
+            .map_err(|e| Error::Init(format!("restart: {e}")))?;
+        for sp in &c.spawns {
+            let hosts = respawn(&mut pmi, env, epoch, sp)?;
+            respawns.push((sp.clone(), hosts));
+        }
+        restored = Some(c);
+    }
+
     let listener = TcpListener::bind(SocketAddr::new(env.bind, 0))
         .map_err(|e| Error::Init(format!("cannot listen on {}: {e}", env.bind)))?;
     let my_addr = listener.local_addr()?;
@@ -548,24 +567,86 @@ pub fn init_with(env: &JobEnv) -> Result<Comm, Error> {
         cfg: cfg.clone(),
     });
     if let Some(sp) = &env.spawn {
-        // Spawned ranks take no part in the job's checkpoint waves (docs/spawn.md).
+        // A parent with checkpoints on brings its children into its waves (docs/spawn.md):
+        // they count checkpoint points from their own start, store their checkpoints, and
+        // send DONE to the parent. A spawned rank is never restored from MUTIRAO_RESTART_EPOCH
+        // (the launcher's environment may carry it): spawn groups are not re-created.
+        if let Some(basis) = all.first().and_then(|k| k.get(crate::spawn::CKPT_KEY)) {
+            let b = crate::spawn::parse_ckpt_basis(basis).map_err(Error::Init)?;
+            let (mut restored_app, mut restored_reqs) = (None, None);
+            if let Some(epoch) = b.restore {
+                // The parent's restart re-created this rank's group: restore its checkpoint.
+                let blob = pmi
+                    .ckpt_get(epoch, b.pmi_timeout)
+                    .map_err(|e| Error::Init(format!("restart from epoch {epoch}: {e}")))?;
+                let c = crate::ckpt::RankCheckpoint::decode(
+                    &blob,
+                    epoch,
+                    env.rank as u32,
+                    width as u32,
+                )
+                .map_err(|e| Error::Init(format!("restart: {e}")))?;
+                if let Some(g) = c.spawns.first() {
+                    return Err(Error::Init(format!(
+                        "restart from epoch {epoch}: spawned rank {} had itself spawned group {} \
+                         (ranks {:?}) and re-creating a spawned rank's own spawn groups is not \
+                         supported; restart from an epoch before that spawn, or spawn from the \
+                         job's ranks only",
+                        env.rank, g.group, g.members
+                    )));
+                }
+                engine.comms = crate::ckpt::CommTable::restore(c.comms);
+                engine.restore_unexpected(c.unexpected);
+                restored_reqs = Some(engine.restore_requests(c.requests)?);
+                engine.restore_late(c.late);
+                restored_app = Some(c.app);
+            }
+            engine.ckpt = Some(crate::engine::CkptRt {
+                wave: crate::ckpt::Wave::spawned(
+                    env.rank,
+                    members[0],
+                    &members[1..],
+                    b.parent_points,
+                    b.mode,
+                    b.after,
+                ),
+                clock0: Instant::now(),
+                pmi_timeout: b.pmi_timeout,
+                restored_app,
+                recovery: b.restore.map(|e| (e, env.incarnation)),
+                aborted: Vec::new(),
+                committed: Vec::new(),
+                pending: None,
+                restored_reqs,
+            });
+        }
         engine.spawned_in = Some(sp.group);
         engine._pmi = Some(pmi);
         let ctx = crate::spawn::spawn_ctx(sp.group);
         engine.scope(ctx, members.clone());
         return Ok(Comm::spawned_root(engine, ctx, members));
     }
+    // Re-created spawn groups are connected before the restore, so that saved messages and
+    // pending receives of their merged communicators find their channels.
+    let mut back = Vec::new();
+    if let Some(epoch) = env.restart_epoch {
+        for (sp, hosts) in respawns {
+            let basis = crate::spawn::restore_basis(env.ckpt_mode, epoch, pmi_timeout);
+            back.push(rejoin(
+                &mut engine,
+                &mut pmi,
+                env,
+                epoch,
+                sp,
+                &hosts,
+                basis,
+            )?);
+        }
+    }
     if env.ckpt_interval.is_some() || env.restart_epoch.is_some() {
-        let pmi_timeout = cfg.connect_timeout.max(env.ckpt_timeout());
         let mut restored_app = None;
         let mut restored_reqs = None;
-        if let Some(epoch) = env.restart_epoch {
-            let blob = pmi
-                .ckpt_get(epoch, pmi_timeout)
-                .map_err(|e| Error::Init(format!("restart from epoch {epoch}: {e}")))?;
-            let c =
-                crate::ckpt::RankCheckpoint::decode(&blob, epoch, env.rank as u32, env.size as u32)
-                    .map_err(|e| Error::Init(format!("restart: {e}")))?;
+        if let Some(c) = restored {
             // In this order: the communicator table (so contexts are known), the unmatched
             // messages (which matched no pending receive), the pending receives posted again,
             // then the channel state, delivered as it was (to those receives first).
@@ -596,8 +677,107 @@ pub fn init_with(env: &JobEnv) -> Result<Comm, Error> {
             restored_reqs,
         });
     }
+    if env.restart_epoch.is_some() {
+        let mut groups = Vec::new();
+        for (sp, elapsed) in back {
+            let members: Vec<usize> = sp.members.iter().map(|m| *m as usize).collect();
+            groups.push((sp.group, members.clone(), elapsed));
+            engine.ckpt_add_children(sp.group, &members, sp.program, sp.args);
+        }
+        engine.respawned = Some(groups);
+    }
     engine._pmi = Some(pmi);
     Ok(Comm::world(engine))
+}
+
+/// How long a restart waits for a re-created spawn group (as a spawn's default timeout).
+const RESPAWN_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Ask the launcher to start the children of saved spawn group `sp` again (their world ranks
+/// and group id as saved); returns the hosts it started them on.
+fn respawn(
+    pmi: &mut PmiClient,
+    env: &JobEnv,
+    epoch: u64,
+    sp: &crate::ckpt::SavedSpawn,
+) -> Result<Vec<String>, Error> {
+    if sp.members.first() != Some(&(env.rank as u32)) || sp.members.len() < 2 {
+        return Err(Error::Init(format!(
+            "restart from epoch {epoch}: rank {}'s checkpoint names spawn group {} with members \
+             {:?}, whose parent is not this rank: a checkpoint of another job?",
+            env.rank, sp.group, sp.members
+        )));
+    }
+    let (_, _, hosts) = pmi
+        .respawn(
+            std::path::Path::new(&sp.program),
+            &sp.args,
+            sp.group,
+            &sp.members[1..],
+            RESPAWN_TIMEOUT,
+            &env.job_id,
+        )
+        .map_err(|e| {
+            Error::Init(format!(
+                "restart from epoch {epoch}: its waves included spawn group {} (ranks {:?} of {}), \
+                 which could not be started again: {e}",
+                sp.group,
+                &sp.members[1..],
+                sp.program
+            ))
+        })?;
+    Ok(hosts)
+}
+
+/// Connect to the re-created children of `sp` (they restore their own checkpoints of `epoch`);
+/// returns the group and how long it took.
+fn rejoin(
+    engine: &mut Engine,
+    pmi: &mut PmiClient,
+    env: &JobEnv,
+    epoch: u64,
+    sp: crate::ckpt::SavedSpawn,
+    hosts: &[String],
+    basis: String,
+) -> Result<(crate::ckpt::SavedSpawn, Duration), Error> {
+    let t0 = Instant::now();
+    let launch = engine
+        .launch
+        .clone()
+        .ok_or_else(|| Error::Init("no launcher settings to re-create spawn groups".into()))?;
+    let ranks: Vec<u32> = sp.members[1..].to_vec();
+    let fail = |e: Error| {
+        Error::Init(format!(
+            "restart from epoch {epoch}: re-creating spawn group {} (ranks {ranks:?}): {e}",
+            sp.group
+        ))
+    };
+    let listener = TcpListener::bind(SocketAddr::new(env.bind, 0))
+        .map_err(|e| fail(Error::Spawn(format!("cannot listen on {}: {e}", env.bind))))?;
+    let spec = crate::spawn::SpawnSpec::new(ranks.len()).timeout(RESPAWN_TIMEOUT);
+    let joined = crate::spawn::join_group(
+        pmi,
+        &launch,
+        env.rank,
+        &spec,
+        t0,
+        sp.group,
+        &ranks,
+        hosts,
+        &listener,
+        Some(basis),
+    );
+    let (group, _, chans, _) = match joined {
+        Ok(j) => j,
+        Err(err) => {
+            let _ = pmi.spawn_cancel(sp.group, &err.to_string(), Duration::from_secs(2));
+            return Err(fail(err));
+        }
+    };
+    crate::spawn::add(engine, chans).map_err(fail)?;
+    let ctx = crate::spawn::spawn_ctx(group);
+    engine.scope(ctx, sp.members.iter().map(|m| *m as usize).collect());
+    Ok((sp, t0.elapsed()))
 }
 
 /// Connect to every lower member, accept every higher one; authenticate both ways. Returns the

@@ -14,7 +14,9 @@
 //!    [`CheckpointSink`] has it durably; `{"op":"ckpt_get","epoch":E}` → `{"op":"blob","len":N}`
 //!    and N raw bytes; `{"op":"ckpt_commit","epoch":E}` (rank 0 only, once every rank has put
 //!    its blob of E) → `ok`; `{"op":"ckpt_last"}` → `{"op":"last","epoch":E|null}`. A server
-//!    started without a sink answers each with an error saying so.
+//!    started without a sink answers each with an error saying so. Spawned ranks in the waves
+//!    (issue 13) put and get their own blobs; a parent's `ckpt_put` names its children in the
+//!    wave (`"children":[…]`) and a commit needs their blobs too (and their declared children's).
 //! 4. `{"op":"report_failure","peer":P,"reason":…}` → `ok`: the rank's channel to rank P broke
 //!    (digest 004 §15.4 step 1); the launcher reads these with [`PmiServer::take_failures`].
 //!
@@ -29,7 +31,8 @@
 //!    (parent first). A group fence that a member does not reach within T fails for all of
 //!    them; the server then forgets the group and tells the spawner to abort it. The parent
 //!    may give up on its group at any time with `{"op":"spawn_cancel","group":G,"why":…}` →
-//!    `ok` (same effect).
+//!    `ok` (same effect). A restart re-creates a checkpointed group with `spawn` and
+//!    `"restore":{"group":G,"ranks":[…]}`: the same group id and world ranks, which must be free.
 //!
 //! The server side ([`PmiServer`]) is used by `mutirao run`; the client by [`crate::init`].
 
@@ -66,6 +69,10 @@ enum Msg {
     CkptPut {
         epoch: u64,
         len: u64,
+        /// The ranks this rank spawned that are members of the wave (issue 13): the server
+        /// requires their blobs too before it commits the epoch.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        children: Vec<u32>,
     },
     CkptGet {
         epoch: u64,
@@ -91,6 +98,10 @@ enum Msg {
         hosts: Vec<String>,
         timeout_ms: u64,
         job_id: String,
+        /// A restart re-creating a checkpointed spawn group (issue 13): its group id and its
+        /// children's world ranks, as they were.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        restore: Option<Respawn>,
     },
     Spawned {
         group: u64,
@@ -105,6 +116,13 @@ enum Msg {
         group: u64,
         why: String,
     },
+}
+
+/// A spawn group as a checkpoint saved it, started again on a restart.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct Respawn {
+    group: u64,
+    ranks: Vec<u32>,
 }
 
 /// Most ranks one spawn may ask for.
@@ -373,10 +391,23 @@ impl PmiClient {
 
     /// Store this rank's checkpoint of `epoch`; returns once the launcher has it durably.
     pub fn ckpt_put(&mut self, epoch: u64, blob: &[u8], timeout: Duration) -> Result<(), String> {
+        self.ckpt_put_with(epoch, blob, &[], timeout)
+    }
+
+    /// [`PmiClient::ckpt_put`] of a rank whose spawned ranks `children` are members of the
+    /// wave: the launcher then commits `epoch` only once their checkpoints are stored too.
+    pub fn ckpt_put_with(
+        &mut self,
+        epoch: u64,
+        blob: &[u8],
+        children: &[u32],
+        timeout: Duration,
+    ) -> Result<(), String> {
         let what = format!("storing the checkpoint of epoch {epoch}");
         let m = Msg::CkptPut {
             epoch,
             len: blob.len() as u64,
+            children: children.to_vec(),
         };
         match self.call(&m, Some(blob), timeout, &what)? {
             Msg::Ok => Ok(()),
@@ -444,6 +475,47 @@ impl PmiClient {
         timeout: Duration,
         job_id: &str,
     ) -> Result<(u64, Vec<u32>, Vec<String>), String> {
+        self.spawn_inner(program, args, n, hosts, timeout, job_id, None)
+    }
+
+    /// A restart: start the children of checkpointed spawn group `group` again, with their
+    /// world ranks `ranks` (each then restores its own checkpoint), placed by the launcher.
+    /// Only before the job's first fence, so no new spawn has taken those ranks.
+    pub fn respawn(
+        &mut self,
+        program: &std::path::Path,
+        args: &[String],
+        group: u64,
+        ranks: &[u32],
+        timeout: Duration,
+        job_id: &str,
+    ) -> Result<(u64, Vec<u32>, Vec<String>), String> {
+        let n = u32::try_from(ranks.len()).map_err(|_| "too many ranks".to_string())?;
+        let r = Respawn {
+            group,
+            ranks: ranks.to_vec(),
+        };
+        let got = self.spawn_inner(program, args, n, &[], timeout, job_id, Some(r))?;
+        if got.0 != group || got.1 != ranks {
+            return Err(format!(
+                "the launcher re-created spawn group {group} as group {} with ranks {:?} instead of {ranks:?}",
+                got.0, got.1
+            ));
+        }
+        Ok(got)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn spawn_inner(
+        &mut self,
+        program: &std::path::Path,
+        args: &[String],
+        n: u32,
+        hosts: &[String],
+        timeout: Duration,
+        job_id: &str,
+        restore: Option<Respawn>,
+    ) -> Result<(u64, Vec<u32>, Vec<String>), String> {
         let what = format!("spawning {n} ranks of {}", program.display());
         let m = Msg::Spawn {
             program: program.to_path_buf(),
@@ -452,6 +524,7 @@ impl PmiClient {
             hosts: hosts.to_vec(),
             timeout_ms: timeout.as_millis().min(u64::MAX as u128) as u64,
             job_id: job_id.to_string(),
+            restore,
         };
         match self.call(&m, None, timeout + Duration::from_secs(2), &what)? {
             Msg::Spawned {
@@ -503,8 +576,11 @@ struct Shared {
     cv: Condvar,
     sink: Option<Arc<dyn CheckpointSink>>,
     size: u32,
-    /// Per epoch, which ranks have put their blob. Its lock is held through a commit.
-    puts: Mutex<BTreeMap<u64, Vec<bool>>>,
+    /// Per epoch, which ranks have put their blob, with the spawned ranks each declared as
+    /// members of the wave. Its lock is held through a commit.
+    puts: Mutex<BTreeMap<u64, BTreeMap<u32, Vec<u32>>>>,
+    /// Spawned ranks that were members of each committed epoch (issue 13), newest last.
+    committed_spawned: Mutex<BTreeMap<u64, Vec<SpawnedMember>>>,
     /// Set by [`PmiServer::fence_checkpoints`]: this incarnation commits nothing more.
     ckpt_fenced: std::sync::atomic::AtomicBool,
     failures: Mutex<Vec<FailureReport>>,
@@ -523,6 +599,21 @@ struct FenceState {
     failed: Option<String>,
 }
 
+/// A spawned rank that took part in a committed checkpoint epoch: what restarting it would
+/// need (issue 13; see [`PmiServer::spawned_members`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SpawnedMember {
+    /// Its world rank.
+    pub rank: u32,
+    /// The rank that spawned it.
+    pub parent: u32,
+    /// Its spawn group.
+    pub group: u64,
+    /// The program and arguments its spawn asked for.
+    pub program: PathBuf,
+    pub args: Vec<String>,
+}
+
 /// Spawn groups in flight.
 struct SpawnState {
     /// The next world rank to give a spawned rank.
@@ -531,11 +622,15 @@ struct SpawnState {
     groups: BTreeMap<u64, Group>,
     /// Why a group was forgotten (so its late members get the reason).
     gone: BTreeMap<u64, String>,
+    /// Every spawned rank of a spawn that completed: (parent, group, program, args).
+    joined: BTreeMap<u32, SpawnedMember>,
 }
 
 /// One spawn group: the parent (member 0) and its children.
 struct Group {
     members: Vec<u32>,
+    program: PathBuf,
+    args: Vec<String>,
     hello: Vec<bool>,
     arrived: Vec<Option<Kvs>>,
     epoch: u64,
@@ -649,6 +744,7 @@ impl PmiServer {
             sink,
             size,
             puts: Mutex::new(BTreeMap::new()),
+            committed_spawned: Mutex::new(BTreeMap::new()),
             ckpt_fenced: std::sync::atomic::AtomicBool::new(false),
             failures: Mutex::new(Vec::new()),
             spawner,
@@ -657,6 +753,7 @@ impl PmiServer {
                 next_group: 1,
                 groups: BTreeMap::new(),
                 gone: BTreeMap::new(),
+                joined: BTreeMap::new(),
             }),
             scv: Condvar::new(),
             token,
@@ -706,6 +803,17 @@ impl PmiServer {
     /// and the spawner is told to abort the group; otherwise nothing happens.
     pub fn spawned_exited(&self, rank: u32, why: &str) {
         member_lost(&self.state, rank, why);
+    }
+
+    /// The spawned ranks that were members of committed epoch `epoch` (empty: only the job's
+    /// own ranks; `None`: this server did not commit that epoch). A launcher restarting from an
+    /// epoch with spawned members must start them again too, or refuse (issue 13).
+    pub fn spawned_members(&self, epoch: u64) -> Option<Vec<SpawnedMember>> {
+        self.state
+            .committed_spawned
+            .lock()
+            .ok()
+            .and_then(|c| c.get(&epoch).cloned())
     }
 
     /// The channel failures ranks reported since the last call (oldest first).
@@ -803,12 +911,22 @@ fn conn_loop(
                 hosts,
                 timeout_ms,
                 job_id,
+                restore,
             } => {
-                let reply =
-                    match do_spawn(st, rank as u32, program, args, n, hosts, timeout_ms, job_id) {
-                        Ok(m) => m,
-                        Err(msg) => Msg::Error { msg },
-                    };
+                let reply = match do_spawn(
+                    st,
+                    rank as u32,
+                    program,
+                    args,
+                    n,
+                    hosts,
+                    timeout_ms,
+                    job_id,
+                    restore,
+                ) {
+                    Ok(m) => m,
+                    Err(msg) => Msg::Error { msg },
+                };
                 if write_msg(w, &reply).is_err() {
                     return;
                 }
@@ -828,31 +946,31 @@ fn conn_loop(
                 }
                 continue;
             }
-            Msg::Fence { .. }
-            | Msg::CkptPut { .. }
-            | Msg::CkptGet { .. }
-            | Msg::CkptCommit { .. }
-                if spawned =>
-            {
-                // Spawned ranks are not in the job's fences or checkpoint waves (docs/spawn.md).
+            Msg::Fence { .. } | Msg::CkptCommit { .. } if spawned => {
+                // Spawned ranks are not in the job's fences; they store and restore their
+                // checkpoints (waves include them) but do not commit (docs/spawn.md).
                 let _ = write_msg(
                     w,
                     &Msg::Error {
                         msg: format!(
-                            "rank {rank} was spawned: it takes part in its spawn group's fences only, \
-                             not in the job's fences or checkpoints"
+                            "rank {rank} was spawned: it takes part in its spawn group's fences \
+                             and stores its checkpoints, but not in the job's fences or commits"
                         ),
                     },
                 );
                 return;
             }
             Msg::Fence { kvs } => kvs,
-            Msg::CkptPut { epoch, len } => {
+            Msg::CkptPut {
+                epoch,
+                len,
+                children,
+            } => {
                 let blob = match read_blob(r, len) {
                     Ok(b) => b,
                     Err(_) => return,
                 };
-                let reply = answer(ckpt_put(st, rank, epoch, &blob));
+                let reply = answer(ckpt_put(st, rank, epoch, &blob, children));
                 if write_msg(w, &reply).is_err() {
                     return;
                 }
@@ -1010,6 +1128,7 @@ fn do_spawn(
     hosts: Vec<String>,
     timeout_ms: u64,
     job_id: String,
+    restore: Option<Respawn>,
 ) -> Result<Msg, String> {
     let spawner = st.spawner.clone().ok_or_else(|| {
         "this launcher cannot spawn ranks (its bootstrap server was started without a spawner); \
@@ -1036,19 +1155,48 @@ fn do_spawn(
             .spawn
             .lock()
             .map_err(|_| "spawn bookkeeping poisoned".to_string())?;
-        let first = s.next_rank;
-        let end = first
-            .checked_add(n)
-            .filter(|e| *e <= MAX_WORLD_RANK)
-            .ok_or_else(|| {
-                format!(
-                    "no world ranks left for this spawn: this job has given out {first} of {MAX_WORLD_RANK}"
-                )
-            })?;
-        s.next_rank = end;
-        let group = s.next_group;
-        s.next_group += 1;
-        let ranks: Vec<u32> = (first..end).collect();
+        let (group, ranks) = match &restore {
+            Some(r) => {
+                // The same group id and world ranks as when the checkpoint was taken; they
+                // must be free (a restart asks before the job's first fence, before any new
+                // spawn could take them).
+                let taken = |x: u32| {
+                    s.joined.contains_key(&x) || s.groups.values().any(|g| g.members.contains(&x))
+                };
+                if r.ranks.len() != n as usize
+                    || r.ranks
+                        .iter()
+                        .any(|&x| x < st.size || x >= MAX_WORLD_RANK || taken(x))
+                    || s.groups.contains_key(&r.group)
+                    || s.joined.values().any(|m| m.group == r.group)
+                {
+                    return Err(format!(
+                        "cannot re-create spawn group {} with ranks {:?}: ranks out of range or \
+                         already in use (re-create spawn groups before the job's first fence)",
+                        r.group, r.ranks
+                    ));
+                }
+                let top = r.ranks.iter().copied().max().unwrap_or(0);
+                s.next_rank = s.next_rank.max(top + 1);
+                s.next_group = s.next_group.max(r.group + 1);
+                (r.group, r.ranks.clone())
+            }
+            None => {
+                let first = s.next_rank;
+                let end = first
+                    .checked_add(n)
+                    .filter(|e| *e <= MAX_WORLD_RANK)
+                    .ok_or_else(|| {
+                        format!(
+                            "no world ranks left for this spawn: this job has given out {first} of {MAX_WORLD_RANK}"
+                        )
+                    })?;
+                s.next_rank = end;
+                let group = s.next_group;
+                s.next_group += 1;
+                ((group), (first..end).collect::<Vec<u32>>())
+            }
+        };
         let mut members = vec![parent];
         members.extend(&ranks);
         let k = members.len();
@@ -1056,6 +1204,8 @@ fn do_spawn(
             group,
             Group {
                 members,
+                program: program.clone(),
+                args: args.clone(),
                 hello: (0..k).map(|i| i == 0).collect(),
                 arrived: vec![None; k],
                 epoch: 0,
@@ -1250,7 +1400,21 @@ fn group_fence(st: &Shared, rank: u32, group: u64, kvs: Kvs) -> Msg {
                 let all = all.as_ref().clone();
                 g.taken += 1;
                 if g.taken == g.members.len() && g.epoch >= GROUP_FENCES {
-                    s.groups.remove(&group);
+                    if let Some(g) = s.groups.remove(&group) {
+                        // Complete: its children may now take part in checkpoint waves.
+                        for &c in &g.members[1..] {
+                            s.joined.insert(
+                                c,
+                                SpawnedMember {
+                                    rank: c,
+                                    parent: g.members[0],
+                                    group,
+                                    program: g.program.clone(),
+                                    args: g.args.clone(),
+                                },
+                            );
+                        }
+                    }
                 }
                 return Msg::FenceDone { all };
             }
@@ -1298,15 +1462,86 @@ fn with_sink(st: &Shared) -> Result<&Arc<dyn CheckpointSink>, String> {
     })
 }
 
-fn ckpt_put(st: &Shared, rank: usize, epoch: u64, blob: &[u8]) -> Result<(), String> {
+fn ckpt_put(
+    st: &Shared,
+    rank: usize,
+    epoch: u64,
+    blob: &[u8],
+    children: Vec<u32>,
+) -> Result<(), String> {
+    if children.len() > MAX_SPAWN as usize * 64 {
+        return Err(format!(
+            "rank {rank} declared {} spawned ranks with its checkpoint: too many",
+            children.len()
+        ));
+    }
     with_sink(st)?.put(epoch, rank as u32, blob)?;
     let mut puts = st
         .puts
         .lock()
         .map_err(|_| "checkpoint bookkeeping poisoned".to_string())?;
-    puts.entry(epoch)
-        .or_insert_with(|| vec![false; st.size as usize])[rank] = true;
+    puts.entry(epoch).or_default().insert(rank as u32, children);
     Ok(())
+}
+
+/// Which ranks epoch `epoch` needs before it can be committed: every rank of the job, and the
+/// spawned ranks their checkpoints (and, for grandchildren, their children's) declared as
+/// members of the wave. Returns the spawned members, or what is missing or wrong.
+fn wave_members(
+    st: &Shared,
+    puts: &BTreeMap<u32, Vec<u32>>,
+    epoch: u64,
+) -> Result<Vec<SpawnedMember>, String> {
+    let missing: Vec<u32> = (0..st.size).filter(|r| !puts.contains_key(r)).collect();
+    if !missing.is_empty() {
+        return Err(format!(
+            "cannot commit epoch {epoch}: ranks {missing:?} have not stored their checkpoint of it"
+        ));
+    }
+    let joined = st
+        .spawn
+        .lock()
+        .map_err(|_| "spawn bookkeeping poisoned".to_string())?
+        .joined
+        .clone();
+    let mut out: Vec<SpawnedMember> = Vec::new();
+    let mut todo: Vec<u32> = (0..st.size).collect();
+    let mut missing = Vec::new();
+    // Each spawned rank has one parent, so every rank is visited once; bounded by the puts.
+    while let Some(r) = todo.pop() {
+        let Some(children) = puts.get(&r) else {
+            missing.push(r);
+            continue;
+        };
+        for &c in children {
+            match joined.get(&c) {
+                Some(m) if m.parent == r => {
+                    if out.iter().any(|o| o.rank == c) {
+                        return Err(format!(
+                            "cannot commit epoch {epoch}: spawned rank {c} was declared twice"
+                        ));
+                    }
+                    out.push(m.clone());
+                    todo.push(c);
+                }
+                _ => {
+                    return Err(format!(
+                        "cannot commit epoch {epoch}: rank {r} declared rank {c} as a spawned \
+                         member of the wave, but {c} is not a rank it spawned"
+                    ))
+                }
+            }
+        }
+    }
+    if !missing.is_empty() {
+        missing.sort_unstable();
+        return Err(format!(
+            "cannot commit epoch {epoch}: spawned ranks {missing:?} are members of its wave and \
+             have not stored their checkpoint of it"
+        ));
+    }
+    out.sort_by_key(|m| m.rank);
+    Ok(out)
 }
 
 fn ckpt_commit(st: &Shared, rank: usize, epoch: u64) -> Result<(), String> {
@@ -1320,20 +1555,8 @@ fn ckpt_commit(st: &Shared, rank: usize, epoch: u64) -> Result<(), String> {
         .puts
         .lock()
         .map_err(|_| "checkpoint bookkeeping poisoned".to_string())?;
-    let missing: Vec<usize> = match puts.get(&epoch) {
-        Some(p) => p
-            .iter()
-            .enumerate()
-            .filter(|(_, d)| !**d)
-            .map(|(i, _)| i)
-            .collect(),
-        None => (0..st.size as usize).collect(),
-    };
-    if !missing.is_empty() {
-        return Err(format!(
-            "cannot commit epoch {epoch}: ranks {missing:?} have not stored their checkpoint of it"
-        ));
-    }
+    let empty = BTreeMap::new();
+    let spawned = wave_members(st, puts.get(&epoch).unwrap_or(&empty), epoch)?;
     if st.ckpt_fenced.load(std::sync::atomic::Ordering::SeqCst) {
         return Err(format!(
             "cannot commit epoch {epoch}: the launcher is ending this incarnation of the job"
@@ -1341,6 +1564,13 @@ fn ckpt_commit(st: &Shared, rank: usize, epoch: u64) -> Result<(), String> {
     }
     sink.commit(epoch)?;
     puts.retain(|e, _| *e > epoch);
+    if let Ok(mut c) = st.committed_spawned.lock() {
+        c.insert(epoch, spawned);
+        // Only the newest epochs matter (a restart uses the last committed one).
+        while c.len() > 16 {
+            c.pop_first();
+        }
+    }
     Ok(())
 }
 
@@ -1524,6 +1754,8 @@ mod tests {
     /// the ranks in `absent`, never connects).
     struct ThreadSpawner {
         absent: Vec<u32>,
+        /// Children store a checkpoint of this epoch after the group fences.
+        put: Option<u64>,
         aborted: Mutex<Vec<(u64, String)>>,
         requests: Mutex<Vec<SpawnRequest>>,
         children: Mutex<Vec<ChildThread>>,
@@ -1551,6 +1783,7 @@ mod tests {
                     get("MUTIRAO_SPAWN_GROUP").parse::<u64>().unwrap(),
                 );
                 let token = unhex_token(&get("MUTIRAO_JOB_TOKEN")).unwrap();
+                let put = self.put;
                 self.children
                     .lock()
                     .unwrap()
@@ -1561,7 +1794,15 @@ mod tests {
                         kvs.insert("who".into(), format!("child{rank}"));
                         let all = c.group_fence(group, kvs, t)?;
                         c.group_fence(group, Kvs::new(), t)?;
-                        // A spawned rank is not part of the job's fences.
+                        if let Some(epoch) = put {
+                            // A spawned rank stores checkpoints (it is in the waves), but
+                            // commits nothing.
+                            c.ckpt_put(epoch, format!("child{rank}").as_bytes(), t)?;
+                            let e = c.ckpt_commit(epoch, t).unwrap_err();
+                            assert!(e.contains("was spawned"), "{e}");
+                            return Ok(all);
+                        }
+                        // It is not part of the job's fences.
                         let e = c.fence(Kvs::new(), t).unwrap_err();
                         assert!(e.contains("was spawned"), "{e}");
                         Ok(all)
@@ -1577,10 +1818,116 @@ mod tests {
     fn thread_spawner(absent: Vec<u32>) -> Arc<ThreadSpawner> {
         Arc::new(ThreadSpawner {
             absent,
+            put: None,
             aborted: Mutex::new(Vec::new()),
             requests: Mutex::new(Vec::new()),
             children: Mutex::new(Vec::new()),
         })
+    }
+
+    /// Spawn a group of 2 from rank 0 and complete its fences; the children store `put`.
+    fn spawn_two(
+        p: &mut PmiClient,
+        restore: Option<(u64, &[u32])>,
+    ) -> Result<(u64, Vec<u32>), String> {
+        let t = Duration::from_secs(10);
+        let prog = std::path::Path::new("/bin/prog");
+        let (g, ranks, _) = match restore {
+            None => p.spawn(prog, &["w".into()], 2, &[], Duration::from_secs(5), "job-1")?,
+            Some((g, r)) => {
+                p.respawn(prog, &["w".into()], g, r, Duration::from_secs(5), "job-1")?
+            }
+        };
+        p.group_fence(g, Kvs::new(), t)?;
+        p.group_fence(g, Kvs::new(), t)?;
+        Ok((g, ranks))
+    }
+
+    #[test]
+    fn a_commit_counts_the_declared_spawned_members_and_a_restart_respawns_them() {
+        let token = new_token().unwrap();
+        let t = Duration::from_secs(10);
+        let sink = Arc::new(MemSink::default());
+        let sp = Arc::new(ThreadSpawner {
+            put: Some(1),
+            ..Arc::into_inner(thread_spawner(vec![])).unwrap()
+        });
+        let srv = PmiServer::builder("127.0.0.1:0".parse().unwrap(), 1, token, t)
+            .spawner(sp.clone())
+            .checkpoints(sink.clone())
+            .start()
+            .unwrap();
+        let mut p = PmiClient::connect(&srv.addr().to_string(), 0, &token, t).unwrap();
+        let (g, kids) = spawn_two(&mut p, None).unwrap();
+        assert_eq!(kids, [1, 2]);
+        for h in std::mem::take(&mut *sp.children.lock().unwrap()) {
+            h.join().unwrap().unwrap();
+        }
+        // Epoch 1: both children stored theirs; the parent declares them.
+        p.ckpt_put_with(1, b"p", &kids, t).unwrap();
+        p.ckpt_commit(1, t).unwrap();
+        let m = srv.spawned_members(1).unwrap();
+        assert_eq!(
+            m.iter()
+                .map(|m| (m.rank, m.parent, m.group))
+                .collect::<Vec<_>>(),
+            [(1, 0, g), (2, 0, g)]
+        );
+        assert_eq!(
+            (m[0].program.to_str(), m[0].args.clone()),
+            (Some("/bin/prog"), vec!["w".to_string()])
+        );
+        // Epoch 2: declared but not stored by the children: no commit.
+        p.ckpt_put_with(2, b"p", &kids, t).unwrap();
+        let e = p.ckpt_commit(2, t).unwrap_err();
+        assert!(
+            e.contains("spawned ranks [1, 2]") && e.contains("have not stored"),
+            "{e}"
+        );
+        // Epoch 3: a rank that is not its child.
+        p.ckpt_put_with(3, b"p", &[7], t).unwrap();
+        let e = p.ckpt_commit(3, t).unwrap_err();
+        assert!(e.contains("7 is not a rank it spawned"), "{e}");
+        // Epoch 4: no spawned members.
+        p.ckpt_put(4, b"p", t).unwrap();
+        p.ckpt_commit(4, t).unwrap();
+        assert_eq!(srv.spawned_members(4), Some(vec![]));
+        assert_eq!(sink.blobs.lock().unwrap()[&(1, 2)], b"child2");
+        drop(srv);
+
+        // A restart: a new server; the group comes back with its id and ranks, a spawned
+        // rank reads its checkpoint, and a new spawn gets ranks and a group above them.
+        let sp = thread_spawner(vec![]);
+        let srv = PmiServer::builder("127.0.0.1:0".parse().unwrap(), 1, token, t)
+            .spawner(sp.clone())
+            .checkpoints(sink.clone())
+            .start()
+            .unwrap();
+        let mut p = PmiClient::connect(&srv.addr().to_string(), 0, &token, t).unwrap();
+        let e = spawn_two(&mut p, Some((g, &[0, 1]))).unwrap_err();
+        assert!(e.contains("already in use"), "{e}");
+        assert_eq!(
+            spawn_two(&mut p, Some((g, &kids))).unwrap(),
+            (g, kids.clone())
+        );
+        let e = spawn_two(&mut p, Some((g, &kids))).unwrap_err();
+        assert!(e.contains("already in use"), "{e}");
+        let (g2, r2) = spawn_two(&mut p, None).unwrap();
+        assert!(g2 > g && r2 == [3, 4], "{g2} {r2:?}");
+        for h in std::mem::take(&mut *sp.children.lock().unwrap()) {
+            h.join().unwrap().unwrap();
+        }
+        let env: BTreeMap<_, _> = sp.requests.lock().unwrap()[0].env[1]
+            .iter()
+            .cloned()
+            .collect();
+        assert_eq!(
+            (
+                env["MUTIRAO_RANK"].as_str(),
+                env["MUTIRAO_SPAWN_MEMBERS"].as_str()
+            ),
+            ("2", "0,1,2")
+        );
     }
 
     #[test]

@@ -59,6 +59,11 @@ pub struct SpawnSpec {
     /// How long the children may take to start and connect; past it the spawn fails, the
     /// launcher stops what it started, and the job goes on.
     pub timeout: Duration,
+    /// With checkpoints on, the children take part in the waves (the default; they must then
+    /// reach checkpoint points in step with the parent). `false`: they stay out (their
+    /// checkpoint points do nothing, no checkpoint holds them, a restart does not re-create
+    /// them) — for children that never reach checkpoint points.
+    pub in_waves: bool,
 }
 
 impl SpawnSpec {
@@ -70,7 +75,14 @@ impl SpawnSpec {
             n,
             hosts: Vec::new(),
             timeout: Duration::from_secs(30),
+            in_waves: true,
         }
+    }
+
+    /// Keep the children out of checkpoint waves (see [`SpawnSpec::in_waves`]).
+    pub fn outside_waves(mut self) -> Self {
+        self.in_waves = false;
+        self
     }
 
     /// Start `program` instead of this program.
@@ -163,6 +175,7 @@ fn run_spawn(
     me: usize,
     spec: &SpawnSpec,
     t0: Instant,
+    ckpt: Option<String>,
 ) -> Result<Joined, Error> {
     let program = match &spec.program {
         Some(p) => p.clone(),
@@ -184,7 +197,9 @@ fn run_spawn(
             &launch.job_id,
         )
         .map_err(Error::Spawn)?;
-    let res = join_group(pmi, launch, me, spec, t0, group, &ranks, &hosts, &listener);
+    let res = join_group(
+        pmi, launch, me, spec, t0, group, &ranks, &hosts, &listener, ckpt,
+    );
     if let Err(err) = &res {
         // Stop the children now rather than at their own timeouts; a launcher that is gone
         // changes nothing (the children then fail on their own).
@@ -194,7 +209,7 @@ fn run_spawn(
 }
 
 #[allow(clippy::too_many_arguments)]
-fn join_group(
+pub(crate) fn join_group(
     pmi: &mut PmiClient,
     launch: &Launch,
     me: usize,
@@ -204,11 +219,16 @@ fn join_group(
     ranks: &[u32],
     hosts: &[String],
     listener: &TcpListener,
+    ckpt: Option<String>,
 ) -> Result<Joined, Error> {
     let deadline = t0 + spec.timeout;
     let mut kvs = Kvs::new();
     kvs.insert("addr".into(), listener.local_addr()?.to_string());
     kvs.insert("host".into(), launch.host.clone());
+    if let Some(c) = ckpt {
+        // The children join this rank's checkpoint waves (see `ckpt_basis`).
+        kvs.insert(CKPT_KEY.into(), c);
+    }
     let answer_within = spec.timeout + Duration::from_secs(2);
     let all = pmi
         .group_fence(group, kvs, answer_within)
@@ -286,7 +306,8 @@ impl Comm {
         let res = if e.ckpt.is_some() {
             // Checkpoint waves need the launcher connection the spawn is using: do not
             // progress meanwhile (a wave waits for this rank at most the spawn's duration).
-            run_spawn(&mut pmi, &launch, e.rank, spec, t0)
+            let basis = ckpt_basis(&e).filter(|_| spec.in_waves);
+            run_spawn(&mut pmi, &launch, e.rank, spec, t0, basis)
         } else {
             let (p, res) = spawn_progressing(&mut e, pmi, launch, spec, t0)?;
             pmi = p;
@@ -297,6 +318,9 @@ impl Comm {
         add(&mut e, chans)?;
         let ctx = spawn_ctx(group);
         e.scope(ctx, members.clone());
+        if spec.in_waves {
+            e.ckpt_add_children(group, &members, program_of(spec), spec.args.clone());
+        }
         drop(e);
         let ranks = members[1..].to_vec();
         let comm = self.with_group(ctx, members);
@@ -343,12 +367,16 @@ impl Comm {
         })?;
         let mut pmi = e._pmi.take().ok_or_else(no_launcher_connection)?;
         if e.ckpt.is_some() {
-            let res = run_spawn(&mut pmi, &launch, e.rank, spec, t0);
+            let basis = ckpt_basis(&e).filter(|_| spec.in_waves);
+            let res = run_spawn(&mut pmi, &launch, e.rank, spec, t0, basis);
             drop(e);
             return Ok(PendingSpawn {
                 comm: self.clone(),
                 t0,
                 state: Some(Pending::Done(pmi, res)),
+                program: program_of(spec),
+                args: spec.args.clone(),
+                in_waves: spec.in_waves,
             });
         }
         drop(e);
@@ -357,7 +385,7 @@ impl Comm {
         let helper = std::thread::Builder::new()
             .name("mutirao-spawn".into())
             .spawn(move || {
-                let res = run_spawn(&mut pmi, &launch, me, &spec2, t0);
+                let res = run_spawn(&mut pmi, &launch, me, &spec2, t0, None);
                 let _ = tx.send(());
                 (pmi, res)
             });
@@ -366,6 +394,9 @@ impl Comm {
                 comm: self.clone(),
                 t0,
                 state: Some(Pending::Running { rx, helper }),
+                program: program_of(spec),
+                args: spec.args.clone(),
+                in_waves: spec.in_waves,
             }),
             Err(err) => Err(Error::Spawn(format!(
                 "cannot start the spawn's helper thread: {err}; the launcher connection is lost \
@@ -374,11 +405,45 @@ impl Comm {
         }
     }
 
+    /// On a restart from an epoch whose waves included ranks this rank had spawned (issue 13):
+    /// those spawn groups, re-created before [`crate::init`] returned — the children were
+    /// started again by the launcher with the same program and arguments, restored their own
+    /// checkpoints, and the merged communicators are back with their saved contexts (messages
+    /// saved in the checkpoints are received on them). In the order the groups were spawned;
+    /// `latency` is empty and `elapsed` is the time to re-create the group. Returned once
+    /// (later calls: empty); empty on a fresh start and when the restored epoch had no
+    /// spawned members (a spawn after the last committed epoch is not restored: the program
+    /// spawns again).
+    pub fn respawned(&self) -> Vec<Spawned> {
+        let groups = self.inner.eng.borrow_mut().respawned.take();
+        groups
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(group, members, elapsed)| Spawned {
+                comm: self.with_group(spawn_ctx(group), members.clone()),
+                ranks: members[1..].to_vec(),
+                latency: Vec::new(),
+                elapsed,
+                group,
+            })
+            .collect()
+    }
+
     /// Whether this process was started by a spawn (then [`crate::init`] returned the merged
     /// communicator of its spawn group, where the parent is rank 0).
     pub fn is_spawned(&self) -> bool {
         self.inner.eng.borrow().spawned_in.is_some()
     }
+}
+
+/// The program a spawn starts, as saved in checkpoints (this program's path when the spec
+/// names none).
+fn program_of(spec: &SpawnSpec) -> String {
+    spec.program
+        .clone()
+        .or_else(|| std::env::current_exe().ok())
+        .map(|p| p.to_string_lossy().into_owned())
+        .unwrap_or_default()
 }
 
 fn no_launcher_connection() -> Error {
@@ -405,6 +470,10 @@ pub struct PendingSpawn {
     comm: Comm,
     t0: Instant,
     state: Option<Pending>,
+    /// What was spawned (saved with checkpoints: a restart starts it again).
+    program: String,
+    args: Vec<String>,
+    in_waves: bool,
 }
 
 impl std::fmt::Debug for PendingSpawn {
@@ -470,6 +539,9 @@ impl PendingSpawn {
         add(&mut e, chans)?;
         let ctx = spawn_ctx(group);
         e.scope(ctx, members.clone());
+        if self.in_waves {
+            e.ckpt_add_children(group, &members, self.program.clone(), self.args.clone());
+        }
         drop(e);
         let ranks = members[1..].to_vec();
         let comm = self.comm.with_group(ctx, members);
@@ -507,7 +579,7 @@ fn spawn_progressing(
     let helper = std::thread::Builder::new()
         .name("mutirao-spawn".into())
         .spawn(move || {
-            let res = run_spawn(&mut pmi, &launch, me, &spec2, t0);
+            let res = run_spawn(&mut pmi, &launch, me, &spec2, t0, None);
             let _ = tx.send(());
             (pmi, res)
         })
@@ -527,7 +599,68 @@ fn spawn_progressing(
     })
 }
 
-fn add(e: &mut Engine, chans: Vec<(usize, Link)>) -> Result<(), Error> {
+/// The group-fence key under which a parent with checkpoints on tells its children how to
+/// join its waves.
+pub(crate) const CKPT_KEY: &str = "ckpt";
+
+/// With checkpoints on, what the children need to join this rank's waves (issue 13):
+/// `"MODE POINTS AFTER PMI_TIMEOUT_MS"` — the snapshot mode, this rank's checkpoint point
+/// count (children count from their own start; markers are translated by it), the epoch the
+/// children consider closed (they join the next one; a wave this rank has not cut yet brings
+/// them in), how long a checkpoint's PMI operation may take.
+fn ckpt_basis(e: &Engine) -> Option<String> {
+    let c = e.ckpt.as_ref()?;
+    let (points, after) = c.wave.spawn_basis();
+    Some(format!(
+        "{} {points} {after} {} -",
+        c.wave.mode().as_str(),
+        c.pmi_timeout.as_millis()
+    ))
+}
+
+/// [`ckpt_basis`] for a spawn group a restart re-creates from `epoch`: every member counts
+/// checkpoint points from the restore (offset 0), the children restore their checkpoints of
+/// `epoch` and join the waves after it.
+pub(crate) fn restore_basis(mode: crate::ckpt::Mode, epoch: u64, pmi_timeout: Duration) -> String {
+    format!(
+        "{} 0 {epoch} {} {epoch}",
+        mode.as_str(),
+        pmi_timeout.as_millis()
+    )
+}
+
+/// A child's reading of [`ckpt_basis`] / [`restore_basis`].
+pub(crate) struct Basis {
+    pub mode: crate::ckpt::Mode,
+    pub parent_points: u64,
+    pub after: u64,
+    pub pmi_timeout: Duration,
+    /// The epoch to restore this child from (a restart re-creating its group).
+    pub restore: Option<u64>,
+}
+
+pub(crate) fn parse_ckpt_basis(s: &str) -> Result<Basis, String> {
+    let f: Vec<&str> = s.split(' ').collect();
+    let bad =
+        || format!("the parent's checkpoint settings {s:?} do not parse: mixed mutirão versions?");
+    if f.len() != 5 {
+        return Err(bad());
+    }
+    let mode = crate::ckpt::Mode::parse(f[0])?;
+    let num = |x: &str| x.parse::<u64>().map_err(|_| bad());
+    Ok(Basis {
+        mode,
+        parent_points: num(f[1])?,
+        after: num(f[2])?,
+        pmi_timeout: Duration::from_millis(num(f[3])?),
+        restore: match f[4] {
+            "-" => None,
+            x => Some(num(x)?),
+        },
+    })
+}
+
+pub(crate) fn add(e: &mut Engine, chans: Vec<(usize, Link)>) -> Result<(), Error> {
     let chans = chans
         .into_iter()
         .map(|(w, l)| (w, l.into_transport()))

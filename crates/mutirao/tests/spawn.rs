@@ -328,24 +328,65 @@ fn concurrent(w: &Comm) -> R {
 /// committing afterwards.
 fn with_checkpoints(w: &Comm) -> R {
     if w.is_spawned() {
+        // The children keep in step with their parent: one checkpoint point per round.
+        for it in 16..40u32 {
+            w.barrier().map_err(e)?;
+            w.checkpoint_point(&it).map_err(e)?;
+        }
         check!(
-            w.checkpoint_history() == (vec![], vec![]),
-            "a spawned rank takes part in waves"
+            w.checkpoint_history().0.is_empty(),
+            "a spawned rank committed a wave (only rank 0 commits)"
         );
-        // A spawned rank's checkpoint point is a no-op.
-        w.checkpoint_point(&0u32).map_err(e)?;
-        return echo_child(w);
+        return Ok(());
     }
     let mut before = 0;
+    let mut kids: Option<Comm> = None;
     for it in 0..40u32 {
         std::thread::sleep(Duration::from_millis(4));
         // The ranks keep in step (as an iterative program's messages make them): checkpoint
         // points are reached as often by each.
         w.barrier().map_err(e)?;
+        if let Some(m) = &kids {
+            m.barrier().map_err(e)?;
+        }
         w.checkpoint_point(&it).map_err(e)?;
         if it == 15 && w.rank() == 0 {
             before = w.checkpoint_history().0.len();
-            let s = w.spawn(&SpawnSpec::new(2)).map_err(e)?;
+            kids = Some(w.spawn(&SpawnSpec::new(2)).map_err(e)?.comm);
+        }
+    }
+    if w.rank() == 0 {
+        let after = w.checkpoint_history().0.len();
+        check!(
+            after > before,
+            "no wave committed after the spawn ({before} → {after})"
+        );
+    }
+    if let Some(m) = kids {
+        m.barrier().map_err(e)?; // the children's finalize
+    }
+    Ok(())
+}
+
+/// `SpawnSpec::outside_waves`: the children never reach checkpoint points in step, and the
+/// waves still commit after the spawn, without them.
+fn outside_waves(w: &Comm) -> R {
+    if w.is_spawned() {
+        check!(
+            w.checkpoint_history() == (vec![], vec![]),
+            "a spawned rank outside the waves takes part in them"
+        );
+        w.checkpoint_point(&0u32).map_err(e)?; // does nothing
+        return echo_child(w);
+    }
+    let mut before = 0;
+    for it in 0..40u32 {
+        std::thread::sleep(Duration::from_millis(4));
+        w.barrier().map_err(e)?;
+        w.checkpoint_point(&it).map_err(e)?;
+        if it == 15 && w.rank() == 0 {
+            before = w.checkpoint_history().0.len();
+            let s = w.spawn(&SpawnSpec::new(2).outside_waves()).map_err(e)?;
             echo_parent(&s, 7)?;
         }
     }
@@ -356,6 +397,133 @@ fn with_checkpoints(w: &Comm) -> R {
             "no wave committed after the spawn ({before} → {after})"
         );
     }
+    Ok(())
+}
+
+/// Rounds of the `family` scenario, the round rank 0 spawns at, the round rank 1 dies at.
+const FAM_ROUNDS: u32 = 70;
+const FAM_SPAWN_AT: u32 = 10;
+const FAM_DIE_AT: u32 = 50;
+
+/// The `family` round rank 0 spawns at (`FAM_SPAWN_AT` in the environment, else 10).
+fn fam_spawn_at() -> u32 {
+    std::env::var("FAM_SPAWN_AT")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(FAM_SPAWN_AT)
+}
+
+/// The `family` round rank 1 dies at (`FAM_DIE`: a round, or `1` for round 50); `None`: never.
+fn fam_die_at() -> Option<u32> {
+    match std::env::var("FAM_DIE").ok()?.as_str() {
+        "1" => Some(FAM_DIE_AT),
+        r => r.parse().ok(),
+    }
+}
+
+/// Two ranks; rank 0 spawns two children at round 10; every round the job's ranks allreduce,
+/// rank 0 sends its value to both children and adds their answers, and all four reach a
+/// checkpoint point. With `FAM_DIE` set, rank 1 dies at round 50. Restarted, the ranks and the
+/// re-created children resume from the restored round (rank 0 takes its children back with
+/// `respawned`). Prints each rank's final value.
+fn family(w: &Comm) -> R {
+    if w.is_spawned() {
+        return family_child(w);
+    }
+    let (start, mut acc, mut spawned) = match w.restored::<(u32, u64, bool)>().map_err(e)? {
+        Some((it, acc, sp)) => (it + 1, acc, sp),
+        None => (0, 1, false),
+    };
+    let mut kids: Option<Comm> = None;
+    let mut back = w.respawned();
+    if spawned {
+        check!(
+            back.len() == 1 && back[0].comm.size() == 3 && back[0].comm.rank() == 0,
+            "rank {} restored after its spawn got {} groups back",
+            w.rank(),
+            back.len()
+        );
+        kids = Some(back.remove(0).comm);
+    } else {
+        check!(back.is_empty(), "groups re-created that were never spawned");
+    }
+    if start > 0 {
+        println!("rank {} resumes at round {start}", w.rank());
+    }
+    for it in start..FAM_ROUNDS {
+        std::thread::sleep(Duration::from_millis(3));
+        if it == fam_spawn_at() && w.rank() == 0 && !spawned {
+            kids = Some(w.spawn(&SpawnSpec::new(2)).map_err(e)?.comm);
+            spawned = true;
+        }
+        let mut sum = [0u64];
+        w.allreduce(&[acc % 1000 + it as u64], &mut sum, &op::Sum)
+            .map_err(e)?;
+        acc = acc.wrapping_mul(31).wrapping_add(sum[0]);
+        if let Some(m) = &kids {
+            for r in 1..3 {
+                m.send(&[acc, it as u64], r, 1).map_err(e)?;
+            }
+            for r in 1..3 {
+                let mut b = [0u64];
+                m.recv(&mut b, r, 2).map_err(e)?;
+                acc = acc.wrapping_add(b[0]);
+            }
+            if it > fam_spawn_at() {
+                // The children's message of the previous round, left unreceived across its
+                // checkpoint point (in this rank's checkpoint: restored on the merged
+                // communicator after a restart).
+                acc = late_from_children(m, acc, it - 1)?;
+            }
+        }
+        if Some(it) == fam_die_at() && w.rank() == 1 {
+            std::process::exit(9);
+        }
+        w.checkpoint_point(&(it, acc, spawned)).map_err(e)?;
+    }
+    if let Some(m) = &kids {
+        acc = late_from_children(m, acc, FAM_ROUNDS - 1)?;
+    }
+    println!("rank {} result {acc}", w.rank());
+    if let Some(m) = kids {
+        m.barrier().map_err(e)?; // the children's finalize
+    }
+    Ok(())
+}
+
+/// Receive the children's round-`it` message sent one round before it is received.
+fn late_from_children(m: &Comm, mut acc: u64, it: u32) -> Result<u64, String> {
+    for r in 1..3 {
+        let mut b = [0u64; 2];
+        m.recv(&mut b, r, 3).map_err(e)?;
+        check!(
+            b[1] == it as u64,
+            "the late message of child {r} is of round {}, not {it}",
+            b[1]
+        );
+        acc = acc.wrapping_add(b[0] ^ 0x55);
+    }
+    Ok(acc)
+}
+
+fn family_child(m: &Comm) -> R {
+    let (start, mut acc) = match m.restored::<(u32, u64)>().map_err(e)? {
+        Some((it, acc)) => (it + 1, acc),
+        None => (fam_spawn_at(), m.rank() as u64),
+    };
+    if start > fam_spawn_at() {
+        println!("child {} resumes at round {start}", m.rank());
+    }
+    for it in start..FAM_ROUNDS {
+        let mut b = [0u64; 2];
+        m.recv(&mut b, 0, 1).map_err(e)?;
+        check!(b[1] == it as u64, "child at round {it} got round {}", b[1]);
+        acc = acc.wrapping_mul(7).wrapping_add(b[0]);
+        m.send(&[acc], 0, 2).map_err(e)?;
+        m.send(&[acc.rotate_left(7), it as u64], 0, 3).map_err(e)?;
+        m.checkpoint_point(&(it, acc)).map_err(e)?;
+    }
+    println!("child {} result {acc}", m.rank());
     Ok(())
 }
 
@@ -492,6 +660,8 @@ fn run_scenario(name: &str) -> ! {
         "childdies" => child_dies(&w),
         "concurrent" => concurrent(&w),
         "ckpt" => with_checkpoints(&w),
+        "family" => family(&w),
+        "outside" => outside_waves(&w),
         "nested" => nested(&w),
         "nonblocking" => nonblocking(&w),
         "nbmissing" => nonblocking_missing(&w),
@@ -580,6 +750,161 @@ impl CheckpointSink for MemSink {
     }
 }
 
+/// Committed epochs and the ranks with a checkpoint in each.
+fn committed_ranks(sink: &MemSink) -> Vec<(u64, Vec<u32>)> {
+    let blobs = sink.blobs.lock().unwrap();
+    sink.committed
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|&c| {
+            let ranks = blobs.keys().filter(|(e, _)| *e == c).map(|(_, r)| *r);
+            (c, ranks.collect())
+        })
+        .collect()
+}
+
+/// The committed epochs whose checkpoints are exactly those of `ranks`.
+fn epochs_with(sink: &MemSink, ranks: &[u32]) -> Vec<u64> {
+    committed_ranks(sink)
+        .into_iter()
+        .filter(|(_, r)| r == ranks)
+        .map(|(e, _)| e)
+        .collect()
+}
+
+/// The `family` scenario's result lines (ranks', then children's, sorted).
+fn results(o: &Outcome) -> Vec<String> {
+    let mut v: Vec<String> = o
+        .stdout
+        .iter()
+        .chain(o.spawned.iter().map(|s| &s.stdout))
+        .flat_map(|s| s.lines())
+        .filter(|l| l.contains(" result "))
+        .map(String::from)
+        .collect();
+    v.sort();
+    v
+}
+
+/// A spawn after the last committed epoch is not restored: rank 1 dies at round 29, before
+/// rank 0's spawn at round 30 is in any committed epoch; the restart resumes the two ranks, rank 0 gets no group back and spawns
+/// again, and every result is the failure-free run's.
+fn spawn_after_the_epoch_is_made_again() -> Result<(), Failed> {
+    let late = [("FAM_SPAWN_AT", "30".to_string())];
+    let reference = Arc::new(MemSink::default());
+    let o = family_job(&reference, "blocking", &late)?;
+    all_ok(&o, 2, Some(0))?;
+    let want = results(&o);
+    let sink = Arc::new(MemSink::default());
+    let o = family_job(
+        &sink,
+        "blocking",
+        &[late[0].clone(), ("FAM_DIE", "29".into())],
+    )?;
+    // (Rank 0 may still spawn at round 30 before it meets the failure.)
+    if o.codes[1] != Some(9) {
+        return Err(format!("rank 1 should have died with 9: {:?}", o.codes).into());
+    }
+    let committed = committed_ranks(&sink);
+    let Some((last, ranks)) = committed.last().cloned() else {
+        return Err(format!("no epoch committed before the failure: {:?}", o.stderr).into());
+    };
+    if ranks != [0, 1] {
+        return Err(format!("epoch {last} holds {ranks:?} before any spawn").into());
+    }
+    let o = family_job(
+        &sink,
+        "blocking",
+        &[late[0].clone(), ("MUTIRAO_RESTART_EPOCH", last.to_string())],
+    )?;
+    // The two children of the new spawn, none re-created.
+    all_ok(&o, 2, Some(0))?;
+    let resumed = o
+        .stdout
+        .iter()
+        .filter(|s| s.contains("resumes at round"))
+        .count();
+    let kids_resumed = o
+        .spawned
+        .iter()
+        .filter(|s| s.stdout.contains("resumes"))
+        .count();
+    if resumed != 2 || kids_resumed != 0 {
+        return Err(format!("{resumed} ranks and {kids_resumed} children resumed").into());
+    }
+    let got = results(&o);
+    if got != want {
+        return Err(format!("restarted from epoch {last}: {got:?}, failure-free: {want:?}").into());
+    }
+    Ok(())
+}
+
+fn family_job(
+    sink: &Arc<MemSink>,
+    mode: &str,
+    extra: &[(&str, String)],
+) -> Result<Outcome, Failed> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let mut job = LocalJob::new(exe, 2)
+        .env("SPAWN_SCENARIO", "family")
+        .env("MUTIRAO_CKPT_INTERVAL", "0.02")
+        .env("MUTIRAO_CKPT_MODE", mode)
+        .checkpoints(sink.clone())
+        .limit(Duration::from_secs(40));
+    for (k, v) in extra {
+        job = job.env(*k, v.clone());
+    }
+    Ok(job.run()?)
+}
+
+/// Issue 13: waves after a spawn include the children (the committed epochs hold four
+/// checkpoints); rank 1 is killed; a restart from the last committed epoch starts the two
+/// ranks and re-creates the two children, all four resume there, and every result is the
+/// failure-free run's.
+fn family_kill_and_restart(mode: &str) -> Result<(), Failed> {
+    let reference = Arc::new(MemSink::default());
+    let o = family_job(&reference, mode, &[])?;
+    all_ok(&o, 2, Some(0))?;
+    let want = results(&o);
+    if want.len() != 4 {
+        return Err(format!("the failure-free run printed {want:?}").into());
+    }
+    let sink = Arc::new(MemSink::default());
+    let o = family_job(&sink, mode, &[("FAM_DIE", "1".into())])?;
+    if o.codes[1] != Some(9) {
+        return Err(format!("rank 1 should have died with 9: {:?}", o.codes).into());
+    }
+    let committed = committed_ranks(&sink);
+    let Some((last, ranks)) = committed.last().cloned() else {
+        return Err(format!("no epoch committed before the failure: {:?}", o.stderr).into());
+    };
+    if ranks != [0, 1, 2, 3] {
+        return Err(format!(
+            "the last committed epoch {last} holds the checkpoints of {ranks:?}, not of both \
+             ranks and both children (committed: {committed:?})"
+        )
+        .into());
+    }
+    let o = family_job(&sink, mode, &[("MUTIRAO_RESTART_EPOCH", last.to_string())])?;
+    all_ok(&o, 2, Some(0))?;
+    let resumed: Vec<&str> = o
+        .stdout
+        .iter()
+        .chain(o.spawned.iter().map(|s| &s.stdout))
+        .flat_map(|s| s.lines())
+        .filter(|l| l.contains("resumes at round"))
+        .collect();
+    if resumed.len() != 4 {
+        return Err(format!("not all four resumed from epoch {last}: {resumed:?}").into());
+    }
+    let got = results(&o);
+    if got != want {
+        return Err(format!("restarted from epoch {last}: {got:?}, failure-free: {want:?}").into());
+    }
+    Ok(())
+}
+
 fn all_ok(o: &Outcome, spawned: usize, spawned_code: Option<i32>) -> Result<(), Failed> {
     let kids: Vec<_> = o.spawned.iter().map(|s| s.code).collect();
     if o.codes.iter().all(|c| *c == Some(0))
@@ -641,12 +966,35 @@ fn main() {
         },
     ));
     trials.push(Trial::test(
-        "spawn_while_checkpoint_waves_run_keeps_children_out_of_them",
+        "a_wave_after_a_spawn_includes_the_children_and_commits_with_their_checkpoints",
         || {
             let exe = std::env::current_exe().map_err(|e| e.to_string())?;
             let sink = Arc::new(MemSink::default());
             let o = LocalJob::new(exe, 2)
                 .env("SPAWN_SCENARIO", "ckpt")
+                .env("MUTIRAO_CKPT_INTERVAL", "0.02")
+                .checkpoints(sink.clone())
+                .limit(Duration::from_secs(40))
+                .run()?;
+            all_ok(&o, 2, Some(0))?;
+            let with_kids = epochs_with(&sink, &[0, 1, 2, 3]);
+            if with_kids.is_empty() {
+                return Err(format!(
+                    "no committed epoch holds the checkpoints of both ranks and both children: {:?}",
+                    committed_ranks(&sink)
+                )
+                .into());
+            }
+            Ok(())
+        },
+    ));
+    trials.push(Trial::test(
+        "a_spawn_outside_waves_keeps_its_children_out_of_them_and_waves_commit",
+        || {
+            let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+            let sink = Arc::new(MemSink::default());
+            let o = LocalJob::new(exe, 2)
+                .env("SPAWN_SCENARIO", "outside")
                 .env("MUTIRAO_CKPT_INTERVAL", "0.02")
                 .checkpoints(sink.clone())
                 .limit(Duration::from_secs(40))
@@ -659,6 +1007,18 @@ fn main() {
             }
             Ok(())
         },
+    ));
+    trials.push(Trial::test(
+        "a_killed_rank_restarts_the_job_and_its_spawned_children_from_the_committed_epoch",
+        || family_kill_and_restart("blocking"),
+    ));
+    trials.push(Trial::test(
+        "a_spawn_after_the_committed_epoch_is_not_restored_and_the_program_spawns_again",
+        spawn_after_the_epoch_is_made_again,
+    ));
+    trials.push(Trial::test(
+        "nonblocking_a_killed_rank_restarts_the_job_and_its_spawned_children_from_the_committed_epoch",
+        || family_kill_and_restart("nonblocking"),
     ));
     trials.push(Trial::test(
         "a_one_rank_job_spawns_a_child_that_spawns_a_grandchild",
