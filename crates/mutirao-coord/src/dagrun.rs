@@ -4,7 +4,9 @@
 //! journalled (`task-done`, with their outputs' digests in the repository), so a coordinator
 //! restarted mid-job, or a job re-queued after vacating a host, runs only what is left.
 
-use super::{requeue_vacated, write_atomic, Dispatcher, EventSink, ExecEvent, Execution, Launch, Run};
+use super::{
+    requeue_vacated, write_atomic, Dispatcher, EventSink, ExecEvent, Execution, Launch, Run,
+};
 use crate::api::Coordinator;
 use crate::place::{place_with, Prefs, Requirement, Slot};
 use crate::taskgraph::{self, OutputParser, TaskGraph};
@@ -181,15 +183,18 @@ impl Dispatcher {
             cancelled: AtomicBool::new(false),
             tasks: Mutex::new(HashMap::new()),
         });
-        self.running.lock().unwrap_or_else(|p| p.into_inner()).insert(
-            j.id,
-            Run {
-                exec: x.clone(),
-                hosts: used,
-                suspended_on: BTreeSet::new(),
-                vacating: None,
-            },
-        );
+        self.running
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(
+                j.id,
+                Run {
+                    exec: x.clone(),
+                    hosts: used,
+                    suspended_on: BTreeSet::new(),
+                    vacating: None,
+                },
+            );
         let runner = Runner {
             c: self.c.clone(),
             me: self.me.clone(),
@@ -330,7 +335,11 @@ impl Runner {
                 match end.files.and_then(|f| self.keep(&tid, &host, f)) {
                     Ok(()) => finished[end.task] = true,
                     Err(e) => {
-                        let _ = self.c.store().note(self.job.id, "task", &format!("{tid} failed on {host}: {e}"));
+                        let _ = self.c.store().note(
+                            self.job.id,
+                            "task",
+                            &format!("{tid} failed on {host}: {e}"),
+                        );
                         failure.get_or_insert(format!("task {tid} failed on {host}: {e}"));
                         self.x.cancel_tasks();
                     }
@@ -368,7 +377,12 @@ impl Runner {
     }
 
     /// Store a finished task's outputs in the repository and journal it.
-    fn keep(&mut self, tid: &str, host: &str, files: Vec<(String, Vec<u8>)>) -> std::result::Result<(), String> {
+    fn keep(
+        &mut self,
+        tid: &str,
+        host: &str,
+        files: Vec<(String, Vec<u8>)>,
+    ) -> std::result::Result<(), String> {
         let mut outputs = BTreeMap::new();
         for (name, bytes) in files {
             let d = self
@@ -420,7 +434,13 @@ impl Runner {
             }
         }
         let nonce = crate::repo::digest_of(
-            format!("{}:{}:{:?}", self.job.id, spec.id, std::time::SystemTime::now()).as_bytes(),
+            format!(
+                "{}:{}:{:?}",
+                self.job.id,
+                spec.id,
+                std::time::SystemTime::now()
+            )
+            .as_bytes(),
         )[7..23]
             .to_string();
         let script = taskgraph::task_script(spec, &inputs, &nonce);
@@ -448,10 +468,11 @@ impl Runner {
                 ranks: 1,
             }],
         };
-        let _ = self
-            .c
-            .store()
-            .note(self.job.id, "task", &format!("{} started on {host}", spec.id));
+        let _ = self.c.store().note(
+            self.job.id,
+            "task",
+            &format!("{} started on {host}", spec.id),
+        );
         let (c, id) = (self.c.clone(), self.job.id);
         let mut parser = Some(OutputParser::new(&spec.id, &nonce));
         let declared = spec.outputs.clone();

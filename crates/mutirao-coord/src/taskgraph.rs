@@ -81,7 +81,9 @@ pub struct TaskGraph {
 
 fn check_file_name(what: &str, f: &str) -> Result<(), String> {
     if f.is_empty() || f.len() > MAX_NAME || f == "." || f == ".." {
-        return Err(format!("{what}: file name {f:?} must be 1 to {MAX_NAME} characters and not . or .."));
+        return Err(format!(
+            "{what}: file name {f:?} must be 1 to {MAX_NAME} characters and not . or .."
+        ));
     }
     if let Some(c) = f
         .chars()
@@ -133,7 +135,10 @@ impl TaskGraph {
                 ));
             }
             if t.cmd.len() > crate::MAX_ARGS {
-                return Err(format!("{what}: `cmd` has more than {} words", crate::MAX_ARGS));
+                return Err(format!(
+                    "{what}: `cmd` has more than {} words",
+                    crate::MAX_ARGS
+                ));
             }
             for (k, a) in t.cmd.iter().enumerate() {
                 crate::model::check_text(&format!("{what}: cmd word {}", k + 1), a)?;
@@ -285,8 +290,11 @@ pub fn plan(
     };
     let s = mutirao_sched::sched::schedule(dag, &platform, algo)
         .map_err(|e| format!("{}: {e}", algo.as_str()))?;
-    let host_of: BTreeMap<String, String> =
-        s.tasks.iter().map(|t| (t.id.clone(), t.host.clone())).collect();
+    let host_of: BTreeMap<String, String> = s
+        .tasks
+        .iter()
+        .map(|t| (t.id.clone(), t.host.clone()))
+        .collect();
     if host_of.len() != dag.len() {
         return Err(format!(
             "{} placed {} of {} tasks",
@@ -533,20 +541,49 @@ mod tests {
         let bad = |from: &str, to: &str| DIAMOND.replacen(from, to, 1);
         for (text, want) in [
             (bad("mutirao-taskgraph/1", "mutirao-dag/1"), "format"),
-            (bad(r#""from": "b", "to": "d""#, r#""from": "x", "to": "d""#), "edge 3 (x -> d): `from` names no task"),
-            (bad(r#""files": ["b"]"#, r#""files": ["zz"]"#), "edge 3 (b -> d): file \"zz\" is not among task \"b\"'s outputs"),
-            (bad(r#""cmd": ["sh", "-c", "echo 3 > n"]"#, r#""cmd": []"#), "task 1 (\"a\"): `cmd`"),
-            (bad(r#""outputs": ["n"]"#, r#""outputs": ["../n"]"#), "task 1 (\"a\"): outputs: file name \"../n\""),
-            (bad(r#""id": "c""#, r#""id": "b""#), "task 3 (\"b\"): id \"b\" is used by another task"),
-            (bad(r#""files": ["c"]"#, r#""files": ["c"], "extra": 1"#), "unknown field `extra`"),
-            (bad(r#""from": "c", "to": "d", "bytes": 8, "files": ["c"]"#, r#""from": "d", "to": "a", "bytes": 8, "files": []"#), "cycle"),
+            (
+                bad(r#""from": "b", "to": "d""#, r#""from": "x", "to": "d""#),
+                "edge 3 (x -> d): `from` names no task",
+            ),
+            (
+                bad(r#""files": ["b"]"#, r#""files": ["zz"]"#),
+                "edge 3 (b -> d): file \"zz\" is not among task \"b\"'s outputs",
+            ),
+            (
+                bad(r#""cmd": ["sh", "-c", "echo 3 > n"]"#, r#""cmd": []"#),
+                "task 1 (\"a\"): `cmd`",
+            ),
+            (
+                bad(r#""outputs": ["n"]"#, r#""outputs": ["../n"]"#),
+                "task 1 (\"a\"): outputs: file name \"../n\"",
+            ),
+            (
+                bad(r#""id": "c""#, r#""id": "b""#),
+                "task 3 (\"b\"): id \"b\" is used by another task",
+            ),
+            (
+                bad(r#""files": ["c"]"#, r#""files": ["c"], "extra": 1"#),
+                "unknown field `extra`",
+            ),
+            (
+                bad(
+                    r#""from": "c", "to": "d", "bytes": 8, "files": ["c"]"#,
+                    r#""from": "d", "to": "a", "bytes": 8, "files": []"#,
+                ),
+                "cycle",
+            ),
             (bad(r#""work": 1,"#, r#""work": -1,"#), "work"),
         ] {
             let e = TaskGraph::parse(&text).unwrap_err();
             assert!(e.contains(want), "{want:?} not in {e:?}");
         }
         // Two predecessors handing over the same name.
-        let e = TaskGraph::parse(&DIAMOND.replace(r#""outputs": ["c"]"#, r#""outputs": ["c", "b"]"#).replace(r#""files": ["c"]"#, r#""files": ["b"]"#)).unwrap_err();
+        let e = TaskGraph::parse(
+            &DIAMOND
+                .replace(r#""outputs": ["c"]"#, r#""outputs": ["c", "b"]"#)
+                .replace(r#""files": ["c"]"#, r#""files": ["b"]"#),
+        )
+        .unwrap_err();
         assert!(e.contains("from both \"b\" and \"c\""), "{e}");
     }
 
@@ -596,14 +633,26 @@ mod tests {
             let p = plan(&d, Some(&m), &eligible, algo).unwrap();
             let ms = p.makespan_s.unwrap();
             assert!(ms > 0.0 && ms.is_finite(), "{ms}");
-            assert!(p.host_of.values().all(|h| h == "slow" || h == "mid"), "{:?}", p.host_of);
+            assert!(
+                p.host_of.values().all(|h| h == "slow" || h == "mid"),
+                "{:?}",
+                p.host_of
+            );
             // The critical path (a, one of b/c, d) goes to the faster host.
             assert_eq!(p.host_of["a"], "mid");
             assert_eq!(p.host_of["d"], "mid");
-            assert!(p.how.contains(algo.as_str()) && p.how.contains("other"), "{}", p.how);
+            assert!(
+                p.how.contains(algo.as_str()) && p.how.contains("other"),
+                "{}",
+                p.how
+            );
         }
         let p = plan(&d, Some(&m), &["nope".to_string()], Algorithm::HlogpHeft).unwrap();
-        assert!(p.how.contains("names none of the eligible hosts"), "{}", p.how);
+        assert!(
+            p.how.contains("names none of the eligible hosts"),
+            "{}",
+            p.how
+        );
         assert!(p.host_of.values().all(|h| h == "nope"));
     }
 
@@ -612,22 +661,46 @@ mod tests {
         let mut p = OutputParser::new("b", "N1");
         let mut log = p.feed(b"[0] hello\n[0] @@mutirao-file N1 out\n[0] aGVs");
         log.extend(p.feed(b"bG8=\n[0] @@mutirao-end N1\n[0] @@mutirao-file WRONG x\n"));
-        assert_eq!(String::from_utf8(log).unwrap(), "[b] hello\n[b] @@mutirao-file WRONG x\n");
+        assert_eq!(
+            String::from_utf8(log).unwrap(),
+            "[b] hello\n[b] @@mutirao-file WRONG x\n"
+        );
         let files = p.finish(&["out".to_string()]).unwrap();
         assert_eq!(files, vec![("out".to_string(), b"hello".to_vec())]);
         let mut p = OutputParser::new("b", "N1");
         p.feed(b"[0] @@mutirao-file N1 out\n[0] aGVs\n");
-        assert!(p.finish(&["out".to_string()]).unwrap_err().contains("cut short"));
+        assert!(p
+            .finish(&["out".to_string()])
+            .unwrap_err()
+            .contains("cut short"));
         let p = OutputParser::new("b", "N1");
-        assert!(p.finish(&["out".to_string()]).unwrap_err().contains("did not come back"));
+        assert!(p
+            .finish(&["out".to_string()])
+            .unwrap_err()
+            .contains("did not come back"));
     }
 
     #[test]
     fn the_script_runs_the_command_and_hands_its_outputs_back() {
         let (g, _) = TaskGraph::parse(DIAMOND).unwrap();
-        let s = task_script(&g.tasks[3], &[("b".into(), b"6\n".to_vec()), ("c".into(), b"13\n".to_vec())], "XY");
-        let out = std::process::Command::new("sh").arg("-c").arg(&s).output().unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let s = task_script(
+            &g.tasks[3],
+            &[
+                ("b".into(), b"6\n".to_vec()),
+                ("c".into(), b"13\n".to_vec()),
+            ],
+            "XY",
+        );
+        let out = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(&s)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let mut p = OutputParser::new("d", "XY");
         let tagged: String = String::from_utf8_lossy(&out.stdout)
             .lines()
@@ -635,12 +708,21 @@ mod tests {
             .collect();
         let log = p.feed(tagged.as_bytes());
         assert_eq!(String::from_utf8(log).unwrap(), "[d] 19\n");
-        assert_eq!(p.finish(&g.tasks[3].outputs).unwrap(), vec![("d".to_string(), b"19\n".to_vec())]);
+        assert_eq!(
+            p.finish(&g.tasks[3].outputs).unwrap(),
+            vec![("d".to_string(), b"19\n".to_vec())]
+        );
         // A missing output fails the task.
         let mut t = g.tasks[0].clone();
         t.outputs.push("never".into());
-        let out = std::process::Command::new("sh").arg("-c").arg(task_script(&t, &[], "Z")).output().unwrap();
+        let out = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(task_script(&t, &[], "Z"))
+            .output()
+            .unwrap();
         assert_eq!(out.status.code(), Some(124));
-        assert!(String::from_utf8_lossy(&out.stderr).contains("declared output never was not produced"));
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("declared output never was not produced")
+        );
     }
 }
