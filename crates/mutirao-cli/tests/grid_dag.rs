@@ -27,7 +27,8 @@ struct Grid {
     dir: PathBuf,
     // Dropped first: agents, then the coordinator.
     _agents: Vec<Proc>,
-    _coord: Proc,
+    coord: Proc,
+    extra: Vec<String>,
 }
 
 impl Drop for Grid {
@@ -123,7 +124,57 @@ fn grid(tag: &str, agents: &[(&str, &str)], extra: &[&str]) -> Grid {
         url,
         dir,
         _agents: procs,
-        _coord: coord,
+        coord,
+        extra: extra.iter().map(|s| s.to_string()).collect(),
+    }
+}
+
+fn coordinator<S: AsRef<std::ffi::OsStr>>(dir: &Path, listen: &str, extra: &[S]) -> (Proc, String) {
+    let mut child = Command::new(BIN)
+        .args([
+            "coordinator",
+            "--listen",
+            listen,
+            "--heartbeat-interval",
+            "1",
+        ])
+        .arg("--db")
+        .arg(dir.join("coord.sqlite"))
+        .arg("--tokens")
+        .arg(dir.join("grid.tokens"))
+        .arg("--agent-token-file")
+        .arg(dir.join("agent.token"))
+        .args(extra)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start mutirao coordinator");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let url = line
+        .split_whitespace()
+        .find(|w| w.starts_with("http://"))
+        .unwrap_or_else(|| panic!("no URL in {line:?}"))
+        .to_string();
+    (Proc(child), url)
+}
+
+impl Grid {
+    /// Kill the coordinator (SIGKILL: what a crash leaves) and start another on its files, at
+    /// the same address (the agents go on reporting there).
+    fn crash_and_restart(&mut self) {
+        let _ = self.coord.0.kill();
+        let _ = self.coord.0.wait();
+        let addr = self
+            .url
+            .trim_start_matches("http://")
+            .trim_end_matches('/')
+            .to_string();
+        let (c, url) = coordinator(&self.dir, &addr, &self.extra);
+        self.coord = c;
+        assert_eq!(url.trim_end_matches('/'), self.url.trim_end_matches('/'));
     }
 }
 
@@ -334,4 +385,86 @@ fn a_cancelled_graph_stops_its_running_task() {
     assert!(!marker.exists(), "the cancelled task went on running");
     let v = wait_state(&g, id, "cancelled", Duration::from_secs(5));
     assert!(events(&v, "task-done").is_empty(), "{v:#}");
+}
+
+#[test]
+fn a_coordinator_restarted_mid_graph_keeps_the_finished_tasks() {
+    let mut g = grid("restart", &[("n1", "north")], &[]);
+    let counter = g.dir.join("a-ran");
+    let graph = write(
+        &g.dir,
+        "restart.json",
+        &format!(
+            r#"{{ "format": "mutirao-taskgraph/1", "tasks": [
+                {{ "id": "a", "work": 1, "cmd": ["sh", "-c", "echo ran >> {k}; echo 5 > n"], "outputs": ["n"] }},
+                {{ "id": "slow", "work": 1, "cmd": ["sh", "-c", "echo started; sleep 3; echo $(( $(cat n) * 7 )) > m; echo slow says $(cat m)"], "outputs": ["m"] }} ],
+              "edges": [ {{ "from": "a", "to": "slow", "bytes": 8, "files": ["n"] }} ] }}"#,
+            k = counter.display()
+        ),
+    );
+    let id: i64 = ok(&mutirao(&g, &["submit", "--dag", &graph]))
+        .trim()
+        .parse()
+        .unwrap();
+    let t0 = Instant::now();
+    while !ok(&mutirao(&g, &["logs", &id.to_string()])).contains("[slow] started") {
+        assert!(t0.elapsed() < Duration::from_secs(30), "slow never started");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    g.crash_and_restart();
+    let v = wait_state(&g, id, "finished", Duration::from_secs(60));
+    let resumed = events(&v, "resume").join("\n");
+    assert!(
+        resumed.contains("tasks a finished in an earlier run"),
+        "{v:#}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&counter).unwrap(),
+        "ran\n",
+        "a ran again after the restart: {v:#}"
+    );
+    let log = ok(&mutirao(&g, &["logs", &id.to_string()]));
+    assert!(log.contains("[slow] slow says 35"), "{log}");
+}
+
+#[test]
+fn with_a_calibrated_model_tasks_are_scheduled_and_the_makespan_predicted() {
+    let dir =
+        std::env::temp_dir().join(format!("mutirao-griddag-{}-model.json", std::process::id()));
+    let lin = r#"[ { "from": 0, "base_us": 50.0, "per_byte_us": 0.001 } ]"#;
+    std::fs::write(
+        &dir,
+        format!(
+            r#"{{ "format": "mutirao-model/1",
+              "hosts": [ {{ "name": "n1", "site": "s", "speed": 1.0 }}, {{ "name": "n2", "site": "s", "speed": 8.0 }} ],
+              "links": [ {{ "class": "same-host", "os": {lin}, "or": {lin}, "l": {lin} }},
+                         {{ "class": "intra-site", "os": {lin}, "or": {lin}, "l": {lin} }} ] }}"#
+        ),
+    )
+    .unwrap();
+    let g = grid(
+        "model",
+        &[("n1", "north"), ("n2", "north")],
+        &["--model", dir.to_str().unwrap()],
+    );
+    let _ = std::fs::remove_file(&dir);
+    let graph = write(&g.dir, "diamond.json", DIAMOND);
+    let id: i64 = ok(&mutirao(&g, &["submit", "--dag", &graph]))
+        .trim()
+        .parse()
+        .unwrap();
+    let v = wait_state(&g, id, "finished", Duration::from_secs(60));
+    let placement = events(&v, "placement").join("\n");
+    assert!(
+        placement
+            .contains("hlogp-heft with the calibrated model over 2 host(s); predicted makespan"),
+        "{placement}"
+    );
+    // n2 is eight times faster and messages cost little: the critical path goes there.
+    assert!(
+        placement.contains("a→n2") && placement.contains("d→n2"),
+        "{placement}"
+    );
+    let log = ok(&mutirao(&g, &["logs", &id.to_string()]));
+    assert!(log.contains("[d] d says 19"), "{log}");
 }
