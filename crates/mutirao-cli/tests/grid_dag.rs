@@ -26,7 +26,7 @@ struct Grid {
     url: String,
     dir: PathBuf,
     // Dropped first: agents, then the coordinator.
-    _agents: Vec<Proc>,
+    agents: Vec<Proc>,
     coord: Proc,
     extra: Vec<String>,
 }
@@ -123,7 +123,7 @@ fn grid(tag: &str, agents: &[(&str, &str)], extra: &[&str]) -> Grid {
     Grid {
         url,
         dir,
-        _agents: procs,
+        agents: procs,
         coord,
         extra: extra.iter().map(|s| s.to_string()).collect(),
     }
@@ -467,4 +467,35 @@ fn with_a_calibrated_model_tasks_are_scheduled_and_the_makespan_predicted() {
     );
     let log = ok(&mutirao(&g, &["logs", &id.to_string()]));
     assert!(log.contains("[d] d says 19"), "{log}");
+}
+
+#[test]
+fn a_task_whose_host_is_lost_runs_again_on_another() {
+    let mut g = grid("lost", &[("n1", "north"), ("n2", "north")], &[]);
+    let graph = write(
+        &g.dir,
+        "lost.json",
+        r#"{ "format": "mutirao-taskgraph/1", "tasks": [
+            { "id": "long", "work": 1, "cmd": ["sh", "-c", "echo started; sleep 4; echo 42 > r"], "outputs": ["r"] } ] }"#,
+    );
+    let id: i64 = ok(&mutirao(&g, &["submit", "--dag", &graph]))
+        .trim()
+        .parse()
+        .unwrap();
+    let t0 = Instant::now();
+    while !ok(&mutirao(&g, &["logs", &id.to_string()])).contains("[long] started") {
+        assert!(t0.elapsed() < Duration::from_secs(30), "long never started");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Round-robin without a model: the only task went to n1 (first by name). Its agent dies.
+    drop(g.agents.remove(0));
+    let v = wait_state(&g, id, "finished", Duration::from_secs(60));
+    let tasks = events(&v, "task").join("\n");
+    assert!(
+        tasks.contains("long lost its host n1") && tasks.contains("started again on n2"),
+        "{v:#}"
+    );
+    let done = events(&v, "task-done");
+    assert_eq!(done.len(), 1, "{v:#}");
+    assert!(done[0].contains(r#""host":"n2""#), "{v:#}");
 }

@@ -331,6 +331,10 @@ impl Runner {
             if self.x.cancelled.load(Ordering::SeqCst) {
                 continue;
             }
+            if failure.is_some() && !end.success {
+                // Ended by the job's failure: the first failure is the story.
+                continue;
+            }
             if end.success {
                 match end.files.and_then(|f| self.keep(&tid, &host, f)) {
                     Ok(()) => finished[end.task] = true,
