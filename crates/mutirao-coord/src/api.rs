@@ -796,7 +796,8 @@ pub fn openapi() -> serde_json::Value {
                 "NewJob": { "type": "object", "properties": {
                     "owner": { "type": "string" }, "ranks": { "type": "integer" }, "program": { "type": "string" },
                     "args": { "type": "array", "items": { "type": "string" } },
-                    "require": { "type": "string", "nullable": true }, "checkpoint_interval_s": { "type": "number", "nullable": true } } },
+                    "require": { "type": "string", "nullable": true }, "checkpoint_interval_s": { "type": "number", "nullable": true },
+                    "dag": { "type": "boolean", "description": "a task graph: program is its document's digest, ranks its number of tasks" } } },
                 "JobState": { "type": "string", "enum": JobState::ALL.iter().map(|s| s.as_str()).collect::<Vec<_>>() },
                 "Job": { "type": "object", "properties": {
                     "id": { "type": "integer", "format": "int64" }, "spec": { "$ref": "#/components/schemas/NewJob" },
