@@ -55,7 +55,8 @@ pub enum GridCommand {
     ///
     /// Task graphs: `--dag GRAPH.json` submits a `mutirao-taskgraph/1` document instead of a
     /// program: tasks are commands (argv), edges hand files from a task to its successors
-    /// (through the coordinator's repository); the coordinator maps tasks to eligible hosts
+    /// (through the coordinator's repository), and a task's own `files` (paths relative to the
+    /// graph, e.g. a program) are uploaded; the coordinator maps tasks to eligible hosts
     /// with `--algo` over its calibrated model (round-robin without one), journals the
     /// predicted makespan, and starts each task when its predecessors have finished. The graph
     /// is checked here first: a malformed one is refused with the task, edge or field named
@@ -309,11 +310,46 @@ fn submit_dag(a: SubmitArgs, path: PathBuf) -> anyhow::Result<ExitCode> {
     use mutirao_coord::taskgraph::{algorithm, TaskGraph};
     let text = std::fs::read_to_string(&path)
         .with_context(|| format!("cannot read the task graph {}", path.display()))?;
-    let (g, _) = TaskGraph::parse(&text)
-        .map_err(|e| anyhow::anyhow!("{}: {e}; nothing was submitted", path.display()))?;
+    let refuse = |e: String| anyhow::anyhow!("{}: {e}; nothing was submitted", path.display());
+    let mut g: TaskGraph = serde_json::from_str(&text)
+        .map_err(|e| refuse(format!("not a mutirao-taskgraph/1 document: {e}")))?;
+    // Tasks' own files are local paths here (relative to the graph's directory): read them all
+    // before uploading anything, so that a missing one changes nothing.
+    let base = path.parent().unwrap_or(std::path::Path::new("."));
+    let mut local: Vec<(usize, String, Vec<u8>)> = Vec::new();
+    for (i, t) in g.tasks.iter().enumerate() {
+        for (name, p) in &t.files {
+            if mutirao_coord::repo::check_digest(p).is_ok() {
+                continue;
+            }
+            let file = base.join(p);
+            let bytes = std::fs::read(&file).map_err(|e| {
+                refuse(format!(
+                    "task {:?}: file {name:?}: cannot read {}: {e}",
+                    t.id,
+                    file.display()
+                ))
+            })?;
+            local.push((i, name.clone(), bytes));
+        }
+    }
+    for (i, name, bytes) in &local {
+        g.tasks[*i]
+            .files
+            .insert(name.clone(), mutirao_coord::repo::digest_of(bytes));
+    }
+    g.validate().map_err(refuse)?;
     let args: Vec<String> = a.algo.into_iter().collect();
     algorithm(&args).map_err(|e| anyhow::anyhow!("--algo: {e}"))?;
     let client = a.conn.client()?;
+    for (i, name, bytes) in &local {
+        let up = client.upload(bytes)?;
+        eprintln!(
+            "mutirao: uploaded task {:?}'s file {name} ({} bytes) as {}",
+            g.tasks[*i].id, up.size, up.digest
+        );
+    }
+    let text = serde_json::to_string_pretty(&g)?;
     let up = client.upload(text.as_bytes())?;
     let job = client.submit(&SubmitRequest {
         ranks: g.tasks.len() as u32,

@@ -354,6 +354,44 @@ fn a_diamond_of_commands_passes_its_files_and_d_computes_19() {
     );
     let log = ok(&mutirao(&g, &["logs", &id.to_string()]));
     assert!(log.contains("[c] c gives up"), "{log}");
+
+    // A task's own program, a file next to the graph: uploaded by submit, run from its copy.
+    std::fs::create_dir_all(g.dir.join("progs")).unwrap();
+    write(
+        &g.dir.join("progs"),
+        "combine",
+        "#!/bin/sh\necho $(( $(cat b) * $(cat c) )) > d\necho combined $(cat d)\n",
+    );
+    let own = DIAMOND.replace(
+        r#""cmd": ["sh", "-c", "echo $(( $(cat b) + $(cat c) )) > d; echo d says $(cat d)"]"#,
+        r#""cmd": ["./combine"], "files": { "combine": "progs/combine" }"#,
+    );
+    assert_ne!(own, DIAMOND);
+    let missing = write(
+        &g.dir,
+        "missing.json",
+        &own.replace("progs/combine", "progs/nothing"),
+    );
+    let o = mutirao(&g, &["submit", "--dag", &missing]);
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && e.contains("task \"d\": file \"combine\": cannot read"),
+        "{e}"
+    );
+    let own = write(&g.dir, "own.json", &own);
+    let id: i64 = ok(&mutirao(&g, &["submit", "--dag", &own]))
+        .trim()
+        .parse()
+        .unwrap();
+    wait_state(&g, id, "finished", Duration::from_secs(60));
+    let log = ok(&mutirao(&g, &["logs", &id.to_string()]));
+    assert!(log.contains("[d] combined 78"), "{log}");
+    assert_eq!(
+        ok(&mutirao(&g, &["jobs", "--json"]))
+            .matches("\"id\"")
+            .count(),
+        3
+    );
 }
 
 #[test]

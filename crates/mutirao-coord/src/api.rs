@@ -415,6 +415,16 @@ async fn submit(State(c): C, h: HeaderMap, body: Bytes) -> Result<Response, ApiE
             )));
         }
         crate::taskgraph::algorithm(&nj.args).map_err(ApiError::bad)?;
+        for t in &g.tasks {
+            for (f, d) in &t.files {
+                if !c.repo.contains(d)? {
+                    return Err(ApiError::bad(format!(
+                        "task {:?}: file {f:?} ({d}) is not in the application repository; upload it to POST /blobs first",
+                        t.id
+                    )));
+                }
+            }
+        }
         if nj.checkpoint_interval_s.is_some() {
             return Err(ApiError::bad(
                 "a task graph takes no checkpoint interval (finished tasks' outputs are kept instead)",

@@ -434,8 +434,11 @@ impl Runner {
                     .ok_or_else(|| {
                         Error::Invalid(format!("input {f} of task {} has no record", e.from))
                     })?;
-                inputs.push((f.clone(), self.c.repo().get(d)?));
+                inputs.push((f.clone(), self.c.repo().get(d)?, false));
             }
+        }
+        for (f, d) in &spec.files {
+            inputs.push((f.clone(), self.c.repo().get(d)?, true));
         }
         let nonce = crate::repo::digest_of(
             format!(

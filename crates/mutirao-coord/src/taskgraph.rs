@@ -49,6 +49,11 @@ pub struct TaskSpec {
     /// Files the command leaves in its directory that successors may receive.
     #[serde(default)]
     pub outputs: Vec<String>,
+    /// Files of the submitter put into the task's directory before it starts (mode 0755, so
+    /// a program can be one): name → digest in the repository (`submit --dag` uploads the
+    /// local paths written here and puts their digests in their place).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub files: BTreeMap<String, String>,
 }
 
 /// One edge as written.
@@ -129,6 +134,9 @@ impl TaskGraph {
             if t.id.trim().is_empty() {
                 return Err(format!("task {}: empty id", i + 1));
             }
+            if t.id.chars().any(char::is_control) {
+                return Err(format!("{what}: the id has a control character"));
+            }
             if t.cmd.is_empty() || t.cmd[0].is_empty() {
                 return Err(format!(
                     "{what}: `cmd` must name a command (an argv such as [\"sh\", \"-c\", \"...\"])"
@@ -150,6 +158,12 @@ impl TaskGraph {
                     return Err(format!("{what}: output {f:?} is listed twice"));
                 }
             }
+            for (f, d) in &t.files {
+                check_file_name(&format!("{what}: files"), f)?;
+                crate::repo::check_digest(d).map_err(|e| {
+                    format!("{what}: files: {f:?}: {e} (submit --dag uploads local files and writes their digests)")
+                })?;
+            }
             if outputs.insert(&t.id, seen).is_some() {
                 return Err(format!("{what}: id {:?} is used by another task", t.id));
             }
@@ -169,6 +183,16 @@ impl TaskGraph {
                     return Err(format!(
                         "{what}: file {f:?} is not among task {:?}'s outputs; add it to its `outputs`",
                         e.from
+                    ));
+                }
+                if self
+                    .tasks
+                    .iter()
+                    .any(|t| t.id == e.to && t.files.contains_key(f))
+                {
+                    return Err(format!(
+                        "{what}: task {:?} has its own file {f:?} already; rename one",
+                        e.to
                     ));
                 }
                 let got = inputs.entry(&e.to).or_default();
@@ -336,17 +360,17 @@ fn sh_quote(s: &str) -> String {
 const BEGIN: &str = "@@mutirao-file";
 const END: &str = "@@mutirao-end";
 
-/// The POSIX shell script an agent runs for `task`: it writes `inputs` (name, bytes) into a
-/// fresh directory, runs the command there, and after it exits 0 prints each declared output
+/// The POSIX shell script an agent runs for `task`: it writes `inputs` (name, bytes,
+/// executable) into a fresh directory, runs the command there, and after it exits 0 prints each declared output
 /// between markers with `nonce` (base64, 76 columns); a missing output fails it (exit 124).
 /// Needs `sh`, `mktemp`, `base64` and `fold` on the host.
-pub fn task_script(task: &TaskSpec, inputs: &[(String, Vec<u8>)], nonce: &str) -> String {
+pub fn task_script(task: &TaskSpec, inputs: &[(String, Vec<u8>, bool)], nonce: &str) -> String {
     use std::fmt::Write as _;
     let mut s = String::new();
-    let _ = writeln!(s, "#!/bin/sh\n# mutirão task {}", sh_quote(&task.id));
+    s.push_str("#!/bin/sh\n# a task of a mutirão task graph\n");
     s.push_str("d=$(mktemp -d \"${TMPDIR:-/tmp}/mutirao-task.XXXXXX\") || exit 125\n");
     s.push_str("trap 'rm -rf \"$d\"' EXIT\ncd \"$d\" || exit 125\n");
-    for (name, bytes) in inputs {
+    for (name, bytes, exe) in inputs {
         let _ = writeln!(
             s,
             "base64 -d > {} <<'MUTIRAO_{nonce}' || exit 125",
@@ -358,6 +382,9 @@ pub fn task_script(task: &TaskSpec, inputs: &[(String, Vec<u8>)], nonce: &str) -
             s.push('\n');
         }
         let _ = writeln!(s, "MUTIRAO_{nonce}");
+        if *exe {
+            let _ = writeln!(s, "chmod 755 {} || exit 125", sh_quote(name));
+        }
     }
     let argv: Vec<String> = task.cmd.iter().map(|a| sh_quote(a)).collect();
     let _ = writeln!(s, "{} </dev/null", argv.join(" "));
@@ -588,6 +615,26 @@ mod tests {
     }
 
     #[test]
+    fn a_task_s_own_files_are_digests_and_do_not_clash_with_its_inputs() {
+        let (mut g, _) = TaskGraph::parse(DIAMOND).unwrap();
+        g.tasks[3].files.insert("tool".into(), "./tool".into());
+        let e = g.validate().unwrap_err();
+        assert!(e.contains("task 4 (\"d\"): files: \"tool\""), "{e}");
+        let d = crate::repo::digest_of(b"tool");
+        g.tasks[3].files.insert("tool".into(), d.clone());
+        g.validate().unwrap();
+        g.tasks[3].files.insert("b".into(), d);
+        let e = g.validate().unwrap_err();
+        assert!(
+            e.contains("task \"d\" has its own file \"b\" already"),
+            "{e}"
+        );
+        g.tasks[3].files.clear();
+        g.tasks[3].id = "d\necho".into();
+        assert!(g.validate().unwrap_err().contains("control character"));
+    }
+
+    #[test]
     fn base64_round_trips() {
         for n in 0..40usize {
             let b: Vec<u8> = (0..n).map(|i| (i * 37 + 11) as u8).collect();
@@ -686,8 +733,8 @@ mod tests {
         let s = task_script(
             &g.tasks[3],
             &[
-                ("b".into(), b"6\n".to_vec()),
-                ("c".into(), b"13\n".to_vec()),
+                ("b".into(), b"6\n".to_vec(), false),
+                ("c".into(), b"13\n".to_vec(), false),
             ],
             "XY",
         );

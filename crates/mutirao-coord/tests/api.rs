@@ -274,6 +274,23 @@ fn task_graph_submissions_are_checked_by_the_coordinator_too() {
         "{}",
         a.text()
     );
+    let absent = mutirao_coord::repo::digest_of(b"never uploaded");
+    let with_file = t.upload(
+        String::from_utf8(t.c.repo().get(&good).unwrap())
+            .unwrap()
+            .replace(
+                r#""cmd": ["cat", "x"]"#,
+                &format!(r#""cmd": ["./tool"], "files": {{ "tool": "{absent}" }}"#),
+            )
+            .as_bytes(),
+    );
+    let a = sub(&with_file, 2, &[]);
+    assert!(
+        a.text().contains("task \\\"b\\\": file \\\"tool\\\"")
+            && a.text().contains("upload it to POST /blobs first"),
+        "{}",
+        a.text()
+    );
     let a = sub(&good, 2, &["peft"]);
     assert!(
         a.text().contains("use hlogp-heft, heft or round-robin"),
