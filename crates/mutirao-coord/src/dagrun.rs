@@ -275,6 +275,9 @@ impl Runner {
         let mut failure: Option<String> = None;
         loop {
             let stop = self.x.cancelled.load(Ordering::SeqCst) || failure.is_some();
+            // While an owner keeps the job suspended, no task starts (its agent stopped the
+            // running ones); they start again once it is running.
+            let mut suspended = None;
             if !stop {
                 for t in 0..n {
                     if finished[t] || running.contains(&t) {
@@ -287,6 +290,15 @@ impl Runner {
                         .all(|&e| finished[self.dag.edges()[e].from]);
                     if !ready {
                         continue;
+                    }
+                    let held = *suspended.get_or_insert_with(|| {
+                        self.c
+                            .store()
+                            .job(self.job.id)
+                            .is_ok_and(|j| j.state == JobState::Suspended)
+                    });
+                    if held {
+                        break;
                     }
                     match self.start(t, tx.clone()) {
                         Ok(()) => {
@@ -311,6 +323,10 @@ impl Runner {
                 }
                 if finished.iter().all(|&f| f) {
                     return (Some(JobState::Finished), format!("all {n} tasks finished"));
+                }
+                if suspended == Some(true) {
+                    std::thread::sleep(Duration::from_millis(200));
+                    continue;
                 }
                 return (
                     Some(JobState::Failed),
