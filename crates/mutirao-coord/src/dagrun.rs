@@ -497,7 +497,11 @@ impl Runner {
             &format!("{} started on {host}", spec.id),
         );
         let (c, id) = (self.c.clone(), self.job.id);
-        let mut parser = Some(OutputParser::new(&spec.id, &nonce));
+        let mut parser = Some(OutputParser::new(
+            &spec.id,
+            &nonce,
+            self.c.repo().max_bytes(),
+        ));
         let declared = spec.outputs.clone();
         let mut lost = false;
         let sink: EventSink = Box::new(move |ev| match ev {

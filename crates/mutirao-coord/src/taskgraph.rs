@@ -469,11 +469,16 @@ pub struct OutputParser {
     current: Option<(String, String)>,
     files: Vec<(String, Vec<u8>)>,
     error: Option<String>,
+    /// Largest file taken back (base64 text beyond 4/3 of it is refused).
+    max: u64,
+    /// Base64 text held so far (all files).
+    held: u64,
 }
 
 impl OutputParser {
-    /// A parser for one run of `task` with `nonce`.
-    pub fn new(task: &str, nonce: &str) -> OutputParser {
+    /// A parser for one run of `task` with `nonce`, taking back at most `max` bytes of
+    /// files in all (the repository's limit).
+    pub fn new(task: &str, nonce: &str, max: u64) -> OutputParser {
         OutputParser {
             task: task.to_string(),
             nonce: nonce.to_string(),
@@ -481,6 +486,8 @@ impl OutputParser {
             current: None,
             files: Vec::new(),
             error: None,
+            max,
+            held: 0,
         }
     }
 
@@ -506,7 +513,18 @@ impl OutputParser {
                     }
                     self.current = None;
                 } else {
-                    data.push_str(body);
+                    self.held += body.len() as u64;
+                    if self.held > self.max.saturating_mul(4) / 3 + 4 {
+                        if self.error.is_none() {
+                            self.error = Some(format!(
+                                "its outputs exceed {} bytes, the repository's limit (--max-upload-mib)",
+                                self.max
+                            ));
+                        }
+                        data.clear();
+                    } else {
+                        data.push_str(body);
+                    }
                 }
                 continue;
             }
@@ -705,7 +723,7 @@ mod tests {
 
     #[test]
     fn the_parser_takes_files_out_of_the_log_and_checks_them() {
-        let mut p = OutputParser::new("b", "N1");
+        let mut p = OutputParser::new("b", "N1", 1 << 20);
         let mut log = p.feed(b"[0] hello\n[0] @@mutirao-file N1 out\n[0] aGVs");
         log.extend(p.feed(b"bG8=\n[0] @@mutirao-end N1\n[0] @@mutirao-file WRONG x\n"));
         assert_eq!(
@@ -714,13 +732,19 @@ mod tests {
         );
         let files = p.finish(&["out".to_string()]).unwrap();
         assert_eq!(files, vec![("out".to_string(), b"hello".to_vec())]);
-        let mut p = OutputParser::new("b", "N1");
+        let mut p = OutputParser::new("b", "N1", 1 << 20);
         p.feed(b"[0] @@mutirao-file N1 out\n[0] aGVs\n");
         assert!(p
             .finish(&["out".to_string()])
             .unwrap_err()
             .contains("cut short"));
-        let p = OutputParser::new("b", "N1");
+        let mut p = OutputParser::new("b", "N1", 2);
+        p.feed(b"[0] @@mutirao-file N1 out\n[0] aGVsbG8=\n[0] @@mutirao-end N1\n");
+        assert!(p
+            .finish(&["out".to_string()])
+            .unwrap_err()
+            .contains("exceed 2 bytes"));
+        let p = OutputParser::new("b", "N1", 1 << 20);
         assert!(p
             .finish(&["out".to_string()])
             .unwrap_err()
@@ -748,7 +772,7 @@ mod tests {
             "{}",
             String::from_utf8_lossy(&out.stderr)
         );
-        let mut p = OutputParser::new("d", "XY");
+        let mut p = OutputParser::new("d", "XY", 1 << 20);
         let tagged: String = String::from_utf8_lossy(&out.stdout)
             .lines()
             .map(|l| format!("[0] {l}\n"))
