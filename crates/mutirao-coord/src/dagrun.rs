@@ -309,6 +309,7 @@ impl Runner {
                                 "task {} could not start: {e}",
                                 self.dag.tasks()[t].id
                             ));
+                            self.x.cancel_tasks();
                             break;
                         }
                     }
