@@ -73,6 +73,8 @@ pub struct CoordArgs {
     /// A calibrated model (`mutirao-model/1` JSON, from `mutirao fit`): SPMD jobs are then
     /// placed speed-proportionally (fastest free cores first, more ranks to faster hosts) and
     /// the predicted makespan is journalled. Hosts it does not name count as its slowest.
+    /// Task graphs (`submit --dag`) are mapped with the job's scheduler (hlogp-heft by
+    /// default) over the model restricted to the eligible hosts it names.
     #[arg(long, value_name = "FILE")]
     model: Option<PathBuf>,
     /// Where the hosts' usage history (idle by hour of the week, learnt from heartbeats) is
@@ -145,14 +147,15 @@ pub fn run(a: CoordArgs) -> anyhow::Result<ExitCode> {
     if let Some(path) = &a.model {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read the model {}", path.display()))?;
-        let speeds = mutirao_coord::exec::model_speeds(&text)
-            .with_context(|| format!("--model {}", path.display()))?;
+        let model = mutirao_model::Model::from_json(&text).map_err(|e| {
+            anyhow::anyhow!("--model {}: the calibrated model: {e}", path.display())
+        })?;
         eprintln!(
             "mutirao coordinator: placing with the calibrated model {} ({} hosts)",
             path.display(),
-            speeds.len()
+            model.hosts.len()
         );
-        dispatcher.set_model(speeds);
+        dispatcher.set_calibrated_model(model);
     }
     {
         let (c, path) = (c.clone(), usage_file.clone());

@@ -53,7 +53,19 @@ pub enum GridCommand {
     ///   mutirao submit -n 8 ./matmul 2000
     ///   mutirao submit -n 8 --require 'cpu>=2 & site=north' --checkpoint-interval 60 -- ./solver --tol 1e-9
     ///
-    /// Prints the job's id; follow it with `mutirao job ID` and `mutirao logs ID --follow`.
+    /// Task graphs: `--dag GRAPH.json` submits a `mutirao-taskgraph/1` document instead of a
+    /// program: tasks are commands (argv), edges hand files from a task to its successors
+    /// (through the coordinator's repository), and a task's own `files` (paths relative to the
+    /// graph, e.g. a program) are uploaded; the coordinator maps tasks to eligible hosts
+    /// with `--algo` over its calibrated model (round-robin without one), journals the
+    /// predicted makespan, and starts each task when its predecessors have finished. The graph
+    /// is checked here first: a malformed one is refused with the task, edge or field named
+    /// and nothing is uploaded. Format: docs/grid.md, "Task graphs".
+    ///   mutirao submit --dag diamond.json --algo hlogp-heft --require 'cpu>=1'
+    ///
+    /// Prints the job's id; follow it with `mutirao job ID` and `mutirao logs ID --follow`
+    /// (a task graph's output is tagged with each task's id; `job ID --why` shows the mapping,
+    /// the predicted makespan and the hosts refused).
     #[command(verbatim_doc_comment)]
     Submit(SubmitArgs),
     /// List your jobs on the grid, newest first.
@@ -105,8 +117,20 @@ pub enum GridCommand {
 #[derive(Args)]
 pub struct SubmitArgs {
     /// Number of ranks.
-    #[arg(short = 'n', long = "ranks", value_name = "N")]
-    ranks: u32,
+    #[arg(
+        short = 'n',
+        long = "ranks",
+        value_name = "N",
+        required_unless_present = "dag"
+    )]
+    ranks: Option<u32>,
+    /// Submit a task graph (`mutirao-taskgraph/1` JSON) instead of a program.
+    #[arg(long, value_name = "GRAPH.json", conflicts_with_all = ["ranks", "checkpoint_interval", "command"])]
+    dag: Option<PathBuf>,
+    /// With --dag: how tasks are mapped to hosts (hlogp-heft, heft, round-robin; default
+    /// hlogp-heft; without a model the coordinator deals them round-robin).
+    #[arg(long, value_name = "ALGO", requires = "dag")]
+    algo: Option<String>,
     /// Requirement on hosts, terms joined by `&`: `cpu` (idle cores), `mem` (free MiB), `load`,
     /// `name`, or a property agents declare (`--site`, `--prop`), compared with >= <= > < = !=,
     /// e.g. 'cpu>=2 & site=north & gpu>=1'. Text compares with = and != only.
@@ -119,7 +143,7 @@ pub struct SubmitArgs {
     conn: ConnArgs,
     /// The program (a file here; it is uploaded) and its arguments.
     #[arg(
-        required = true,
+        required_unless_present = "dag",
         trailing_var_arg = true,
         allow_hyphen_values = true,
         value_name = "PROG ARGS"
@@ -203,11 +227,20 @@ pub fn run(c: GridCommand) -> anyhow::Result<ExitCode> {
                 return Ok(ExitCode::SUCCESS);
             }
             let s = &v.job.spec;
-            println!(
-                "job {}: {} ({} ranks), owner {}",
-                v.job.id, v.job.state, s.ranks, s.owner
-            );
-            println!("program {} {}", s.program, s.args.join(" "));
+            if s.dag {
+                println!(
+                    "job {}: {} (task graph of {} tasks), owner {}",
+                    v.job.id, v.job.state, s.ranks, s.owner
+                );
+                let algo = s.args.first().map_or("hlogp-heft", String::as_str);
+                println!("task graph {} (algorithm {algo})", s.program);
+            } else {
+                println!(
+                    "job {}: {} ({} ranks), owner {}",
+                    v.job.id, v.job.state, s.ranks, s.owner
+                );
+                println!("program {} {}", s.program, s.args.join(" "));
+            }
             if let Some(r) = &s.require {
                 println!("requires {r}");
             }
@@ -273,7 +306,74 @@ pub fn run(c: GridCommand) -> anyhow::Result<ExitCode> {
     }
 }
 
+fn submit_dag(a: SubmitArgs, path: PathBuf) -> anyhow::Result<ExitCode> {
+    use mutirao_coord::taskgraph::{algorithm, TaskGraph};
+    let text = std::fs::read_to_string(&path)
+        .with_context(|| format!("cannot read the task graph {}", path.display()))?;
+    let refuse = |e: String| anyhow::anyhow!("{}: {e}; nothing was submitted", path.display());
+    let mut g: TaskGraph = serde_json::from_str(&text)
+        .map_err(|e| refuse(format!("not a mutirao-taskgraph/1 document: {e}")))?;
+    // Tasks' own files are local paths here (relative to the graph's directory): read them all
+    // before uploading anything, so that a missing one changes nothing.
+    let base = path.parent().unwrap_or(std::path::Path::new("."));
+    let mut local: Vec<(usize, String, Vec<u8>)> = Vec::new();
+    for (i, t) in g.tasks.iter().enumerate() {
+        for (name, p) in &t.files {
+            if mutirao_coord::repo::check_digest(p).is_ok() {
+                continue;
+            }
+            let file = base.join(p);
+            let bytes = std::fs::read(&file).map_err(|e| {
+                refuse(format!(
+                    "task {:?}: file {name:?}: cannot read {}: {e}",
+                    t.id,
+                    file.display()
+                ))
+            })?;
+            local.push((i, name.clone(), bytes));
+        }
+    }
+    for (i, name, bytes) in &local {
+        g.tasks[*i]
+            .files
+            .insert(name.clone(), mutirao_coord::repo::digest_of(bytes));
+    }
+    g.validate().map_err(refuse)?;
+    let args: Vec<String> = a.algo.into_iter().collect();
+    algorithm(&args).map_err(|e| anyhow::anyhow!("--algo: {e}"))?;
+    let client = a.conn.client()?;
+    for (i, name, bytes) in &local {
+        let up = client.upload(bytes)?;
+        eprintln!(
+            "mutirao: uploaded task {:?}'s file {name} ({} bytes) as {}",
+            g.tasks[*i].id, up.size, up.digest
+        );
+    }
+    let text = serde_json::to_string_pretty(&g)?;
+    let up = client.upload(text.as_bytes())?;
+    let job = client.submit(&SubmitRequest {
+        ranks: g.tasks.len() as u32,
+        program: up.digest.clone(),
+        args,
+        require: a.require,
+        checkpoint_interval_s: None,
+        dag: true,
+    })?;
+    eprintln!(
+        "mutirao: uploaded the task graph {} ({} tasks) as {}",
+        path.display(),
+        g.tasks.len(),
+        up.digest
+    );
+    println!("{}", job.id);
+    Ok(ExitCode::SUCCESS)
+}
+
 fn submit(a: SubmitArgs) -> anyhow::Result<ExitCode> {
+    if let Some(path) = a.dag.clone() {
+        return submit_dag(a, path);
+    }
+    let ranks = a.ranks.context("give the number of ranks with -n N")?;
     let client = a.conn.client()?;
     let (prog, args) = a.command.split_first().context("no program given")?;
     let path = PathBuf::from(prog);
@@ -282,11 +382,12 @@ fn submit(a: SubmitArgs) -> anyhow::Result<ExitCode> {
     })?;
     let up = client.upload(&bytes)?;
     let job = client.submit(&SubmitRequest {
-        ranks: a.ranks,
+        ranks,
         program: up.digest.clone(),
         args: args.to_vec(),
         require: a.require,
         checkpoint_interval_s: a.checkpoint_interval,
+        dag: false,
     })?;
     eprintln!(
         "mutirao: uploaded {prog} ({} bytes) as {}",

@@ -108,6 +108,7 @@ fn bench(label: &str, store: Arc<dyn Store>, dir: &std::path::Path) {
                 args: vec!["2000".into()],
                 require: Some("cpu>=1".into()),
                 checkpoint_interval_s: None,
+                dag: false,
             })
             .unwrap();
     }
@@ -121,6 +122,7 @@ fn bench(label: &str, store: Arc<dyn Store>, dir: &std::path::Path) {
                 args: vec![],
                 require: None,
                 checkpoint_interval_s: None,
+                dag: false,
             })
             .unwrap();
     }

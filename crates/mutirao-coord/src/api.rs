@@ -304,6 +304,10 @@ pub struct SubmitRequest {
     /// Seconds between checkpoint waves.
     #[serde(default)]
     pub checkpoint_interval_s: Option<f64>,
+    /// `program` names a task graph (`mutirao-taskgraph/1`) in the repository; `ranks` must be
+    /// its number of tasks and `args` at most the scheduling algorithm.
+    #[serde(default)]
+    pub dag: bool,
 }
 
 /// A job with its journal.
@@ -383,6 +387,7 @@ async fn submit(State(c): C, h: HeaderMap, body: Bytes) -> Result<Response, ApiE
         args: r.args,
         require: r.require,
         checkpoint_interval_s: r.checkpoint_interval_s,
+        dag: r.dag,
     };
     nj.validate().map_err(ApiError::bad)?;
     if let Some(r) = &nj.require {
@@ -394,6 +399,37 @@ async fn submit(State(c): C, h: HeaderMap, body: Bytes) -> Result<Response, ApiE
             "program {} is not in the application repository; upload it to POST /blobs first",
             nj.program
         )));
+    }
+    if nj.dag {
+        let (repo, digest) = (c.repo.clone(), nj.program.clone());
+        let text = blocking(move || repo.get(&digest)).await?;
+        let text = String::from_utf8(text)
+            .map_err(|_| ApiError::bad("the task graph is not UTF-8 text"))?;
+        let (g, _) = crate::taskgraph::TaskGraph::parse(&text)
+            .map_err(|e| ApiError::bad(format!("task graph {}: {e}", nj.program)))?;
+        if g.tasks.len() != nj.ranks as usize {
+            return Err(ApiError::bad(format!(
+                "the task graph has {} tasks but the submission says {}",
+                g.tasks.len(),
+                nj.ranks
+            )));
+        }
+        crate::taskgraph::algorithm(&nj.args).map_err(ApiError::bad)?;
+        for t in &g.tasks {
+            for (f, d) in &t.files {
+                if !c.repo.contains(d)? {
+                    return Err(ApiError::bad(format!(
+                        "task {:?}: file {f:?} ({d}) is not in the application repository; upload it to POST /blobs first",
+                        t.id
+                    )));
+                }
+            }
+        }
+        if nj.checkpoint_interval_s.is_some() {
+            return Err(ApiError::bad(
+                "a task graph takes no checkpoint interval (finished tasks' outputs are kept instead)",
+            ));
+        }
     }
     let store = c.store.clone();
     let job = blocking(move || store.create_job(&nj)).await?;
@@ -765,11 +801,13 @@ pub fn openapi() -> serde_json::Value {
                     "program": { "type": "string", "pattern": "^sha256:[0-9a-f]{64}$", "description": "digest of an uploaded program" },
                     "args": { "type": "array", "items": { "type": "string" } },
                     "require": { "type": "string", "nullable": true, "description": "requirement on hosts, e.g. cpu>=2 & site=north" },
-                    "checkpoint_interval_s": { "type": "number", "nullable": true, "exclusiveMinimum": true, "minimum": 0 } } },
+                    "checkpoint_interval_s": { "type": "number", "nullable": true, "exclusiveMinimum": true, "minimum": 0 },
+                    "dag": { "type": "boolean", "description": "program is the digest of a mutirao-taskgraph/1 document; ranks its number of tasks; args at most the algorithm (hlogp-heft, heft, round-robin)" } } },
                 "NewJob": { "type": "object", "properties": {
                     "owner": { "type": "string" }, "ranks": { "type": "integer" }, "program": { "type": "string" },
                     "args": { "type": "array", "items": { "type": "string" } },
-                    "require": { "type": "string", "nullable": true }, "checkpoint_interval_s": { "type": "number", "nullable": true } } },
+                    "require": { "type": "string", "nullable": true }, "checkpoint_interval_s": { "type": "number", "nullable": true },
+                    "dag": { "type": "boolean", "description": "a task graph: program is its document's digest, ranks its number of tasks" } } },
                 "JobState": { "type": "string", "enum": JobState::ALL.iter().map(|s| s.as_str()).collect::<Vec<_>>() },
                 "Job": { "type": "object", "properties": {
                     "id": { "type": "integer", "format": "int64" }, "spec": { "$ref": "#/components/schemas/NewJob" },

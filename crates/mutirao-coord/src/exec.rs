@@ -8,6 +8,9 @@
 //! launcher, through the chosen hosts' agents) as a child process. The launch library
 //! (`mutirao-launch`) is meant to replace it with an in-process implementation.
 
+#[path = "dagrun.rs"]
+pub mod dagrun;
+
 use crate::api::{Coordinator, JobHook};
 use crate::place::{place_with, Placement, Prefs, Requirement, Slot};
 use crate::{Error, Job, JobState, Result};
@@ -328,6 +331,8 @@ pub struct Dispatcher {
     last_refusal: Mutex<HashMap<i64, String>>,
     placing: Mutex<()>,
     model: Mutex<Option<HashMap<String, f64>>>,
+    /// The calibrated model itself (task graphs are scheduled with it).
+    calibrated: Mutex<Option<mutirao_model::Model>>,
     /// Per job, hosts lost by its earlier runs (left out of its placements) and how often it
     /// was re-queued for it.
     excluded: Mutex<HashMap<i64, (BTreeSet<String>, u32)>>,
@@ -371,6 +376,7 @@ impl Dispatcher {
             last_refusal: Mutex::new(HashMap::new()),
             placing: Mutex::new(()),
             model: Mutex::new(None),
+            calibrated: Mutex::new(None),
             excluded: Mutex::new(HashMap::new()),
             me: me.clone(),
         });
@@ -382,6 +388,13 @@ impl Dispatcher {
     /// faster hosts, the predicted makespan journalled.
     pub fn set_model(&self, speeds: HashMap<String, f64>) {
         *self.model.lock().unwrap_or_else(|p| p.into_inner()) = Some(speeds);
+    }
+
+    /// Place with a calibrated model: SPMD jobs by its hosts' speeds ([`Dispatcher::set_model`]),
+    /// task graphs with a scheduler of `mutirao-sched` over it (`submit --dag`).
+    pub fn set_calibrated_model(&self, m: mutirao_model::Model) {
+        self.set_model(m.hosts.iter().map(|h| (h.name.clone(), h.speed)).collect());
+        *self.calibrated.lock().unwrap_or_else(|p| p.into_inner()) = Some(m);
     }
 
     /// Jobs a previous coordinator left started (its executions died with it, or can no
@@ -467,6 +480,9 @@ impl Dispatcher {
                 .collect(),
             speed: self.model.lock().unwrap_or_else(|p| p.into_inner()).clone(),
         };
+        if j.spec.dag {
+            return self.try_start_dag(j, &hosts, &out, &req, &prefs);
+        }
         let mut p: Placement = place_with(j.spec.ranks, &req, &hosts, &prefs);
         for (h, _) in &out {
             p.refused.push((

@@ -19,7 +19,7 @@
 //! use mutirao_coord::{JobState, NewJob, SqliteStore, Store};
 //! let s = SqliteStore::open_in_memory()?;
 //! let j = s.create_job(&NewJob { owner: "ana".into(), ranks: 8, program: "matmul".into(),
-//!     args: vec!["2000".into()], require: Some("cpu>=2".into()), checkpoint_interval_s: None })?;
+//!     args: vec!["2000".into()], require: Some("cpu>=2".into()), checkpoint_interval_s: None, dag: false })?;
 //! assert_eq!(j.state, JobState::Waiting);
 //! s.transition(j.id, JobState::Running, "placed on 8 hosts")?;
 //! assert!(s.transition(j.id, JobState::Waiting, "again").is_err()); // not a legal move
@@ -44,6 +44,7 @@ pub mod policy;
 pub mod repo;
 pub mod report;
 mod sqlite;
+pub mod taskgraph;
 pub mod usage;
 
 pub use model::{

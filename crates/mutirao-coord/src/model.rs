@@ -114,6 +114,11 @@ pub struct NewJob {
     pub require: Option<String>,
     /// Seconds between checkpoint waves.
     pub checkpoint_interval_s: Option<f64>,
+    /// A task graph (`mutirao-taskgraph/1`, [`crate::taskgraph`]): `program` is the digest of
+    /// the graph's document in the repository, `ranks` its number of tasks, `args` at most one
+    /// word, the scheduling algorithm (`hlogp-heft`, `heft`, `round-robin`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub dag: bool,
 }
 
 /// A job as stored.
@@ -200,7 +205,7 @@ pub const MAX_ARGS: usize = 4096;
 /// Most ranks a job may ask for.
 pub const MAX_RANKS: u32 = 1 << 20;
 
-fn check_text(what: &str, s: &str) -> Result<(), String> {
+pub(crate) fn check_text(what: &str, s: &str) -> Result<(), String> {
     if s.len() > MAX_FIELD {
         return Err(format!(
             "{what} is {} bytes long; at most {MAX_FIELD} are accepted",

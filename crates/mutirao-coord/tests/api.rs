@@ -244,6 +244,67 @@ fn submissions_naming_no_uploaded_program_or_nonsense_are_refused_with_a_reason(
 }
 
 #[test]
+fn task_graph_submissions_are_checked_by_the_coordinator_too() {
+    let t = setup("dagsubmit");
+    let good = r#"{ "format": "mutirao-taskgraph/1",
+        "tasks": [ { "id": "a", "work": 1, "cmd": ["sh", "-c", "echo 1 > x"], "outputs": ["x"] },
+                   { "id": "b", "work": 1, "cmd": ["cat", "x"] } ],
+        "edges": [ { "from": "a", "to": "b", "bytes": 2, "files": ["x"] } ] }"#;
+    let bad = good.replace(r#""files": ["x"]"#, r#""files": ["y"]"#);
+    let sub = |program: &str, ranks: u32, args: &[&str]| {
+        let body =
+            serde_json::json!({ "ranks": ranks, "program": program, "args": args, "dag": true });
+        t.call("POST", "/jobs", Some(ANA), body.to_string())
+    };
+    let bad = t.upload(bad.as_bytes());
+    let a = sub(&bad, 2, &[]);
+    assert_eq!(a.status, StatusCode::BAD_REQUEST);
+    assert!(
+        a.text()
+            .contains("edge 1 (a -> b): file \\\"y\\\" is not among task"),
+        "{}",
+        a.text()
+    );
+    let not_json = t.upload(b"#!/bin/sh\n");
+    assert_eq!(sub(&not_json, 1, &[]).status, StatusCode::BAD_REQUEST);
+    let good = t.upload(good.as_bytes());
+    let a = sub(&good, 3, &[]);
+    assert!(
+        a.text().contains("has 2 tasks but the submission says 3"),
+        "{}",
+        a.text()
+    );
+    let absent = mutirao_coord::repo::digest_of(b"never uploaded");
+    let with_file = t.upload(
+        String::from_utf8(t.c.repo().get(&good).unwrap())
+            .unwrap()
+            .replace(
+                r#""cmd": ["cat", "x"]"#,
+                &format!(r#""cmd": ["./tool"], "files": {{ "tool": "{absent}" }}"#),
+            )
+            .as_bytes(),
+    );
+    let a = sub(&with_file, 2, &[]);
+    assert!(
+        a.text().contains("task \\\"b\\\": file \\\"tool\\\"")
+            && a.text().contains("upload it to POST /blobs first"),
+        "{}",
+        a.text()
+    );
+    let a = sub(&good, 2, &["peft"]);
+    assert!(
+        a.text().contains("use hlogp-heft, heft or round-robin"),
+        "{}",
+        a.text()
+    );
+    assert!(t.c.store().jobs(None).unwrap().is_empty());
+    let a = sub(&good, 2, &["heft"]);
+    assert_eq!(a.status, StatusCode::CREATED, "{}", a.text());
+    let j: mutirao_coord::Job = a.json();
+    assert!(j.spec.dag && j.spec.ranks == 2 && j.spec.args == ["heft"]);
+}
+
+#[test]
 fn unauthenticated_and_wrong_principal_requests_are_refused_logged_and_change_nothing() {
     let t = setup("auth");
     let prog = t.upload(b"prog");

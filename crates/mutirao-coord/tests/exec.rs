@@ -96,6 +96,7 @@ fn submit(c: &Coordinator, ranks: u32, require: &str) -> i64 {
             args: vec![],
             require: Some(require.into()),
             checkpoint_interval_s: None,
+            dag: false,
         })
         .unwrap()
         .id
@@ -283,6 +284,7 @@ fn an_owner_suspends_resumes_and_vacates_a_job_which_is_placed_again_elsewhere()
             args: vec![],
             require: None,
             checkpoint_interval_s: Some(1.0),
+            dag: false,
         })
         .unwrap()
         .id;

@@ -18,6 +18,7 @@ fn job(owner: &str) -> NewJob {
         args: vec!["--n".into(), "300".into()],
         require: Some("cpu>=2 & site=north".into()),
         checkpoint_interval_s: Some(30.0),
+        dag: false,
     }
 }
 
