@@ -14,7 +14,7 @@ const PROBE: &str = env!("CARGO_BIN_EXE_mutirao-testbed-probe");
 const TWO_SITES: &str = r#"
 [[site]]
 name = "a"
-nic_mbit = 400
+nic_mbit = 200
 hosts = [ { name = "a1", cpu = 1.0 }, { name = "a2", cpu = 0.5 } ]
 
 [[site]]
@@ -158,33 +158,35 @@ fn two_site_testbed_has_the_spec_rates_and_cpu_shares() {
     let ab = throughput(&tb, "a1", "b1", 6 << 20, 5001);
     let ba = throughput(&tb, "b1", "a1", 6 << 20, 5002);
     println!("a1->b1 {ab:.1} Mbit/s, b1->a1 {ba:.1} Mbit/s (shaped 40)");
-    // Inside site a (400 Mbit): shaped too (an unshaped veth carries several Gbit/s). Looser
-    // bound: with no GSO super-packets (frames of 1514 B, ~33k per second) the two processes
-    // need a good part of their quota; on this 2-core machine a host of one core tops out near
-    // 550–620 Mbit/s, so the test keeps its site below that.
-    // Load on the machine (other tests, a CPU-starved 0.5-core receiver) only lowers the rate,
-    // so a low figure is measured again, twice at most, and the fastest kept; an unshaped link
-    // would still show several Gbit/s.
-    let mut aa = throughput(&tb, "a1", "a2", 32 << 20, 5003);
+    // Inside site a (200 Mbit): shaped too (an unshaped veth carries several Gbit/s). Frames
+    // without GSO super-packets cost both ends CPU (on a veth the receiving stack runs in the
+    // sender's context too): a half-core host moved 247–335 Mbit/s depending on the day's VM
+    // (CI failed at 400 Mbit/s with 247 and 272), so the site is shaped well below that and
+    // the rate is checked within 10%. Load on the machine only lowers it: a low figure is
+    // measured again, twice at most, and the fastest kept.
+    let mut aa = throughput(&tb, "a1", "a2", 16 << 20, 5003);
     for port in [5004, 5005] {
-        if aa >= 300.0 {
+        if aa >= 180.0 {
             break;
         }
         println!("a1->a2 {aa:.1} Mbit/s: measuring again");
-        aa = aa.max(throughput(&tb, "a1", "a2", 32 << 20, port));
+        aa = aa.max(throughput(&tb, "a1", "a2", 16 << 20, port));
     }
-    println!("a1->a2 {aa:.1} Mbit/s (shaped 400)");
-    // The receiver a2 has half a core: at ~600 Mbit/s per core it tops out near 300–350
-    // Mbit/s, so the lower bound checks that the link is not shaped far too low, and the upper
-    // one that it is shaped at all.
+    println!("a1->a2 {aa:.1} Mbit/s (shaped 200)");
+    // The shapers count whole frames: 1514 B carry 1448 B of TCP payload, so a link shaped at
+    // R moves R × 1448/1514 of payload (200 → 191.3, 40 → 38.3 Mbit/s).
+    let goodput = |mbit: f64| mbit * 1448.0 / 1514.0;
+    let within = |r: f64, mbit: f64| (0.9 * goodput(mbit)..=1.1 * goodput(mbit)).contains(&r);
     assert!(
-        (300.0..=420.0).contains(&aa),
-        "site rate {aa:.1} Mbit/s not within 300..420 of the shaped 400"
+        within(aa, 200.0),
+        "site rate {aa:.1} Mbit/s not within 10% of the shaped 200's payload rate {:.1}",
+        goodput(200.0)
     );
     for r in [ab, ba] {
         assert!(
-            (36.0..=44.0).contains(&r),
-            "WAN rate {r:.1} Mbit/s not within 10% of 40"
+            within(r, 40.0),
+            "WAN rate {r:.1} Mbit/s not within 10% of the shaped 40's payload rate {:.1}",
+            goodput(40.0)
         );
     }
 
