@@ -106,24 +106,9 @@ impl Dispatcher {
                 "lost during an earlier run of this job".to_string(),
             ));
         }
-        if eligible.is_empty() {
-            let why = if refused.is_empty() {
-                "no host has registered; waiting for agents".to_string()
-            } else {
-                let list: Vec<String> = refused.iter().map(|(h, w)| format!("{h}: {w}")).collect();
-                format!("no eligible host ({}); waiting", list.join("; "))
-            };
-            let mut last = self.last_refusal.lock().unwrap_or_else(|p| p.into_inner());
-            if last.get(&j.id) != Some(&why) {
-                store.note(j.id, "refused", &why)?;
-                last.insert(j.id, why);
-            }
+        if !self.journal_refusal(j.id, eligible.is_empty(), &refused)? {
             return Ok(false);
         }
-        self.last_refusal
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&j.id);
         let text = self.c.repo().get(&j.spec.program)?;
         let text = String::from_utf8(text)
             .map_err(|_| Error::Invalid("the task graph is not UTF-8 text".into()))?;

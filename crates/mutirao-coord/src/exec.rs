@@ -355,6 +355,35 @@ pub fn model_speeds(json: &str) -> Result<HashMap<String, f64>> {
 }
 
 impl Dispatcher {
+    /// When no host can take job `id` (`none`), journal why — once per distinct reason, so a
+    /// waiting job's journal does not grow at every pass — and answer false; otherwise forget
+    /// the job's last refusal and answer true. Shared by SPMD jobs and task graphs.
+    pub(crate) fn journal_refusal(
+        &self,
+        id: i64,
+        none: bool,
+        refused: &[(String, String)],
+    ) -> Result<bool> {
+        let mut last = self.last_refusal.lock().unwrap_or_else(|p| p.into_inner());
+        if !none {
+            last.remove(&id);
+            return Ok(true);
+        }
+        let why = if refused.is_empty() {
+            "no host has registered; waiting for agents".to_string()
+        } else {
+            let list: Vec<String> = refused.iter().map(|(h, w)| format!("{h}: {w}")).collect();
+            format!("no eligible host ({}); waiting", list.join("; "))
+        };
+        if last.get(&id) != Some(&why) {
+            self.c.store().note(id, "refused", &why)?;
+            last.insert(id, why);
+        }
+        Ok(false)
+    }
+}
+
+impl Dispatcher {
     /// A dispatcher for `c`, running jobs with `exec`, each in a directory under `work`;
     /// installed as `c`'s job hook.
     pub fn install(
@@ -490,25 +519,9 @@ impl Dispatcher {
                 "lost during an earlier run of this job".to_string(),
             ));
         }
-        if p.chosen.is_empty() {
-            let why = if p.refused.is_empty() {
-                "no host has registered; waiting for agents".to_string()
-            } else {
-                let list: Vec<String> =
-                    p.refused.iter().map(|(h, w)| format!("{h}: {w}")).collect();
-                format!("no eligible host ({}); waiting", list.join("; "))
-            };
-            let mut last = self.last_refusal.lock().unwrap_or_else(|p| p.into_inner());
-            if last.get(&j.id) != Some(&why) {
-                store.note(j.id, "refused", &why)?;
-                last.insert(j.id, why);
-            }
+        if !self.journal_refusal(j.id, p.chosen.is_empty(), &p.refused)? {
             return Ok(false);
         }
-        self.last_refusal
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&j.id);
         // The program, checked against its digest before anything runs it.
         let bytes = self.c.repo().get(&j.spec.program)?;
         let dir = self.work.join(j.id.to_string());
