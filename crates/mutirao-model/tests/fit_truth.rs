@@ -942,3 +942,69 @@ fn overhead_medians_above_the_median_round_trip_are_not_a_poor_fit() {
         );
     }
 }
+
+#[test]
+fn sizes_between_the_eager_limit_and_the_next_measured_size_get_the_rendezvous_split() {
+    // A 10 Mbit/s link (0.8 µs/B) and the runtime's 64 KiB eager limit. Up to it the bytes fly
+    // after the send call (L holds the wire, Or is a copy); above it the receive holds the
+    // transfer (Or holds the wire, L is the request's latency). The default-like size list has
+    // nothing between 64 KiB and 128 KiB: a 100 KB message must still be a rendezvous in the
+    // model, its wire time in Or — the simulator starts a rendezvous transfer only when its
+    // receiver posts, so a wire time left in L is one it never charges to a busy receiver
+    // (a new user's grid: 100 KB across the WAN predicted 46 ms, measured 118 ms).
+    let mut c = hosts_on_site_a(&[("a1", 1.0), ("a2", 1.0)]);
+    let eager = 64u64 << 10;
+    let wire = |m: u64| 0.8 * m as f64;
+    let parts = |m: u64| -> (f64, f64, f64) {
+        if m <= eager {
+            (
+                5.0 + 0.001 * m as f64,
+                100.0 + wire(m),
+                1.0 + 0.0002 * m as f64,
+            )
+        } else {
+            (8.0, 100.0, 200.0 + wire(m))
+        }
+    };
+    let sizes = [0u64, 1024, 4096, 16384, 65536, 131072, 262144, 1 << 20];
+    for (s, d) in [("a1", "a2"), ("a2", "a1")] {
+        for &m in &sizes {
+            let (os, l, or) = parts(m);
+            let samples: Vec<PingPongSample> = (0..9)
+                .map(|_| PingPongSample {
+                    rtt_us: 2.0 * (os + l + or),
+                    os_src_us: os,
+                    or_dst_us: or,
+                    os_dst_us: os,
+                    or_src_us: or,
+                    probe_us: None,
+                    wait_src_us: None,
+                })
+                .collect();
+            c.record_pingpong(s, d, SendMode::Isend, m, 1, &samples)
+                .unwrap();
+        }
+    }
+    c.finalize(2);
+    c.provenance.eager_limit_bytes = Some(eager);
+    let (model, report) = fit_default(&c).unwrap();
+    let misses = mutirao_model::fit::poor_fits(&c, &model, &report, 0.10, 5.0);
+    assert!(misses.is_empty(), "{misses:?}");
+    let p = model.link_params("a1", "a2").unwrap();
+    for m in [65537u64, 80_000, 100_000, 131_071] {
+        let (_, l, or) = parts(m);
+        assert!(
+            rel(p.or.value(m), or) < 0.05 && (p.l.value(m) - l).abs() < 0.05 * or,
+            "{m} B: modelled L {:.1} us, Or {:.1} us; the runtime has L {l:.1}, Or {or:.1}",
+            p.l.value(m),
+            p.or.value(m)
+        );
+    }
+    // Below the limit nothing moved: the wire stays in L.
+    let (_, l, _) = parts(60_000);
+    assert!(
+        rel(p.l.value(60_000), l) < 0.05,
+        "L(60000) {}",
+        p.l.value(60_000)
+    );
+}
