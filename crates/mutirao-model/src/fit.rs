@@ -1471,6 +1471,11 @@ pub fn fit(calib: &Calibration, opts: &FitOptions) -> Result<(Model, FitReport),
 /// that much longer on the same work). Nothing when the calibration does not record the eager
 /// limit. On the testbed (1500-byte frames through the stack) it is about 6 µs per KiB of CPU:
 /// a task on a half-core host computed for 50 ms while its rank pushed 3 MiB took 90–120 ms.
+/// Where the calibration measured a host's push cost directly ([`Calibration::push`]), that
+/// median is used instead: the eager slope leaves out what moving a large message costs beyond
+/// its copy (on the testbed's veths the receiving stack runs in the sender's context too; a
+/// half-core host's 50 ms tasks took 61–85 ms while it pushed 512 KiB where the slope said
+/// 56 ms).
 fn push_costs(
     calib: &Calibration,
     mode: SendMode,
@@ -1509,9 +1514,23 @@ fn push_costs(
             }
         }
     }
+    // Measured directly (calibrate's push probe): that, as measured, in the host's wall time.
+    let mut measured: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+    for p in &calib.push {
+        if let Some(v) = p.us_per_byte() {
+            measured.entry(p.host.as_str()).or_default().push(v);
+        }
+    }
     ratios
         .iter()
         .filter_map(|&(host, ratio)| {
+            if let Some(mut v) = measured.remove(host) {
+                v.sort_by(f64::total_cmp);
+                return Some(crate::PushCost {
+                    host: host.to_string(),
+                    us_per_byte: v[v.len() / 2],
+                });
+            }
             let mut v = slopes.remove(host)?;
             v.sort_by(f64::total_cmp);
             let median = v[v.len() / 2];
