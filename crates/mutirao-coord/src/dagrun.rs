@@ -504,6 +504,8 @@ impl Runner {
             ExecEvent::Note(n) => {
                 let _ = c.store().note(id, "launcher", &n);
             }
+            // A task is a one-rank run: its start-up says nothing worth a journal line each.
+            ExecEvent::Init(_) => {}
             ExecEvent::HostLost(h) => {
                 let _ = c.store().note(id, "host-lost", &h);
                 lost = true;

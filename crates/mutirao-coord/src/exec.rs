@@ -31,6 +31,9 @@ pub enum ExecEvent {
     /// What the launcher tells about the run (a host lost, a restart from a checkpoint), for
     /// the job's journal besides its log.
     Note(String),
+    /// Every rank has started and connected: how long the start-up phases took (the text of
+    /// a [`mutirao_launch::supervise::InitReport`]), journalled as an `init` event.
+    Init(String),
     /// The job ended; nothing follows.
     Exited {
         /// The program succeeded on every rank.
@@ -200,6 +203,11 @@ impl Executor for LaunchExecutor {
                             // Failures and restarts only: the journal tells the run's story.
                             events(ExecEvent::Note(name_hosts(&n, &by_addr)));
                             format!("mutirao: {n}\n")
+                        }
+                        Report::Init(r) => {
+                            // The journal only: the log is the program's output.
+                            events(ExecEvent::Init(r.to_string()));
+                            return;
                         }
                     };
                     events(ExecEvent::Output(line.into_bytes()));
@@ -587,6 +595,9 @@ impl Dispatcher {
             }
             ExecEvent::Note(n) => {
                 let _ = c.store().note(id, "launcher", &n);
+            }
+            ExecEvent::Init(n) => {
+                let _ = c.store().note(id, "init", &n);
             }
             ExecEvent::HostLost(h) => {
                 let _ = c.store().note(id, "host-lost", &h);

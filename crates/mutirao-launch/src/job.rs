@@ -382,6 +382,12 @@ impl Job {
         self.pmi.take_failures()
     }
 
+    /// Per rank, the start-up phases it reported in the connection barrier (`None` until it
+    /// gets there; see [`mutirao::pmi::PmiServer::init_phases`]).
+    pub fn init_phases(&self) -> Vec<Option<mutirao::pmi::InitPhases>> {
+        self.pmi.init_phases()
+    }
+
     /// The host name of every rank.
     pub fn hosts_of(&self) -> &[String] {
         &self.hosts_of
