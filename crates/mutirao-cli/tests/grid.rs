@@ -312,6 +312,165 @@ fn wait_state(c: &Coord, id: i64, want: &str, limit: Duration) -> serde_json::Va
     }
 }
 
+/// A scratch directory, removed when dropped.
+struct Scratch(PathBuf);
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A coordinator (SQLite) and one agent, `n1` of site north, registered with it and caching
+/// programs in the scratch directory's `programs`. Drop them in this order: agent,
+/// coordinator, scratch.
+fn grid_with_agent(tag: &str) -> (Agent, Coord, Scratch) {
+    let tmp = Scratch(
+        std::env::temp_dir().join(format!("mutirao-grid-{}-{tag}-agent", std::process::id())),
+    );
+    let _ = std::fs::remove_dir_all(&tmp.0);
+    std::fs::create_dir_all(&tmp.0).unwrap();
+    // The agent's token file first (the coordinator starts ranks through the agent with it),
+    // then the agent, which registers with the coordinator itself (`--coordinator`).
+    let agent_tok = tmp.0.join("agent.token");
+    let o = Command::new(BIN)
+        .args(["agent", "--gen-token"])
+        .arg(&agent_tok)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let c = start_with(tag, &["--agent-token-file", agent_tok.to_str().unwrap()]);
+    let (agent, _) = start_agent(&tmp.0, Some((&c.url, N1)));
+    let ana = mutirao_coord::client::Client::new(&c.url, ANA).unwrap();
+    let t0 = Instant::now();
+    while !ana
+        .hosts()
+        .map(|h| h.iter().any(|h| h.host.report.name == "n1"))
+        .unwrap_or(false)
+    {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "the agent did not register with the coordinator"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    (agent, c, tmp)
+}
+
+/// The runtime's example `name`, built by `cargo test`/`nextest` for the workspace.
+fn example(name: &str) -> Option<PathBuf> {
+    let p = std::path::Path::new(BIN)
+        .parent()?
+        .join("examples")
+        .join(name);
+    p.is_file().then_some(p)
+}
+
+#[test]
+fn submit_env_reaches_the_ranks_and_a_reserved_name_is_refused_before_anything_is_sent() {
+    let (_agent, c, _tmp) = grid_with_agent("env");
+    let prog = c.dir.join("env.sh");
+    std::fs::write(
+        &prog,
+        "#!/bin/sh\necho \"rank $MUTIRAO_RANK greets $GREETING, home $FROM_SHELL, empty [$EMPTY]\"\n",
+    )
+    .unwrap();
+    let p = prog.to_str().unwrap();
+    let submit = |args: &[&str]| {
+        Command::new(BIN)
+            .arg("submit")
+            .args(args)
+            .env("MUTIRAO_COORD", &c.url)
+            .env("MUTIRAO_COORD_TOKEN", ANA)
+            .env("FROM_SHELL", "/home/ana")
+            .output()
+            .unwrap()
+    };
+    // Refused, each with the reason, before the upload: nothing is submitted.
+    for (bad, why) in [
+        (&["--env", "MUTIRAO_RANK=7"][..], "reserved"),
+        (&["--env", "mutirao_transport=tcp"][..], "reserved"),
+        (&["--env", "1ABC=x"][..], "a name is a letter or _"),
+        (&["--env", "NOT_SET_ANYWHERE_42"][..], "no such variable"),
+        (&["--env", "A=1", "--env", "A=2"][..], "given twice"),
+    ] {
+        let mut args = vec!["-n", "1"];
+        args.extend_from_slice(bad);
+        args.push(p);
+        let e = err(&submit(&args));
+        assert!(e.contains(why), "{bad:?}: {e}");
+    }
+    assert!(ok(&mutirao(&c, ANA, &["jobs"])).contains("no jobs"));
+    assert!(
+        std::fs::read_dir(c.dir.join("coord.sqlite.repo"))
+            .map(|d| d.count() == 0)
+            .unwrap_or(true),
+        "a refused submission uploaded its program"
+    );
+    let id: i64 = ok(&submit(&[
+        "-n",
+        "2",
+        "--env",
+        "GREETING=olá mundo",
+        "--env",
+        "FROM_SHELL",
+        "--env",
+        "EMPTY=",
+        p,
+    ]))
+    .trim()
+    .parse()
+    .unwrap();
+    let v = wait_state(&c, id, "finished", Duration::from_secs(30));
+    let log = ok(&mutirao(&c, ANA, &["logs", &id.to_string()]));
+    for r in 0..2 {
+        assert!(
+            log.contains(&format!(
+                "[{r}] rank {r} greets olá mundo, home /home/ana, empty []"
+            )),
+            "{log:?} {v:#}"
+        );
+    }
+    // Shown by `jobs` and `job`, kept in the job's spec.
+    let list = ok(&mutirao(&c, ANA, &["jobs"]));
+    assert!(list.contains("GREETING=olá mundo"), "{list}");
+    let one = ok(&mutirao(&c, ANA, &["job", &id.to_string()]));
+    assert!(
+        one.contains("environment EMPTY= FROM_SHELL=/home/ana GREETING=olá mundo"),
+        "{one}"
+    );
+    assert_eq!(v["job"]["spec"]["env"]["FROM_SHELL"], "/home/ana");
+
+    // A program of the runtime: the journal tells how its start-up went.
+    let Some(hello) = example("hello") else {
+        println!("skipped the init journal: the hello example is not built");
+        return;
+    };
+    let id: i64 = ok(&mutirao(
+        &c,
+        ANA,
+        &["submit", "-n", "2", hello.to_str().unwrap()],
+    ))
+    .trim()
+    .parse()
+    .unwrap();
+    let v = wait_state(&c, id, "finished", Duration::from_secs(30));
+    let init: Vec<&str> = v["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["kind"] == "init")
+        .filter_map(|e| e["detail"].as_str())
+        .collect();
+    assert!(
+        init.len() == 1
+            && init[0].starts_with("init of 2 ranks, max over ranks: register ")
+            && init[0].contains(" ms, address exchange ")
+            && init[0].contains("all connected "),
+        "{v:#}"
+    );
+}
+
 #[test]
 fn a_submitted_job_runs_through_a_registered_agent_to_finished() {
     struct Scratch(PathBuf);

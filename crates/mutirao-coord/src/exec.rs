@@ -163,6 +163,10 @@ impl Executor for LaunchExecutor {
         spec.hosts = Some(hosts);
         spec.secret = Some(secret);
         spec.cwd = Some(l.work_dir.clone());
+        // The submitter's variables (validated: none of the runtime's MUTIRAO_* ones, which
+        // the launcher sets per rank and the digest check below adds).
+        spec.env
+            .extend(l.job.spec.env.iter().map(|(k, v)| (k.clone(), v.clone())));
         if l.job.spec.program.starts_with("sha256:") {
             // Each agent checks the program against its digest before it starts a rank.
             spec.env.insert(

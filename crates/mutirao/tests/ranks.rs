@@ -462,7 +462,11 @@ fn init_timings(w: &Comm) -> R {
     );
     // Every communicator of the process answers the same.
     let d = w.dup().map_err(e)?;
-    check!(d.init_timings() == Some(t), "a dup answers {:?}", d.init_timings());
+    check!(
+        d.init_timings() == Some(t),
+        "a dup answers {:?}",
+        d.init_timings()
+    );
     println!(
         "init {} {} {} {} {} {}",
         w.rank(),
