@@ -315,6 +315,16 @@ fn wait_state(c: &Coord, id: i64, want: &str, limit: Duration) -> serde_json::Va
 /// A scratch directory, removed when dropped.
 struct Scratch(PathBuf);
 
+impl Scratch {
+    /// An empty `mutirao-grid-PID-TAG` in the temporary directory.
+    fn new(tag: &str) -> Scratch {
+        let d = std::env::temp_dir().join(format!("mutirao-grid-{}-{tag}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        Scratch(d)
+    }
+}
+
 impl Drop for Scratch {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
@@ -325,11 +335,7 @@ impl Drop for Scratch {
 /// programs in the scratch directory's `programs`. Drop them in this order: agent,
 /// coordinator, scratch.
 fn grid_with_agent(tag: &str) -> (Agent, Coord, Scratch) {
-    let tmp = Scratch(
-        std::env::temp_dir().join(format!("mutirao-grid-{}-{tag}-agent", std::process::id())),
-    );
-    let _ = std::fs::remove_dir_all(&tmp.0);
-    std::fs::create_dir_all(&tmp.0).unwrap();
+    let tmp = Scratch::new(&format!("{tag}-agent"));
     // The agent's token file first (the coordinator starts ranks through the agent with it),
     // then the agent, which registers with the coordinator itself (`--coordinator`).
     let agent_tok = tmp.0.join("agent.token");
@@ -473,41 +479,7 @@ fn submit_env_reaches_the_ranks_and_a_reserved_name_is_refused_before_anything_i
 
 #[test]
 fn a_submitted_job_runs_through_a_registered_agent_to_finished() {
-    struct Scratch(PathBuf);
-    impl Drop for Scratch {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
-    let tmp =
-        Scratch(std::env::temp_dir().join(format!("mutirao-grid-{}-agent", std::process::id())));
-    let _ = std::fs::remove_dir_all(&tmp.0);
-    std::fs::create_dir_all(&tmp.0).unwrap();
-    // The agent's token file first (the coordinator starts ranks through the agent with it),
-    // then the agent, which registers with the coordinator itself (`--coordinator`).
-    let agent_tok = tmp.0.join("agent.token");
-    let o = Command::new(BIN)
-        .args(["agent", "--gen-token"])
-        .arg(&agent_tok)
-        .output()
-        .unwrap();
-    assert!(o.status.success());
-    let c = start_with("run", &["--agent-token-file", agent_tok.to_str().unwrap()]);
-    let (_agent, _) = start_agent(&tmp.0, Some((&c.url, N1)));
-    let ana = mutirao_coord::client::Client::new(&c.url, ANA).unwrap();
-    let t0 = Instant::now();
-    while !ana
-        .hosts()
-        .map(|h| h.iter().any(|h| h.host.report.name == "n1"))
-        .unwrap_or(false)
-    {
-        assert!(
-            t0.elapsed() < Duration::from_secs(20),
-            "the agent did not register with the coordinator"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-
+    let (_agent, c, tmp) = grid_with_agent("run");
     let prog = c.dir.join("hello.sh");
     std::fs::write(
         &prog,
@@ -664,41 +636,7 @@ fn a_submitted_job_runs_through_a_registered_agent_to_finished() {
 
 #[test]
 fn an_agent_runs_the_program_it_fetched_by_digest_and_refuses_an_altered_copy() {
-    struct Scratch(PathBuf);
-    impl Drop for Scratch {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
-    let tmp =
-        Scratch(std::env::temp_dir().join(format!("mutirao-grid-{}-fetch", std::process::id())));
-    let _ = std::fs::remove_dir_all(&tmp.0);
-    std::fs::create_dir_all(&tmp.0).unwrap();
-    let agent_tok = tmp.0.join("agent.token");
-    let o = Command::new(BIN)
-        .args(["agent", "--gen-token"])
-        .arg(&agent_tok)
-        .output()
-        .unwrap();
-    assert!(o.status.success());
-    let c = start_with(
-        "fetch",
-        &["--agent-token-file", agent_tok.to_str().unwrap()],
-    );
-    let (_agent, _) = start_agent(&tmp.0, Some((&c.url, N1)));
-    let ana = mutirao_coord::client::Client::new(&c.url, ANA).unwrap();
-    let t0 = Instant::now();
-    while !ana
-        .hosts()
-        .map(|h| h.iter().any(|h| h.host.report.name == "n1"))
-        .unwrap_or(false)
-    {
-        assert!(
-            t0.elapsed() < Duration::from_secs(20),
-            "n1 did not register"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let (_agent, c, tmp) = grid_with_agent("fetch");
     // The program says where it runs from and in which directory.
     let prog = c.dir.join("where.sh");
     std::fs::write(&prog, "#!/bin/sh\necho \"from $0 in $(pwd)\"\n").unwrap();
@@ -763,17 +701,7 @@ fn an_agent_runs_the_program_it_fetched_by_digest_and_refuses_an_altered_copy() 
 
 #[test]
 fn a_coordinator_crash_mid_job_loses_nothing_and_the_job_completes() {
-    struct Scratch(PathBuf);
-    impl Drop for Scratch {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
-    let tmp = Scratch(
-        std::env::temp_dir().join(format!("mutirao-grid-{}-crash-agent", std::process::id())),
-    );
-    let _ = std::fs::remove_dir_all(&tmp.0);
-    std::fs::create_dir_all(&tmp.0).unwrap();
+    let tmp = Scratch::new("crash-agent");
     let (agent, agent_tok) = start_agent(&tmp.0, None);
     let extra = ["--agent-token-file", agent_tok.to_str().unwrap()];
     let c = start_with("crash", &extra);

@@ -1652,16 +1652,22 @@ fn ckpt_commit(st: &Shared, rank: usize, epoch: u64) -> Result<(), String> {
 mod tests {
     use super::*;
 
-    #[test]
-    fn fence_returns_every_rank_kvs_in_rank_order() {
+    /// A bootstrap server for `n` ranks on loopback (fences wait up to 10 s), and its token.
+    fn server(n: u32) -> (PmiServer, [u8; 32]) {
         let token = new_token().unwrap();
         let srv = PmiServer::start(
             "127.0.0.1:0".parse().unwrap(),
-            3,
+            n,
             token,
             Duration::from_secs(10),
         )
         .unwrap();
+        (srv, token)
+    }
+
+    #[test]
+    fn fence_returns_every_rank_kvs_in_rank_order() {
+        let (srv, token) = server(3);
         let addr = srv.addr().to_string();
         let hs: Vec<_> = (0..3u32)
             .map(|r| {
@@ -1699,14 +1705,7 @@ mod tests {
         for bad in ["", "1,2", "1,2,3,4", "1,-2,3", "a,b,c"] {
             assert_eq!(InitPhases::parse(bad), None, "{bad}");
         }
-        let token = new_token().unwrap();
-        let srv = PmiServer::start(
-            "127.0.0.1:0".parse().unwrap(),
-            2,
-            token,
-            Duration::from_secs(10),
-        )
-        .unwrap();
+        let (srv, token) = server(2);
         let addr = srv.addr().to_string();
         let hs: Vec<_> = [p.encode(), "not,a,number".to_string()]
             .into_iter()
@@ -1740,14 +1739,7 @@ mod tests {
 
     #[test]
     fn wrong_token_and_duplicate_rank_are_refused() {
-        let token = new_token().unwrap();
-        let srv = PmiServer::start(
-            "127.0.0.1:0".parse().unwrap(),
-            2,
-            token,
-            Duration::from_secs(10),
-        )
-        .unwrap();
+        let (srv, token) = server(2);
         let addr = srv.addr().to_string();
         let e = PmiClient::connect(&addr, 0, &[1u8; 32], Duration::from_secs(5))
             .err()
@@ -2212,14 +2204,7 @@ mod tests {
 
     #[test]
     fn without_a_sink_checkpoints_are_refused_and_failures_are_reported() {
-        let token = new_token().unwrap();
-        let srv = PmiServer::start(
-            "127.0.0.1:0".parse().unwrap(),
-            2,
-            token,
-            Duration::from_secs(10),
-        )
-        .unwrap();
+        let (srv, token) = server(2);
         let t = Duration::from_secs(10);
         let mut c = PmiClient::connect(&srv.addr().to_string(), 1, &token, t).unwrap();
         let e = c.ckpt_put(1, b"x", t).unwrap_err();
