@@ -11,6 +11,9 @@ use std::time::{Duration, Instant};
 #[path = "../../mutirao-coord/tests/common/pg.rs"]
 mod pg;
 
+mod common;
+use common::{err, ok};
+
 const BIN: &str = env!("CARGO_BIN_EXE_mutirao");
 const ANA: &str = "ana-token-0123456789";
 const BIA: &str = "bia-token-0123456789";
@@ -97,31 +100,7 @@ fn spawn_coord(dir: PathBuf, extra: &[&str]) -> Coord {
 }
 
 fn mutirao(c: &Coord, token: &str, args: &[&str]) -> Output {
-    Command::new(BIN)
-        .args(args)
-        .env("MUTIRAO_COORD", &c.url)
-        .env("MUTIRAO_COORD_TOKEN", token)
-        .output()
-        .unwrap()
-}
-
-fn ok(o: &Output) -> String {
-    assert!(
-        o.status.success(),
-        "failed: {}\n{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn err(o: &Output) -> String {
-    assert!(
-        !o.status.success(),
-        "succeeded: {}",
-        String::from_utf8_lossy(&o.stdout)
-    );
-    String::from_utf8_lossy(&o.stderr).into_owned()
+    common::grid_client(&c.url, token, args)
 }
 
 #[test]
