@@ -17,8 +17,8 @@
 #             is re-queued and completes
 #   4 owner   the owner of a host running the job becomes active (owner-active file): the job is
 #             suspended, then (past the grace period) vacated and resumed on other hosts
-#   5 tamper  a1's cached copy of matmul is altered: a1 refuses the launch (journalled), the job
-#             is re-queued without a1 and finishes on the others
+#   5 tamper  a1's cached copy of matmul is altered: a1 refuses the launch (journalled as a
+#             refusal, not a lost host), the job is re-queued and finishes
 #   6 spawn   rank 0 of the spawn example spawns copies of itself: they name the agent's cached
 #             copy (…/sha256-<hex>), which every agent resolves by digest from its own cache
 # Figures: submit → all 8 ranks started on 4 agents; the agents' repository downloads; grid
@@ -327,10 +327,13 @@ scenario_tamper() {
     id=$(m submit -n 4 --require 'site=a' "$MM" "$N")
     s=$(wait_state "$id" "finished failed cancelled" 600) || true
     journal "$id"
+    # A refusal is not a lost host: a1 stays eligible (it removed the altered copy and fetches a
+    # fresh one if the job is placed there again).
     if [[ $s == finished ]] && ok_result "$id" 4 && ! m logs "$id" | grep -q tampered &&
         api "/jobs/$id" | jq -e '[.events[] | select(.detail | contains("altered on this host"))] | length > 0' >/dev/null &&
-        [[ " $(job_hosts "$id") " != *" a1 "* ]]; then
-        verdict tamper PASS "(a1 refused its altered copy, journalled; the job ran on $(job_hosts "$id"))"
+        api "/jobs/$id" | jq -e '[.events[] | select(.kind == "refused" and (.detail | startswith("a1 refused the launch")))] | length > 0' >/dev/null &&
+        api "/jobs/$id" | jq -e '[.events[] | select(.kind == "host-lost")] | length == 0' >/dev/null; then
+        verdict tamper PASS "(a1 refused its altered copy, journalled as a refusal, not a lost host; the job ran on $(job_hosts "$id"))"
     else
         verdict tamper FAIL "(state $s; last run on $(job_hosts "$id"))"
     fi

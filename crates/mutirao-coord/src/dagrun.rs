@@ -510,6 +510,13 @@ impl Runner {
                 let _ = c.store().note(id, "host-lost", &h);
                 lost = true;
             }
+            // The task runs again elsewhere, as after a lost host.
+            ExecEvent::Refused(h) => {
+                let _ = c
+                    .store()
+                    .note(id, "refused", &format!("{h} refused the task's launch"));
+                lost = true;
+            }
             ExecEvent::Exited { success, detail } => {
                 let files = match parser.take() {
                     Some(p) if success => p.finish(&declared),

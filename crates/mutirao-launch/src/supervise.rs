@@ -116,6 +116,12 @@ pub enum Cause {
         host: usize,
         ranks: Vec<usize>,
     },
+    /// An agent refused the launch (or could not start it): its host is alive, its ranks did
+    /// not run.
+    Refused {
+        host: usize,
+        ranks: Vec<usize>,
+    },
     /// A rank reported that it lost its channel to `peer`.
     Reported {
         rank: usize,
@@ -249,7 +255,16 @@ pub fn supervise(job: &Job, n: usize, watch: &Watch, on: &mut dyn FnMut(Report))
     };
     while st.remaining > 0 {
         look_init(on);
-        match job.recv_timeout(Duration::from_millis(50)) {
+        // A refused launch ends the job as a lost host does, with its own cause.
+        let mut refused = false;
+        let ev = match job.recv_timeout(Duration::from_millis(50)) {
+            Ok(Event::Refused { host, why }) => {
+                refused = true;
+                Ok(Event::HostLost { host, why })
+            }
+            ev => ev,
+        };
+        match ev {
             Ok(Event::Output { rank, stream, line }) => on(Report::Output { rank, stream, line }),
             Ok(Event::Started { .. }) => {}
             Ok(Event::Exit { rank, code, signal }) if rank >= st.n => {
@@ -305,9 +320,16 @@ pub fn supervise(job: &Job, n: usize, watch: &Watch, on: &mut dyn FnMut(Report))
                                 "{why} while ranks {lost:?} were running; ending the other ranks"
                             ),
                             1,
-                            Cause::HostLost {
-                                host,
-                                ranks: lost.clone(),
+                            if refused {
+                                Cause::Refused {
+                                    host,
+                                    ranks: lost.clone(),
+                                }
+                            } else {
+                                Cause::HostLost {
+                                    host,
+                                    ranks: lost.clone(),
+                                }
                             },
                             on,
                         );
@@ -319,6 +341,8 @@ pub fn supervise(job: &Job, n: usize, watch: &Watch, on: &mut dyn FnMut(Report))
                     }
                 }
             }
+            // Taken as a lost host with `refused` set, above.
+            Ok(Event::Refused { .. }) => {}
             Err(RecvTimeoutError::Timeout) => {}
             Err(RecvTimeoutError::Disconnected) => break,
         }
