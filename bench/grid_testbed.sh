@@ -401,7 +401,7 @@ scenario_figures() {
             init=$(api "/jobs/$id" | jq -r '[.events[] | select(.kind == "init")] | last | .detail // ""' | sed -n "$INIT_RE")
             # The agents' time to have the program ready (download, or check of the cached copy).
             dl=$(for h in a1 a2 a3 a4; do
-                tail -n +"$(( LC[$h] + 1 ))" "$W/agent-$h.log" |
+                tail -n +"$(( ${LC[$h]} + 1 ))" "$W/agent-$h.log" |
                     grep -E '(fetched|checked the cached) sha256:' | sed -n 's/.* in \([0-9.]*\) ms$/\1/p'
             done | sort -g | tail -1)
             echo "$n $(( t2 - t0 )) $(( t1 - t0 )) ${init:-nan nan nan nan} ${dl:-0}" >>"$W/grid.t"
