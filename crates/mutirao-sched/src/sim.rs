@@ -34,10 +34,6 @@ use serde::Serialize;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 
-/// Bytes of a rendezvous clear-to-send on the wire (the runtime's control frame in a TCP
-/// segment): it only matters for what it waits behind.
-const CTS_BYTES: u64 = 64;
-
 /// A flow start event: (time, edge), ordered by time then edge.
 #[derive(Debug, Clone, Copy, PartialEq)]
 struct Start(f64, usize);
@@ -350,13 +346,6 @@ pub fn simulate_with_network<N: FlowNetwork>(
     } else {
         Vec::new()
     };
-    // What each rendezvous transfer's clear-to-send waited behind (network key n_edges + edge).
-    let n_edges = edges.len();
-    let mut cts_delay: Vec<f64> = if rdv_flows {
-        vec![0.0; edges.len()]
-    } else {
-        Vec::new()
-    };
     let mut rdv_sent: Vec<bool> = if rdv_flows {
         vec![false; edges.len()]
     } else {
@@ -446,11 +435,9 @@ pub fn simulate_with_network<N: FlowNetwork>(
                         if d.is_nan() {
                             pending += 1;
                         } else {
-                            let end = (recv_post[ei]
-                                + platform.or_s(edges[ei].bytes, p, q) * f
-                                + d
-                                + cts_delay[ei])
-                                .max(t);
+                            let end =
+                                (recv_post[ei] + platform.or_s(edges[ei].bytes, p, q) * f + d)
+                                    .max(t);
                             rdv_end = rdv_end.max(end);
                             if opts.record_messages {
                                 messages[ei].recv_end_s = end;
@@ -600,21 +587,6 @@ pub fn simulate_with_network<N: FlowNetwork>(
                 finished.clear();
                 net.finish_until(fin, &mut finished);
                 for d in &finished {
-                    if d.key >= n_edges {
-                        // A clear-to-send arrived: the transfer moves from now. What it waited
-                        // behind the receiver's other traffic to the sender adds to its receive.
-                        let ei = d.key - n_edges;
-                        let e = edges[ei];
-                        cts_delay[ei] = d.delay;
-                        net.start(
-                            ei,
-                            placement.host[e.from],
-                            placement.host[e.to],
-                            e.bytes,
-                            fin,
-                        );
-                        continue;
-                    }
                     let ei = d.key;
                     let e = edges[ei];
                     let (p, r) = (placement.host[e.from], placement.host[e.to]);
@@ -624,11 +596,9 @@ pub fn simulate_with_network<N: FlowNetwork>(
                         // before its end in the HLogP chain.
                         rdv_delay[ei] = d.delay;
                         if let Some(w) = parked.get_mut(&e.to) {
-                            let end = (recv_post[ei]
-                                + platform.or_s(e.bytes, p, r) * w.f
-                                + d.delay
-                                + cts_delay[ei])
-                                .max(rdv_floor[ei]);
+                            let end =
+                                (recv_post[ei] + platform.or_s(e.bytes, p, r) * w.f + d.delay)
+                                    .max(rdv_floor[ei]);
                             w.t = w.t.max(end);
                             w.pending -= 1;
                             if opts.record_messages {
@@ -654,14 +624,13 @@ pub fn simulate_with_network<N: FlowNetwork>(
             _ => {
                 if let Some(Reverse(Start(at, ei))) = starts.pop() {
                     let e = edges[ei];
-                    let (p, r) = (placement.host[e.from], placement.host[e.to]);
-                    if rdv_flows && p != r && platform.rendezvous(e.bytes, p, r) {
-                        // The receiver's clear-to-send goes first, on its own connection to the
-                        // sender: behind whatever the receiver is already sending there.
-                        net.start(n_edges + ei, r, p, CTS_BYTES, at);
-                    } else {
-                        net.start(ei, p, r, e.bytes, at);
-                    }
+                    net.start(
+                        ei,
+                        placement.host[e.from],
+                        placement.host[e.to],
+                        e.bytes,
+                        at,
+                    );
                 }
             }
         }
