@@ -17,6 +17,9 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 const DEFAULT_STATE_DIR: &str = "/run/mutirao-testbed";
+/// Overrides the default state directory for every testbed command and for the `--testbed` of
+/// `calibrate`, `exec-dag` and `predict machine`.
+const STATE_DIR_ENV: &str = "MUTIRAO_TESTBED_DIR";
 const DEFAULT_AGENT_PORT: u16 = 7207;
 
 #[derive(Subcommand)]
@@ -31,7 +34,7 @@ pub enum TestbedCommand {
         #[arg(long)]
         name: Option<String>,
         /// Where state files, hostfiles, tokens and agent logs are kept.
-        #[arg(long, default_value = DEFAULT_STATE_DIR)]
+        #[arg(long, env = STATE_DIR_ENV, default_value = DEFAULT_STATE_DIR)]
         state_dir: PathBuf,
         /// Start no agents (network and CPU quotas only).
         #[arg(long)]
@@ -45,7 +48,7 @@ pub enum TestbedCommand {
         /// Show only this testbed.
         name: Option<String>,
         /// Where state files are kept.
-        #[arg(long, default_value = DEFAULT_STATE_DIR)]
+        #[arg(long, env = STATE_DIR_ENV, default_value = DEFAULT_STATE_DIR)]
         state_dir: PathBuf,
     },
     /// Tear a testbed down: kill its processes, remove its namespaces, links and cgroups.
@@ -58,7 +61,7 @@ pub enum TestbedCommand {
         #[arg(long)]
         all: bool,
         /// Where state files are kept.
-        #[arg(long, default_value = DEFAULT_STATE_DIR)]
+        #[arg(long, env = STATE_DIR_ENV, default_value = DEFAULT_STATE_DIR)]
         state_dir: PathBuf,
     },
 }
@@ -71,10 +74,13 @@ pub struct TestbedFiles {
     pub meu: PathBuf,
 }
 
-/// The files of testbed `name` in the default state directory; an error says how to bring it
-/// up when it is not.
+/// The files of testbed `name` in the state directory (`MUTIRAO_TESTBED_DIR`, else the
+/// default); an error says how to bring it up when it is not.
 pub fn testbed_files(name: &str) -> anyhow::Result<TestbedFiles> {
-    let dir = Path::new(DEFAULT_STATE_DIR);
+    let from_env = std::env::var_os(STATE_DIR_ENV).filter(|v| !v.is_empty());
+    let dir = from_env
+        .as_deref()
+        .map_or(Path::new(DEFAULT_STATE_DIR), Path::new);
     let f = TestbedFiles {
         hosts: dir.join(format!("{name}.hosts")),
         token: dir.join(format!("{name}.token")),
@@ -87,7 +93,7 @@ pub fn testbed_files(name: &str) -> anyhow::Result<TestbedFiles> {
     ] {
         if !p.exists() {
             anyhow::bail!(
-                "testbed {name:?} is not up (no {what} {}): bring it up with `mutirao testbed up SPEC.toml --name {name}`; `mutirao testbed status` lists the running ones",
+                "testbed {name:?} is not up (no {what} {}): bring it up with `mutirao testbed up SPEC.toml --name {name}`; `mutirao testbed status` lists the running ones (a testbed brought up with --state-dir DIR is found with {STATE_DIR_ENV}=DIR)",
                 p.display()
             );
         }

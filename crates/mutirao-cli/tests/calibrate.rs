@@ -561,3 +561,28 @@ fn bad_input_is_refused_and_writes_nothing() {
     }
     let _ = std::fs::remove_dir_all(&d);
 }
+
+/// A testbed brought up with `--state-dir DIR` is found by `calibrate --testbed` through
+/// `MUTIRAO_TESTBED_DIR=DIR`: the files are looked for there (and a missing one is named with
+/// that directory), and nothing is written.
+#[test]
+fn the_testbed_state_directory_comes_from_the_environment() {
+    let d = tmpdir("tbdir");
+    let o = d.join("c.json");
+    let out = Command::new(MUTIRAO)
+        .args(["calibrate", "--testbed", "tb9", "-o", o.to_str().unwrap()])
+        .env("MUTIRAO_TESTBED_DIR", &d)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    let want = d.join("tb9.hosts");
+    assert!(
+        err.contains("\"tb9\" is not up") && err.contains(want.to_str().unwrap()),
+        "want {} named in: {err}",
+        want.display()
+    );
+    assert!(err.contains("MUTIRAO_TESTBED_DIR"), "{err}");
+    assert!(!o.exists());
+    let _ = std::fs::remove_dir_all(&d);
+}
