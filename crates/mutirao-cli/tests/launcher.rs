@@ -675,6 +675,77 @@ fn tests() -> Vec<Trial> {
             },
         ),
         Trial::test(
+            "on_a_hostfile_the_host_of_a_rank_that_never_reaches_the_barrier_is_left_out_not_the_waiting_ranks_hosts",
+            || {
+                // Three loopback "hosts" (one agent each, one slot each): rank r on agent r.
+                let d = tmpdir("hang-hosts");
+                let _rm = RemoveOnDrop(d.clone());
+                let tok = gen_token(&d, "agent.token")?;
+                let agents = [
+                    start_agent(&tok)?,
+                    start_agent(&tok)?,
+                    start_agent(&tok)?,
+                ];
+                let mut hosts = String::new();
+                for a in &agents {
+                    let (host, port) = a.addr.rsplit_once(':').ok_or("bad agent address")?;
+                    hosts.push_str(&format!("{host} slots=1 port={port}\n"));
+                }
+                let hf = d.join("hosts");
+                std::fs::write(&hf, hosts).map_err(|e| e.to_string())?;
+                let mut cmd = mutirao_run(
+                    &[
+                        "-n",
+                        "3",
+                        "--timeout",
+                        "60",
+                        "--hostfile",
+                        hf.to_str().ok_or("path")?,
+                        "--token-file",
+                        tok.to_str().ok_or("path")?,
+                        "--checkpoint-interval",
+                        "1",
+                        "--checkpoint-store",
+                        "dir",
+                        "--checkpoint-dir",
+                        d.join("ckpt").to_str().ok_or("path")?,
+                    ],
+                    "hang",
+                    None,
+                );
+                cmd.env("MUTIRAO_CONNECT_TIMEOUT_S", "2");
+                let (out, el) = run_limited(cmd, Duration::from_secs(60))?;
+                let (so, se) = (text(&out.stdout), text(&out.stderr));
+                let fail = |why: &str| -> Result<(), Failed> {
+                    Err(format!("{why}; exit {:?} after {el:?}\n{so}\n{se}", out.status).into())
+                };
+                if !out.status.success() || (0..3).any(|r| !so.contains(&format!("rank {r} of 3 done")))
+                {
+                    return fail("the job did not finish on every rank");
+                }
+                // The launcher names the rank that never came (rank 1, on the second agent),
+                // not rank 0 or 2, which gave up waiting for it.
+                if !se.contains("rank 1 on 127.0.0.1 never reached the start-up barrier (ranks [") {
+                    return fail("the notice does not name rank 1 as the one that never came");
+                }
+                // The restart leaves out rank 1's agent and uses the two others.
+                let placed = se
+                    .lines()
+                    .find(|l| l.contains("restart 1: ranks on ["))
+                    .ok_or("no placement of restart 1")?;
+                if placed.contains(&agents[1].addr)
+                    || !placed.contains(&agents[0].addr)
+                    || !placed.contains(&agents[2].addr)
+                {
+                    return fail(&format!(
+                        "restart 1 placed {placed:?}: want the agents {} and {}, never {}",
+                        agents[0].addr, agents[2].addr, agents[1].addr
+                    ));
+                }
+                Ok(())
+            },
+        ),
+        Trial::test(
             "a_registration_with_an_earlier_incarnations_token_is_refused",
             || {
                 let d = tmpdir("stale");
