@@ -748,6 +748,28 @@ impl<M: Clone> Wave<M> {
             })
     }
 
+    /// The active wave's epoch if `from`'s cut of it is in: a clear-to-send from `from`
+    /// arriving now comes after its cut (it matched the large message after its cut, so the
+    /// sender holds that message in its checkpoint of the epoch).
+    pub fn cut_in(&self, from: usize) -> Option<u64> {
+        let a = self.active.as_ref()?;
+        a.cuts_in.get(&from).copied()?.then_some(a.epoch)
+    }
+
+    /// The active wave's epoch if this rank's snapshot is taken and `from`'s cut is not in
+    /// yet (nonblocking mode): a clear-to-send from `from` arriving now was sent before its cut.
+    pub fn awaiting_cut(&self, from: usize) -> Option<u64> {
+        let a = self.active.as_ref()?;
+        (a.snapshot && a.cuts_in.get(&from).is_some_and(|c| !*c)).then_some(a.epoch)
+    }
+
+    /// The active wave's epoch while this rank has cut it and not snapshotted it yet
+    /// (blocking mode): a large message it matches now is after its cut.
+    pub fn cut_not_snapshot(&self) -> Option<u64> {
+        let a = self.active.as_ref()?;
+        (a.cut_sent && !a.snapshot).then_some(a.epoch)
+    }
+
     /// The snapshot mode.
     pub fn mode(&self) -> Mode {
         self.mode
@@ -953,6 +975,25 @@ pub enum SavedRequestState {
     /// A send whose message is before the sender's cut (eager, or a rendezvous that finished),
     /// not yet waited for: never sent again; its `wait` returns `buf`.
     Sent { dest: u32, tag: i32, buf: Vec<u8> },
+    /// A large (rendezvous) send whose receiver had not matched it before its own cut (no
+    /// clear-to-send came before the receiver's cut marker): the message is after the cut.
+    /// Sent again, once, on a restore, before anything new to `dest`; its `wait` then
+    /// returns `buf` (layout version 4).
+    Held { dest: u32, tag: i32, buf: Vec<u8> },
+}
+
+/// Where a message a sender holds (a [`SavedRequestState::Held`] send) goes when it is sent
+/// again on a restore: the receiver saved a place for it instead of its announcement, so that
+/// it keeps its order among the messages of that sender (MPI's non-overtaking rule).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResentSlot {
+    /// The sender (world rank). Its held sends to this rank fill its slots in order: those in
+    /// the unexpected queue first, then those in the channel state.
+    pub source: u32,
+    /// In the channel state (`late`) rather than the unexpected queue.
+    pub late: bool,
+    /// Placed before entry `before` of that list (its length: at the end).
+    pub before: u32,
 }
 
 /// One rank's checkpoint of one epoch: the program's state and the runtime's. Nothing in it is
@@ -975,6 +1016,9 @@ pub struct RankCheckpoint {
     /// The spawn groups this rank is the parent of whose children are members of this epoch
     /// (issue 13): a restart from it starts them again (layout version 3).
     pub spawns: Vec<SavedSpawn>,
+    /// Places of the messages peers hold at this epoch (large sends they will send again), in
+    /// the unexpected queue and the channel state, in arrival order (layout version 4).
+    pub resent: Vec<ResentSlot>,
 }
 
 /// A spawn group in a parent's checkpoint: what a restart needs to start its children again
@@ -988,6 +1032,20 @@ pub struct SavedSpawn {
     /// The program the spawn started (as the parent resolved it) and its arguments.
     pub program: String,
     pub args: Vec<String>,
+}
+
+/// The layout of version 3 blobs (before held sends and their slots were saved).
+#[derive(Deserialize)]
+struct RankCheckpointV3 {
+    epoch: u64,
+    rank: u32,
+    size: u32,
+    comms: Vec<SavedComm>,
+    requests: Vec<SavedRequest>,
+    unexpected: Vec<SavedMessage>,
+    late: Vec<SavedMessage>,
+    app: Vec<u8>,
+    spawns: Vec<SavedSpawn>,
 }
 
 /// The layout of version 2 blobs (before spawn groups were saved).
@@ -1021,8 +1079,9 @@ struct RankCheckpointV1 {
 /// First bytes of every checkpoint blob.
 pub const BLOB_MAGIC: [u8; 8] = *b"MUTICKP\0";
 /// Version of the blob layout this runtime writes: 2 adds the communicator table and the
-/// requests in flight, 3 the spawn groups. Versions 1 and 2 are still read.
-pub const BLOB_VERSION: u32 = 3;
+/// requests in flight, 3 the spawn groups, 4 held large sends and their slots. Versions 1 to 3
+/// are still read.
+pub const BLOB_VERSION: u32 = 4;
 
 // ------------------------------------------------------------------ the communicator table
 
@@ -1264,6 +1323,7 @@ impl RankCheckpoint {
                 late: v.late,
                 app: v.app,
                 spawns: Vec::new(),
+                resent: Vec::new(),
             }
         } else if version == 2 {
             let v: RankCheckpointV2 =
@@ -1278,6 +1338,22 @@ impl RankCheckpoint {
                 late: v.late,
                 app: v.app,
                 spawns: Vec::new(),
+                resent: Vec::new(),
+            }
+        } else if version == 3 {
+            let v: RankCheckpointV3 =
+                bincode::deserialize(body).map_err(|e| format!("{what} is corrupt: {e}"))?;
+            RankCheckpoint {
+                epoch: v.epoch,
+                rank: v.rank,
+                size: v.size,
+                comms: v.comms,
+                requests: v.requests,
+                unexpected: v.unexpected,
+                late: v.late,
+                app: v.app,
+                spawns: v.spawns,
+                resent: Vec::new(),
             }
         } else {
             bincode::deserialize(body).map_err(|e| format!("{what} is corrupt: {e}"))?
@@ -1533,15 +1609,26 @@ mod tests {
                 name: Some("odd".into()),
                 live: true,
             }],
-            requests: vec![SavedRequest {
-                ctx: 0x1234,
-                elem: 8,
-                state: SavedRequestState::Recv {
-                    source: Some(3),
-                    tag: Some(7),
-                    into: None,
+            requests: vec![
+                SavedRequest {
+                    ctx: 0x1234,
+                    elem: 8,
+                    state: SavedRequestState::Recv {
+                        source: Some(3),
+                        tag: Some(7),
+                        into: None,
+                    },
                 },
-            }],
+                SavedRequest {
+                    ctx: 0,
+                    elem: 4,
+                    state: SavedRequestState::Held {
+                        dest: 2,
+                        tag: 1,
+                        buf: vec![5; 64],
+                    },
+                },
+            ],
             unexpected: vec![SavedMessage {
                 source: 2,
                 ctx: 0,
@@ -1555,6 +1642,11 @@ mod tests {
                 members: vec![1, 4, 5],
                 program: "/bin/prog".into(),
                 args: vec!["--worker".into()],
+            }],
+            resent: vec![ResentSlot {
+                source: 2,
+                late: false,
+                before: 0,
             }],
         };
         let b = c.encode().unwrap();
@@ -1570,9 +1662,45 @@ mod tests {
         let e = RankCheckpoint::decode(b"hello world, not a checkpoint", 3, 1, 4).unwrap_err();
         assert!(e.contains("not a mutirão checkpoint"), "{e}");
         let mut future = b.clone();
-        future[8..12].copy_from_slice(&4u32.to_le_bytes());
+        future[8..12].copy_from_slice(&5u32.to_le_bytes());
         let e = RankCheckpoint::decode(&future, 3, 1, 4).unwrap_err();
-        assert!(e.contains("layout version 4"), "{e}");
+        assert!(e.contains("layout version 5"), "{e}");
+    }
+
+    /// The layout of version 3, as the previous runtime wrote it.
+    #[derive(Serialize)]
+    struct V3 {
+        epoch: u64,
+        rank: u32,
+        size: u32,
+        comms: Vec<SavedComm>,
+        requests: Vec<SavedRequest>,
+        unexpected: Vec<SavedMessage>,
+        late: Vec<SavedMessage>,
+        app: Vec<u8>,
+        spawns: Vec<SavedSpawn>,
+    }
+
+    #[test]
+    fn a_version_3_blob_reads_with_no_held_sends_or_slots() {
+        let v3 = V3 {
+            epoch: 6,
+            rank: 0,
+            size: 2,
+            comms: vec![],
+            requests: vec![],
+            unexpected: vec![],
+            late: vec![],
+            app: vec![3],
+            spawns: vec![],
+        };
+        let c =
+            RankCheckpoint::decode(&frame(3, &bincode::serialize(&v3).unwrap()), 6, 0, 2).unwrap();
+        assert_eq!((c.app, c.resent), (vec![3], vec![]));
+        // A version 3 body under a version 4 header is corrupt, not misread.
+        assert!(
+            RankCheckpoint::decode(&frame(4, &bincode::serialize(&v3).unwrap()), 6, 0, 2).is_err()
+        );
     }
 
     /// The layout of version 2, as the previous runtime wrote it.
@@ -1652,6 +1780,7 @@ mod tests {
                 late: vec![],
                 app: vec![1, 2, 3],
                 spawns: vec![],
+                resent: vec![],
             }
         );
         // A version 1 body under a version 2 header is corrupt, not misread.
