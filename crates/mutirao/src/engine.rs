@@ -3036,6 +3036,108 @@ mod tests {
         e.forget_send(big);
     }
 
+    /// Nonblocking mode: a large send not yet matched at this rank's snapshot is held only
+    /// tentatively. A FIN (or clear-to-send) arriving before the receiver's cut marker puts
+    /// it in the cut after all (the receiver matched it before its cut); one arriving after
+    /// that marker leaves it held, even once the send has finished.
+    #[test]
+    fn nonblocking_a_send_matched_before_the_receivers_cut_leaves_the_held_ones() {
+        use crate::ckpt::{Marker, Mode, RankCheckpoint, SafePoint, SavedRequestState as St};
+        let (mut e, mut raw) = engine_with_raw_peer();
+        e.ckpt = Some(CkptRt {
+            wave: crate::ckpt::Wave::new(
+                0,
+                2,
+                Mode::Nonblocking,
+                0,
+                Duration::from_millis(1),
+                Duration::from_secs(60),
+                Duration::ZERO,
+            ),
+            clock0: Instant::now(),
+            pmi_timeout: Duration::from_secs(1),
+            restored_app: None,
+            recovery: None,
+            aborted: Vec::new(),
+            committed: Vec::new(),
+            pending: None,
+            restored_reqs: None,
+            tentative: Vec::new(),
+        });
+        let (a, b) = (
+            e.start_send(1, 0, 1, SendData::Owned(Box::new(vec![1u8; 4096])))
+                .unwrap(),
+            e.start_send(1, 0, 2, SendData::Owned(Box::new(vec![2u8; 4096])))
+                .unwrap(),
+        );
+        // A wave, cut at this rank's second checkpoint point; the snapshot at once.
+        let c = e.ckpt.as_mut().unwrap();
+        let _ = c.wave.tick(Duration::from_millis(5));
+        assert_eq!(c.wave.at_safe_point(), SafePoint::Continue);
+        let SafePoint::Cut { epoch, .. } = c.wave.at_safe_point() else {
+            panic!("no cut at the second checkpoint point")
+        };
+        let rt = e.snapshot_runtime(epoch).unwrap();
+        let c = e.ckpt.as_mut().unwrap();
+        assert_eq!(rt.tentative.len(), 2);
+        c.pending = Some(RankCheckpoint {
+            epoch,
+            rank: 0,
+            size: 2,
+            comms: Vec::new(),
+            requests: rt.requests,
+            unexpected: rt.unexpected,
+            late: Vec::new(),
+            app: Vec::new(),
+            spawns: Vec::new(),
+            resent: rt.resent,
+        });
+        c.tentative = rt.tentative;
+        let _ = c.wave.snapshot_taken();
+        let fin = |id: u64| Header {
+            kind: Kind::Fin,
+            tag: 0,
+            ctx: 0,
+            len: 0,
+            id,
+        };
+        // `a` is matched before the receiver's cut: in the cut after all.
+        raw.write_all(&fin(a).encode()).unwrap();
+        e.wait_until(|e| e.send_finished(a)).unwrap();
+        let states: Vec<&St> = e
+            .ckpt
+            .as_ref()
+            .unwrap()
+            .pending
+            .as_ref()
+            .unwrap()
+            .requests
+            .iter()
+            .map(|q| &q.state)
+            .collect();
+        assert!(
+            matches!(
+                states[..],
+                [St::Sent { tag: 1, .. }, St::Held { tag: 2, .. }]
+            ),
+            "{states:?}"
+        );
+        // Then the receiver's cut, then `b`'s FIN: after the cut, so held at this epoch.
+        raw.write_all(&Header::marker(Marker::Cut(epoch, 2)).encode())
+            .unwrap();
+        raw.write_all(&fin(b).encode()).unwrap();
+        e.wait_until(|e| e.send_finished(b)).unwrap();
+        assert_eq!(e.sends[&b].acked, Some(Some(epoch)));
+        let again = e.snapshot_runtime(epoch).unwrap().requests;
+        assert!(
+            matches!(
+                (&again[0].state, &again[1].state),
+                (St::Sent { tag: 1, .. }, St::Held { tag: 2, .. })
+            ),
+            "{again:?}"
+        );
+    }
+
     /// On the receiving side an unmatched announcement is left out of the snapshot and its
     /// place kept: after a restore the message its sender sends again takes that place,
     /// before a message that arrived after it, as in the run that was not interrupted.
