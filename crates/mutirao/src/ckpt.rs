@@ -763,6 +763,12 @@ impl<M: Clone> Wave<M> {
         (a.snapshot && a.cuts_in.get(&from).is_some_and(|c| !*c)).then_some(a.epoch)
     }
 
+    /// The active wave's epoch while this rank has not snapshotted it yet.
+    pub fn before_snapshot(&self) -> Option<u64> {
+        let a = self.active.as_ref()?;
+        (!a.snapshot).then_some(a.epoch)
+    }
+
     /// The active wave's epoch while this rank has cut it and not snapshotted it yet
     /// (blocking mode): a large message it matches now is after its cut.
     pub fn cut_not_snapshot(&self) -> Option<u64> {
@@ -978,8 +984,15 @@ pub enum SavedRequestState {
     /// A large (rendezvous) send whose receiver had not matched it before its own cut (no
     /// clear-to-send came before the receiver's cut marker): the message is after the cut.
     /// Sent again, once, on a restore, before anything new to `dest`; its `wait` then
-    /// returns `buf` (layout version 4).
-    Held { dest: u32, tag: i32, buf: Vec<u8> },
+    /// returns `buf` (layout version 4). `waited`: the program had already waited for it
+    /// (it finished between the receiver's cut and this rank's snapshot) or dropped its
+    /// request: sent again in the background, not handed back.
+    Held {
+        dest: u32,
+        tag: i32,
+        buf: Vec<u8>,
+        waited: bool,
+    },
 }
 
 /// Where a message a sender holds (a [`SavedRequestState::Held`] send) goes when it is sent
@@ -1626,6 +1639,7 @@ mod tests {
                         dest: 2,
                         tag: 1,
                         buf: vec![5; 64],
+                        waited: false,
                     },
                 },
             ],

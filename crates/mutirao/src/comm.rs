@@ -527,6 +527,9 @@ impl Comm {
             resent: rt.resent,
         });
         c.tentative = rt.tentative;
+        // Held sends the program already waited for are in this snapshot (older ones are
+        // of waves that ended).
+        c.gone_held.clear();
         let fx = c.wave.snapshot_taken();
         e.apply_ckpt(fx);
         // Blocking mode: complete now. Nonblocking: when the last cut comes in (in progress).

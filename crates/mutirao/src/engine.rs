@@ -793,9 +793,40 @@ impl Engine {
         if let Some(s) = self.sends.get_mut(&id) {
             s.state = SendState::Done;
             if s.detached {
-                self.sends.remove(&id);
+                if let Some(s) = self.sends.remove(&id) {
+                    self.keep_if_held(id, &s);
+                }
             }
         }
+    }
+
+    /// Send `id` leaves the engine (waited for, or dropped and finished): if a checkpoint of
+    /// the active wave, not yet snapshotted here, must hold its message (its receiver matched
+    /// it after its cut), keep a copy for that snapshot.
+    fn keep_if_held(&mut self, id: u64, s: &Send) {
+        let Some(Some(e)) = s.acked else { return };
+        if !s.rdv || s.err.is_some() {
+            return;
+        }
+        let Some(c) = self.ckpt.as_mut() else { return };
+        if c.wave.before_snapshot() != Some(e) {
+            return;
+        }
+        let (ctx, tag, elem) = s.meta;
+        c.gone_held.push((
+            e,
+            id,
+            crate::ckpt::SavedRequest {
+                ctx,
+                elem,
+                state: crate::ckpt::SavedRequestState::Held {
+                    dest: s.peer as u32,
+                    tag,
+                    buf: s.data.bytes().to_vec(),
+                    waited: true,
+                },
+            },
+        ));
     }
 
     // ---------------------------------------------------------------- receives
@@ -1792,6 +1823,7 @@ impl Engine {
             .sends
             .remove(&id)
             .ok_or_else(|| Error::Invalid("unknown request".into()))?;
+        self.keep_if_held(id, &s);
         if let Some(e) = s.err {
             return Err(e);
         }
@@ -1827,7 +1859,9 @@ impl Engine {
     /// reference its data are dropped (the peer has failed if the send did not complete).
     pub(crate) fn forget_send(&mut self, id: u64) {
         if let Some(s) = self.sends.remove(&id) {
-            if s.state != SendState::Done {
+            if s.state == SendState::Done {
+                self.keep_if_held(id, &s);
+            } else {
                 let peer = s.peer;
                 self.peers[peer]
                     .txq
@@ -1852,7 +1886,9 @@ impl Engine {
             }
         } else if let Some(s) = self.sends.get_mut(&id) {
             if s.state == SendState::Done {
-                self.sends.remove(&id);
+                if let Some(s) = self.sends.remove(&id) {
+                    self.keep_if_held(id, &s);
+                }
             } else {
                 s.detached = true;
             }
@@ -1982,6 +2018,10 @@ pub(crate) struct CkptRt {
     /// is not in yet (nonblocking mode): a clear-to-send arriving before that cut puts the
     /// message in the cut after all.
     pub(crate) tentative: Vec<(u64, usize)>,
+    /// Large sends the program waited for (or dropped) after their receiver matched them
+    /// past its cut of this epoch and before this rank's snapshot: (epoch, send id, saved as
+    /// held with `waited`). The snapshot holds them; their receivers keep places for them.
+    pub(crate) gone_held: Vec<(u64, u64, crate::ckpt::SavedRequest)>,
 }
 
 /// What a snapshot keeps of the runtime's messages and requests (see
@@ -2063,7 +2103,7 @@ impl Engine {
         let (_, idx) = c.tentative.remove(i);
         if let Some(q) = c.pending.as_mut().and_then(|p| p.requests.get_mut(idx)) {
             use crate::ckpt::SavedRequestState as St;
-            if let St::Held { dest, tag, buf } = &mut q.state {
+            if let St::Held { dest, tag, buf, .. } = &mut q.state {
                 q.state = St::Sent {
                     dest: *dest,
                     tag: *tag,
@@ -2091,6 +2131,7 @@ impl Engine {
                     c.pending = None;
                     c.tentative.clear();
                 }
+                c.gone_held.retain(|(ge, _, _)| *ge != e);
             }
             if self.rank == 0 {
                 eprintln!(
@@ -2418,10 +2459,24 @@ impl Engine {
                     state: if in_cut {
                         St::Sent { dest, tag, buf }
                     } else {
-                        St::Held { dest, tag, buf }
+                        St::Held {
+                            dest,
+                            tag,
+                            buf,
+                            waited: false,
+                        }
                     },
                 },
             ));
+        }
+        // Sends held at this epoch that the program waited for (or dropped) before the snapshot.
+        if let Some(c) = self.ckpt.as_ref() {
+            out.extend(
+                c.gone_held
+                    .iter()
+                    .filter(|(e, _, _)| *e == epoch)
+                    .map(|(_, id, q)| (*id, q.clone())),
+            );
         }
         out.sort_by_key(|(id, _)| *id);
         let tentative = out
@@ -2494,7 +2549,13 @@ impl Engine {
         // Never by cross-memory copy: the program may retype (replace) the buffer.
         let mut resent_ids = HashMap::new();
         for (i, q) in c.requests.iter().enumerate() {
-            if let St::Held { dest, tag, buf } = &q.state {
+            if let St::Held {
+                dest,
+                tag,
+                buf,
+                waited,
+            } = &q.state
+            {
                 if *dest as usize >= self.peers.len() {
                     return Err(Error::Init(format!(
                         "restart: the checkpoint holds a send to rank {dest}, which the job does \
@@ -2514,7 +2575,11 @@ impl Engine {
                 if let Some(s) = self.sends.get_mut(&id) {
                     s.meta.2 = q.elem;
                 }
-                resent_ids.insert(i, id);
+                if *waited {
+                    self.detach(id);
+                } else {
+                    resent_ids.insert(i, id);
+                }
             }
         }
         if !want.is_empty() {
@@ -2749,6 +2814,7 @@ impl Engine {
                         tag: Some(tag),
                     });
                 }
+                St::Held { waited: true, .. } => {}
                 St::Held { dest, tag, .. } => {
                     let id = *resent
                         .get(&i)
@@ -2991,7 +3057,7 @@ mod tests {
         assert!(!e.send_finished(big));
         let c = blob(&e, 1);
         assert!(
-            matches!(&c.requests[..], [q] if matches!(&q.state, St::Held { dest: 1, tag: 1, buf } if *buf == vec![7u8; 4096])),
+            matches!(&c.requests[..], [q] if matches!(&q.state, St::Held { dest: 1, tag: 1, buf, waited: false } if *buf == vec![7u8; 4096])),
             "{:?}",
             c.requests.iter().map(|q| &q.state).collect::<Vec<_>>()
         );
@@ -3036,19 +3102,13 @@ mod tests {
         e.forget_send(big);
     }
 
-    /// Nonblocking mode: a large send not yet matched at this rank's snapshot is held only
-    /// tentatively. A FIN (or clear-to-send) arriving before the receiver's cut marker puts
-    /// it in the cut after all (the receiver matched it before its cut); one arriving after
-    /// that marker leaves it held, even once the send has finished.
-    #[test]
-    fn nonblocking_a_send_matched_before_the_receivers_cut_leaves_the_held_ones() {
-        use crate::ckpt::{Marker, Mode, RankCheckpoint, SafePoint, SavedRequestState as St};
-        let (mut e, mut raw) = engine_with_raw_peer();
+    /// Give `e` (rank 0 of 2) checkpoint waves: a wave starts at once when asked.
+    fn with_waves(e: &mut Engine, mode: crate::ckpt::Mode) {
         e.ckpt = Some(CkptRt {
             wave: crate::ckpt::Wave::new(
                 0,
                 2,
-                Mode::Nonblocking,
+                mode,
                 0,
                 Duration::from_millis(1),
                 Duration::from_secs(60),
@@ -3063,7 +3123,67 @@ mod tests {
             pending: None,
             restored_reqs: None,
             tentative: Vec::new(),
+            gone_held: Vec::new(),
         });
+    }
+
+    /// Blocking mode: a large send its receiver matched after its cut (the FIN comes after
+    /// the receiver's cut marker) and that the program waited for before this rank's
+    /// checkpoint point is still held by the snapshot, then sent again by a restore in the
+    /// background (the program has no request for it any more).
+    #[test]
+    fn a_large_send_matched_after_the_receivers_cut_and_waited_for_is_still_held() {
+        use crate::ckpt::{Marker, Mode, SafePoint, SavedRequestState as St};
+        let (mut e, mut raw) = engine_with_raw_peer();
+        with_waves(&mut e, Mode::Blocking);
+        let c = e.ckpt.as_mut().unwrap();
+        let _ = c.wave.tick(Duration::from_millis(5));
+        let epoch = c.wave.active_epoch().unwrap();
+        let a = e
+            .start_send(1, 0, 3, SendData::Owned(Box::new(vec![3u8; 4096])))
+            .unwrap();
+        // The receiver's cut, then its FIN for `a`; the program waits for `a`.
+        raw.write_all(&Header::marker(Marker::Cut(epoch, 2)).encode())
+            .unwrap();
+        let fin = Header {
+            kind: Kind::Fin,
+            tag: 0,
+            ctx: 0,
+            len: 0,
+            id: a,
+        };
+        raw.write_all(&fin.encode()).unwrap();
+        e.wait_until(|e| e.send_finished(a)).unwrap();
+        e.take_send(a).unwrap();
+        // This rank's checkpoint point and snapshot.
+        let c = e.ckpt.as_mut().unwrap();
+        assert_eq!(c.wave.at_safe_point(), SafePoint::Continue);
+        assert!(matches!(c.wave.at_safe_point(), SafePoint::Cut { .. }));
+        let c = blob(&e, epoch);
+        assert!(
+            matches!(&c.requests[..], [q] if matches!(&q.state, St::Held { dest: 1, tag: 3, waited: true, buf } if buf.len() == 4096)),
+            "{:?}",
+            c.requests
+        );
+        let (mut e2, mut raw2) = engine_with_raw_peer();
+        let (_, back) = e2.restore(c, Duration::from_secs(5)).unwrap();
+        assert!(
+            back.is_empty(),
+            "no request for a send the program waited for"
+        );
+        let rts = read_header(&mut raw2);
+        assert_eq!((rts.kind, rts.tag, rts.len), (Kind::Rts, 3, 4096));
+    }
+
+    /// Nonblocking mode: a large send not yet matched at this rank's snapshot is held only
+    /// tentatively. A FIN (or clear-to-send) arriving before the receiver's cut marker puts
+    /// it in the cut after all (the receiver matched it before its cut); one arriving after
+    /// that marker leaves it held, even once the send has finished.
+    #[test]
+    fn nonblocking_a_send_matched_before_the_receivers_cut_leaves_the_held_ones() {
+        use crate::ckpt::{Marker, Mode, RankCheckpoint, SafePoint, SavedRequestState as St};
+        let (mut e, mut raw) = engine_with_raw_peer();
+        with_waves(&mut e, Mode::Nonblocking);
         let (a, b) = (
             e.start_send(1, 0, 1, SendData::Owned(Box::new(vec![1u8; 4096])))
                 .unwrap(),

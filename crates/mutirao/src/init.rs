@@ -619,6 +619,7 @@ pub fn init_with(env: &JobEnv) -> Result<Comm, Error> {
                 pending: None,
                 restored_reqs: None,
                 tentative: Vec::new(),
+                gone_held: Vec::new(),
             });
             if let Some(c) = restored {
                 restore_into(&mut engine, c, b.pmi_timeout)?;
@@ -668,6 +669,7 @@ pub fn init_with(env: &JobEnv) -> Result<Comm, Error> {
             pending: None,
             restored_reqs: None,
             tentative: Vec::new(),
+            gone_held: Vec::new(),
         });
         if let Some(c) = restored {
             restore_into(&mut engine, c, pmi_timeout)?;
