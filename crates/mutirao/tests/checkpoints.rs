@@ -12,6 +12,9 @@
 //!   committed epoch, and restarting from that epoch finishes with the uninterrupted result.
 //! - a rendezvous message crossing every checkpoint point: waves are abandoned at their
 //!   timeout, none commits, the job finishes with the right result.
+//! - large isends in flight at every checkpoint point (held by their senders, their places
+//!   kept by their receivers), a rank killed after commits: restarts from the last and the
+//!   first committed epoch end with the result of a run without checkpoints (both modes).
 //! - the examples jacobi, ring and matmul, with waves and restarted, print the result of a run
 //!   without checkpoints. They run the example binaries `cargo test -p mutirao` builds
 //!   (`cargo test --test checkpoints` alone does not rebuild them: build with
