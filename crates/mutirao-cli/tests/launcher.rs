@@ -268,6 +268,18 @@ impl Drop for Agent {
     }
 }
 
+/// A hostfile `dir/hosts` naming `agents` (host and port), `slots` each.
+fn hostfile(dir: &Path, agents: &[&Agent], slots: usize) -> Result<PathBuf, Failed> {
+    let mut hosts = String::new();
+    for a in agents {
+        let (host, port) = a.addr.rsplit_once(':').ok_or("bad agent address")?;
+        hosts.push_str(&format!("{host} slots={slots} port={port}\n"));
+    }
+    let hf = dir.join("hosts");
+    std::fs::write(&hf, hosts).map_err(|e| e.to_string())?;
+    Ok(hf)
+}
+
 fn start_agent(token_file: &Path) -> Result<Agent, Failed> {
     // Every test agent gets its own directory socket.
     static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
@@ -608,13 +620,7 @@ fn tests() -> Vec<Trial> {
                 let tok = gen_token(&d, "agent.token")?;
                 let a1 = start_agent(&tok)?;
                 let a2 = start_agent(&tok)?;
-                let mut hosts = String::new();
-                for a in [&a1, &a2] {
-                    let (host, port) = a.addr.rsplit_once(':').ok_or("bad agent address")?;
-                    hosts.push_str(&format!("{host} slots=2 port={port}\n"));
-                }
-                let hf = d.join("hosts");
-                std::fs::write(&hf, hosts).map_err(|e| e.to_string())?;
+                let hf = hostfile(&d, &[&a1, &a2], 2)?;
                 let mut cmd = mutirao_run(
                     &[
                         "-n",
@@ -686,13 +692,7 @@ fn tests() -> Vec<Trial> {
                     start_agent(&tok)?,
                     start_agent(&tok)?,
                 ];
-                let mut hosts = String::new();
-                for a in &agents {
-                    let (host, port) = a.addr.rsplit_once(':').ok_or("bad agent address")?;
-                    hosts.push_str(&format!("{host} slots=1 port={port}\n"));
-                }
-                let hf = d.join("hosts");
-                std::fs::write(&hf, hosts).map_err(|e| e.to_string())?;
+                let hf = hostfile(&d, &[&agents[0], &agents[1], &agents[2]], 1)?;
                 let mut cmd = mutirao_run(
                     &[
                         "-n",

@@ -2887,27 +2887,28 @@ mod tests {
         }
         for mode in [Mode::Blocking, Mode::Nonblocking] {
             run(3, mode, &ops);
-            for (what, broken, says) in [
-                (
-                    "no communicator table",
-                    Broken {
-                        no_comm_table: true,
-                        ..Broken::default()
-                    },
-                    "the restored communicators differ",
-                ),
-                (
-                    "no pending receives",
-                    Broken {
-                        no_pending: true,
-                        ..Broken::default()
-                    },
-                    "completed by another message",
-                ),
-            ] {
-                let caught = std::panic::catch_unwind(|| run_broken(3, mode, &ops, broken));
-                assert_caught(caught, says, &format!("{mode:?}: {what}"));
-            }
+            each_caught(
+                mode,
+                &ops,
+                [
+                    (
+                        "no communicator table",
+                        Broken {
+                            no_comm_table: true,
+                            ..Broken::default()
+                        },
+                        "the restored communicators differ",
+                    ),
+                    (
+                        "no pending receives",
+                        Broken {
+                            no_pending: true,
+                            ..Broken::default()
+                        },
+                        "completed by another message",
+                    ),
+                ],
+            );
         }
         // The channel state must come before what senders send again (nonblocking mode, late
         // messages on a channel whose later messages a pending receive also matches).
@@ -2966,27 +2967,37 @@ mod tests {
                 .sum();
             assert!(held > 0, "{mode:?}: no committed epoch holds a large send");
             run(3, mode, &ops);
-            for (what, broken, says) in [
-                (
-                    "large sends never held",
-                    Broken {
-                        hold_no_large_send: true,
-                        ..Broken::default()
-                    },
-                    "lost",
-                ),
-                (
-                    "held messages at the end",
-                    Broken {
-                        held_at_the_end: true,
-                        ..Broken::default()
-                    },
-                    "completed by another message",
-                ),
-            ] {
-                let caught = std::panic::catch_unwind(|| run_broken(3, mode, &ops, broken));
-                assert_caught(caught, says, &format!("{mode:?}: {what}"));
-            }
+            each_caught(
+                mode,
+                &ops,
+                [
+                    (
+                        "large sends never held",
+                        Broken {
+                            hold_no_large_send: true,
+                            ..Broken::default()
+                        },
+                        "lost",
+                    ),
+                    (
+                        "held messages at the end",
+                        Broken {
+                            held_at_the_end: true,
+                            ..Broken::default()
+                        },
+                        "completed by another message",
+                    ),
+                ],
+            );
+        }
+    }
+
+    /// Each run of `ops` on 3 ranks with a mechanism switched off, `(what, switches, says)`,
+    /// panics with a message saying `says`.
+    fn each_caught(mode: Mode, ops: &[Op], cases: [(&str, Broken, &str); 2]) {
+        for (what, broken, says) in cases {
+            let caught = std::panic::catch_unwind(|| run_broken(3, mode, ops, broken));
+            assert_caught(caught, says, &format!("{mode:?}: {what}"));
         }
     }
 

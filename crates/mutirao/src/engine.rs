@@ -267,6 +267,29 @@ struct Unexpected {
     seq: u64,
 }
 
+impl Unexpected {
+    /// A large message's announcement (`hdr`) of `peer`, unmatched.
+    fn announced(
+        peer: usize,
+        hdr: Header,
+        len: usize,
+        cma: Option<(u64, i32)>,
+        seq: u64,
+    ) -> Unexpected {
+        Unexpected {
+            peer,
+            ctx: hdr.ctx,
+            tag: hdr.tag,
+            body: UnexBody::Rts {
+                send_id: hdr.id,
+                len,
+                cma,
+            },
+            seq,
+        }
+    }
+}
+
 enum UnexBody {
     Eager(Vec<u8>),
     Rts {
@@ -976,17 +999,9 @@ impl Engine {
                 }
                 self.rendezvous_matched(peer, id, hdr.id, len, cma);
             }
-            None => self.unexpected.push_back(Unexpected {
-                peer,
-                ctx: hdr.ctx,
-                tag: hdr.tag,
-                body: UnexBody::Rts {
-                    send_id: hdr.id,
-                    len,
-                    cma,
-                },
-                seq,
-            }),
+            None => self
+                .unexpected
+                .push_back(Unexpected::announced(peer, hdr, len, cma, seq)),
         }
     }
 
@@ -2033,6 +2048,30 @@ pub(crate) struct RuntimeSnapshot {
     pub(crate) tentative: Vec<(u64, usize)>,
 }
 
+impl CkptRt {
+    /// A rank's checkpointing state with `wave`, started now, on a restart from (epoch,
+    /// incarnation) `recovery`.
+    pub(crate) fn new(
+        wave: crate::ckpt::Wave<Held>,
+        pmi_timeout: Duration,
+        recovery: Option<(u64, u64)>,
+    ) -> CkptRt {
+        CkptRt {
+            wave,
+            clock0: Instant::now(),
+            pmi_timeout,
+            restored_app: None,
+            recovery,
+            aborted: Vec::new(),
+            committed: Vec::new(),
+            pending: None,
+            restored_reqs: None,
+            tentative: Vec::new(),
+            gone_held: Vec::new(),
+        }
+    }
+}
+
 /// A request re-created from a checkpoint (see `crate::ckpt::SavedRequest`).
 #[derive(Debug, Clone)]
 pub(crate) struct RestoredReq {
@@ -2651,17 +2690,7 @@ impl Engine {
                         body: UnexBody::Eager(bytes),
                         seq,
                     },
-                    Held::Rts(hdr, len, cma) => Unexpected {
-                        peer,
-                        ctx: hdr.ctx,
-                        tag: hdr.tag,
-                        body: UnexBody::Rts {
-                            send_id: hdr.id,
-                            len,
-                            cma,
-                        },
-                        seq,
-                    },
+                    Held::Rts(hdr, len, cma) => Unexpected::announced(peer, hdr, len, cma, seq),
                 });
             }
             if let Some(m) = c.unexpected.get(i) {
@@ -3104,8 +3133,8 @@ mod tests {
 
     /// Give `e` (rank 0 of 2) checkpoint waves: a wave starts at once when asked.
     fn with_waves(e: &mut Engine, mode: crate::ckpt::Mode) {
-        e.ckpt = Some(CkptRt {
-            wave: crate::ckpt::Wave::new(
+        e.ckpt = Some(CkptRt::new(
+            crate::ckpt::Wave::new(
                 0,
                 2,
                 mode,
@@ -3114,17 +3143,9 @@ mod tests {
                 Duration::from_secs(60),
                 Duration::ZERO,
             ),
-            clock0: Instant::now(),
-            pmi_timeout: Duration::from_secs(1),
-            restored_app: None,
-            recovery: None,
-            aborted: Vec::new(),
-            committed: Vec::new(),
-            pending: None,
-            restored_reqs: None,
-            tentative: Vec::new(),
-            gone_held: Vec::new(),
-        });
+            Duration::from_secs(1),
+            None,
+        ));
     }
 
     /// Blocking mode: a large send its receiver matched after its cut (the FIN comes after

@@ -601,8 +601,8 @@ pub fn init_with(env: &JobEnv) -> Result<Comm, Error> {
                 }
                 restored = Some(c);
             }
-            engine.ckpt = Some(crate::engine::CkptRt {
-                wave: crate::ckpt::Wave::spawned(
+            engine.ckpt = Some(crate::engine::CkptRt::new(
+                crate::ckpt::Wave::spawned(
                     env.rank,
                     members[0],
                     &members[1..],
@@ -610,17 +610,9 @@ pub fn init_with(env: &JobEnv) -> Result<Comm, Error> {
                     b.mode,
                     b.after,
                 ),
-                clock0: Instant::now(),
-                pmi_timeout: b.pmi_timeout,
-                restored_app: None,
-                recovery: b.restore.map(|e| (e, env.incarnation)),
-                aborted: Vec::new(),
-                committed: Vec::new(),
-                pending: None,
-                restored_reqs: None,
-                tentative: Vec::new(),
-                gone_held: Vec::new(),
-            });
+                b.pmi_timeout,
+                b.restore.map(|e| (e, env.incarnation)),
+            ));
             if let Some(c) = restored {
                 restore_into(&mut engine, c, b.pmi_timeout)?;
             }
@@ -649,9 +641,8 @@ pub fn init_with(env: &JobEnv) -> Result<Comm, Error> {
         }
     }
     if env.ckpt_interval.is_some() || env.restart_epoch.is_some() {
-        let clock0 = Instant::now();
-        engine.ckpt = Some(crate::engine::CkptRt {
-            wave: crate::ckpt::Wave::new(
+        engine.ckpt = Some(crate::engine::CkptRt::new(
+            crate::ckpt::Wave::new(
                 env.rank,
                 env.size,
                 env.ckpt_mode,
@@ -660,17 +651,9 @@ pub fn init_with(env: &JobEnv) -> Result<Comm, Error> {
                 env.ckpt_timeout(),
                 Duration::ZERO,
             ),
-            clock0,
             pmi_timeout,
-            restored_app: None,
-            recovery: env.restart_epoch.map(|e| (e, env.incarnation)),
-            aborted: Vec::new(),
-            committed: Vec::new(),
-            pending: None,
-            restored_reqs: None,
-            tentative: Vec::new(),
-            gone_held: Vec::new(),
-        });
+            env.restart_epoch.map(|e| (e, env.incarnation)),
+        ));
         if let Some(c) = restored {
             restore_into(&mut engine, c, pmi_timeout)?;
         }

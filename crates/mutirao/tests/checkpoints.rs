@@ -466,6 +466,18 @@ fn all_ok(o: &Outcome, what: &str) -> Result<(), Failed> {
     Err(format!("{what}: exit codes {:?}; stderr: {:?}", o.codes, o.stderr).into())
 }
 
+/// Rank 1 died with status 9 (`CK_DIE_RANK`).
+fn rank1_died(o: &Outcome) -> Result<(), Failed> {
+    if o.codes[1] != Some(9) {
+        return Err(format!(
+            "rank 1 should have died with 9: {:?} {:?}",
+            o.codes, o.stderr
+        )
+        .into());
+    }
+    Ok(())
+}
+
 fn scratch(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("mutirao-ck-{}-{name}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
@@ -638,13 +650,7 @@ fn large_isends_in_flight_survive_a_kill(mode: &str) -> Result<(), Failed> {
     env.push(("CK_DIE_AT", "35".into()));
     let o = launch(N, &sink, &out, &env, Duration::from_secs(60))?;
     let _ = std::fs::remove_dir_all(&out);
-    if o.codes[1] != Some(9) {
-        return Err(format!(
-            "rank 1 should have died with 9: {:?} {:?}",
-            o.codes, o.stderr
-        )
-        .into());
-    }
+    rank1_died(&o)?;
     let committed = sink.committed.lock().unwrap().clone();
     let (Some(&first), Some(&last)) = (committed.first(), committed.last()) else {
         return Err(format!("no epoch committed before the kill; stderr {:?}", o.stderr).into());
@@ -905,13 +911,7 @@ fn comms_and_pending_requests(mode: &str) -> Result<(), Failed> {
     let out = scratch(&format!("comms-{mode}"));
     let o = launch(N, &sink, &out, &env, Duration::from_secs(60))?;
     let _ = std::fs::remove_dir_all(&out);
-    if o.codes[1] != Some(9) {
-        return Err(format!(
-            "rank 1 should have died with 9: {:?} {:?}",
-            o.codes, o.stderr
-        )
-        .into());
-    }
+    rank1_died(&o)?;
     let committed = sink.committed.lock().unwrap().clone();
     let Some(&last) = committed.last() else {
         return Err(format!("no epoch committed before the failure: {:?}", o.stderr).into());
