@@ -1061,6 +1061,24 @@ struct RankCheckpointV3 {
     spawns: Vec<SavedSpawn>,
 }
 
+impl From<RankCheckpointV3> for RankCheckpoint {
+    /// A version 3 blob has no held sends and keeps no places for held messages.
+    fn from(v: RankCheckpointV3) -> RankCheckpoint {
+        RankCheckpoint {
+            epoch: v.epoch,
+            rank: v.rank,
+            size: v.size,
+            comms: v.comms,
+            requests: v.requests,
+            unexpected: v.unexpected,
+            late: v.late,
+            app: v.app,
+            spawns: v.spawns,
+            resent: Vec::new(),
+        }
+    }
+}
+
 /// The layout of version 2 blobs (before spawn groups were saved).
 #[derive(Deserialize)]
 struct RankCheckpointV2 {
@@ -1341,7 +1359,7 @@ impl RankCheckpoint {
         } else if version == 2 {
             let v: RankCheckpointV2 =
                 bincode::deserialize(body).map_err(|e| format!("{what} is corrupt: {e}"))?;
-            RankCheckpoint {
+            RankCheckpointV3 {
                 epoch: v.epoch,
                 rank: v.rank,
                 size: v.size,
@@ -1351,23 +1369,12 @@ impl RankCheckpoint {
                 late: v.late,
                 app: v.app,
                 spawns: Vec::new(),
-                resent: Vec::new(),
             }
+            .into()
         } else if version == 3 {
-            let v: RankCheckpointV3 =
-                bincode::deserialize(body).map_err(|e| format!("{what} is corrupt: {e}"))?;
-            RankCheckpoint {
-                epoch: v.epoch,
-                rank: v.rank,
-                size: v.size,
-                comms: v.comms,
-                requests: v.requests,
-                unexpected: v.unexpected,
-                late: v.late,
-                app: v.app,
-                spawns: v.spawns,
-                resent: Vec::new(),
-            }
+            bincode::deserialize::<RankCheckpointV3>(body)
+                .map_err(|e| format!("{what} is corrupt: {e}"))?
+                .into()
         } else {
             bincode::deserialize(body).map_err(|e| format!("{what} is corrupt: {e}"))?
         };

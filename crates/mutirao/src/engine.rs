@@ -2048,6 +2048,21 @@ pub(crate) struct RuntimeSnapshot {
     pub(crate) tentative: Vec<(u64, usize)>,
 }
 
+impl RestoredReq {
+    /// Send `id` re-created from a saved request of (context, element size) `of` (to world
+    /// rank `dest`).
+    fn send(id: u64, of: (u64, u32), dest: u32, tag: i32) -> RestoredReq {
+        RestoredReq {
+            id,
+            is_recv: false,
+            ctx: of.0,
+            elem: of.1,
+            peer: Some(dest),
+            tag: Some(tag),
+        }
+    }
+}
+
 impl CkptRt {
     /// A rank's checkpointing state with `wave`, started now, on a restart from (epoch,
     /// incarnation) `recovery`.
@@ -2834,28 +2849,14 @@ impl Engine {
                     let mut sd = done_send(dest as usize, SendData::Owned(Box::new(buf)));
                     sd.meta = (q.ctx, tag, q.elem);
                     self.sends.insert(id, sd);
-                    out.push(RestoredReq {
-                        id,
-                        is_recv: false,
-                        ctx: q.ctx,
-                        elem: q.elem,
-                        peer: Some(dest),
-                        tag: Some(tag),
-                    });
+                    out.push(RestoredReq::send(id, (q.ctx, q.elem), dest, tag));
                 }
                 St::Held { waited: true, .. } => {}
                 St::Held { dest, tag, .. } => {
                     let id = *resent
                         .get(&i)
                         .ok_or_else(|| bad("held but not sent again"))?;
-                    out.push(RestoredReq {
-                        id,
-                        is_recv: false,
-                        ctx: q.ctx,
-                        elem: q.elem,
-                        peer: Some(dest),
-                        tag: Some(tag),
-                    });
+                    out.push(RestoredReq::send(id, (q.ctx, q.elem), dest, tag));
                 }
             }
         }
