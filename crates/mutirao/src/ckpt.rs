@@ -1049,6 +1049,7 @@ pub struct SavedSpawn {
 
 /// The layout of version 3 blobs (before held sends and their slots were saved).
 #[derive(Deserialize)]
+#[cfg_attr(test, derive(Serialize))]
 struct RankCheckpointV3 {
     epoch: u64,
     rank: u32,
@@ -1688,23 +1689,10 @@ mod tests {
         assert!(e.contains("layout version 5"), "{e}");
     }
 
-    /// The layout of version 3, as the previous runtime wrote it.
-    #[derive(Serialize)]
-    struct V3 {
-        epoch: u64,
-        rank: u32,
-        size: u32,
-        comms: Vec<SavedComm>,
-        requests: Vec<SavedRequest>,
-        unexpected: Vec<SavedMessage>,
-        late: Vec<SavedMessage>,
-        app: Vec<u8>,
-        spawns: Vec<SavedSpawn>,
-    }
-
     #[test]
     fn a_version_3_blob_reads_with_no_held_sends_or_slots() {
-        let v3 = V3 {
+        // (The layout of version 3, as the previous runtime wrote it.)
+        let v3 = RankCheckpointV3 {
             epoch: 6,
             rank: 0,
             size: 2,

@@ -3203,7 +3203,7 @@ mod tests {
     /// that marker leaves it held, even once the send has finished.
     #[test]
     fn nonblocking_a_send_matched_before_the_receivers_cut_leaves_the_held_ones() {
-        use crate::ckpt::{Marker, Mode, RankCheckpoint, SafePoint, SavedRequestState as St};
+        use crate::ckpt::{Marker, Mode, SafePoint, SavedRequestState as St};
         let (mut e, mut raw) = engine_with_raw_peer();
         with_waves(&mut e, Mode::Nonblocking);
         let (a, b) = (
@@ -3222,19 +3222,10 @@ mod tests {
         let rt = e.snapshot_runtime(epoch).unwrap();
         let c = e.ckpt.as_mut().unwrap();
         assert_eq!(rt.tentative.len(), 2);
-        c.pending = Some(RankCheckpoint {
-            epoch,
-            rank: 0,
-            size: 2,
-            comms: Vec::new(),
-            requests: rt.requests,
-            unexpected: rt.unexpected,
-            late: Vec::new(),
-            app: Vec::new(),
-            spawns: Vec::new(),
-            resent: rt.resent,
-        });
         c.tentative = rt.tentative;
+        let pending = blob(&e, epoch);
+        let c = e.ckpt.as_mut().unwrap();
+        c.pending = Some(pending);
         let _ = c.wave.snapshot_taken();
         let fin = |id: u64| Header {
             kind: Kind::Fin,
