@@ -268,6 +268,18 @@ impl Drop for Agent {
     }
 }
 
+/// The "hang" scenario on 3 ranks with checkpoints in `dir/ckpt` and `extra` options (incarnation
+/// 0's rank 1 never reaches the start-up barrier; the ranks give up on it after 2 s).
+fn hang_job(dir: &Path, extra: &[&str]) -> Result<(Output, Duration), Failed> {
+    let ck = dir.join("ckpt");
+    let mut args = vec!["-n", "3", "--timeout", "60", "--checkpoint-interval", "1"];
+    args.extend_from_slice(extra);
+    args.extend_from_slice(&["--checkpoint-dir", ck.to_str().ok_or("path")?]);
+    let mut cmd = mutirao_run(&args, "hang", None);
+    cmd.env("MUTIRAO_CONNECT_TIMEOUT_S", "2");
+    run_limited(cmd, Duration::from_secs(60))
+}
+
 /// A hostfile `dir/hosts` naming `agents` (host and port), `slots` each.
 fn hostfile(dir: &Path, agents: &[&Agent], slots: usize) -> Result<PathBuf, Failed> {
     let mut hosts = String::new();
@@ -650,22 +662,7 @@ fn tests() -> Vec<Trial> {
             || {
                 let d = tmpdir("hang");
                 let _rm = RemoveOnDrop(d.clone());
-                let mut cmd = mutirao_run(
-                    &[
-                        "-n",
-                        "3",
-                        "--timeout",
-                        "60",
-                        "--checkpoint-interval",
-                        "1",
-                        "--checkpoint-dir",
-                        d.join("ckpt").to_str().ok_or("path")?,
-                    ],
-                    "hang",
-                    None,
-                );
-                cmd.env("MUTIRAO_CONNECT_TIMEOUT_S", "2");
-                let (out, el) = run_limited(cmd, Duration::from_secs(60))?;
+                let (out, el) = hang_job(&d, &[])?;
                 let (so, se) = (text(&out.stdout), text(&out.stderr));
                 if !out.status.success()
                     || !se.contains("restart 1 of 3: every rank from the beginning")
@@ -693,28 +690,17 @@ fn tests() -> Vec<Trial> {
                     start_agent(&tok)?,
                 ];
                 let hf = hostfile(&d, &[&agents[0], &agents[1], &agents[2]], 1)?;
-                let mut cmd = mutirao_run(
+                let (out, el) = hang_job(
+                    &d,
                     &[
-                        "-n",
-                        "3",
-                        "--timeout",
-                        "60",
                         "--hostfile",
                         hf.to_str().ok_or("path")?,
                         "--token-file",
                         tok.to_str().ok_or("path")?,
-                        "--checkpoint-interval",
-                        "1",
                         "--checkpoint-store",
                         "dir",
-                        "--checkpoint-dir",
-                        d.join("ckpt").to_str().ok_or("path")?,
                     ],
-                    "hang",
-                    None,
-                );
-                cmd.env("MUTIRAO_CONNECT_TIMEOUT_S", "2");
-                let (out, el) = run_limited(cmd, Duration::from_secs(60))?;
+                )?;
                 let (so, se) = (text(&out.stdout), text(&out.stderr));
                 let fail = |why: &str| -> Result<(), Failed> {
                     Err(format!("{why}; exit {:?} after {el:?}\n{so}\n{se}", out.status).into())
