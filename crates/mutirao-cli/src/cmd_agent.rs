@@ -251,7 +251,13 @@ fn program_source(
     ));
     Ok(agent::ProgramSource {
         resolve: Arc::new(move |digest: &str| match cache.resolve(digest) {
-            Ok((path, Fetched::Cached)) => Ok(path),
+            Ok((path, Fetched::Cached { took })) => {
+                log(&format!(
+                    "checked the cached {digest} in {:.1} ms",
+                    took.as_secs_f64() * 1e3
+                ));
+                Ok(path)
+            }
             Ok((path, Fetched::Downloaded { bytes, took })) => {
                 log(&format!(
                     "fetched {digest} ({bytes} bytes) from the coordinator's repository in {:.1} ms",

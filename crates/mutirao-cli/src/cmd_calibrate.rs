@@ -20,7 +20,8 @@ use indicatif::{ProgressBar, ProgressStyle};
 use mutirao::{Comm, ANY_TAG};
 use mutirao_model::calib::{
     CalibHost, Calibration, CapacityKind, CapacityMeasurement, LinkProbe, LoadInfo, PLogPSample,
-    PairRef, PingPongSample, SendMode, SpeedMeasurement, SpeedSample, StrategyKind,
+    PairRef, PingPongSample, PushMeasurement, PushSample, SendMode, SpeedMeasurement, SpeedSample,
+    StrategyKind,
 };
 use mutirao_model::strategy::{plan, Plan, PlanHost, PlanOptions};
 use serde::{Deserialize, Serialize};
@@ -53,6 +54,8 @@ const TAG_STREAM: i32 = 13;
 const STREAM_K: u32 = 32;
 /// Capacity fans: data and the one-byte ready / ack messages around it.
 const TAG_FAN: i32 = 14;
+/// A push probe's data and its ready / arrived signals.
+const TAG_PUSH: i32 = 15;
 /// Largest message size accepted by `--sizes` (1 GiB).
 const MAX_SIZE: u64 = 1 << 30;
 /// The failed "host" recorded when no host is to blame (a timeout, an interruption).
@@ -101,6 +104,15 @@ pub struct CalibrateArgs {
     /// messages in flight.
     #[arg(long)]
     no_capacity: bool,
+    /// Do not measure the hosts' push cost. By default, after the capacities, each host computes
+    /// for a fixed time alone and again while a rendezvous message (1 MiB, or twice the eager
+    /// limit) moves to a peer of its site, testing the send between 1 ms slices as a program
+    /// overlapping communication does: what the message added is the model's `push_cost`,
+    /// which the contention simulator charges to senders. Without it `fit` derives the cost
+    /// from the slope of the eager send overhead, which leaves out what moving a large message
+    /// costs beyond its copy.
+    #[arg(long)]
+    no_push: bool,
     /// Without --hostfile: number of hosts emulated on this machine (`local0`, `local1`, …).
     #[arg(short = 'n', long = "hosts", default_value_t = 2, value_name = "N")]
     n: usize,
@@ -229,6 +241,9 @@ struct WorkerConfig {
     /// Measure link capacities with concurrent streams after the sweeps.
     #[serde(default)]
     capacity: bool,
+    /// Bytes of the push probe's rendezvous message; no probe when `None`.
+    #[serde(default)]
+    push_bytes: Option<u64>,
 }
 
 /// One pass over the planned pairs.
@@ -286,6 +301,9 @@ enum Record {
     Capacity {
         capacity: CapacityMeasurement,
     },
+    Push {
+        push: PushMeasurement,
+    },
     Sweep {
         src: String,
         dst: String,
@@ -339,6 +357,15 @@ enum Ctrl {
         bytes: u64,
         reps: u32,
     },
+    /// `center` computes about `compute_s` seconds alone, then the same while sending `bytes`
+    /// to `peer` (which has posted its receive), `reps` times; the center times each.
+    Push {
+        center: usize,
+        peer: usize,
+        bytes: u64,
+        compute_s: f64,
+        reps: u32,
+    },
     Done,
 }
 
@@ -387,6 +414,8 @@ enum Report {
     Mirror(Result<Vec<Vec<(f64, f64)>>, Failure>),
     /// Seconds per repetition (the center), or nothing (a peer).
     Fan(Result<Vec<f64>, Failure>),
+    /// Per repetition (the center): seconds alone, while sending, and until the send completed.
+    Push(Result<PushTimes, Failure>),
 }
 
 fn failure(e: &mutirao::Error) -> Failure {
@@ -720,7 +749,7 @@ pub fn run(a: CalibrateArgs) -> anyhow::Result<ExitCode> {
             ))
         }
     };
-    let cfg = WorkerConfig {
+    let mut cfg = WorkerConfig {
         hosts: hosts.clone(),
         same_host: !a.no_same_host,
         strategy: strategy_kind(a.strategy),
@@ -738,6 +767,7 @@ pub fn run(a: CalibrateArgs) -> anyhow::Result<ExitCode> {
         fault_kill,
         plogp: a.plogp,
         capacity: !a.no_capacity,
+        push_bytes: None,
     };
     // A plan with placeholder speeds checks the strategy's input before anything starts.
     let probe_hosts: Vec<PlanHost> = hosts
@@ -766,6 +796,17 @@ pub fn run(a: CalibrateArgs) -> anyhow::Result<ExitCode> {
         ),
         None => None,
     };
+    // The push probe sends a rendezvous message: 1 MiB, or twice the eager limit if that is
+    // larger; none when the limit makes every message of a program eager in practice.
+    let effective_eager = eager
+        .or_else(|| {
+            std::env::var("MUTIRAO_EAGER_LIMIT")
+                .ok()
+                .and_then(|v| v.trim().parse().ok())
+        })
+        .unwrap_or(mutirao::config::DEFAULT_EAGER_LIMIT as u64);
+    cfg.push_bytes =
+        (!a.no_push && effective_eager <= 8 << 20).then(|| (1u64 << 20).max(2 * effective_eager));
     let exe = std::env::current_exe().context("cannot find this program's path")?;
     let nranks = hosts.len() * cfg.ranks_per_host();
     let mut cmd = Command::new(&exe);
@@ -876,6 +917,7 @@ pub fn run(a: CalibrateArgs) -> anyhow::Result<ExitCode> {
     }
     c.provenance.link_probes = outcome.probes.clone();
     c.capacity = outcome.capacity.clone();
+    c.push = outcome.push.clone();
     let mut failed = outcome.failed.clone();
     if !outcome.done && failed.is_empty() {
         // Rank 0 could not say why: take the launcher's words, and the host they name.
@@ -1063,6 +1105,7 @@ struct Outcome {
     plan: Option<Plan>,
     probes: Vec<LinkProbe>,
     capacity: Vec<CapacityMeasurement>,
+    push: Vec<PushMeasurement>,
     sweeps: Vec<SweepRec>,
     plogp: Vec<PlogpRec>,
     failed: Vec<(String, String)>,
@@ -1111,6 +1154,7 @@ fn coordinate(
         plan: None,
         probes: Vec::new(),
         capacity: Vec::new(),
+        push: Vec::new(),
         sweeps: Vec::new(),
         plogp: Vec::new(),
         failed: Vec::new(),
@@ -1141,6 +1185,7 @@ fn coordinate(
             Record::Plan { plan } => out.plan = Some(plan),
             Record::Probe { probe } => out.probes.push(probe),
             Record::Capacity { capacity } => out.capacity.push(capacity),
+            Record::Push { push } => out.push.push(push),
             Record::Sweep {
                 src,
                 dst,
@@ -1240,6 +1285,15 @@ fn worker(cfg_text: &str) -> anyhow::Result<ExitCode> {
                 bytes,
                 reps,
             } => Report::Fan(fan(&comm, center, &peers, out, bytes, reps).map_err(|e| failure(&e))),
+            Ctrl::Push {
+                center,
+                peer,
+                bytes,
+                compute_s,
+                reps,
+            } => Report::Push(
+                push_part(&comm, center, peer, bytes, compute_s, reps).map_err(|e| failure(&e)),
+            ),
             Ctrl::Done => break,
         };
         match comm.send_obj(&report, 0, TAG_REPORT) {
@@ -1515,6 +1569,19 @@ fn leader(comm: &Comm, cfg: &WorkerConfig) -> anyhow::Result<ExitCode> {
             }
         }
     }
+    if let (Some(bytes), true) = (cfg.push_bytes, n >= 2) {
+        for (host, peer) in push_jobs(cfg) {
+            emit(&Record::Progress {
+                done,
+                total,
+                what: format!("push cost of {}", cfg.hosts[host].name),
+            });
+            match push_probe(comm, cfg, host, peer, bytes) {
+                Ok(p) => emit(&Record::Push { push: p }),
+                Err((host, why)) => return fail(host, why),
+            }
+        }
+    }
     emit(&Record::Progress {
         done,
         total,
@@ -1769,6 +1836,184 @@ fn fan(
         }
     }
     Ok(times)
+}
+
+/// Per host, the peer its push probe sends to: the first other host of its site, else the first
+/// other host (host indices).
+fn push_jobs(cfg: &WorkerConfig) -> Vec<(usize, usize)> {
+    let n = cfg.hosts.len();
+    (0..n)
+        .filter_map(|i| {
+            let same = (0..n).find(|&j| j != i && cfg.hosts[j].site == cfg.hosts[i].site);
+            same.or_else(|| (0..n).find(|&j| j != i)).map(|j| (i, j))
+        })
+        .collect()
+}
+
+/// Per push repetition (the center's): seconds alone, while sending, and until the send completed.
+type PushTimes = Vec<(f64, f64, f64)>;
+
+/// Computation a push repetition lasts: at least this, and about twice the message's transfer
+/// alone so that the transfer ends while the host computes (its whole cost then falls inside).
+const PUSH_MIN_S: f64 = 0.1;
+const PUSH_MAX_S: f64 = 1.0;
+const PUSH_REPS: u32 = 5;
+
+/// One host's push probe: a transfer alone first (to size the computation, and the message if
+/// the link is slow), then `PUSH_REPS` repetitions of the computation alone and while sending.
+fn push_probe(
+    comm: &Comm,
+    cfg: &WorkerConfig,
+    host: usize,
+    peer: usize,
+    bytes: u64,
+) -> Result<PushMeasurement, (usize, String)> {
+    let label = format!(
+        "the push probe of {} (to {})",
+        cfg.hosts[host].name, cfg.hosts[peer].name
+    );
+    let transfer = run_push(comm, cfg, host, peer, bytes, 0.0, 1, &label)?
+        .first()
+        .map_or(0.0, |t| t.2);
+    // On a slow link, a smaller message (still well above the eager limit it was sized from).
+    let bytes = if 2.0 * transfer > PUSH_MAX_S {
+        ((bytes as f64 * PUSH_MAX_S / (2.0 * transfer)) as u64).max(bytes / 2 + 1)
+    } else {
+        bytes
+    };
+    let compute_s = (2.0 * transfer).clamp(PUSH_MIN_S, PUSH_MAX_S);
+    let reps = run_push(comm, cfg, host, peer, bytes, compute_s, PUSH_REPS, &label)?;
+    Ok(PushMeasurement {
+        host: cfg.hosts[host].name.clone(),
+        peer: cfg.hosts[peer].name.clone(),
+        bytes,
+        samples: reps
+            .iter()
+            .map(|&(alone_s, sending_s, _)| PushSample { alone_s, sending_s })
+            .collect(),
+    })
+}
+
+/// Order a push probe on both hosts' primary ranks (the leader takes its own part), collect
+/// the center's times.
+#[allow(clippy::too_many_arguments)]
+fn run_push(
+    comm: &Comm,
+    cfg: &WorkerConfig,
+    host: usize,
+    peer: usize,
+    bytes: u64,
+    compute_s: f64,
+    reps: u32,
+    label: &str,
+) -> Result<PushTimes, (usize, String)> {
+    let center = cfg.primary(host);
+    let other = cfg.primary(peer);
+    let ctrl = Ctrl::Push {
+        center,
+        peer: other,
+        bytes,
+        compute_s,
+        reps,
+    };
+    let host_of = |r: usize| cfg.host_of_rank(r);
+    for r in [center, other] {
+        if r != 0 {
+            comm.send_obj(&ctrl, r, TAG_CTRL)
+                .map_err(|e| (host_of(r), format!("during {label}: {e}")))?;
+        }
+    }
+    let mut times = None;
+    if center == 0 || other == 0 {
+        let t = push_part(comm, center, other, bytes, compute_s, reps)
+            .map_err(|e| (0, format!("during {label}: {e}")))?;
+        if center == 0 {
+            times = Some(t);
+        }
+    }
+    for r in [center, other] {
+        if r == 0 {
+            continue;
+        }
+        match comm.recv_obj::<Report>(r, TAG_REPORT) {
+            Ok((Report::Push(Ok(t)), _)) => {
+                if r == center {
+                    times = Some(t);
+                }
+            }
+            Ok((Report::Push(Err((rank, why))), _)) => {
+                return Err((
+                    rank.map(host_of).unwrap_or(host_of(r)),
+                    format!("during {label}: {why}"),
+                ))
+            }
+            Ok(_) => {
+                return Err((
+                    host_of(r),
+                    format!("answered the order of {label} with something else"),
+                ))
+            }
+            Err(e) => return Err((host_of(r), format!("during {label}: {e}"))),
+        }
+    }
+    times.ok_or_else(|| (host, format!("{label}: no timing came back")))
+}
+
+/// This rank's part of a push probe. The center, per repetition: computes alone; waits for the
+/// peer's "receive posted"; starts its clock, sends, computes the same in 1 ms slices testing
+/// the send between them (as exec-dag's ranks and programs overlapping communication do), stops
+/// the clock at the end of the computation and again when the send completes; waits for the
+/// peer's "arrived". Returns (alone, sending, until sent) seconds per repetition (empty for
+/// the peer).
+fn push_part(
+    comm: &Comm,
+    center: usize,
+    peer: usize,
+    bytes: u64,
+    compute_s: f64,
+    reps: u32,
+) -> Result<PushTimes, mutirao::Error> {
+    let me = comm.rank();
+    let len = bytes as usize;
+    let mut one = [0u8; 1];
+    let mut out = Vec::new();
+    if me == center {
+        let rate = if compute_s > 0.0 {
+            crate::cmd_exec::measure_rate_briefly()
+        } else {
+            0.0
+        };
+        let iters = (rate * compute_s) as u64;
+        let slice = ((rate / 1000.0) as u64).max(1);
+        for _ in 0..reps {
+            let t = Instant::now();
+            crate::cmd_exec::compute_sliced(iters, slice, || Ok(()))?;
+            let alone = t.elapsed().as_secs_f64();
+            comm.recv(&mut one, peer, TAG_PUSH)?;
+            let t = Instant::now();
+            let mut req = comm.isend(vec![0u8; len], peer, TAG_PUSH)?;
+            let mut sent = false;
+            crate::cmd_exec::compute_sliced(iters, slice, || {
+                if !sent {
+                    sent = req.test()?;
+                }
+                Ok(())
+            })?;
+            let sending = t.elapsed().as_secs_f64();
+            req.wait()?;
+            let until_sent = t.elapsed().as_secs_f64();
+            comm.recv(&mut one, peer, TAG_PUSH)?;
+            out.push((alone, sending, until_sent));
+        }
+    } else if me == peer {
+        for _ in 0..reps {
+            let req = comm.irecv_into(vec![0u8; len], center, TAG_PUSH)?;
+            comm.send(&one, center, TAG_PUSH)?;
+            req.wait()?;
+            comm.send(&one, center, TAG_PUSH)?;
+        }
+    }
+    Ok(out)
 }
 
 /// Bytes of a type-sampled link probe.

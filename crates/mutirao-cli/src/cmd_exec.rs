@@ -102,6 +102,39 @@ pub fn measure_rate() -> f64 {
     rates[1]
 }
 
+/// A rough kernel rate (iterations per second) in about 20 ms: enough to size a computation
+/// whose time is measured anyway (calibrate's push probe).
+pub fn measure_rate_briefly() -> f64 {
+    let mut n = 200_000u64;
+    loop {
+        let t = Instant::now();
+        std::hint::black_box(kernel(n));
+        let s = t.elapsed().as_secs_f64();
+        if s >= 0.02 || n >= 1 << 40 {
+            return n as f64 / s.max(1e-9);
+        }
+        n *= 2;
+    }
+}
+
+/// `iters` kernel iterations in slices of `slice`, calling `between` after each (a program
+/// overlapping communication with computation tests its requests there, which drives the
+/// runtime's progress).
+pub fn compute_sliced(
+    iters: u64,
+    slice: u64,
+    mut between: impl FnMut() -> Result<(), mutirao::Error>,
+) -> Result<(), mutirao::Error> {
+    let mut left = iters;
+    while left > 0 {
+        let n = left.min(slice.max(1));
+        std::hint::black_box(kernel(n));
+        left -= n;
+        between()?;
+    }
+    Ok(())
+}
+
 #[derive(Serialize, Deserialize)]
 struct TaskRun {
     task: usize,
@@ -563,12 +596,9 @@ fn worker(a: &ExecArgs) -> anyhow::Result<ExitCode> {
         // Compute in 1 ms slices and let the runtime make progress in between (as an application
         // overlapping computation with communication calls MPI_Test): a large message already
         // sent then flows while this rank computes, which is what the HLogP model assumes.
-        let mut left = (dag.tasks()[t].work * rate) as u64;
+        let iters = (dag.tasks()[t].work * rate) as u64;
         let slice = ((rate / 1000.0) as u64).max(1);
-        while left > 0 {
-            let n = left.min(slice);
-            std::hint::black_box(kernel(n));
-            left -= n;
+        compute_sliced(iters, slice, || {
             // Testing the first request not yet done drives the engine for all of them (a
             // finished request's test returns at once without progress).
             for r in pending.iter_mut() {
@@ -576,7 +606,8 @@ fn worker(a: &ExecArgs) -> anyhow::Result<ExitCode> {
                     break;
                 }
             }
-        }
+            Ok(())
+        })?;
         let finish = since(t0);
         runs.tasks.push(TaskRun {
             task: t,

@@ -136,6 +136,11 @@ pub struct RunArgs {
     /// --checkpoint-interval.
     #[arg(long, conflicts_with = "checkpoint_interval")]
     pub continue_on_failure: bool,
+    /// Print, once every rank has connected, how long the ranks' start-up took: each phase's
+    /// maximum over the ranks (registering with this launcher, the address exchange, the mesh
+    /// connect; docs/grid.md) and the time from the launch until all were connected.
+    #[arg(long)]
+    pub init_timings: bool,
     /// Heartbeat period with the agents, in seconds: an agent silent for 5 periods (its host
     /// down or cut off) counts as lost, and so do its ranks. 0 turns heartbeats off.
     #[arg(long, default_value_t = 1.0, value_name = "S")]
@@ -177,6 +182,7 @@ impl RunArgs {
             host_mtbf: None,
             heartbeat: 1.0,
             continue_on_failure: false,
+            init_timings: false,
             command,
         }
     }
@@ -229,6 +235,8 @@ impl RunArgs {
                 };
             }
             Report::Notice(n) => eprintln!("mutirao run: {n}"),
+            Report::Init(r) if self.init_timings => eprintln!("mutirao run: {r}"),
+            Report::Init(_) => {}
         }
     }
 }

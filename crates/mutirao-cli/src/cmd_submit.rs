@@ -6,6 +6,7 @@ use clap::{Args, Subcommand};
 use mutirao_coord::api::SubmitRequest;
 use mutirao_coord::client::Client;
 use mutirao_coord::{Job, JobState};
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -52,6 +53,7 @@ pub enum GridCommand {
     ///   export MUTIRAO_COORD=http://127.0.0.1:7210 MUTIRAO_COORD_TOKEN=...
     ///   mutirao submit -n 8 ./matmul 2000
     ///   mutirao submit -n 8 --require 'cpu>=2 & site=north' --checkpoint-interval 60 -- ./solver --tol 1e-9
+    ///   mutirao submit -n 4 --env OMP_NUM_THREADS=1 --env HOME ./matmul 2000
     ///
     /// Task graphs: `--dag GRAPH.json` submits a `mutirao-taskgraph/1` document instead of a
     /// program: tasks are commands (argv), edges hand files from a task to its successors
@@ -139,6 +141,11 @@ pub struct SubmitArgs {
     /// Seconds between checkpoint waves (programs with checkpoint points).
     #[arg(long, value_name = "S")]
     checkpoint_interval: Option<f64>,
+    /// Set an environment variable for every rank (or task): `KEY=VALUE`, or `KEY` to pass
+    /// this shell's value. Repeatable. Names are a letter or _ followed by letters, digits and
+    /// _; `MUTIRAO_*` names are the runtime's own and are refused.
+    #[arg(long = "env", value_name = "KEY[=VALUE]")]
+    env: Vec<String>,
     #[command(flatten)]
     conn: ConnArgs,
     /// The program (a file here; it is uploaded) and its arguments.
@@ -165,6 +172,39 @@ fn age(ms: i64) -> String {
     }
 }
 
+/// The `--env` items as a job's environment, checked as the coordinator checks them (so a bad
+/// one is refused before anything is uploaded). `KEY` alone takes this process's value.
+pub fn job_env(
+    items: &[String],
+    lookup: &dyn Fn(&str) -> Option<String>,
+) -> anyhow::Result<BTreeMap<String, String>> {
+    let mut env = BTreeMap::new();
+    for item in items {
+        let (k, v) = match item.split_once('=') {
+            Some((k, v)) => (k.to_string(), v.to_string()),
+            None => {
+                let v = lookup(item).with_context(|| {
+                    format!("--env {item}: no such variable in this environment; give its value with --env {item}=VALUE")
+                })?;
+                (item.clone(), v)
+            }
+        };
+        mutirao_coord::check_env_key(&k).map_err(|e| anyhow::anyhow!("--env: {e}"))?;
+        if env.insert(k.clone(), v).is_some() {
+            bail!("--env {k} is given twice");
+        }
+    }
+    mutirao_coord::check_env(&env).map_err(|e| anyhow::anyhow!("--env: {e}"))?;
+    Ok(env)
+}
+
+/// A job's environment as `K=V` words (empty when it has none).
+fn env_words(env: &BTreeMap<String, String>) -> String {
+    env.iter()
+        .map(|(k, v)| format!("{k}={v} "))
+        .collect::<String>()
+}
+
 fn short(digest: &str) -> &str {
     digest.get(..19).unwrap_or(digest)
 }
@@ -176,11 +216,12 @@ fn print_jobs(jobs: &[Job]) {
     );
     for j in jobs {
         println!(
-            "{:>6}  {:<13} {:>5}  {:>5}  {} {}",
+            "{:>6}  {:<13} {:>5}  {:>5}  {}{} {}",
             j.id,
             j.state,
             j.spec.ranks,
             age(j.created_ms),
+            env_words(&j.spec.env),
             short(&j.spec.program),
             j.spec.args.join(" ")
         );
@@ -246,6 +287,9 @@ pub fn run(c: GridCommand) -> anyhow::Result<ExitCode> {
             }
             if let Some(i) = s.checkpoint_interval_s {
                 println!("checkpoint every {i} s");
+            }
+            if !s.env.is_empty() {
+                println!("environment {}", env_words(&s.env).trim_end());
             }
             if why {
                 let reasons: Vec<_> = v.events.iter().filter(|e| e.kind != "state").collect();
@@ -339,6 +383,7 @@ fn submit_dag(a: SubmitArgs, path: PathBuf) -> anyhow::Result<ExitCode> {
             .insert(name.clone(), mutirao_coord::repo::digest_of(bytes));
     }
     g.validate().map_err(refuse)?;
+    let env = job_env(&a.env, &|k| std::env::var(k).ok())?;
     let args: Vec<String> = a.algo.into_iter().collect();
     algorithm(&args).map_err(|e| anyhow::anyhow!("--algo: {e}"))?;
     let client = a.conn.client()?;
@@ -358,6 +403,7 @@ fn submit_dag(a: SubmitArgs, path: PathBuf) -> anyhow::Result<ExitCode> {
         require: a.require,
         checkpoint_interval_s: None,
         dag: true,
+        env,
     })?;
     eprintln!(
         "mutirao: uploaded the task graph {} ({} tasks) as {}",
@@ -374,6 +420,7 @@ fn submit(a: SubmitArgs) -> anyhow::Result<ExitCode> {
         return submit_dag(a, path);
     }
     let ranks = a.ranks.context("give the number of ranks with -n N")?;
+    let env = job_env(&a.env, &|k| std::env::var(k).ok())?;
     let client = a.conn.client()?;
     let (prog, args) = a.command.split_first().context("no program given")?;
     let path = PathBuf::from(prog);
@@ -388,6 +435,7 @@ fn submit(a: SubmitArgs) -> anyhow::Result<ExitCode> {
         require: a.require,
         checkpoint_interval_s: a.checkpoint_interval,
         dag: false,
+        env,
     })?;
     eprintln!(
         "mutirao: uploaded {prog} ({} bytes) as {}",
@@ -395,4 +443,40 @@ fn submit(a: SubmitArgs) -> anyhow::Result<ExitCode> {
     );
     println!("{}", job.id);
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::job_env;
+
+    fn items(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn env_items_set_forward_and_refuse_reserved_or_malformed_names() {
+        let shell = |k: &str| (k == "HOME").then(|| "/home/ana".to_string());
+        let env = job_env(&items(&["A=1", "HOME", "B=x=y", "E="]), &shell).unwrap();
+        let got: Vec<(&str, &str)> = env.iter().map(|(k, v)| (&k[..], &v[..])).collect();
+        assert_eq!(
+            got,
+            [("A", "1"), ("B", "x=y"), ("E", ""), ("HOME", "/home/ana")]
+        );
+        for (bad, why) in [
+            ("MUTIRAO_RANK=1", "reserved"),
+            ("Mutirao_Job_Id=1", "reserved"),
+            ("=1", "a name is"),
+            ("A B=1", "a name is"),
+            ("9A=1", "a name is"),
+            ("UNSET_HERE", "no such variable"),
+            ("V=a\0b", "NUL"),
+        ] {
+            let e = job_env(&items(&[bad]), &shell).unwrap_err().to_string();
+            assert!(e.contains(why), "{bad:?}: {e}");
+        }
+        let e = job_env(&items(&["A=1", "A=2"]), &shell)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("given twice"), "{e}");
+    }
 }

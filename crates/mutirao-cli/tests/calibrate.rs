@@ -142,6 +142,21 @@ fn local_calibration_is_valid_and_fits() {
         }
     }
     assert!(c.provenance.finished_unix_ms >= c.provenance.started_unix_ms);
+    // Every host's push cost was probed: 1 MiB (a rendezvous above the 64 KiB default eager
+    // limit) to the other host, five repetitions of a computation of at least 0.1 s alone and
+    // while sending.
+    let mut probed: Vec<&str> = c.push.iter().map(|p| p.host.as_str()).collect();
+    probed.sort_unstable();
+    assert_eq!(probed, ["local0", "local1"], "{:?}", c.push);
+    for p in &c.push {
+        assert_ne!(p.host, p.peer);
+        assert_eq!(p.bytes, 1 << 20);
+        assert_eq!(p.samples.len(), 5);
+        for s in &p.samples {
+            assert!(s.alone_s >= 0.05 && s.sending_s >= 0.05, "{s:?}");
+        }
+        assert!(p.us_per_byte().is_some());
+    }
     // The modeller accepts it. (A few samples on a loaded CI machine can leave a median the
     // fit misses by just over 10%; the poor-fit guard has its own tests, this one checks that
     // the file is usable.)
@@ -217,6 +232,7 @@ fn site_sampled_with_sites_inherits() {
         "--no-same-host",
         "--sizes",
         "0,64,4K",
+        "--no-push",
         "-o",
         calib.to_str().unwrap(),
     ];
@@ -224,6 +240,7 @@ fn site_sampled_with_sites_inherits() {
     let out = mutirao(&args, Duration::from_secs(60));
     assert!(out.status.success(), "{}", text(&out));
     let c = Calibration::from_json(&std::fs::read_to_string(&calib).unwrap()).unwrap();
+    assert!(c.push.is_empty(), "--no-push probed: {:?}", c.push);
     assert_eq!(c.host("local2").unwrap().site, "b");
     // measured: a1<->a2 both ways, a1->b1, b1->a1
     assert_eq!(c.pairs.len(), 4);

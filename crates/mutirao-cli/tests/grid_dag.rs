@@ -5,6 +5,9 @@
 //! edge and nothing is submitted; a failing task fails the job naming it; a cancelled graph
 //! stops its running task.
 
+mod common;
+use common::ok;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -179,22 +182,7 @@ impl Grid {
 }
 
 fn mutirao(g: &Grid, args: &[&str]) -> Output {
-    Command::new(BIN)
-        .args(args)
-        .env("MUTIRAO_COORD", &g.url)
-        .env("MUTIRAO_COORD_TOKEN", ANA)
-        .output()
-        .unwrap()
-}
-
-fn ok(o: &Output) -> String {
-    assert!(
-        o.status.success(),
-        "failed: {}\n{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8_lossy(&o.stdout).into_owned()
+    common::grid_client(&g.url, ANA, args)
 }
 
 fn wait_state(g: &Grid, id: i64, want: &str, limit: Duration) -> serde_json::Value {

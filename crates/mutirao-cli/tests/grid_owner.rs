@@ -6,8 +6,10 @@
 //! vacates the host: the job is re-queued and placed on the other host, where it finishes.
 //! Every step is in the job's journal.
 
+mod common;
+
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -43,12 +45,7 @@ fn first_line(child: &mut Child) -> String {
 }
 
 fn mutirao(url: &str, args: &[&str]) -> Output {
-    Command::new(BIN)
-        .args(args)
-        .env("MUTIRAO_COORD", url)
-        .env("MUTIRAO_COORD_TOKEN", ANA)
-        .output()
-        .unwrap()
+    common::grid_client(url, ANA, args)
 }
 
 fn job(url: &str, id: i64) -> serde_json::Value {
@@ -145,15 +142,6 @@ fn hosts_placed(line: &str) -> Vec<String> {
         .collect()
 }
 
-fn gen_token(path: &Path) {
-    let o = Command::new(BIN)
-        .args(["agent", "--gen-token"])
-        .arg(path)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-}
-
 /// A coordinator and agents n1 and n2 with owner policies whose owner is active while
 /// `DIR/owner-NAME` exists; returns the grid, its URL and each agent's pid.
 fn setup(
@@ -168,8 +156,7 @@ fn setup(
         procs: Vec::new(),
         dir: dir.clone(),
     };
-    let tok = dir.join("agent.token");
-    gen_token(&tok);
+    let tok = common::gen_token(&dir);
     std::fs::write(
         dir.join("grid.tokens"),
         format!(
@@ -400,40 +387,16 @@ fn an_active_owner_suspends_the_job_there_then_vacates_it_to_the_other_host() {
     println!("{:#?}", story(&v));
 }
 
-fn jacobi() -> Option<PathBuf> {
-    // The runtime's examples, built by `cargo test`/`nextest` for the workspace.
-    let p = Path::new(BIN).parent()?.join("examples").join("jacobi");
-    p.is_file().then_some(p)
-}
-
-fn checksum(out: &str) -> Option<String> {
-    out.split_whitespace()
-        .find(|w| w.starts_with("checksum="))
-        .map(str::to_string)
-}
-
 #[test]
 fn a_vacated_job_with_checkpoints_resumes_elsewhere_from_its_last_committed_epoch() {
-    let Some(j) = jacobi() else {
+    let Some(j) = common::jacobi() else {
         println!(
             "skipped: the jacobi example is not built (cargo build -p mutirao --example jacobi)"
         );
         return;
     };
     let args = ["--n", "64", "--iters", "20000"];
-    let plain = Command::new(BIN)
-        .args(["run", "-n", "2", "--timeout", "120"])
-        .arg(&j)
-        .arg("--")
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        plain.status.success(),
-        "{}",
-        String::from_utf8_lossy(&plain.stderr)
-    );
-    let want = checksum(&String::from_utf8_lossy(&plain.stdout)).expect("a checksum");
+    let want = common::plain_checksum(&j, 2, &args);
 
     let (g, url, _) = setup("ckpt", 1.0, &[]);
     let mut submit = vec![
@@ -505,7 +468,11 @@ fn a_vacated_job_with_checkpoints_resumes_elsewhere_from_its_last_committed_epoc
         log.contains(&format!("(epoch {epoch})")) && log.contains("resumes at iteration"),
         "the second run did not resume from epoch {epoch}:\n{log}"
     );
-    assert_eq!(checksum(&log).as_deref(), Some(want.as_str()), "{log}");
+    assert_eq!(
+        common::checksum(&log).as_deref(),
+        Some(want.as_str()),
+        "{log}"
+    );
     println!("{s:#?}");
 }
 
@@ -589,8 +556,7 @@ fn an_agent_runs_a_program_only_if_it_matches_the_digest_it_was_named_by() {
         procs: Vec::new(),
         dir: dir.clone(),
     };
-    let tok = dir.join("agent.token");
-    gen_token(&tok);
+    let tok = common::gen_token(&dir);
     let mut a = Command::new(BIN)
         .args([
             "agent",
@@ -655,8 +621,7 @@ fn without_a_coordinator_an_agent_ends_its_ranks_when_the_owner_stays() {
         procs: Vec::new(),
         dir: dir.clone(),
     };
-    let tok = dir.join("agent.token");
-    gen_token(&tok);
+    let tok = common::gen_token(&dir);
     let owner = dir.join("owner");
     std::fs::write(
         dir.join("owner.toml"),

@@ -384,6 +384,49 @@ fn tests() -> Vec<Trial> {
             }
             Ok(())
         }),
+        Trial::test(
+            "run_init_timings_prints_each_phase_max_over_the_ranks_once",
+            || {
+                let line = |args: &[&str]| -> Result<Vec<String>, Failed> {
+                    let (out, _) =
+                        run_limited(mutirao_run(args, "hello", None), Duration::from_secs(30))?;
+                    if !out.status.success() {
+                        return Err(format!("exit {:?}: {}", out.status, text(&out.stderr)).into());
+                    }
+                    Ok(text(&out.stderr)
+                        .lines()
+                        .filter(|l| l.contains("init of "))
+                        .map(str::to_string)
+                        .collect())
+                };
+                // Asked for: once, for every rank, each phase a number of ms.
+                let got = line(&["-n", "3", "--init-timings"])?;
+                let [l] = &got[..] else {
+                    return Err(format!("want one init line, got {got:?}").into());
+                };
+                let ms = |what: &str| -> Option<f64> {
+                    let rest = &l[l.find(what)? + what.len()..];
+                    rest.split(" ms").next()?.trim().parse().ok()
+                };
+                let phases = [
+                    "register ",
+                    "address exchange ",
+                    "connect ",
+                    "all connected ",
+                ];
+                if !l.starts_with("mutirao run: init of 3 ranks")
+                    || phases.iter().any(|p| !ms(p).is_some_and(|v| v >= 0.0))
+                {
+                    return Err(format!("malformed init line {l:?}").into());
+                }
+                // Not asked for: nothing.
+                let none = line(&["-n", "3"])?;
+                if !none.is_empty() {
+                    return Err(format!("init printed without --init-timings: {none:?}").into());
+                }
+                Ok(())
+            },
+        ),
         Trial::test("run_local_tags_output_and_sets_env", || {
             let (out, _) = run_limited(
                 mutirao_run(&["-n", "3", "--tag-output"], "hello", None),

@@ -109,6 +109,7 @@ fn bench(label: &str, store: Arc<dyn Store>, dir: &std::path::Path) {
                 require: Some("cpu>=1".into()),
                 checkpoint_interval_s: None,
                 dag: false,
+                env: Default::default(),
             })
             .unwrap();
     }
@@ -123,6 +124,7 @@ fn bench(label: &str, store: Arc<dyn Store>, dir: &std::path::Path) {
                 require: None,
                 checkpoint_interval_s: None,
                 dag: false,
+                env: Default::default(),
             })
             .unwrap();
     }

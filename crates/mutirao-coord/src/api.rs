@@ -308,6 +308,10 @@ pub struct SubmitRequest {
     /// its number of tasks and `args` at most the scheduling algorithm.
     #[serde(default)]
     pub dag: bool,
+    /// Environment variables for every rank (names: a letter or `_`, then letters, digits
+    /// and `_`; `MUTIRAO_*` is reserved).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub env: std::collections::BTreeMap<String, String>,
 }
 
 /// A job with its journal.
@@ -388,6 +392,7 @@ async fn submit(State(c): C, h: HeaderMap, body: Bytes) -> Result<Response, ApiE
         require: r.require,
         checkpoint_interval_s: r.checkpoint_interval_s,
         dag: r.dag,
+        env: r.env,
     };
     nj.validate().map_err(ApiError::bad)?;
     if let Some(r) = &nj.require {
@@ -802,12 +807,14 @@ pub fn openapi() -> serde_json::Value {
                     "args": { "type": "array", "items": { "type": "string" } },
                     "require": { "type": "string", "nullable": true, "description": "requirement on hosts, e.g. cpu>=2 & site=north" },
                     "checkpoint_interval_s": { "type": "number", "nullable": true, "exclusiveMinimum": true, "minimum": 0 },
-                    "dag": { "type": "boolean", "description": "program is the digest of a mutirao-taskgraph/1 document; ranks its number of tasks; args at most the algorithm (hlogp-heft, heft, round-robin)" } } },
+                    "dag": { "type": "boolean", "description": "program is the digest of a mutirao-taskgraph/1 document; ranks its number of tasks; args at most the algorithm (hlogp-heft, heft, round-robin)" },
+                    "env": { "type": "object", "additionalProperties": { "type": "string" }, "description": "environment variables for every rank (or task); names are a letter or _ followed by letters, digits and _; MUTIRAO_* names are reserved (400)" } } },
                 "NewJob": { "type": "object", "properties": {
                     "owner": { "type": "string" }, "ranks": { "type": "integer" }, "program": { "type": "string" },
                     "args": { "type": "array", "items": { "type": "string" } },
                     "require": { "type": "string", "nullable": true }, "checkpoint_interval_s": { "type": "number", "nullable": true },
-                    "dag": { "type": "boolean", "description": "a task graph: program is its document's digest, ranks its number of tasks" } } },
+                    "dag": { "type": "boolean", "description": "a task graph: program is its document's digest, ranks its number of tasks" },
+                    "env": { "type": "object", "additionalProperties": { "type": "string" }, "description": "environment variables of every rank" } } },
                 "JobState": { "type": "string", "enum": JobState::ALL.iter().map(|s| s.as_str()).collect::<Vec<_>>() },
                 "Job": { "type": "object", "properties": {
                     "id": { "type": "integer", "format": "int64" }, "spec": { "$ref": "#/components/schemas/NewJob" },

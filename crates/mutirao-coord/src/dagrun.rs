@@ -504,8 +504,17 @@ impl Runner {
             ExecEvent::Note(n) => {
                 let _ = c.store().note(id, "launcher", &n);
             }
+            // A task is a one-rank run: its start-up says nothing worth a journal line each.
+            ExecEvent::Init(_) => {}
             ExecEvent::HostLost(h) => {
                 let _ = c.store().note(id, "host-lost", &h);
+                lost = true;
+            }
+            // The task runs again elsewhere, as after a lost host.
+            ExecEvent::Refused(h) => {
+                let _ = c
+                    .store()
+                    .note(id, "refused", &format!("{h} refused the task's launch"));
                 lost = true;
             }
             ExecEvent::Exited { success, detail } => {

@@ -28,9 +28,15 @@ pub enum ExecEvent {
     Output(Vec<u8>),
     /// A host of the job stopped answering (its name).
     HostLost(String),
+    /// A host's agent refused the launch (it answered with an error, e.g. its cached copy of
+    /// the program no longer matched the digest): the host is alive (its name).
+    Refused(String),
     /// What the launcher tells about the run (a host lost, a restart from a checkpoint), for
     /// the job's journal besides its log.
     Note(String),
+    /// Every rank has started and connected: how long the start-up phases took (the text of
+    /// a [`mutirao_launch::supervise::InitReport`]), journalled as an `init` event.
+    Init(String),
     /// The job ended; nothing follows.
     Exited {
         /// The program succeeded on every rank.
@@ -160,6 +166,10 @@ impl Executor for LaunchExecutor {
         spec.hosts = Some(hosts);
         spec.secret = Some(secret);
         spec.cwd = Some(l.work_dir.clone());
+        // The submitter's variables (validated: none of the runtime's MUTIRAO_* ones, which
+        // the launcher sets per rank and the digest check below adds).
+        spec.env
+            .extend(l.job.spec.env.iter().map(|(k, v)| (k.clone(), v.clone())));
         if l.job.spec.program.starts_with("sha256:") {
             // Each agent checks the program against its digest before it starts a rank.
             spec.env.insert(
@@ -201,6 +211,11 @@ impl Executor for LaunchExecutor {
                             events(ExecEvent::Note(name_hosts(&n, &by_addr)));
                             format!("mutirao: {n}\n")
                         }
+                        Report::Init(r) => {
+                            // The journal only: the log is the program's output.
+                            events(ExecEvent::Init(r.to_string()));
+                            return;
+                        }
                     };
                     events(ExecEvent::Output(line.into_bytes()));
                 };
@@ -228,10 +243,18 @@ impl Executor for LaunchExecutor {
                     _ if cancelled.load(Ordering::SeqCst) => (false, "cancelled".to_string()),
                     Ok((0, _)) => (true, "exit 0".to_string()),
                     Ok((code, cause)) => {
-                        if let Some(Cause::HostLost { host, .. }) = &cause {
-                            if let Some(name) = names.get(*host) {
-                                events(ExecEvent::HostLost(name.clone()));
+                        match &cause {
+                            Some(Cause::HostLost { host, .. }) => {
+                                if let Some(name) = names.get(*host) {
+                                    events(ExecEvent::HostLost(name.clone()));
+                                }
                             }
+                            Some(Cause::Refused { host, .. }) => {
+                                if let Some(name) = names.get(*host) {
+                                    events(ExecEvent::Refused(name.clone()));
+                                }
+                            }
+                            _ => {}
                         }
                         (false, format!("exit status {code}"))
                     }
@@ -579,6 +602,7 @@ impl Dispatcher {
         let ckpt_dir = launch.work_dir.join("ckpt");
         let hosts_used: Vec<String> = launch.hosts.iter().map(|s| s.name.clone()).collect();
         let mut lost_here: BTreeSet<String> = BTreeSet::new();
+        let mut refused_here: BTreeSet<String> = BTreeSet::new();
         let sink: EventSink = Box::new(move |ev| match ev {
             ExecEvent::Output(b) => {
                 if let Err(e) = c.append_log(id, &b) {
@@ -588,9 +612,20 @@ impl Dispatcher {
             ExecEvent::Note(n) => {
                 let _ = c.store().note(id, "launcher", &n);
             }
+            ExecEvent::Init(n) => {
+                let _ = c.store().note(id, "init", &n);
+            }
             ExecEvent::HostLost(h) => {
                 let _ = c.store().note(id, "host-lost", &h);
                 lost_here.insert(h);
+            }
+            ExecEvent::Refused(h) => {
+                let _ = c.store().note(
+                    id,
+                    "refused",
+                    &format!("{h} refused the launch (its agent's reason is in the launcher event before); the host is not lost"),
+                );
+                refused_here.insert(h);
             }
             ExecEvent::Exited { success, detail } => {
                 let d = me.upgrade();
@@ -606,8 +641,15 @@ impl Dispatcher {
                     }
                     return;
                 }
-                if let (false, false, Some(d)) = (success, lost_here.is_empty(), &d) {
-                    match d.requeue_lost(id, &lost_here, &detail, &ckpt_dir) {
+                let requeue = if !lost_here.is_empty() {
+                    Some((&lost_here, true))
+                } else if !refused_here.is_empty() {
+                    Some((&refused_here, false))
+                } else {
+                    None
+                };
+                if let (false, Some((hosts, lost)), Some(d)) = (success, requeue, &d) {
+                    match d.requeue_lost(id, hosts, lost, &detail, &ckpt_dir) {
                         Ok(true) => return,
                         Ok(false) => {}
                         Err(e) => {
@@ -765,10 +807,15 @@ impl Dispatcher {
     /// has been re-queued [`MAX_HOST_LOSS_REQUEUES`] times already, it goes back to `waiting`
     /// through `recovering` (journalled, with the committed epoch it resumes from, if any) and
     /// its next placements leave the lost hosts out. Returns whether it was re-queued.
+    ///
+    /// `lost`: the hosts were lost (they are left out of the job's next placements); else
+    /// their agents refused the launch (they stay eligible: an agent refusing an altered cached
+    /// copy removes it and fetches a fresh one next time). Both count towards the same limit.
     fn requeue_lost(
         &self,
         id: i64,
-        lost: &BTreeSet<String>,
+        hosts: &BTreeSet<String>,
+        lost: bool,
         ended: &str,
         ckpt_dir: &Path,
     ) -> Result<bool> {
@@ -776,20 +823,29 @@ impl Dispatcher {
         if job.state.is_final() {
             return Ok(false);
         }
-        let names: Vec<&str> = lost.iter().map(String::as_str).collect();
+        let names: Vec<&str> = hosts.iter().map(String::as_str).collect();
         let names = names.join(", ");
         let tries = {
             let mut ex = self.excluded.lock().unwrap_or_else(|p| p.into_inner());
             let e = ex.entry(id).or_default();
-            e.0.extend(lost.iter().cloned());
+            if lost {
+                e.0.extend(hosts.iter().cloned());
+            }
             e.1 += 1;
             e.1
+        };
+        let (kind, what) = if lost {
+            ("host-lost", format!("lost {names}"))
+        } else {
+            ("refused", format!("{names} refused the launch"))
         };
         if tries > MAX_HOST_LOSS_REQUEUES {
             self.c.store().note(
                 id,
-                "host-lost",
-                &format!("lost {names} ({ended}); re-queued {MAX_HOST_LOSS_REQUEUES} times already: giving up"),
+                kind,
+                &format!(
+                    "{what} ({ended}); re-queued {MAX_HOST_LOSS_REQUEUES} times already: giving up"
+                ),
             )?;
             return Ok(false);
         }
@@ -805,12 +861,13 @@ impl Dispatcher {
             (None, _) => "no checkpoints: it runs again from the beginning".to_string(),
         };
         self.c
-            .transition(id, JobState::Recovering, &format!("lost {names} ({ended})"))?;
-        self.c.transition(
-            id,
-            JobState::Waiting,
-            &format!("re-queued (host loss {tries} of at most {MAX_HOST_LOSS_REQUEUES}): {from}, on hosts other than {names}"),
-        )?;
+            .transition(id, JobState::Recovering, &format!("{what} ({ended})"))?;
+        let again = if lost {
+            format!("re-queued (host loss {tries} of at most {MAX_HOST_LOSS_REQUEUES}): {from}, on hosts other than {names}")
+        } else {
+            format!("re-queued (refused launch; re-queue {tries} of at most {MAX_HOST_LOSS_REQUEUES}): {from}; {names} may be chosen again")
+        };
+        self.c.transition(id, JobState::Waiting, &again)?;
         Ok(true)
     }
 

@@ -18,8 +18,11 @@ use std::time::{Duration, Instant};
 /// How a program was found.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Fetched {
-    /// Already cached (and checked again).
-    Cached,
+    /// Already cached, and checked again: how long reading and hashing the copy took.
+    Cached {
+        /// The check.
+        took: Duration,
+    },
     /// Downloaded from the repository now: its size and how long it took.
     Downloaded {
         /// Bytes.
@@ -86,14 +89,14 @@ impl ProgramCache {
     pub fn resolve(&self, digest: &str) -> Result<(PathBuf, Fetched)> {
         let path = self.dir.join(cache_name(digest)?);
         let _one = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        let t0 = Instant::now();
         if path.exists() {
             check_file(&path, digest).inspect_err(|_| {
                 // Altered here: never run it, and fetch a fresh copy next time.
                 let _ = std::fs::remove_file(&path);
             })?;
-            return Ok((path, Fetched::Cached));
+            return Ok((path, Fetched::Cached { took: t0.elapsed() }));
         }
-        let t0 = Instant::now();
         let bytes = self.client.download(digest, self.max)?;
         crate::exec::write_atomic(&path, &bytes, true)
             .map_err(|e| Error::Io(format!("cannot write {}: {e}", path.display())))?;
@@ -135,6 +138,28 @@ mod tests {
         assert_eq!(digest_of_name("/x/y/program"), None);
         assert_eq!(digest_of_name("sha256-abc"), None);
         assert!(cache_name("sha256:xyz").is_err());
+    }
+
+    #[test]
+    fn a_cached_copy_is_checked_again_and_used_without_a_download() {
+        let dir = std::env::temp_dir().join(format!("mutirao-fetch-c-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        // A coordinator nobody listens at: a download would fail.
+        let client = Client::new("http://127.0.0.1:9", "no-coordinator-token").unwrap();
+        let cache = ProgramCache::open(&dir, client, 1 << 20).unwrap();
+        let d = crate::repo::digest_of(b"#!/bin/sh\ntrue\n");
+        let p = dir.join(cache_name(&d).unwrap());
+        std::fs::write(&p, b"#!/bin/sh\ntrue\n").unwrap();
+        let (got, how) = cache.resolve(&d).unwrap();
+        assert_eq!(got, p);
+        assert!(matches!(how, Fetched::Cached { .. }), "{how:?}");
+        // Altered: refused and removed; then a download is needed (and fails here).
+        std::fs::write(&p, b"other").unwrap();
+        let e = cache.resolve(&d).unwrap_err().to_string();
+        assert!(e.contains("altered on this host"), "{e}");
+        assert!(!p.exists());
+        assert!(cache.resolve(&d).is_err());
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -19,7 +19,8 @@
 //! use mutirao_coord::{JobState, NewJob, SqliteStore, Store};
 //! let s = SqliteStore::open_in_memory()?;
 //! let j = s.create_job(&NewJob { owner: "ana".into(), ranks: 8, program: "matmul".into(),
-//!     args: vec!["2000".into()], require: Some("cpu>=2".into()), checkpoint_interval_s: None, dag: false })?;
+//!     args: vec!["2000".into()], require: Some("cpu>=2".into()), checkpoint_interval_s: None, dag: false,
+//!     env: Default::default() })?;
 //! assert_eq!(j.state, JobState::Waiting);
 //! s.transition(j.id, JobState::Running, "placed on 8 hosts")?;
 //! assert!(s.transition(j.id, JobState::Waiting, "again").is_err()); // not a legal move
@@ -48,7 +49,8 @@ pub mod taskgraph;
 pub mod usage;
 
 pub use model::{
-    Event, Host, HostReport, Job, JobState, LogChunk, NewJob, MAX_ARGS, MAX_FIELD, MAX_RANKS,
+    check_env, check_env_key, Event, Host, HostReport, Job, JobState, LogChunk, NewJob, MAX_ARGS,
+    MAX_ENV, MAX_FIELD, MAX_RANKS, RESERVED_ENV_PREFIX,
 };
 pub use pg::PgStore;
 pub use repo::{verify, Repo};

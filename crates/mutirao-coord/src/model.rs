@@ -119,6 +119,10 @@ pub struct NewJob {
     /// word, the scheduling algorithm (`hlogp-heft`, `heft`, `round-robin`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub dag: bool,
+    /// Environment variables every rank (or task) gets besides the runtime's own
+    /// (`mutirao submit --env KEY=VALUE`); see [`check_env`].
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub env: std::collections::BTreeMap<String, String>,
 }
 
 /// A job as stored.
@@ -205,6 +209,54 @@ pub const MAX_ARGS: usize = 4096;
 /// Most ranks a job may ask for.
 pub const MAX_RANKS: u32 = 1 << 20;
 
+/// Most environment variables a job may set.
+pub const MAX_ENV: usize = 256;
+/// The prefix of the variables the runtime and its launchers set for every rank (rank, size,
+/// bootstrap address, job token, checkpoint settings, the program's digest…): a job may not set
+/// them.
+pub const RESERVED_ENV_PREFIX: &str = "MUTIRAO_";
+
+/// Why `key` cannot name an environment variable a job sets, if it cannot: a name is a
+/// letter or `_` followed by letters, digits and `_` (POSIX shells' rule), at most 256 bytes,
+/// and not one of the runtime's `MUTIRAO_*` variables.
+pub fn check_env_key(key: &str) -> Result<(), String> {
+    let mut chars = key.chars();
+    let good = chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+        && key.len() <= 256;
+    if !good {
+        return Err(format!(
+            "environment variable {key:?}: a name is a letter or _ followed by letters, digits \
+             and _ (at most 256 of them)"
+        ));
+    }
+    if key.to_ascii_uppercase().starts_with(RESERVED_ENV_PREFIX) {
+        return Err(format!(
+            "environment variable {key}: names starting with {RESERVED_ENV_PREFIX} are reserved \
+             for the runtime and its launcher, which set them for every rank; choose another name"
+        ));
+    }
+    Ok(())
+}
+
+/// Why `env` cannot be a job's environment, if it cannot ([`check_env_key`] for every name,
+/// values without NUL and at most [`MAX_FIELD`] bytes, at most [`MAX_ENV`] variables).
+pub fn check_env(env: &std::collections::BTreeMap<String, String>) -> Result<(), String> {
+    if env.len() > MAX_ENV {
+        return Err(format!(
+            "{} environment variables; at most {MAX_ENV} are accepted",
+            env.len()
+        ));
+    }
+    for (k, v) in env {
+        check_env_key(k)?;
+        check_text(&format!("the value of {k}"), v)?;
+    }
+    Ok(())
+}
+
 pub(crate) fn check_text(what: &str, s: &str) -> Result<(), String> {
     if s.len() > MAX_FIELD {
         return Err(format!(
@@ -258,6 +310,7 @@ impl NewJob {
                 ));
             }
         }
+        check_env(&self.env)?;
         Ok(())
     }
 }

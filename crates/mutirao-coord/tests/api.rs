@@ -234,6 +234,10 @@ fn submissions_naming_no_uploaded_program_or_nonsense_are_refused_with_a_reason(
         serde_json::json!({ "ranks": 2, "program": prog, "checkpoint_interval_s": -1 }).to_string(),
         serde_json::json!({ "ranks": 2, "program": prog, "args": ["a\u{0}b"] }).to_string(),
         serde_json::json!({ "ranks": 2, "program": prog, "owner": "bia" }).to_string(),
+        serde_json::json!({ "ranks": 2, "program": prog, "env": { "MUTIRAO_RANK": "3" } })
+            .to_string(),
+        serde_json::json!({ "ranks": 2, "program": prog, "env": { "1X": "a" } }).to_string(),
+        serde_json::json!({ "ranks": 2, "program": prog, "env": { "X": 1 } }).to_string(),
         "{\"ranks\": 2".to_string(),
     ] {
         let a = t.call("POST", "/jobs", Some(ANA), body.clone());
@@ -241,6 +245,26 @@ fn submissions_naming_no_uploaded_program_or_nonsense_are_refused_with_a_reason(
         assert!(a.json::<serde_json::Value>()["error"].is_string());
     }
     assert!(t.c.store().jobs(None).unwrap().is_empty());
+    // A reserved name is named in the refusal, with what to do.
+    let body = serde_json::json!({ "ranks": 1, "program": prog, "env": { "MUTIRAO_X": "1" } });
+    let a = t.call("POST", "/jobs", Some(ANA), body.to_string());
+    assert!(
+        a.text().contains("MUTIRAO_X") && a.text().contains("reserved"),
+        "{}",
+        a.text()
+    );
+    // A good environment is stored with the job and given back.
+    let body =
+        serde_json::json!({ "ranks": 1, "program": prog, "env": { "GREETING": "olá", "_X1": "" } });
+    let a = t.call("POST", "/jobs", Some(ANA), body.to_string());
+    assert_eq!(a.status, StatusCode::CREATED, "{}", a.text());
+    let j: mutirao_coord::Job = a.json();
+    let stored = t.c.store().job(j.id).unwrap();
+    assert_eq!(
+        stored.spec.env.get("GREETING").map(String::as_str),
+        Some("olá")
+    );
+    assert_eq!(stored.spec.env.len(), 2);
 }
 
 #[test]

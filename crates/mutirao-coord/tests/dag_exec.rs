@@ -128,6 +128,7 @@ fn suspend_holds_back_ready_tasks_and_vacate_reruns_only_the_unfinished_ones_els
             require: None,
             checkpoint_interval_s: None,
             dag: true,
+            env: Default::default(),
         })
         .unwrap()
         .id;

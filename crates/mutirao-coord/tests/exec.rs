@@ -97,6 +97,7 @@ fn submit(c: &Coordinator, ranks: u32, require: &str) -> i64 {
             require: Some(require.into()),
             checkpoint_interval_s: None,
             dag: false,
+            env: Default::default(),
         })
         .unwrap()
         .id
@@ -285,6 +286,7 @@ fn an_owner_suspends_resumes_and_vacates_a_job_which_is_placed_again_elsewhere()
             require: None,
             checkpoint_interval_s: Some(1.0),
             dag: false,
+            env: Default::default(),
         })
         .unwrap()
         .id;

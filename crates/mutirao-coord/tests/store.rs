@@ -19,6 +19,7 @@ fn job(owner: &str) -> NewJob {
         require: Some("cpu>=2 & site=north".into()),
         checkpoint_interval_s: Some(30.0),
         dag: false,
+        env: [("GREETING".to_string(), "olá".to_string())].into(),
     }
 }
 
@@ -60,6 +61,9 @@ fn restart_loses_nothing(open: Open) {
     let s = open();
     assert_eq!(s.schema_version().unwrap(), 4);
     assert_eq!(s.job(a).unwrap().state, JobState::Running);
+    // Its environment (`submit --env`) too.
+    assert_eq!(s.job(b).unwrap().spec, job("bia"));
+    assert_eq!(s.job(b).unwrap().spec.env["GREETING"], "olá");
     assert_eq!(s.job(b).unwrap().state, JobState::Waiting);
     let story: Vec<(String, String)> = s
         .events(a)
@@ -115,6 +119,20 @@ fn bad_input_changes_nothing(s: &dyn Store) {
     let mut j = job("ana");
     j.args.push("nul\0inside".into());
     assert!(matches!(s.create_job(&j), Err(Error::Invalid(_))));
+    // The runtime's own variables, a malformed name, a NUL in a value.
+    for (k, v) in [
+        ("MUTIRAO_RANK", "0"),
+        ("mutirao_x", "1"),
+        ("A-B", "1"),
+        ("A", "x\0y"),
+    ] {
+        let mut j = job("ana");
+        j.env.insert(k.into(), v.into());
+        assert!(
+            matches!(s.create_job(&j), Err(Error::Invalid(_))),
+            "{k}={v:?} accepted"
+        );
+    }
     assert!(s.jobs(None).unwrap().is_empty());
     assert!(matches!(s.job(7), Err(Error::NoJob(7))));
     assert!(matches!(s.events(7), Err(Error::NoJob(7))));

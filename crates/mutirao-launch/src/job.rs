@@ -158,6 +158,10 @@ pub enum Event {
     /// An agent's session ended or went silent (host index, why). An agent closes its session
     /// once all its ranks have ended: that alone is no failure.
     HostLost { host: usize, why: String },
+    /// An agent answered the launch with an error (it refused to run the program, e.g. a
+    /// cached copy that no longer matches its digest, or could not start it) and closed the
+    /// session: the host is alive, its ranks will not run (host index, why).
+    Refused { host: usize, why: String },
 }
 
 /// How to end ranks, local or remote: the process groups this launcher started (ranks and
@@ -386,6 +390,12 @@ impl Job {
     /// Channel failures ranks reported since the last call.
     pub fn take_failures(&self) -> Vec<FailureReport> {
         self.pmi.take_failures()
+    }
+
+    /// Per rank, the start-up phases it reported in the connection barrier (`None` until it
+    /// gets there; see [`mutirao::pmi::PmiServer::init_phases`]).
+    pub fn init_phases(&self) -> Vec<Option<mutirao::pmi::InitPhases>> {
+        self.pmi.init_phases()
     }
 
     /// The host name of every rank.
@@ -720,6 +730,7 @@ fn run_session(
     let host = host.to_string();
     std::thread::spawn(move || {
         let mut ended: Vec<usize> = Vec::new();
+        let mut refused = false;
         let why = loop {
             match proto::read_msg(&mut r) {
                 Ok(Some(Msg::Output { rank, stream, line })) => {
@@ -732,7 +743,10 @@ fn run_session(
                     ended.push(rank);
                     let _ = txc.send(Event::Exit { rank, code, signal });
                 }
-                Ok(Some(Msg::Error { msg })) => break format!("agent of {host}: {msg}"),
+                Ok(Some(Msg::Error { msg })) => {
+                    refused = true;
+                    break format!("agent of {host}: {msg}");
+                }
                 Ok(Some(_)) => {}
                 Ok(None) => break format!("agent of {host} closed the connection"),
                 Err(e) if e.contains("timed out") || e.contains("temporarily unavailable") => {
@@ -757,6 +771,11 @@ fn run_session(
                     signal: None,
                 });
             }
+        } else if refused {
+            let _ = txc.send(Event::Refused {
+                host: host_index,
+                why,
+            });
         } else {
             let _ = txc.send(Event::HostLost {
                 host: host_index,

@@ -51,6 +51,56 @@ pub enum Report {
     },
     /// Something the user should know (a failure, ranks being ended).
     Notice(String),
+    /// Every rank has started and connected: how long its start-up phases took.
+    Init(InitReport),
+}
+
+/// The ranks' start-up, once every rank of an incarnation has reached the connection barrier.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InitReport {
+    /// Ranks that reported (all of the incarnation's).
+    pub ranks: usize,
+    /// Each phase's maximum over the ranks (registering with the bootstrap server, the
+    /// address exchange, the mesh connect).
+    pub max: mutirao::pmi::InitPhases,
+    /// From the start of the incarnation (before its first rank was started) until the
+    /// launcher saw the last rank's report (it looks at least every 50 ms).
+    pub after: Duration,
+}
+
+impl std::fmt::Display for InitReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        write!(
+            f,
+            "init of {} ranks, max over ranks: register {:.1} ms, address exchange {:.1} ms, \
+             connect {:.1} ms; all connected {:.0} ms after the launch began",
+            self.ranks,
+            ms(self.max.register),
+            ms(self.max.exchange),
+            ms(self.max.connect),
+            ms(self.after)
+        )
+    }
+}
+
+/// The report of `phases` (one per rank), once every rank has reported.
+pub fn init_report(
+    phases: &[Option<mutirao::pmi::InitPhases>],
+    after: Duration,
+) -> Option<InitReport> {
+    if phases.is_empty() {
+        return None;
+    }
+    let mut max = mutirao::pmi::InitPhases::default();
+    for p in phases {
+        max = max.max(p.as_ref()?);
+    }
+    Some(InitReport {
+        ranks: phases.len(),
+        max,
+        after,
+    })
 }
 
 /// Why a job ended early.
@@ -71,6 +121,12 @@ pub enum Cause {
     NeverArrived {
         ranks: Vec<usize>,
         hosts: Vec<usize>,
+    },
+    /// An agent refused the launch (or could not start it): its host is alive, its ranks did
+    /// not run.
+    Refused {
+        host: usize,
+        ranks: Vec<usize>,
     },
     /// A rank reported that it lost its channel to `peer`.
     Reported {
@@ -192,8 +248,29 @@ pub fn supervise(job: &Job, n: usize, watch: &Watch, on: &mut dyn FnMut(Report))
             .cloned()
             .unwrap_or_else(|| "?".to_string())
     };
+    // Until every rank has told the bootstrap server its start-up phases (looked at every
+    // turn of the loop meanwhile: a copy of one small record per rank).
+    let mut init_pending = true;
+    let mut look_init = |on: &mut dyn FnMut(Report)| {
+        if init_pending {
+            if let Some(r) = init_report(&job.init_phases(), start.elapsed()) {
+                init_pending = false;
+                on(Report::Init(r));
+            }
+        }
+    };
     while st.remaining > 0 {
-        match job.recv_timeout(Duration::from_millis(50)) {
+        look_init(on);
+        // A refused launch ends the job as a lost host does, with its own cause.
+        let mut refused = false;
+        let ev = match job.recv_timeout(Duration::from_millis(50)) {
+            Ok(Event::Refused { host, why }) => {
+                refused = true;
+                Ok(Event::HostLost { host, why })
+            }
+            ev => ev,
+        };
+        match ev {
             Ok(Event::Output { rank, stream, line }) => on(Report::Output { rank, stream, line }),
             Ok(Event::Started { .. }) => {}
             Ok(Event::Exit { rank, code, signal }) if rank >= st.n => {
@@ -249,9 +326,16 @@ pub fn supervise(job: &Job, n: usize, watch: &Watch, on: &mut dyn FnMut(Report))
                                 "{why} while ranks {lost:?} were running; ending the other ranks"
                             ),
                             1,
-                            Cause::HostLost {
-                                host,
-                                ranks: lost.clone(),
+                            if refused {
+                                Cause::Refused {
+                                    host,
+                                    ranks: lost.clone(),
+                                }
+                            } else {
+                                Cause::HostLost {
+                                    host,
+                                    ranks: lost.clone(),
+                                }
                             },
                             on,
                         );
@@ -263,6 +347,8 @@ pub fn supervise(job: &Job, n: usize, watch: &Watch, on: &mut dyn FnMut(Report))
                     }
                 }
             }
+            // Taken as a lost host with `refused` set, above.
+            Ok(Event::Refused { .. }) => {}
             Err(RecvTimeoutError::Timeout) => {}
             Err(RecvTimeoutError::Disconnected) => break,
         }
@@ -403,6 +489,7 @@ pub fn supervise(job: &Job, n: usize, watch: &Watch, on: &mut dyn FnMut(Report))
             }
         }
     }
+    look_init(on);
     // No spawns once the job's own ranks have ended; then drain output still on its way
     // (bounded: a grandchild may hold a pipe open).
     job.stop_spawning();
@@ -413,4 +500,43 @@ pub fn supervise(job: &Job, n: usize, watch: &Watch, on: &mut dyn FnMut(Report))
         }
     }
     st.ended
+}
+
+#[cfg(test)]
+mod tests {
+    use super::init_report;
+    use mutirao::pmi::InitPhases;
+    use std::time::Duration;
+
+    #[test]
+    fn the_init_report_waits_for_every_rank_and_takes_each_phase_max() {
+        let us = Duration::from_micros;
+        let a = InitPhases {
+            register: us(5),
+            exchange: us(900),
+            connect: us(40),
+        };
+        let b = InitPhases {
+            register: us(7),
+            exchange: us(100),
+            connect: us(60),
+        };
+        assert_eq!(init_report(&[Some(a), None], us(1)), None);
+        assert_eq!(init_report(&[], us(1)), None);
+        let r = init_report(&[Some(a), Some(b)], us(2000)).unwrap();
+        assert_eq!(r.ranks, 2);
+        assert_eq!(
+            (r.max.register, r.max.exchange, r.max.connect),
+            (us(7), us(900), us(60))
+        );
+        let text = r.to_string();
+        assert!(
+            text.starts_with("init of 2 ranks")
+                && text.contains("register 0.0 ms")
+                && text.contains("address exchange 0.9 ms")
+                && text.contains("connect 0.1 ms")
+                && text.contains("all connected 2 ms"),
+            "{text}"
+        );
+    }
 }

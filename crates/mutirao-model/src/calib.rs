@@ -655,6 +655,56 @@ pub struct Calibration {
     /// sweeps): what [`crate::capacity::estimate`] turns into the model's capacities.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub capacity: Vec<CapacityMeasurement>,
+    /// Direct measurements of each host's push cost (`mutirao calibrate`, after the capacities):
+    /// the same computation timed alone and while a rendezvous message to a peer moves, the
+    /// runtime tested between 1 ms slices as a program overlapping its sends would. `fit` makes
+    /// the model's `push_cost` from them where present.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub push: Vec<PushMeasurement>,
+}
+
+/// One host's push measurement: `bytes` sent by rendezvous to `peer` while the host computed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PushMeasurement {
+    pub host: String,
+    pub peer: String,
+    pub bytes: u64,
+    /// One per repetition, alone and sending interleaved.
+    pub samples: Vec<PushSample>,
+}
+
+/// Wall seconds of one computation alone and of the same computation while the message moved.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct PushSample {
+    pub alone_s: f64,
+    pub sending_s: f64,
+}
+
+impl PushMeasurement {
+    /// The host's time per byte (µs): the median over repetitions of what sending added to the
+    /// computation, divided by the bytes; never negative. `None` without usable samples.
+    pub fn us_per_byte(&self) -> Option<f64> {
+        if self.bytes == 0 {
+            return None;
+        }
+        let mut d: Vec<f64> = self
+            .samples
+            .iter()
+            .filter(|s| s.alone_s.is_finite() && s.sending_s.is_finite())
+            .map(|s| s.sending_s - s.alone_s)
+            .collect();
+        if d.is_empty() {
+            return None;
+        }
+        d.sort_by(f64::total_cmp);
+        let mid = d.len() / 2;
+        let median = if d.len() % 2 == 1 {
+            d[mid]
+        } else {
+            0.5 * (d[mid - 1] + d[mid])
+        };
+        Some((median * 1e6 / self.bytes as f64).max(0.0))
+    }
 }
 
 /// Which shared resource a capacity measurement loads.
@@ -711,6 +761,7 @@ impl Calibration {
             partial: None,
             launcher_same_host: None,
             capacity: Vec::new(),
+            push: Vec::new(),
         }
     }
 
@@ -1053,6 +1104,30 @@ impl Calibration {
                         at: format!("provenance.clusters[{i}]"),
                         host: h.clone(),
                     });
+                }
+            }
+        }
+        for (i, p) in self.push.iter().enumerate() {
+            let at = format!("push[{i}] ({} -> {})", p.host, p.peer);
+            for h in [&p.host, &p.peer] {
+                if !names.contains(h.as_str()) {
+                    return Err(CalibError::UnknownHost {
+                        at: at.clone(),
+                        host: h.clone(),
+                    });
+                }
+            }
+            if p.bytes == 0 {
+                return Err(field(format!("{at}.bytes"), "must be at least 1"));
+            }
+            for (k, smp) in p.samples.iter().enumerate() {
+                for (n, v) in [("alone_s", smp.alone_s), ("sending_s", smp.sending_s)] {
+                    if !(v.is_finite() && (0.0..1e6).contains(&v)) {
+                        return Err(field(
+                            format!("{at}.samples[{k}].{n}"),
+                            format!("is {v}; a wall time in seconds, finite and not negative"),
+                        ));
+                    }
                 }
             }
         }

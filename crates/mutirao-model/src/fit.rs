@@ -913,6 +913,7 @@ fn fit3(
     data: &Data,
     seg: &SegOptions,
     scope: &str,
+    split: Option<u64>,
 ) -> Result<([Piecewise; 3], [SegFit; 3]), FitError> {
     // Os and Or first; then L on what they leave of each measured one-way time: the point's L
     // plus the Os and Or fits' residuals there. The one-way time Os + L + Or is what a message
@@ -920,9 +921,9 @@ fn fit3(
     // stay within their points' noise could add up to a miss (a 0.25-core receiver whose Or
     // holds the rendezvous transfer: medians that do not add, a pair link 15% over its
     // one-way time at 1 MiB). With exact data the residuals are 0 and L is its own fit.
-    let os = fit_one(&data.pts[1], seg, &format!("{scope} os"))?;
-    let or = fit_one(&data.pts[2], seg, &format!("{scope} or"))?;
-    let (l, worst) = fit_l(data, seg, scope, &os.function, &or.function)?;
+    let os = fit_one(&data.pts[1], seg, &format!("{scope} os"), split)?;
+    let or = fit_one(&data.pts[2], seg, &format!("{scope} or"), split)?;
+    let (l, worst) = fit_l(data, seg, scope, &os.function, &or.function, split)?;
     // Where even that misses, Or's points were called noise too (a lumpy rendezvous receive
     // whose medians exceed what the round trip leaves): Or follows its medians as well, and the
     // pair is kept if the one-way times are missed less.
@@ -931,8 +932,8 @@ fn fit3(
             .iter()
             .map(|p| FitPoint { se_us: 0.0, ..*p })
             .collect();
-        let or_follow = fit_one(&exact, seg, &format!("{scope} or"))?;
-        let (l_follow, w) = fit_l(data, seg, scope, &os.function, &or_follow.function)?;
+        let or_follow = fit_one(&exact, seg, &format!("{scope} or"), split)?;
+        let (l_follow, w) = fit_l(data, seg, scope, &os.function, &or_follow.function, split)?;
         if w < worst {
             return Ok((
                 [
@@ -958,6 +959,7 @@ fn fit_l(
     scope: &str,
     os: &Piecewise,
     or: &Piecewise,
+    split: Option<u64>,
 ) -> Result<(SegFit, f64), FitError> {
     let l_pts: Vec<FitPoint> = data.pts[0]
         .iter()
@@ -973,7 +975,7 @@ fn fit_l(
             _ => *p,
         })
         .collect();
-    let mut l = fit_one(&l_pts, seg, &format!("{scope} l"))?;
+    let mut l = fit_one(&l_pts, seg, &format!("{scope} l"), split)?;
     // Where that L still misses a point's one-way time by more than `poor_fits` allows (10%
     // and 5 µs), the points' spread called the miss noise: a few samples of a lumpy link
     // (five round trips of 1 MiB to a 0.25-core host, 86–135 ms). The medians are what was
@@ -1004,7 +1006,7 @@ fn fit_l(
             .iter()
             .map(|p| FitPoint { se_us: 0.0, ..*p })
             .collect();
-        if let Ok(follow) = fit_one(&exact, seg, &format!("{scope} l")) {
+        if let Ok(follow) = fit_one(&exact, seg, &format!("{scope} l"), split) {
             let w = one_way_miss(&follow.function);
             if w < worst {
                 l = follow;
@@ -1015,7 +1017,35 @@ fn fit_l(
     Ok((l, worst))
 }
 
-fn fit_one(pts: &[FitPoint], seg: &SegOptions, what: &str) -> Result<SegFit, FitError> {
+/// One parameter's segmented fit. With `split` (the runtime's eager limit, between hosts), no
+/// segment straddles it: sizes up to the limit and sizes above it are fitted apart, and the
+/// first segment above starts at `split + 1`, extended down from the first measured size above
+/// (the protocol changes there: above the limit the receive holds the transfer). Without that,
+/// a size list with nothing between 64 KiB and 128 KiB left every message in between to the
+/// eager segment, whose Or holds no transfer: a 100 KB message across a 10 Mbit/s WAN cost a
+/// prediction 0 ms of wire where it took ~90 ms. When either side has fewer sizes than a
+/// segment needs, the fit is made as without a split.
+fn fit_one(
+    pts: &[FitPoint],
+    seg: &SegOptions,
+    what: &str,
+    split: Option<u64>,
+) -> Result<SegFit, FitError> {
+    if let Some(limit) = split {
+        let (lo, hi): (Vec<FitPoint>, Vec<FitPoint>) = pts.iter().partition(|p| p.bytes <= limit);
+        let sizes = |v: &[FitPoint]| {
+            let mut b: Vec<u64> = v.iter().map(|p| p.bytes).collect();
+            b.sort_unstable();
+            b.dedup();
+            b.len()
+        };
+        let need = seg.min_sizes_per_segment.max(1);
+        if sizes(&lo) >= need && sizes(&hi) >= need {
+            let below = fit_one(&lo, seg, what, None)?;
+            let above = fit_one(&hi, seg, what, None)?;
+            return Ok(join_at(below, above, limit + 1));
+        }
+    }
     let f = segmented_fit_points(pts, seg).ok_or_else(|| FitError::Numeric {
         what: what.to_string(),
     })?;
@@ -1029,6 +1059,32 @@ fn fit_one(pts: &[FitPoint], seg: &SegOptions, what: &str) -> Result<SegFit, Fit
         });
     }
     Ok(f)
+}
+
+/// `below` then `above`, whose first segment is moved down to start at `from` (a segment's
+/// value is `base + per_byte × (bytes − from)`: the same line, extended).
+fn join_at(below: SegFit, mut above: SegFit, from: u64) -> SegFit {
+    if let Some(first) = above.function.0.first_mut() {
+        first.base_us += first.per_byte_us * (from as f64 - first.from as f64);
+        first.from = from;
+    }
+    if let Some(first) = above.segments.first_mut() {
+        first.base_us += first.per_byte_us * (from as f64 - first.from as f64);
+        first.from = from;
+    }
+    let mut function = below.function.0;
+    function.extend(above.function.0);
+    let mut segments = below.segments;
+    segments.extend(above.segments);
+    let mut residuals = below.residuals;
+    residuals.extend(above.residuals);
+    SegFit {
+        function: Piecewise(function),
+        segments,
+        bic: below.bic + above.bic,
+        bic_by_k: below.bic_by_k,
+        residuals,
+    }
 }
 
 fn mean_rel_miss(f: &Piecewise, pts: &[FitPoint], floor: f64) -> f64 {
@@ -1193,11 +1249,18 @@ pub fn fit(calib: &Calibration, opts: &FitOptions) -> Result<(Model, FitReport),
         pairs.insert((sw.src.clone(), sw.dst.clone()), (key, pd));
     }
 
+    // The runtime's eager limit between hosts, where its protocol changes: no segment of a
+    // link between hosts straddles it.
+    let eager_split = calib.provenance.eager_limit_bytes;
     let mut links = Vec::new();
     let mut reports = Vec::new();
     let mut class_fns: HashMap<ClassKey, [Piecewise; 3]> = HashMap::new();
     for (key, data) in &classes {
-        let (f, fits) = fit3(data, &opts.seg, &key.scope())?;
+        let split = match key {
+            ClassKey::SameHost(_) => None,
+            _ => eager_split,
+        };
+        let (f, fits) = fit3(data, &opts.seg, &key.scope(), split)?;
         let [l, os, or] = f.clone();
         links.push(key.link(os, or, l));
         reports.push(LinkReport {
@@ -1252,7 +1315,11 @@ pub fn fit(calib: &Calibration, opts: &FitOptions) -> Result<(Model, FitReport),
             // times (`fit3`): beside an own Os or Or, it must be the pair's too.
             misses[0] = true;
             let scope = format!("pair {src} -> {dst}");
-            let (own, fits) = fit3(pd, &opts.seg, &scope)?;
+            let split = match key {
+                ClassKey::SameHost(_) => None,
+                _ => eager_split,
+            };
+            let (own, fits) = fit3(pd, &opts.seg, &scope, split)?;
             let mut chosen: [Piecewise; 3] = cf.clone();
             let mut params = Vec::new();
             for (i, fit) in fits.into_iter().enumerate() {
@@ -1336,7 +1403,12 @@ pub fn fit(calib: &Calibration, opts: &FitOptions) -> Result<(Model, FitReport),
             continue;
         }
         let scope = format!("{} (any site)", c.as_str());
-        let (f, fits) = fit3(&data, &opts.seg, &scope)?;
+        let split = if c == LinkClass::SameHost {
+            None
+        } else {
+            eager_split
+        };
+        let (f, fits) = fit3(&data, &opts.seg, &scope, split)?;
         let [l, os, or] = f;
         model.links.push(Link {
             class: c,
@@ -1399,6 +1471,11 @@ pub fn fit(calib: &Calibration, opts: &FitOptions) -> Result<(Model, FitReport),
 /// that much longer on the same work). Nothing when the calibration does not record the eager
 /// limit. On the testbed (1500-byte frames through the stack) it is about 6 µs per KiB of CPU:
 /// a task on a half-core host computed for 50 ms while its rank pushed 3 MiB took 90–120 ms.
+/// Where the calibration measured a host's push cost directly ([`Calibration::push`]), that
+/// median is used instead: the eager slope leaves out what moving a large message costs beyond
+/// its copy (on the testbed's veths the receiving stack runs in the sender's context too; a
+/// half-core host's 50 ms tasks took 61–85 ms while it pushed 512 KiB where the slope said
+/// 56 ms).
 fn push_costs(
     calib: &Calibration,
     mode: SendMode,
@@ -1437,9 +1514,23 @@ fn push_costs(
             }
         }
     }
+    // Measured directly (calibrate's push probe): that, as measured, in the host's wall time.
+    let mut measured: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+    for p in &calib.push {
+        if let Some(v) = p.us_per_byte() {
+            measured.entry(p.host.as_str()).or_default().push(v);
+        }
+    }
     ratios
         .iter()
         .filter_map(|&(host, ratio)| {
+            if let Some(mut v) = measured.remove(host) {
+                v.sort_by(f64::total_cmp);
+                return Some(crate::PushCost {
+                    host: host.to_string(),
+                    us_per_byte: v[v.len() / 2],
+                });
+            }
             let mut v = slopes.remove(host)?;
             v.sort_by(f64::total_cmp);
             let median = v[v.len() / 2];

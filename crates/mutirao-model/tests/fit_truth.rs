@@ -818,6 +818,31 @@ fn push_cost_is_the_eager_send_slope_times_the_wall_cpu_ratio() {
     // a1 gets half a core (wall = 2 × CPU), a2 a whole one. An eager send call copies and
     // pushes its bytes itself: Os = 5 µs + 6 µs/KiB up to the 64 KiB eager limit, then 8 µs
     // (a rendezvous send only posts). The push cost is that slope, in each host's time.
+    let (mut c, eager, slope) = eager_slope_calibration();
+    // Without the eager limit the calibration cannot tell: no push cost.
+    let (model, _) = fit_default(&c).unwrap();
+    assert!(model.push_cost.is_empty(), "{:?}", model.push_cost);
+    c.provenance.eager_limit_bytes = Some(eager);
+    let (model, _) = fit_default(&c).unwrap();
+    assert!(
+        rel(model.push_us_per_byte("a1"), 2.0 * slope) < 1e-9,
+        "{:?}",
+        model.push_cost
+    );
+    assert!(
+        rel(model.push_us_per_byte("a2"), slope) < 1e-9,
+        "{:?}",
+        model.push_cost
+    );
+    // It survives the JSON round trip.
+    let back = mutirao_model::Model::from_json(&serde_json::to_string(&model).unwrap()).unwrap();
+    assert_eq!(back.push_cost, model.push_cost);
+}
+
+/// a1 (half a core) and a2 (a whole one) whose eager send calls cost 5 µs + 6 µs/KiB up to the
+/// 64 KiB eager limit, 8 µs above it (a rendezvous send only posts); the limit not recorded.
+/// Returns the calibration, the limit and the slope (µs per byte).
+fn eager_slope_calibration() -> (Calibration, u64, f64) {
     let mut c = hosts_on_site_a(&[("a1", 2.0), ("a2", 1.0)]);
     let eager = 64u64 << 10;
     let slope = 6.0 / 1024.0;
@@ -846,24 +871,7 @@ fn push_cost_is_the_eager_send_slope_times_the_wall_cpu_ratio() {
         }
     }
     c.finalize(2);
-    // Without the eager limit the calibration cannot tell: no push cost.
-    let (model, _) = fit_default(&c).unwrap();
-    assert!(model.push_cost.is_empty(), "{:?}", model.push_cost);
-    c.provenance.eager_limit_bytes = Some(eager);
-    let (model, _) = fit_default(&c).unwrap();
-    assert!(
-        rel(model.push_us_per_byte("a1"), 2.0 * slope) < 1e-9,
-        "{:?}",
-        model.push_cost
-    );
-    assert!(
-        rel(model.push_us_per_byte("a2"), slope) < 1e-9,
-        "{:?}",
-        model.push_cost
-    );
-    // It survives the JSON round trip.
-    let back = mutirao_model::Model::from_json(&serde_json::to_string(&model).unwrap()).unwrap();
-    assert_eq!(back.push_cost, model.push_cost);
+    (c, eager, slope)
 }
 
 /// A calibration of hosts on site "a", each with five speed runs of 100 µs of CPU and the given
@@ -941,4 +949,108 @@ fn overhead_medians_above_the_median_round_trip_are_not_a_poor_fit() {
             rtt[2]
         );
     }
+}
+
+#[test]
+fn sizes_between_the_eager_limit_and_the_next_measured_size_get_the_rendezvous_split() {
+    // A 10 Mbit/s link (0.8 µs/B) and the runtime's 64 KiB eager limit. Up to it the bytes fly
+    // after the send call (L holds the wire, Or is a copy); above it the receive holds the
+    // transfer (Or holds the wire, L is the request's latency). The default-like size list has
+    // nothing between 64 KiB and 128 KiB: a 100 KB message must still be a rendezvous in the
+    // model, its wire time in Or — the simulator starts a rendezvous transfer only when its
+    // receiver posts, so a wire time left in L is one it never charges to a busy receiver
+    // (a new user's grid: 100 KB across the WAN predicted 46 ms, measured 118 ms).
+    let mut c = hosts_on_site_a(&[("a1", 1.0), ("a2", 1.0)]);
+    let eager = 64u64 << 10;
+    let wire = |m: u64| 0.8 * m as f64;
+    let parts = |m: u64| -> (f64, f64, f64) {
+        if m <= eager {
+            (
+                5.0 + 0.001 * m as f64,
+                100.0 + wire(m),
+                1.0 + 0.0002 * m as f64,
+            )
+        } else {
+            (8.0, 100.0, 200.0 + wire(m))
+        }
+    };
+    let sizes = [0u64, 1024, 4096, 16384, 65536, 131072, 262144, 1 << 20];
+    for (s, d) in [("a1", "a2"), ("a2", "a1")] {
+        for &m in &sizes {
+            let (os, l, or) = parts(m);
+            let samples: Vec<PingPongSample> = (0..9)
+                .map(|_| PingPongSample {
+                    rtt_us: 2.0 * (os + l + or),
+                    os_src_us: os,
+                    or_dst_us: or,
+                    os_dst_us: os,
+                    or_src_us: or,
+                    probe_us: None,
+                    wait_src_us: None,
+                })
+                .collect();
+            c.record_pingpong(s, d, SendMode::Isend, m, 1, &samples)
+                .unwrap();
+        }
+    }
+    c.finalize(2);
+    c.provenance.eager_limit_bytes = Some(eager);
+    let (model, report) = fit_default(&c).unwrap();
+    let misses = mutirao_model::fit::poor_fits(&c, &model, &report, 0.10, 5.0);
+    assert!(misses.is_empty(), "{misses:?}");
+    let p = model.link_params("a1", "a2").unwrap();
+    for m in [65537u64, 80_000, 100_000, 131_071] {
+        let (_, l, or) = parts(m);
+        assert!(
+            rel(p.or.value(m), or) < 0.05 && (p.l.value(m) - l).abs() < 0.05 * or,
+            "{m} B: modelled L {:.1} us, Or {:.1} us; the runtime has L {l:.1}, Or {or:.1}",
+            p.l.value(m),
+            p.or.value(m)
+        );
+    }
+    // Below the limit nothing moved: the wire stays in L.
+    let (_, l, _) = parts(60_000);
+    assert!(
+        rel(p.l.value(60_000), l) < 0.05,
+        "L(60000) {}",
+        p.l.value(60_000)
+    );
+}
+
+#[test]
+fn a_measured_push_cost_replaces_the_one_derived_from_the_eager_slope() {
+    use mutirao_model::calib::{PushMeasurement, PushSample};
+    // The eager slope gives a1 2 × 6 µs/KiB. Calibrate's push probe measured more: 100 ms of
+    // computation took 112–118 ms while 1 MiB moved (median +15 ms).
+    let (mut c, eager, slope) = eager_slope_calibration();
+    c.provenance.eager_limit_bytes = Some(eager);
+    let mb = 1u64 << 20;
+    c.push.push(PushMeasurement {
+        host: "a1".into(),
+        peer: "a2".into(),
+        bytes: mb,
+        samples: [(0.100, 0.112), (0.101, 0.116), (0.100, 0.118)]
+            .iter()
+            .map(|&(alone_s, sending_s)| PushSample { alone_s, sending_s })
+            .collect(),
+    });
+    c.validate().unwrap();
+    let (model, _) = fit_default(&c).unwrap();
+    let want = 0.015e6 / mb as f64;
+    assert!(
+        rel(model.push_us_per_byte("a1"), want) < 1e-9,
+        "a1: {} us/B, measured {want}",
+        model.push_us_per_byte("a1")
+    );
+    // a2 was not probed: its cost still comes from its eager slope.
+    assert!(rel(model.push_us_per_byte("a2"), slope) < 1e-9);
+    // A probe naming a host the calibration does not have, or a negative time, is refused.
+    let mut bad = c.clone();
+    bad.push[0].peer = "zz".into();
+    let e = bad.validate().unwrap_err().to_string();
+    assert!(e.contains("zz"), "{e}");
+    let mut bad = c.clone();
+    bad.push[0].samples[1].sending_s = -1.0;
+    let e = bad.validate().unwrap_err().to_string();
+    assert!(e.contains("push[0]") && e.contains("sending_s"), "{e}");
 }

@@ -337,6 +337,40 @@ pub fn simulate_with_network<N: FlowNetwork>(
     } else {
         Vec::new()
     };
+    // Each rendezvous transfer: started yet, and what sharing cost it once it ended (NaN until
+    // then). A transfer starts when both its request has been sent and its receiver's host has
+    // reached the task (the runtime posts a task's receives when its host is free for it, not
+    // when the last of its inputs is announced), whichever is known last.
+    let mut rdv_started: Vec<bool> = if rdv_flows {
+        vec![false; edges.len()]
+    } else {
+        Vec::new()
+    };
+    let mut rdv_sent: Vec<bool> = if rdv_flows {
+        vec![false; edges.len()]
+    } else {
+        Vec::new()
+    };
+    let mut rdv_delay: Vec<f64> = if rdv_flows {
+        vec![f64::NAN; edges.len()]
+    } else {
+        Vec::new()
+    };
+    let rdv_start = |ei: usize,
+                     post: f64,
+                     arrival: f64,
+                     started: &mut Vec<bool>,
+                     recv_post: &mut Vec<f64>,
+                     starts: &mut BinaryHeap<Reverse<Start>>,
+                     messages: &mut Vec<MessageEvent>| {
+        let ps = post.max(arrival);
+        started[ei] = true;
+        recv_post[ei] = ps;
+        starts.push(Reverse(Start(ps, ei)));
+        if opts.record_messages {
+            messages[ei].recv_start_s = ps;
+        }
+    };
     let mut resume: Vec<usize> = Vec::new();
     loop {
         loop {
@@ -362,8 +396,8 @@ pub fn simulate_with_network<N: FlowNetwork>(
             if !resumed {
                 done += 1;
                 t = host_free[q];
-                let post = t;
                 let mut pending = 0u32;
+                let mut rdv_end = f64::NEG_INFINITY;
                 // Receive overheads in arrival order (HLogP's chain). With contention,
                 // rendezvous receives are all posted when the host reaches the task, and each
                 // transfer is a flow from then (or from its request's arrival, if later); such a
@@ -383,13 +417,31 @@ pub fn simulate_with_network<N: FlowNetwork>(
                         t = rs;
                     }
                     if rdv_flows && platform.rendezvous(edges[ei].bytes, p, q) {
-                        let ps = post.max(a);
-                        recv_post[ei] = ps;
                         rdv_floor[ei] = t;
-                        starts.push(Reverse(Start(ps, ei)));
-                        pending += 1;
-                        if opts.record_messages {
-                            messages[ei].recv_start_s = ps;
+                        if !rdv_started[ei] {
+                            // Not reached before (cannot happen: the host reached this task
+                            // and every request was sent before it became ready).
+                            rdv_start(
+                                ei,
+                                host_free[q],
+                                a,
+                                &mut rdv_started,
+                                &mut recv_post,
+                                &mut starts,
+                                &mut messages,
+                            );
+                        }
+                        let d = rdv_delay[ei];
+                        if d.is_nan() {
+                            pending += 1;
+                        } else {
+                            let end =
+                                (recv_post[ei] + platform.or_s(edges[ei].bytes, p, q) * f + d)
+                                    .max(t);
+                            rdv_end = rdv_end.max(end);
+                            if opts.record_messages {
+                                messages[ei].recv_end_s = end;
+                            }
                         }
                         continue;
                     }
@@ -398,6 +450,7 @@ pub fn simulate_with_network<N: FlowNetwork>(
                         messages[ei].recv_end_s = t;
                     }
                 }
+                t = t.max(rdv_end);
                 if pending > 0 {
                     parked.insert(
                         v,
@@ -453,7 +506,23 @@ pub fn simulate_with_network<N: FlowNetwork>(
                     messages[ei].send_end_s = send_end;
                     messages[ei].arrival_s = arrival[ei];
                 }
-                if net.is_some() && r != q && !(rdv_flows && platform.rendezvous(e.bytes, q, r)) {
+                let rdv = rdv_flows && platform.rendezvous(e.bytes, q, r);
+                if rdv {
+                    rdv_sent[ei] = true;
+                }
+                if rdv && host_next[r] == pos[e.to] {
+                    // Its receiver's host already waits at that task: the transfer starts now.
+                    rdv_start(
+                        ei,
+                        host_free[r],
+                        arrival[ei],
+                        &mut rdv_started,
+                        &mut recv_post,
+                        &mut starts,
+                        &mut messages,
+                    );
+                }
+                if net.is_some() && r != q && !rdv {
                     starts.push(Reverse(Start(send_end, ei)));
                 } else {
                     let w = e.to;
@@ -479,6 +548,27 @@ pub fn simulate_with_network<N: FlowNetwork>(
             host_next[q] += 1;
             if host_next[q] < host_off[q + 1] - host_off[q] {
                 let w = order[host_off[q] + host_next[q]];
+                if rdv_flows {
+                    // The host reaches w: the transfers of its rendezvous receives whose
+                    // requests were sent start now (the others when they are sent).
+                    for &ei in dag.in_edges(w) {
+                        let p = placement.host[edges[ei].from];
+                        if !rdv_started[ei]
+                            && rdv_sent[ei]
+                            && platform.rendezvous(edges[ei].bytes, p, q)
+                        {
+                            rdv_start(
+                                ei,
+                                t,
+                                arrival[ei],
+                                &mut rdv_started,
+                                &mut recv_post,
+                                &mut starts,
+                                &mut messages,
+                            );
+                        }
+                    }
+                }
                 if remaining[w] == 0 {
                     ready.push(w);
                 }
@@ -504,6 +594,7 @@ pub fn simulate_with_network<N: FlowNetwork>(
                         // A rendezvous transfer ended: its receive ends Or after it was posted
                         // (Or carries the transfer alone), plus what sharing cost it, and not
                         // before its end in the HLogP chain.
+                        rdv_delay[ei] = d.delay;
                         if let Some(w) = parked.get_mut(&e.to) {
                             let end =
                                 (recv_post[ei] + platform.or_s(e.bytes, p, r) * w.f + d.delay)

@@ -122,6 +122,14 @@ impl Comm {
         self.inner.group.len()
     }
 
+    /// How long this process's start-up ([`crate::init`]) took, phase by phase: registering
+    /// with the launcher, the address exchange, the mesh connect and the connection barrier
+    /// (see [`crate::InitTimings`]). `None` for a process started without a launcher (a job
+    /// of one rank). The same on every communicator of the process.
+    pub fn init_timings(&self) -> Option<crate::InitTimings> {
+        self.inner.eng.borrow().init_timings
+    }
+
     /// The world rank of communicator rank `r`.
     pub fn world_rank(&self, r: usize) -> Option<usize> {
         self.inner.group.get(r).copied()

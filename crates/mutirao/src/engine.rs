@@ -433,6 +433,8 @@ pub(crate) struct Engine {
     /// Spawn groups a restart re-created, until the program takes them (`Comm::respawned`):
     /// (group, members parent first, time to re-create).
     pub(crate) respawned: Option<Vec<(u64, Vec<usize>, Duration)>>,
+    /// How long this rank's start-up took, phase by phase (`None`: not under a launcher).
+    pub(crate) init_timings: Option<crate::InitTimings>,
     /// Peers this process had at start-up: their failures fail any-source receives of the
     /// communicators not in `scopes` (the job's, and those derived from it).
     base: usize,
@@ -521,6 +523,7 @@ impl Engine {
             spawned_in: None,
             spawn_groups: Vec::new(),
             respawned: None,
+            init_timings: None,
             base: size,
             scopes: HashMap::new(),
             comms: crate::ckpt::CommTable::default(),

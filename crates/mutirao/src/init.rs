@@ -51,6 +51,39 @@ pub struct JobEnv {
     pub spawn: Option<SpawnEnv>,
 }
 
+/// How long each phase of this rank's start-up took, on the monotonic clock
+/// ([`crate::Comm::init_timings`]). The phases run one after the other; `total` also counts
+/// what lies between and around them (reading the configuration, a restart's checkpoint and
+/// re-created spawn groups), so the phases add up to at most `total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct InitTimings {
+    /// Connecting to the launcher's bootstrap (PMI) server and registering with the job token.
+    pub register: Duration,
+    /// The address-exchange fence: publishing this rank's address and waiting for every
+    /// rank's. It lasts until the last rank of the job (or spawn group) has started and
+    /// registered, so it holds the ranks' start-up skew.
+    pub exchange: Duration,
+    /// Building the mesh: shared-memory rings for ranks of this host, TCP connections to the
+    /// others, authenticated hellos both ways.
+    pub connect: Duration,
+    /// The connection barrier: the fence after the mesh, once every rank is connected.
+    pub barrier: Duration,
+    /// From the start of [`init_with`] to the end of the connection barrier.
+    pub total: Duration,
+}
+
+impl InitTimings {
+    /// The three phases a rank reports to the launcher (all but the barrier, which is still
+    /// running when it reports).
+    pub fn phases(&self) -> crate::pmi::InitPhases {
+        crate::pmi::InitPhases {
+            register: self.register,
+            exchange: self.exchange,
+            connect: self.connect,
+        }
+    }
+}
+
 /// How a spawned rank finds its group (set by the launcher from the PMI server's
 /// [`crate::pmi::SpawnRequest::env`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -477,8 +510,10 @@ pub fn init_with(env: &JobEnv) -> Result<Comm, Error> {
     if env.bind_to_core {
         bind_to_core(env.local_rank, env.local_ranks)?;
     }
+    let t_init = Instant::now();
     let cfg = Config::from_env(env.local_ranks).map_err(Error::Init)?;
     let deadline = Instant::now() + cfg.connect_timeout;
+    let t_register = Instant::now();
     let mut pmi = PmiClient::connect(
         &env.pmi_addr,
         env.rank as u32,
@@ -486,6 +521,7 @@ pub fn init_with(env: &JobEnv) -> Result<Comm, Error> {
         cfg.connect_timeout,
     )
     .map_err(Error::Init)?;
+    let register = t_register.elapsed();
 
     // A restart: this rank's checkpoint first, and the spawn groups it saved asked for again
     // now, before the job's first fence, so that no new spawn (only possible once every rank
@@ -527,7 +563,9 @@ pub fn init_with(env: &JobEnv) -> Result<Comm, Error> {
         None => pmi.fence(kvs, cfg.connect_timeout),
         Some(sp) => pmi.group_fence(sp.group, kvs, group_timeout),
     };
+    let t_exchange = Instant::now();
     let all = fence(&mut pmi, kvs).map_err(|e| Error::Init(format!("address exchange: {e}")))?;
+    let exchange = t_exchange.elapsed();
     if all.len() != members.len() {
         return Err(Error::Init(format!(
             "the launcher returned {} addresses for {} ranks",
@@ -535,6 +573,7 @@ pub fn init_with(env: &JobEnv) -> Result<Comm, Error> {
             members.len()
         )));
     }
+    let t_connect = Instant::now();
     let ch = build_channels(
         &Mesh {
             me: my_index,
@@ -553,12 +592,26 @@ pub fn init_with(env: &JobEnv) -> Result<Comm, Error> {
     for (w, io) in members.iter().zip(ch.io) {
         peers[*w] = Peer::new(io.map(Link::into_transport));
     }
+    let connect = t_connect.elapsed();
+    let mut timings = InitTimings {
+        register,
+        exchange,
+        connect,
+        ..InitTimings::default()
+    };
     // When everyone has mapped, the files can go: nothing is left in /dev/shm if a rank dies.
-    let fenced = fence(&mut pmi, Kvs::new());
+    // The launcher learns this rank's start-up phases here.
+    let mut done = Kvs::new();
+    done.insert(crate::pmi::INIT_KEY.into(), timings.phases().encode());
+    let t_barrier = Instant::now();
+    let fenced = fence(&mut pmi, done);
+    timings.barrier = t_barrier.elapsed();
     unlink_all(&ch.created);
     fenced.map_err(|e| Error::Init(format!("connection barrier: {e}")))?;
+    timings.total = t_init.elapsed();
 
     let mut engine = Engine::new(env.rank, width, peers, tuning(&cfg))?;
+    engine.init_timings = Some(timings);
     if let Some(c) = &restored {
         // Peers send the large messages they held first: keep them for the restore below.
         engine.expect_resent(c.epoch, &c.resent)?;
@@ -996,6 +1049,12 @@ mod tests {
             let e = with(bad).unwrap_err().to_string();
             assert!(e.contains("MUTIRAO_SPAWN_MEMBERS"), "{bad}: {e}");
         }
+    }
+
+    #[test]
+    fn a_process_without_a_launcher_has_no_init_timings() {
+        let w = super::init_alone().unwrap();
+        assert_eq!(w.init_timings(), None);
     }
 
     #[test]

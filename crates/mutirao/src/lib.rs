@@ -60,7 +60,7 @@ mod transport;
 pub mod wire;
 
 pub use comm::{wait_all, wait_any, Comm, Completion, Recovery, Request, RestoredRequest};
-pub use init::{init, init_with, JobEnv, SpawnEnv};
+pub use init::{init, init_with, InitTimings, JobEnv, SpawnEnv};
 pub use spawn::{PendingSpawn, SpawnSpec, Spawned};
 
 /// Receive from any source.

@@ -75,6 +75,9 @@ pub struct Outcome {
     pub failures: Vec<FailureReport>,
     /// Ranks started by spawns, in the order started.
     pub spawned: Vec<SpawnedOutcome>,
+    /// Per rank, the start-up phases it reported to the bootstrap server
+    /// ([`PmiServer::init_phases`]; `None`: it did not reach the connection barrier).
+    pub init: Vec<Option<crate::pmi::InitPhases>>,
 }
 
 type Drain = JoinHandle<String>;
@@ -395,6 +398,7 @@ impl LocalJob {
             elapsed,
             failures: pmi.take_failures(),
             spawned: spawner.outcomes(),
+            init: pmi.init_phases(),
         })
     }
 }

@@ -135,6 +135,59 @@ pub const MAX_WORLD_RANK: u32 = 1 << 24;
 /// Longest spawn timeout accepted (a day).
 pub const MAX_SPAWN_TIMEOUT: Duration = Duration::from_secs(86_400);
 
+/// The key under which a rank publishes its start-up phases in the connection barrier (the
+/// job's second fence): `register,exchange,connect` in whole microseconds. The launcher's
+/// server keeps them ([`PmiServer::init_phases`]); ranks ignore the key.
+pub const INIT_KEY: &str = "init_us";
+
+/// How long three phases of one rank's start-up took (monotonic clock), as it reports them to
+/// the launcher through the connection barrier (see [`crate::InitTimings`] for all of them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct InitPhases {
+    /// Connecting to the bootstrap server and registering (hello with the job token).
+    pub register: Duration,
+    /// The address-exchange fence: waits until every rank has started and published.
+    pub exchange: Duration,
+    /// Building the mesh (rings, TCP connections, authenticated hellos).
+    pub connect: Duration,
+}
+
+impl InitPhases {
+    /// `register,exchange,connect` in microseconds (the [`INIT_KEY`] value).
+    pub fn encode(&self) -> String {
+        format!(
+            "{},{},{}",
+            self.register.as_micros(),
+            self.exchange.as_micros(),
+            self.connect.as_micros()
+        )
+    }
+
+    /// The inverse of [`InitPhases::encode`]; `None` unless it is three non-negative integers.
+    pub fn parse(s: &str) -> Option<InitPhases> {
+        let mut it = s.split(',').map(|x| x.trim().parse::<u64>().ok());
+        let (Some(Some(r)), Some(Some(e)), Some(Some(c)), None) =
+            (it.next(), it.next(), it.next(), it.next())
+        else {
+            return None;
+        };
+        Some(InitPhases {
+            register: Duration::from_micros(r),
+            exchange: Duration::from_micros(e),
+            connect: Duration::from_micros(c),
+        })
+    }
+
+    /// Each phase's maximum of `self` and `o`.
+    pub fn max(&self, o: &InitPhases) -> InitPhases {
+        InitPhases {
+            register: self.register.max(o.register),
+            exchange: self.exchange.max(o.exchange),
+            connect: self.connect.max(o.connect),
+        }
+    }
+}
+
 /// What the launcher is asked to start for one spawn (issue 13). Built by the PMI server;
 /// handed to the launcher's [`Spawner`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -589,6 +642,8 @@ struct Shared {
     scv: Condvar,
     token: [u8; 32],
     addr: SocketAddr,
+    /// Per job rank, the start-up phases it reported ([`INIT_KEY`]).
+    init: Mutex<Vec<Option<InitPhases>>>,
 }
 
 struct FenceState {
@@ -761,6 +816,7 @@ impl PmiServer {
             scv: Condvar::new(),
             token,
             addr,
+            init: Mutex::new(vec![None; size as usize]),
         });
         let st = state.clone();
         std::thread::Builder::new()
@@ -824,6 +880,15 @@ impl PmiServer {
             .lock()
             .ok()
             .and_then(|c| c.get(&epoch).cloned())
+    }
+
+    /// Per job rank (in rank order), the start-up phases it reported in the connection
+    /// barrier; `None` for a rank that has not reached it (or an older runtime's rank).
+    pub fn init_phases(&self) -> Vec<Option<InitPhases>> {
+        match self.state.init.lock() {
+            Ok(v) => v.clone(),
+            Err(_) => Vec::new(),
+        }
     }
 
     /// The channel failures ranks reported since the last call (oldest first).
@@ -970,7 +1035,16 @@ fn conn_loop(
                 );
                 return;
             }
-            Msg::Fence { kvs } => kvs,
+            Msg::Fence { kvs } => {
+                if let Some(p) = kvs.get(INIT_KEY).and_then(|v| InitPhases::parse(v)) {
+                    if let Ok(mut v) = st.init.lock() {
+                        if let Some(slot) = v.get_mut(rank) {
+                            *slot = Some(p);
+                        }
+                    }
+                }
+                kvs
+            }
             Msg::CkptPut {
                 epoch,
                 len,
@@ -1589,16 +1663,22 @@ fn ckpt_commit(st: &Shared, rank: usize, epoch: u64) -> Result<(), String> {
 mod tests {
     use super::*;
 
-    #[test]
-    fn fence_returns_every_rank_kvs_in_rank_order() {
+    /// A bootstrap server for `n` ranks on loopback (fences wait up to 10 s), and its token.
+    fn server(n: u32) -> (PmiServer, [u8; 32]) {
         let token = new_token().unwrap();
         let srv = PmiServer::start(
             "127.0.0.1:0".parse().unwrap(),
-            3,
+            n,
             token,
             Duration::from_secs(10),
         )
         .unwrap();
+        (srv, token)
+    }
+
+    #[test]
+    fn fence_returns_every_rank_kvs_in_rank_order() {
+        let (srv, token) = server(3);
         let addr = srv.addr().to_string();
         let hs: Vec<_> = (0..3u32)
             .map(|r| {
@@ -1625,15 +1705,52 @@ mod tests {
     }
 
     #[test]
+    fn the_server_keeps_the_init_phases_ranks_publish_and_ignores_malformed_ones() {
+        let p = InitPhases {
+            register: Duration::from_micros(1500),
+            exchange: Duration::from_micros(20),
+            connect: Duration::from_micros(7),
+        };
+        assert_eq!(p.encode(), "1500,20,7");
+        assert_eq!(InitPhases::parse(&p.encode()), Some(p));
+        for bad in ["", "1,2", "1,2,3,4", "1,-2,3", "a,b,c"] {
+            assert_eq!(InitPhases::parse(bad), None, "{bad}");
+        }
+        let (srv, token) = server(2);
+        let addr = srv.addr().to_string();
+        let hs: Vec<_> = [p.encode(), "not,a,number".to_string()]
+            .into_iter()
+            .enumerate()
+            .map(|(r, v)| {
+                let addr = addr.clone();
+                std::thread::spawn(move || {
+                    let mut c = PmiClient::connect(&addr, r as u32, &token, Duration::from_secs(5))
+                        .unwrap();
+                    c.fence(Kvs::new(), Duration::from_secs(5)).unwrap();
+                    let mut kvs = Kvs::new();
+                    kvs.insert(INIT_KEY.into(), v);
+                    c.fence(kvs, Duration::from_secs(5)).unwrap();
+                    c
+                })
+            })
+            .collect();
+        let _clients: Vec<_> = hs.into_iter().map(|h| h.join().unwrap()).collect();
+        assert_eq!(srv.init_phases(), vec![Some(p), None]);
+        let q = InitPhases {
+            register: Duration::from_micros(10),
+            exchange: Duration::from_micros(30),
+            connect: Duration::from_micros(5),
+        };
+        let m = p.max(&q);
+        assert_eq!(
+            (m.register, m.exchange, m.connect),
+            (p.register, q.exchange, p.connect)
+        );
+    }
+
+    #[test]
     fn wrong_token_and_duplicate_rank_are_refused() {
-        let token = new_token().unwrap();
-        let srv = PmiServer::start(
-            "127.0.0.1:0".parse().unwrap(),
-            2,
-            token,
-            Duration::from_secs(10),
-        )
-        .unwrap();
+        let (srv, token) = server(2);
         let addr = srv.addr().to_string();
         let e = PmiClient::connect(&addr, 0, &[1u8; 32], Duration::from_secs(5))
             .err()
@@ -2104,14 +2221,7 @@ mod tests {
 
     #[test]
     fn without_a_sink_checkpoints_are_refused_and_failures_are_reported() {
-        let token = new_token().unwrap();
-        let srv = PmiServer::start(
-            "127.0.0.1:0".parse().unwrap(),
-            2,
-            token,
-            Duration::from_secs(10),
-        )
-        .unwrap();
+        let (srv, token) = server(2);
         let t = Duration::from_secs(10);
         let mut c = PmiClient::connect(&srv.addr().to_string(), 1, &token, t).unwrap();
         let e = c.ckpt_put(1, b"x", t).unwrap_err();

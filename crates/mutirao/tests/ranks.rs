@@ -448,6 +448,37 @@ fn mixed_pingpong(w: &Comm) -> Result<(), String> {
     Ok(())
 }
 
+/// Every rank's start-up phases are there, each within the total, their sum too; each rank
+/// prints them (`init R register_us exchange_us connect_us barrier_us total_us`) for the driver
+/// to compare with what the bootstrap server was told.
+fn init_timings(w: &Comm) -> R {
+    let t = w
+        .init_timings()
+        .ok_or("init_timings() is None under a launcher")?;
+    let sum = t.register + t.exchange + t.connect + t.barrier;
+    check!(
+        sum <= t.total && !t.total.is_zero(),
+        "phases {t:?} add up to {sum:?}, more than the total (or the total is zero)"
+    );
+    // Every communicator of the process answers the same.
+    let d = w.dup().map_err(e)?;
+    check!(
+        d.init_timings() == Some(t),
+        "a dup answers {:?}",
+        d.init_timings()
+    );
+    println!(
+        "init {} {} {} {} {} {}",
+        w.rank(),
+        t.register.as_micros(),
+        t.exchange.as_micros(),
+        t.connect.as_micros(),
+        t.barrier.as_micros(),
+        t.total.as_micros()
+    );
+    Ok(())
+}
+
 fn run_scenario(name: &str) -> ! {
     let w = match mutirao::init() {
         Ok(w) => w,
@@ -462,6 +493,7 @@ fn run_scenario(name: &str) -> ! {
         "collectives" => collectives(&w),
         "kill" => kill_mid_collective(&w),
         "mixed_pingpong" => mixed_pingpong(&w),
+        "init_timings" => init_timings(&w),
         other => Err(format!("unknown scenario {other}")),
     };
     let fin = w.finalize().map_err(e);
@@ -572,6 +604,43 @@ fn main() {
                 }
                 if o.elapsed > Duration::from_secs(5) {
                     return Err(format!("survivors took {:?} to notice", o.elapsed).into());
+                }
+                Ok(())
+            },
+        ));
+    }
+    for transport in ["auto", "tcp"] {
+        trials.push(Trial::test(
+            format!("init_timings_are_reported_by_every_rank_and_reach_the_launcher_{transport}"),
+            move || {
+                let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+                let out = LocalJob::new(exe, 3)
+                    .env("MUTIRAO_SCENARIO", "init_timings")
+                    .env("MUTIRAO_TRANSPORT", transport)
+                    .limit(Duration::from_secs(60))
+                    .run()?;
+                if !out.codes.iter().all(|c| *c == Some(0)) {
+                    return Err(
+                        format!("exit codes {:?}\n{}", out.codes, out.stderr.join("\n")).into(),
+                    );
+                }
+                for (r, o) in out.stdout.iter().enumerate() {
+                    let v: Vec<u128> = o
+                        .lines()
+                        .find_map(|l| l.strip_prefix("init "))
+                        .ok_or(format!("rank {r} printed no timings: {o:?}"))?
+                        .split(' ')
+                        .map(|x| x.parse().map_err(|_| format!("rank {r}: {o:?}")))
+                        .collect::<Result<_, _>>()?;
+                    let p = out.init[r].ok_or(format!(
+                        "the bootstrap server has no phases of rank {r}: {:?}",
+                        out.init
+                    ))?;
+                    // What the server was told is what the rank measured.
+                    let told = [p.register, p.exchange, p.connect].map(|d| d.as_micros());
+                    if v[0] != r as u128 || told[..] != v[1..4] {
+                        return Err(format!("rank {r} printed {v:?}, the server has {p:?}").into());
+                    }
                 }
                 Ok(())
             },

@@ -1,4 +1,5 @@
-//! Helpers shared by the recovery tests (`recover`, `recover_testbed`, `recover_s3`): the
+//! Helpers shared by the recovery tests (`recover`, `recover_testbed`, `recover_s3`) and the
+//! grid's (`grid`, `grid_dag`, `grid_owner`: a client command, its output checked): the
 //! jacobi example's path and failure-free checksum, agent tokens, finding a rank's process, the
 //! checkpoint blobs under a directory, a launcher run with a time bound, a testbed with an
 //! agent on every host ([`up_with_agents`]) and moto's S3 server ([`moto`]). Each test binary
@@ -7,7 +8,7 @@
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -17,6 +18,37 @@ pub mod moto;
 
 /// The `mutirao` binary under test.
 pub const MUTIRAO: &str = env!("CARGO_BIN_EXE_mutirao");
+
+/// `mutirao ARGS` as a grid client of the coordinator at `url` with `token`.
+pub fn grid_client(url: &str, token: &str, args: &[&str]) -> Output {
+    Command::new(MUTIRAO)
+        .args(args)
+        .env("MUTIRAO_COORD", url)
+        .env("MUTIRAO_COORD_TOKEN", token)
+        .output()
+        .unwrap()
+}
+
+/// The standard output of a command that must have succeeded (else both outputs in the panic).
+pub fn ok(o: &Output) -> String {
+    assert!(
+        o.status.success(),
+        "failed: {}\n{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// The standard error of a command that must have failed.
+pub fn err(o: &Output) -> String {
+    assert!(
+        !o.status.success(),
+        "succeeded: {}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
 
 /// The runtime's jacobi example, built by `cargo test`/`nextest` for the workspace.
 pub fn jacobi() -> Option<PathBuf> {
