@@ -268,6 +268,30 @@ impl Drop for Agent {
     }
 }
 
+/// The "hang" scenario on 3 ranks with checkpoints in `dir/ckpt` and `extra` options (incarnation
+/// 0's rank 1 never reaches the start-up barrier; the ranks give up on it after 2 s).
+fn hang_job(dir: &Path, extra: &[&str]) -> Result<(Output, Duration), Failed> {
+    let ck = dir.join("ckpt");
+    let mut args = vec!["-n", "3", "--timeout", "60", "--checkpoint-interval", "1"];
+    args.extend_from_slice(extra);
+    args.extend_from_slice(&["--checkpoint-dir", ck.to_str().ok_or("path")?]);
+    let mut cmd = mutirao_run(&args, "hang", None);
+    cmd.env("MUTIRAO_CONNECT_TIMEOUT_S", "2");
+    run_limited(cmd, Duration::from_secs(60))
+}
+
+/// A hostfile `dir/hosts` naming `agents` (host and port), `slots` each.
+fn hostfile(dir: &Path, agents: &[&Agent], slots: usize) -> Result<PathBuf, Failed> {
+    let mut hosts = String::new();
+    for a in agents {
+        let (host, port) = a.addr.rsplit_once(':').ok_or("bad agent address")?;
+        hosts.push_str(&format!("{host} slots={slots} port={port}\n"));
+    }
+    let hf = dir.join("hosts");
+    std::fs::write(&hf, hosts).map_err(|e| e.to_string())?;
+    Ok(hf)
+}
+
 fn start_agent(token_file: &Path) -> Result<Agent, Failed> {
     // Every test agent gets its own directory socket.
     static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
@@ -651,13 +675,7 @@ fn tests() -> Vec<Trial> {
                 let tok = gen_token(&d, "agent.token")?;
                 let a1 = start_agent(&tok)?;
                 let a2 = start_agent(&tok)?;
-                let mut hosts = String::new();
-                for a in [&a1, &a2] {
-                    let (host, port) = a.addr.rsplit_once(':').ok_or("bad agent address")?;
-                    hosts.push_str(&format!("{host} slots=2 port={port}\n"));
-                }
-                let hf = d.join("hosts");
-                std::fs::write(&hf, hosts).map_err(|e| e.to_string())?;
+                let hf = hostfile(&d, &[&a1, &a2], 2)?;
                 let mut cmd = mutirao_run(
                     &[
                         "-n",
@@ -687,22 +705,7 @@ fn tests() -> Vec<Trial> {
             || {
                 let d = tmpdir("hang");
                 let _rm = RemoveOnDrop(d.clone());
-                let mut cmd = mutirao_run(
-                    &[
-                        "-n",
-                        "3",
-                        "--timeout",
-                        "60",
-                        "--checkpoint-interval",
-                        "1",
-                        "--checkpoint-dir",
-                        d.join("ckpt").to_str().ok_or("path")?,
-                    ],
-                    "hang",
-                    None,
-                );
-                cmd.env("MUTIRAO_CONNECT_TIMEOUT_S", "2");
-                let (out, el) = run_limited(cmd, Duration::from_secs(60))?;
+                let (out, el) = hang_job(&d, &[])?;
                 let (so, se) = (text(&out.stdout), text(&out.stderr));
                 if !out.status.success()
                     || !se.contains("restart 1 of 3: every rank from the beginning")
@@ -713,6 +716,60 @@ fn tests() -> Vec<Trial> {
                     || el > Duration::from_secs(30)
                 {
                     return Err(format!("exit {:?} after {el:?}\n{so}\n{se}", out.status).into());
+                }
+                Ok(())
+            },
+        ),
+        Trial::test(
+            "on_a_hostfile_the_host_of_a_rank_that_never_reaches_the_barrier_is_left_out_not_the_waiting_ranks_hosts",
+            || {
+                // Three loopback "hosts" (one agent each, one slot each): rank r on agent r.
+                let d = tmpdir("hang-hosts");
+                let _rm = RemoveOnDrop(d.clone());
+                let tok = gen_token(&d, "agent.token")?;
+                let agents = [
+                    start_agent(&tok)?,
+                    start_agent(&tok)?,
+                    start_agent(&tok)?,
+                ];
+                let hf = hostfile(&d, &[&agents[0], &agents[1], &agents[2]], 1)?;
+                let (out, el) = hang_job(
+                    &d,
+                    &[
+                        "--hostfile",
+                        hf.to_str().ok_or("path")?,
+                        "--token-file",
+                        tok.to_str().ok_or("path")?,
+                        "--checkpoint-store",
+                        "dir",
+                    ],
+                )?;
+                let (so, se) = (text(&out.stdout), text(&out.stderr));
+                let fail = |why: &str| -> Result<(), Failed> {
+                    Err(format!("{why}; exit {:?} after {el:?}\n{so}\n{se}", out.status).into())
+                };
+                if !out.status.success() || (0..3).any(|r| !so.contains(&format!("rank {r} of 3 done")))
+                {
+                    return fail("the job did not finish on every rank");
+                }
+                // The launcher names the rank that never came (rank 1, on the second agent),
+                // not rank 0 or 2, which gave up waiting for it.
+                if !se.contains("rank 1 on 127.0.0.1 never reached the start-up barrier (ranks [") {
+                    return fail("the notice does not name rank 1 as the one that never came");
+                }
+                // The restart leaves out rank 1's agent and uses the two others.
+                let placed = se
+                    .lines()
+                    .find(|l| l.contains("restart 1: ranks on ["))
+                    .ok_or("no placement of restart 1")?;
+                if placed.contains(&agents[1].addr)
+                    || !placed.contains(&agents[0].addr)
+                    || !placed.contains(&agents[2].addr)
+                {
+                    return fail(&format!(
+                        "restart 1 placed {placed:?}: want the agents {} and {}, never {}",
+                        agents[0].addr, agents[2].addr, agents[1].addr
+                    ));
                 }
                 Ok(())
             },

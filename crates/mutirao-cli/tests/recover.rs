@@ -916,6 +916,11 @@ fn a_rank_that_never_reaches_the_barrier_on_restart_is_named_and_jacobi_recovers
         se.contains("timed out after 2.4s waiting for ranks [1] to reach the fence"),
         "no rank said the barrier timed out waiting for rank 1:\n{se}"
     );
+    // The launcher blames the rank that never came, not those that gave up waiting for it.
+    assert!(
+        se.contains("rank 1 on localhost never reached the start-up barrier"),
+        "the launcher did not name rank 1 as the rank that never came:\n{se}"
+    );
     let (e1, e2) = (restart_epoch(se, 1), restart_epoch(se, 2));
     assert!(e1.is_some(), "no restart from a committed epoch:\n{se}");
     assert_eq!(e2, e1, "the second restart's epoch:\n{se}");

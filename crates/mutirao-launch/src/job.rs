@@ -381,6 +381,12 @@ impl Job {
         self.pmi.fence_checkpoints();
     }
 
+    /// The ranks that never reached a fence, once one timed out (see
+    /// [`PmiServer::fence_missing`]).
+    pub fn fence_missing(&self) -> Option<Vec<usize>> {
+        self.pmi.fence_missing()
+    }
+
     /// Channel failures ranks reported since the last call.
     pub fn take_failures(&self) -> Vec<FailureReport> {
         self.pmi.take_failures()

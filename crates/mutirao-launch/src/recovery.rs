@@ -101,6 +101,8 @@ fn next_exclusion(spec: &JobSpec, already: &[usize], ended: &Ended) -> Vec<usize
         // Nowhere else to go: keep only the hosts lost outright out, if any other remains.
         let lost: Vec<usize> = match &ended.cause {
             Some(Cause::HostLost { host, .. }) => vec![*host],
+            // The hosts of ranks that never reached the start-up barrier.
+            Some(Cause::NeverArrived { hosts, .. }) => hosts.clone(),
             _ => Vec::new(),
         };
         if lost.len() < hosts.len() {
@@ -280,6 +282,16 @@ mod tests {
             vec![2],
         );
         assert_eq!(next_exclusion(&spec, &[0, 1], &e), vec![2]);
+        // A rank that never reached the barrier: its host, not the waiting ranks' hosts.
+        let e = ended(
+            Cause::NeverArrived {
+                ranks: vec![1],
+                hosts: vec![1],
+            },
+            vec![1],
+        );
+        assert_eq!(next_exclusion(&spec, &[], &e), vec![1]);
+        assert_eq!(next_exclusion(&spec, &[0, 2], &e), vec![1]);
         // Locally there is nothing to exclude.
         let local = JobSpec::local(2, "p", vec![]);
         assert!(next_exclusion(&local, &[], &e).is_empty());

@@ -116,6 +116,12 @@ pub enum Cause {
         host: usize,
         ranks: Vec<usize>,
     },
+    /// Ranks never reached a start-up fence: the bootstrap server gave up waiting for them and
+    /// the ranks that had come exited with its timeout (those are not the cause).
+    NeverArrived {
+        ranks: Vec<usize>,
+        hosts: Vec<usize>,
+    },
     /// An agent refused the launch (or could not start it): its host is alive, its ranks did
     /// not run.
     Refused {
@@ -360,19 +366,57 @@ pub fn supervise(job: &Job, n: usize, watch: &Watch, on: &mut dyn FnMut(Report))
                 let &(rank, code, signal) =
                     v.iter().find(|(_, _, sig)| sig.is_some()).unwrap_or(&v[0]);
                 let (what, c) = describe(code, signal);
-                let host = job.placement().get(rank).copied().unwrap_or(0);
-                st.suspect(host);
-                st.end_all(
-                    job,
-                    watch,
-                    format!(
-                        "rank {rank} on {} {what}; ending the other ranks",
-                        host_name(rank)
-                    ),
-                    c,
-                    Cause::RankFailed { rank, host },
-                    on,
-                );
+                // Ranks that exit because a start-up fence timed out are not the cause: the
+                // ranks that never reached it are (hung, or never started), and their hosts
+                // are the ones to avoid.
+                let never = job
+                    .fence_missing()
+                    .map(|m| m.into_iter().filter(|r| *r < st.n).collect::<Vec<_>>())
+                    .filter(|m| !m.is_empty() && signal.is_none());
+                if let Some(missing) = never {
+                    let mut hosts = Vec::new();
+                    for &r in &missing {
+                        let h = job.placement().get(r).copied().unwrap_or(0);
+                        st.suspect(h);
+                        if !hosts.contains(&h) {
+                            hosts.push(h);
+                        }
+                    }
+                    let named: Vec<String> = missing
+                        .iter()
+                        .map(|&r| format!("rank {r} on {}", host_name(r)))
+                        .collect();
+                    let gave_up: Vec<usize> = v.iter().map(|(r, _, _)| *r).collect();
+                    st.end_all(
+                        job,
+                        watch,
+                        format!(
+                            "{} never reached the start-up barrier (ranks {gave_up:?} gave up \
+                             waiting and {what}); ending the other ranks",
+                            named.join(", ")
+                        ),
+                        c,
+                        Cause::NeverArrived {
+                            ranks: missing,
+                            hosts,
+                        },
+                        on,
+                    );
+                } else {
+                    let host = job.placement().get(rank).copied().unwrap_or(0);
+                    st.suspect(host);
+                    st.end_all(
+                        job,
+                        watch,
+                        format!(
+                            "rank {rank} on {} {what}; ending the other ranks",
+                            host_name(rank)
+                        ),
+                        c,
+                        Cause::RankFailed { rank, host },
+                        on,
+                    );
+                }
             }
         }
         if watch.act_on_reports && st.ending_since.is_none() && reported.is_none() {

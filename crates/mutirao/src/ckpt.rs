@@ -748,6 +748,34 @@ impl<M: Clone> Wave<M> {
             })
     }
 
+    /// The active wave's epoch if `from`'s cut of it is in: a clear-to-send from `from`
+    /// arriving now comes after its cut (it matched the large message after its cut, so the
+    /// sender holds that message in its checkpoint of the epoch).
+    pub fn cut_in(&self, from: usize) -> Option<u64> {
+        let a = self.active.as_ref()?;
+        a.cuts_in.get(&from).copied()?.then_some(a.epoch)
+    }
+
+    /// The active wave's epoch if this rank's snapshot is taken and `from`'s cut is not in
+    /// yet (nonblocking mode): a clear-to-send from `from` arriving now was sent before its cut.
+    pub fn awaiting_cut(&self, from: usize) -> Option<u64> {
+        let a = self.active.as_ref()?;
+        (a.snapshot && a.cuts_in.get(&from).is_some_and(|c| !*c)).then_some(a.epoch)
+    }
+
+    /// The active wave's epoch while this rank has not snapshotted it yet.
+    pub fn before_snapshot(&self) -> Option<u64> {
+        let a = self.active.as_ref()?;
+        (!a.snapshot).then_some(a.epoch)
+    }
+
+    /// The active wave's epoch while this rank has cut it and not snapshotted it yet
+    /// (blocking mode): a large message it matches now is after its cut.
+    pub fn cut_not_snapshot(&self) -> Option<u64> {
+        let a = self.active.as_ref()?;
+        (a.cut_sent && !a.snapshot).then_some(a.epoch)
+    }
+
     /// The snapshot mode.
     pub fn mode(&self) -> Mode {
         self.mode
@@ -953,6 +981,32 @@ pub enum SavedRequestState {
     /// A send whose message is before the sender's cut (eager, or a rendezvous that finished),
     /// not yet waited for: never sent again; its `wait` returns `buf`.
     Sent { dest: u32, tag: i32, buf: Vec<u8> },
+    /// A large (rendezvous) send whose receiver had not matched it before its own cut (no
+    /// clear-to-send came before the receiver's cut marker): the message is after the cut.
+    /// Sent again, once, on a restore, before anything new to `dest`; its `wait` then
+    /// returns `buf` (layout version 4). `waited`: the program had already waited for it
+    /// (it finished between the receiver's cut and this rank's snapshot) or dropped its
+    /// request: sent again in the background, not handed back.
+    Held {
+        dest: u32,
+        tag: i32,
+        buf: Vec<u8>,
+        waited: bool,
+    },
+}
+
+/// Where a message a sender holds (a [`SavedRequestState::Held`] send) goes when it is sent
+/// again on a restore: the receiver saved a place for it instead of its announcement, so that
+/// it keeps its order among the messages of that sender (MPI's non-overtaking rule).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResentSlot {
+    /// The sender (world rank). Its held sends to this rank fill its slots in order: those in
+    /// the unexpected queue first, then those in the channel state.
+    pub source: u32,
+    /// In the channel state (`late`) rather than the unexpected queue.
+    pub late: bool,
+    /// Placed before entry `before` of that list (its length: at the end).
+    pub before: u32,
 }
 
 /// One rank's checkpoint of one epoch: the program's state and the runtime's. Nothing in it is
@@ -975,6 +1029,9 @@ pub struct RankCheckpoint {
     /// The spawn groups this rank is the parent of whose children are members of this epoch
     /// (issue 13): a restart from it starts them again (layout version 3).
     pub spawns: Vec<SavedSpawn>,
+    /// Places of the messages peers hold at this epoch (large sends they will send again), in
+    /// the unexpected queue and the channel state, in arrival order (layout version 4).
+    pub resent: Vec<ResentSlot>,
 }
 
 /// A spawn group in a parent's checkpoint: what a restart needs to start its children again
@@ -988,6 +1045,39 @@ pub struct SavedSpawn {
     /// The program the spawn started (as the parent resolved it) and its arguments.
     pub program: String,
     pub args: Vec<String>,
+}
+
+/// The layout of version 3 blobs (before held sends and their slots were saved).
+#[derive(Deserialize)]
+#[cfg_attr(test, derive(Serialize))]
+struct RankCheckpointV3 {
+    epoch: u64,
+    rank: u32,
+    size: u32,
+    comms: Vec<SavedComm>,
+    requests: Vec<SavedRequest>,
+    unexpected: Vec<SavedMessage>,
+    late: Vec<SavedMessage>,
+    app: Vec<u8>,
+    spawns: Vec<SavedSpawn>,
+}
+
+impl From<RankCheckpointV3> for RankCheckpoint {
+    /// A version 3 blob has no held sends and keeps no places for held messages.
+    fn from(v: RankCheckpointV3) -> RankCheckpoint {
+        RankCheckpoint {
+            epoch: v.epoch,
+            rank: v.rank,
+            size: v.size,
+            comms: v.comms,
+            requests: v.requests,
+            unexpected: v.unexpected,
+            late: v.late,
+            app: v.app,
+            spawns: v.spawns,
+            resent: Vec::new(),
+        }
+    }
 }
 
 /// The layout of version 2 blobs (before spawn groups were saved).
@@ -1021,8 +1111,9 @@ struct RankCheckpointV1 {
 /// First bytes of every checkpoint blob.
 pub const BLOB_MAGIC: [u8; 8] = *b"MUTICKP\0";
 /// Version of the blob layout this runtime writes: 2 adds the communicator table and the
-/// requests in flight, 3 the spawn groups. Versions 1 and 2 are still read.
-pub const BLOB_VERSION: u32 = 3;
+/// requests in flight, 3 the spawn groups, 4 held large sends and their slots. Versions 1 to 3
+/// are still read.
+pub const BLOB_VERSION: u32 = 4;
 
 // ------------------------------------------------------------------ the communicator table
 
@@ -1264,11 +1355,12 @@ impl RankCheckpoint {
                 late: v.late,
                 app: v.app,
                 spawns: Vec::new(),
+                resent: Vec::new(),
             }
         } else if version == 2 {
             let v: RankCheckpointV2 =
                 bincode::deserialize(body).map_err(|e| format!("{what} is corrupt: {e}"))?;
-            RankCheckpoint {
+            RankCheckpointV3 {
                 epoch: v.epoch,
                 rank: v.rank,
                 size: v.size,
@@ -1279,6 +1371,11 @@ impl RankCheckpoint {
                 app: v.app,
                 spawns: Vec::new(),
             }
+            .into()
+        } else if version == 3 {
+            bincode::deserialize::<RankCheckpointV3>(body)
+                .map_err(|e| format!("{what} is corrupt: {e}"))?
+                .into()
         } else {
             bincode::deserialize(body).map_err(|e| format!("{what} is corrupt: {e}"))?
         };
@@ -1533,15 +1630,27 @@ mod tests {
                 name: Some("odd".into()),
                 live: true,
             }],
-            requests: vec![SavedRequest {
-                ctx: 0x1234,
-                elem: 8,
-                state: SavedRequestState::Recv {
-                    source: Some(3),
-                    tag: Some(7),
-                    into: None,
+            requests: vec![
+                SavedRequest {
+                    ctx: 0x1234,
+                    elem: 8,
+                    state: SavedRequestState::Recv {
+                        source: Some(3),
+                        tag: Some(7),
+                        into: None,
+                    },
                 },
-            }],
+                SavedRequest {
+                    ctx: 0,
+                    elem: 4,
+                    state: SavedRequestState::Held {
+                        dest: 2,
+                        tag: 1,
+                        buf: vec![5; 64],
+                        waited: false,
+                    },
+                },
+            ],
             unexpected: vec![SavedMessage {
                 source: 2,
                 ctx: 0,
@@ -1555,6 +1664,11 @@ mod tests {
                 members: vec![1, 4, 5],
                 program: "/bin/prog".into(),
                 args: vec!["--worker".into()],
+            }],
+            resent: vec![ResentSlot {
+                source: 2,
+                late: false,
+                before: 0,
             }],
         };
         let b = c.encode().unwrap();
@@ -1570,9 +1684,32 @@ mod tests {
         let e = RankCheckpoint::decode(b"hello world, not a checkpoint", 3, 1, 4).unwrap_err();
         assert!(e.contains("not a mutirão checkpoint"), "{e}");
         let mut future = b.clone();
-        future[8..12].copy_from_slice(&4u32.to_le_bytes());
+        future[8..12].copy_from_slice(&5u32.to_le_bytes());
         let e = RankCheckpoint::decode(&future, 3, 1, 4).unwrap_err();
-        assert!(e.contains("layout version 4"), "{e}");
+        assert!(e.contains("layout version 5"), "{e}");
+    }
+
+    #[test]
+    fn a_version_3_blob_reads_with_no_held_sends_or_slots() {
+        // (The layout of version 3, as the previous runtime wrote it.)
+        let v3 = RankCheckpointV3 {
+            epoch: 6,
+            rank: 0,
+            size: 2,
+            comms: vec![],
+            requests: vec![],
+            unexpected: vec![],
+            late: vec![],
+            app: vec![3],
+            spawns: vec![],
+        };
+        let c =
+            RankCheckpoint::decode(&frame(3, &bincode::serialize(&v3).unwrap()), 6, 0, 2).unwrap();
+        assert_eq!((c.app, c.resent), (vec![3], vec![]));
+        // A version 3 body under a version 4 header is corrupt, not misread.
+        assert!(
+            RankCheckpoint::decode(&frame(4, &bincode::serialize(&v3).unwrap()), 6, 0, 2).is_err()
+        );
     }
 
     /// The layout of version 2, as the previous runtime wrote it.
@@ -1652,6 +1789,7 @@ mod tests {
                 late: vec![],
                 app: vec![1, 2, 3],
                 spawns: vec![],
+                resent: vec![],
             }
         );
         // A version 1 body under a version 2 header is corrupt, not misread.
@@ -1788,6 +1926,18 @@ mod tests {
     enum Frame {
         App(u64),
         Mk(Marker),
+        /// A large message's announcement (an application frame, as `App`), the receiver's
+        /// clear-to-send (or FIN) once it matched it, and the data.
+        Rts(u64),
+        Cts(u64),
+        Data(u64),
+    }
+
+    /// An entry of a saved queue: a message, or the place of one its sender holds.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    enum Entry {
+        Msg(u64),
+        Slot(usize),
     }
 
     #[derive(Clone, Debug)]
@@ -1801,6 +1951,8 @@ mod tests {
         Post(usize, usize, usize),
         /// A collective split or dup (between waves: a collective cannot straddle a cut).
         Derive(u32),
+        /// A large (rendezvous) isend, as `Send`.
+        Big(usize, usize, usize),
     }
 
     /// `Op::Post` sources from this up mean any source.
@@ -1826,6 +1978,11 @@ mod tests {
         derived: usize,
         /// The receives pending at the snapshot, whatever `pending` saved.
         truth: Vec<Posted>,
+        /// Large sends held (after the cut: sent again on a restore), in send order.
+        held: Vec<u64>,
+        /// The unexpected queue and the channel state with the places of held messages.
+        unexp_slots: Vec<Entry>,
+        late_slots: Vec<Entry>,
     }
 
     /// A derivation as a rank made it: (parent, how, members or none, context).
@@ -1880,6 +2037,19 @@ mod tests {
         links: Vec<Vec<bool>>,
         /// Spawned ranks in this run (then no collective derivations).
         kids: usize,
+        /// Large messages; the epoch whose receiver's cut preceded each one's clear-to-send
+        /// (`Some(None)`: before any cut); arrival numbers; per rank, the large messages
+        /// matched whose data is still coming (→ receive), those whose data came, those
+        /// matched between the rank's cut and snapshot (→ epoch, arrival, receive); each
+        /// receive's (source filter, context).
+        big: BTreeSet<u64>,
+        acked: BTreeMap<u64, Option<u64>>,
+        seq: BTreeMap<u64, u64>,
+        arrivals: Vec<u64>,
+        receiving: Vec<BTreeMap<u64, u64>>,
+        data_done: Vec<BTreeSet<u64>>,
+        after_cut: BTreeMap<u64, (u64, u64, u64)>,
+        req_spec: BTreeMap<u64, (Option<usize>, u64)>,
     }
 
     /// Mechanisms a run can switch off, to show the test catches their absence.
@@ -1891,6 +2061,11 @@ mod tests {
         no_pending: bool,
         /// On a restore, deliver the re-sent messages before the channel state.
         late_after_resent: bool,
+        /// Count every large send in the sender's cut (hold none).
+        hold_no_large_send: bool,
+        /// On a restore, deliver held messages after everything else instead of in the
+        /// places their receivers kept.
+        held_at_the_end: bool,
     }
 
     impl Sim {
@@ -1928,6 +2103,14 @@ mod tests {
                 broken: Broken::default(),
                 links: (0..n).map(|a| (0..n).map(|b| a != b).collect()).collect(),
                 kids: 0,
+                big: BTreeSet::new(),
+                acked: BTreeMap::new(),
+                seq: BTreeMap::new(),
+                arrivals: vec![0; n],
+                receiving: vec![BTreeMap::new(); n],
+                data_done: vec![BTreeSet::new(); n],
+                after_cut: BTreeMap::new(),
+                req_spec: BTreeMap::new(),
             }
         }
 
@@ -1967,6 +2150,8 @@ mod tests {
         /// The engine's matching: the first posted receive that matches, else unexpected.
         fn engine_deliver(&mut self, r: usize, src: usize, id: u64) {
             let ctx = self.ctx_of[&id];
+            self.arrivals[r] += 1;
+            self.seq.insert(id, self.arrivals[r]);
             match self.posted[r]
                 .iter()
                 .position(|(_, s, c)| *c == ctx && s.is_none_or(|s| s == src))
@@ -1974,14 +2159,39 @@ mod tests {
                 Some(i) => {
                     let (req, _, _) = self.posted[r].remove(i);
                     self.matched.insert(req, id);
+                    if self.big.contains(&id) {
+                        // Matched between this rank's cut and snapshot: after its cut.
+                        if let Some(e) = self.waves[r].cut_not_snapshot() {
+                            self.after_cut.insert(id, (e, self.seq[&id], req));
+                        }
+                        self.clear_to_send(r, src, id, req);
+                    }
                 }
                 None => self.unexp[r].push_back(id),
             }
         }
 
+        /// Rank `r` matched large message `id` of `src` to receive `req`.
+        fn clear_to_send(&mut self, r: usize, src: usize, id: u64, req: u64) {
+            self.receiving[r].insert(id, req);
+            self.chan[r][src].push_back(Frame::Cts(id));
+        }
+
+        /// A receive of rank `r` matched before its cut of the active wave still takes in
+        /// data: the snapshot waits for it.
+        fn receiving_in_cut(&self, r: usize) -> bool {
+            let e = self.waves[r].active_epoch();
+            self.receiving[r].keys().any(|id| {
+                self.after_cut
+                    .get(id)
+                    .is_none_or(|(ae, _, _)| Some(*ae) != e)
+            })
+        }
+
         fn post(&mut self, r: usize, src: Option<usize>, ctx: u64) {
             let req = self.next_req;
             self.next_req += 1;
+            self.req_spec.insert(req, (src, ctx));
             let owner = &self.owner;
             match self.unexp[r]
                 .iter()
@@ -1990,6 +2200,9 @@ mod tests {
                 Some(i) => {
                     let id = self.unexp[r].remove(i).expect("index from position");
                     self.matched.insert(req, id);
+                    if self.big.contains(&id) {
+                        self.clear_to_send(r, self.owner[&id].0, id, req);
+                    }
                 }
                 None => self.posted[r].push((req, src, ctx)),
             }
@@ -2085,13 +2298,31 @@ mod tests {
         }
 
         fn settle(&mut self, r: usize) {
-            if self.blocked[r] && self.waves[r].ready_to_snapshot() {
+            if self.blocked[r] && self.waves[r].ready_to_snapshot() && !self.receiving_in_cut(r) {
                 self.take_snapshot(r);
             }
             if let Some(c) = self.waves[r].take_complete() {
                 let (e, mut blob) = self.snap[r].take().expect("snapshot before completion");
                 assert_eq!(e, c.epoch);
-                blob.late = c.late.iter().map(|(_, id)| *id).collect();
+                // A large message announced late is matched after this rank's cut: its
+                // sender holds it; its place is kept.
+                blob.late = c
+                    .late
+                    .iter()
+                    .map(|(_, id)| *id)
+                    .filter(|id| !self.big.contains(id))
+                    .collect();
+                blob.late_slots = c
+                    .late
+                    .iter()
+                    .map(|(src, id)| {
+                        if self.big.contains(id) {
+                            Entry::Slot(*src)
+                        } else {
+                            Entry::Msg(*id)
+                        }
+                    })
+                    .collect();
                 self.store.insert((e, r), blob);
                 let fx = self.waves[r].stored(e, ms(self.now));
                 self.apply(r, fx);
@@ -2111,18 +2342,66 @@ mod tests {
             }
             let mut live = self.comms[r].clone();
             live.remove(&0);
+            // A large send is in the cut when its receiver matched it before its own cut.
+            let in_cut = |id: &u64| {
+                !self.big.contains(id)
+                    || self.broken.hold_no_large_send
+                    || self.acked.get(id).is_some_and(|after| *after != Some(e))
+            };
+            let sent: BTreeSet<u64> = self.sent[r].iter().copied().filter(in_cut).collect();
+            let held: Vec<u64> = self.sent[r]
+                .iter()
+                .copied()
+                .filter(|id| !in_cut(id))
+                .collect();
+            // A large message is received when its data came, unless matched after the cut.
+            let after_e = |id: &u64| self.after_cut.get(id).is_some_and(|(ae, _, _)| *ae == e);
+            let received: BTreeSet<u64> = self.received[r]
+                .iter()
+                .filter(|id| !self.big.contains(id))
+                .chain(self.data_done[r].iter().filter(|id| !after_e(id)))
+                .copied()
+                .collect();
+            // Receives matched after the cut are pending; their messages' places are kept,
+            // with those of unmatched announcements, in arrival order.
+            let mut pending = self.posted[r].clone();
+            let mut places: Vec<(u64, Entry)> = Vec::new();
+            for (id, (ae, seq, req)) in &self.after_cut {
+                if *ae == e && self.owner[id].1 == r {
+                    let (src, ctx) = self.req_spec[req];
+                    pending.push((*req, src, ctx));
+                    places.push((*seq, Entry::Slot(self.owner[id].0)));
+                }
+            }
+            pending.sort_unstable_by_key(|p| p.0);
+            for id in &self.unexp[r] {
+                let entry = if self.big.contains(id) {
+                    Entry::Slot(self.owner[id].0)
+                } else {
+                    Entry::Msg(*id)
+                };
+                places.push((self.seq[id], entry));
+            }
+            places.sort_unstable_by_key(|p| p.0);
             self.snap[r] = Some((
                 e,
                 Blob {
-                    sent: self.sent[r].clone(),
-                    received: self.received[r].clone(),
+                    sent,
+                    received,
                     late: Vec::new(),
                     pending: if self.broken.no_pending {
                         Vec::new()
                     } else {
-                        self.posted[r].clone()
+                        pending.clone()
                     },
-                    unexpected: self.unexp[r].iter().copied().collect(),
+                    held,
+                    unexp_slots: places.into_iter().map(|(_, x)| x).collect(),
+                    late_slots: Vec::new(),
+                    unexpected: self.unexp[r]
+                        .iter()
+                        .copied()
+                        .filter(|id| !self.big.contains(id))
+                        .collect(),
                     comms: if self.broken.no_comm_table {
                         Vec::new()
                     } else {
@@ -2130,7 +2409,7 @@ mod tests {
                     },
                     live,
                     derived: self.derivs[r].len(),
-                    truth: self.posted[r].clone(),
+                    truth: pending,
                 },
             ));
             self.blocked[r] = false;
@@ -2143,7 +2422,8 @@ mod tests {
             let fx = self.waves[0].tick(ms(self.now));
             self.apply(0, fx);
             match *op {
-                Op::Send(a, b, c) => {
+                Op::Send(a, b, c) | Op::Big(a, b, c) => {
+                    let large = matches!(op, Op::Big(..));
                     let (a, b) = (a % self.n, b % self.n);
                     if self.links[a][b] && !self.blocked[a] {
                         let id = self.next_id;
@@ -2157,7 +2437,12 @@ mod tests {
                         self.owner.insert(id, (a, b));
                         self.sent[a].insert(id);
                         self.log[a][b].push(id);
-                        self.chan[a][b].push_back(Frame::App(id));
+                        if large {
+                            self.big.insert(id);
+                            self.chan[a][b].push_back(Frame::Rts(id));
+                        } else {
+                            self.chan[a][b].push_back(Frame::App(id));
+                        }
                     }
                 }
                 Op::Post(r, src, c) => {
@@ -2176,7 +2461,7 @@ mod tests {
                 Op::Deliver(a, b) => {
                     let (a, b) = (a % self.n, b % self.n);
                     match self.chan[a][b].pop_front() {
-                        Some(Frame::App(id)) => {
+                        Some(Frame::App(id) | Frame::Rts(id)) => {
                             let ep = self.waves[b].active_epoch();
                             match self.waves[b].on_app(a, id) {
                                 Some(id) => self.deliver_app(b, a, id),
@@ -2186,6 +2471,28 @@ mod tests {
                         Some(Frame::Mk(m)) => {
                             let fx = self.waves[b].on_marker(a, m, ms(self.now));
                             self.apply(b, fx);
+                        }
+                        // At the sender `b`: after receiver `a`'s cut of the active wave, or
+                        // not; with `b`'s snapshot taken and that cut still to come, the
+                        // message is in the cut after all. Then the data goes.
+                        Some(Frame::Cts(id)) => {
+                            self.acked.insert(id, self.waves[b].cut_in(a));
+                            if let (Some(e), Some((se, blob))) =
+                                (self.waves[b].awaiting_cut(a), self.snap[b].as_mut())
+                            {
+                                if *se == e && blob.held.contains(&id) {
+                                    blob.held.retain(|h| *h != id);
+                                    blob.sent.insert(id);
+                                }
+                            }
+                            self.chan[b][a].push_back(Frame::Data(id));
+                        }
+                        Some(Frame::Data(id)) => {
+                            assert!(
+                                self.receiving[b].remove(&id).is_some(),
+                                "data of {id} unasked"
+                            );
+                            self.data_done[b].insert(id);
                         }
                         None => {}
                     }
@@ -2233,6 +2540,36 @@ mod tests {
                             rb.received.contains(id) || rb.late.contains(id),
                             "epoch {e}: message {id} ({r}→{dst}) lost: sent before the cut, neither received nor in channel state"
                         );
+                    }
+                }
+                // Held large sends: each receiver keeps exactly as many places for a sender's
+                // held messages as it holds for it, and has none of them (they come again).
+                for q in 0..self.n {
+                    for r in 0..self.n {
+                        let (hb, rb) = (&self.store[&(e, q)], &self.store[&(e, r)]);
+                        let held: Vec<u64> = hb
+                            .held
+                            .iter()
+                            .copied()
+                            .filter(|id| self.owner[id].1 == r)
+                            .collect();
+                        let places = rb
+                            .unexp_slots
+                            .iter()
+                            .chain(&rb.late_slots)
+                            .filter(|x| **x == Entry::Slot(q))
+                            .count();
+                        assert_eq!(
+                            held.len(),
+                            places,
+                            "epoch {e}: rank {q} holds {held:?} for rank {r}, which keeps {places} places"
+                        );
+                        for id in &held {
+                            assert!(
+                                !rb.received.contains(id) && !rb.late.contains(id),
+                                "epoch {e}: held message {id} is also in rank {r}'s checkpoint"
+                            );
+                        }
                     }
                 }
                 for r in 0..self.n {
@@ -2287,39 +2624,83 @@ mod tests {
                     "epoch {e} rank {r}: saved message {id} is for a communicator the restore lacks"
                 );
             }
-            // The restore: unexpected queue, pending receives posted again, channel state, then
-            // what each sender sends again (everything after its cut, in channel order).
+            // The restore: each sender's held messages (sent again first) fill the places kept
+            // for them; the unexpected queue; pending receives posted again (each takes the
+            // first message of the queue it matches); the channel state; then what each
+            // sender sends again (everything after its cut but its held messages, in channel
+            // order).
+            let mut held: BTreeMap<usize, VecDeque<u64>> = BTreeMap::new();
+            for q in 0..self.n {
+                held.insert(
+                    q,
+                    self.store[&(e, q)]
+                        .held
+                        .iter()
+                        .copied()
+                        .filter(|id| self.owner[id].1 == r)
+                        .collect(),
+                );
+            }
+            let all_held: Vec<u64> = held.values().flatten().copied().collect();
+            let at_end = self.broken.held_at_the_end;
+            let mut fill = |x: &Entry| -> Option<u64> {
+                match *x {
+                    Entry::Msg(id) => Some(id),
+                    Entry::Slot(_) if at_end => None,
+                    Entry::Slot(q) => Some(
+                        held.get_mut(&q)
+                            .and_then(|h| h.pop_front())
+                            .expect("a place for each held message"),
+                    ),
+                }
+            };
+            let mut queue: Vec<u64> = b.unexp_slots.iter().filter_map(&mut fill).collect();
+            let late: Vec<u64> = b.late_slots.iter().filter_map(&mut fill).collect();
+            let fits = |p: &Posted, id: u64| {
+                let (src, ctx) = (self.owner[&id].0, self.ctx_of[&id]);
+                p.2 == ctx && p.1.is_none_or(|s| s == src)
+            };
             let mut posted: Vec<Posted> = Vec::new();
+            let mut got: BTreeMap<u64, u64> = BTreeMap::new();
             for p in &b.pending {
                 assert!(
                     known(p.2),
                     "epoch {e} rank {r}: a pending receive's communicator is lost"
                 );
-                posted.push(*p);
+                match queue.iter().position(|id| fits(p, *id)) {
+                    Some(i) => {
+                        got.insert(p.0, queue.remove(i));
+                    }
+                    None => posted.push(*p),
+                }
             }
-            let mut got: BTreeMap<u64, u64> = BTreeMap::new();
             let mut deliver = |id: u64| {
-                let (src, ctx) = (self.owner[&id].0, self.ctx_of[&id]);
-                if let Some(i) = posted
-                    .iter()
-                    .position(|(_, s, c)| *c == ctx && s.is_none_or(|s| s == src))
-                {
+                if let Some(i) = posted.iter().position(|p| fits(p, id)) {
                     got.insert(posted.remove(i).0, id);
                 }
             };
             let resent: Vec<u64> = (0..self.n)
                 .flat_map(|q| {
                     let cut = &self.store[&(e, q)].sent;
+                    let hq = &self.store[&(e, q)].held;
                     self.log[q][r]
                         .iter()
-                        .filter(move |id| !cut.contains(id))
+                        .filter(move |id| !cut.contains(id) && !hq.contains(id))
                         .copied()
                 })
                 .collect();
+            let tail: Vec<u64> = if at_end { all_held } else { Vec::new() };
             if self.broken.late_after_resent {
-                resent.iter().chain(&b.late).for_each(|id| deliver(*id));
+                resent
+                    .iter()
+                    .chain(&late)
+                    .chain(&tail)
+                    .for_each(|id| deliver(*id));
             } else {
-                b.late.iter().chain(&resent).for_each(|id| deliver(*id));
+                late.iter()
+                    .chain(&resent)
+                    .chain(&tail)
+                    .for_each(|id| deliver(*id));
             }
             // Which message a receive gets is fixed (up to MPI's any-source choice) unless an
             // earlier any-source receive on its communicator competes for the same messages.
@@ -2356,6 +2737,7 @@ mod tests {
     fn op() -> impl Strategy<Value = Op> {
         prop_oneof![
             3 => (0..5usize, 0..5usize, 0..4usize).prop_map(|(a, b, c)| Op::Send(a, b, c)),
+            1 => (0..5usize, 0..5usize, 0..4usize).prop_map(|(a, b, c)| Op::Big(a, b, c)),
             5 => (0..5usize, 0..5usize).prop_map(|(a, b)| Op::Deliver(a, b)),
             1 => (0..5usize).prop_map(Op::Safe),
             2 => (0..5usize, 0..8usize, 0..4usize).prop_map(|(r, s, c)| Op::Post(r, s, c)),
@@ -2408,7 +2790,11 @@ mod tests {
             .chan
             .iter()
             .flatten()
-            .map(|q| q.iter().filter(|f| matches!(f, Frame::App(_))).count())
+            .map(|q| {
+                q.iter()
+                    .filter(|f| matches!(f, Frame::App(_) | Frame::Rts(_)))
+                    .count()
+            })
             .sum();
         assert_eq!(all + in_flight, sim.next_id as usize);
         // Then deliver everything (a wave cut meanwhile is aborted at its timeout, releasing
@@ -2496,27 +2882,28 @@ mod tests {
         }
         for mode in [Mode::Blocking, Mode::Nonblocking] {
             run(3, mode, &ops);
-            for (what, broken, says) in [
-                (
-                    "no communicator table",
-                    Broken {
-                        no_comm_table: true,
-                        ..Broken::default()
-                    },
-                    "the restored communicators differ",
-                ),
-                (
-                    "no pending receives",
-                    Broken {
-                        no_pending: true,
-                        ..Broken::default()
-                    },
-                    "completed by another message",
-                ),
-            ] {
-                let caught = std::panic::catch_unwind(|| run_broken(3, mode, &ops, broken));
-                assert_caught(caught, says, &format!("{mode:?}: {what}"));
-            }
+            each_caught(
+                mode,
+                &ops,
+                [
+                    (
+                        "no communicator table",
+                        Broken {
+                            no_comm_table: true,
+                            ..Broken::default()
+                        },
+                        "the restored communicators differ",
+                    ),
+                    (
+                        "no pending receives",
+                        Broken {
+                            no_pending: true,
+                            ..Broken::default()
+                        },
+                        "completed by another message",
+                    ),
+                ],
+            );
         }
         // The channel state must come before what senders send again (nonblocking mode, late
         // messages on a channel whose later messages a pending receive also matches).
@@ -2536,6 +2923,77 @@ mod tests {
             "completed by another message",
             "late messages after re-sent ones",
         );
+    }
+
+    /// Large isends in flight at the checkpoint points: rank 1 posts a receive for rank 0's
+    /// next message and reaches its safe point first; rank 0 then sends a large message and a
+    /// small one before its own (so the large one is matched after rank 1's cut: held by rank
+    /// 0, its place kept by rank 1). The checks pass as built, and catch a large send counted
+    /// in the sender's cut (a lost message) and held messages sent again at the end instead of
+    /// in their places (the pending receive would get the small one), in both modes.
+    #[test]
+    fn the_checks_catch_an_unheld_large_send_or_held_messages_out_of_place() {
+        let mut ops = Vec::new();
+        for _ in 0..40 {
+            ops.push(Op::Post(1, 0, 0));
+            ops.push(Op::Safe(1));
+            ops.push(Op::Big(0, 1, 0));
+            ops.push(Op::Send(0, 1, 0));
+            ops.push(Op::Safe(0));
+            ops.push(Op::Safe(2));
+            for _ in 0..4 {
+                for a in 0..3 {
+                    for b in 0..3 {
+                        ops.push(Op::Deliver(a, b));
+                    }
+                }
+            }
+            ops.push(Op::Post(1, 0, 0));
+        }
+        for mode in [Mode::Blocking, Mode::Nonblocking] {
+            let mut sim = Sim::new(3, mode);
+            for o in &ops {
+                sim.step(o);
+            }
+            let held: usize = sim
+                .committed
+                .iter()
+                .map(|e| sim.store[&(*e, 0)].held.len())
+                .sum();
+            assert!(held > 0, "{mode:?}: no committed epoch holds a large send");
+            run(3, mode, &ops);
+            each_caught(
+                mode,
+                &ops,
+                [
+                    (
+                        "large sends never held",
+                        Broken {
+                            hold_no_large_send: true,
+                            ..Broken::default()
+                        },
+                        "lost",
+                    ),
+                    (
+                        "held messages at the end",
+                        Broken {
+                            held_at_the_end: true,
+                            ..Broken::default()
+                        },
+                        "completed by another message",
+                    ),
+                ],
+            );
+        }
+    }
+
+    /// Each run of `ops` on 3 ranks with a mechanism switched off, `(what, switches, says)`,
+    /// panics with a message saying `says`.
+    fn each_caught(mode: Mode, ops: &[Op], cases: [(&str, Broken, &str); 2]) {
+        for (what, broken, says) in cases {
+            let caught = std::panic::catch_unwind(|| run_broken(3, mode, ops, broken));
+            assert_caught(caught, says, &format!("{mode:?}: {what}"));
+        }
     }
 
     /// The run panicked, with a message saying `says`.

@@ -467,8 +467,8 @@ impl Comm {
     /// wave. Without `MUTIRAO_CKPT_INTERVAL` (or outside a wave) it returns at once. Call it
     /// where no message crosses, e.g. at the end of an iteration. Receives may be pending
     /// (they are re-posted on a restore, see [`Comm::restored_requests`]) and sends finished
-    /// but not waited for; a send still in progress (a large message its receiver has not
-    /// taken) or a failed request is [`Error::Invalid`].
+    /// or not: a large one its receiver has not matched is held in the checkpoint and sent
+    /// again, once, on a restore. A failed request is [`Error::Invalid`].
     pub fn checkpoint_point<T: Serialize>(&self, state: &T) -> Result<(), Error> {
         use crate::ckpt::{Effects, RankCheckpoint, SafePoint};
         let mut e = self.inner.eng.borrow_mut();
@@ -494,7 +494,7 @@ impl Comm {
         // it before its own cut, so this needs only progress): it is then in the snapshot.
         e.wait_until(|e| {
             e.ckpt.as_ref().is_none_or(|c| {
-                (c.wave.ready_to_snapshot() && !e.receiving())
+                (c.wave.ready_to_snapshot() && !e.receiving(epoch))
                     || c.wave.active_epoch() != Some(epoch)
             }) || e.source_gone(None, 0).is_some()
         })?;
@@ -509,8 +509,7 @@ impl Comm {
             return Ok(()); // the wave was aborted meanwhile
         }
         // The snapshot.
-        let unexpected = e.saved_unexpected()?;
-        let requests = e.saved_requests()?;
+        let rt = e.snapshot_runtime(epoch)?;
         let comms = e.comms.snapshot(|ctx| {
             e.comm_handles
                 .get(&ctx)
@@ -528,12 +527,17 @@ impl Comm {
             rank,
             size,
             comms,
-            requests,
-            unexpected,
+            requests: rt.requests,
+            unexpected: rt.unexpected,
             late: Vec::new(),
             app,
             spawns,
+            resent: rt.resent,
         });
+        c.tentative = rt.tentative;
+        // Held sends the program already waited for are in this snapshot (older ones are
+        // of waves that ended).
+        c.gone_held.clear();
         let fx = c.wave.snapshot_taken();
         e.apply_ckpt(fx);
         // Blocking mode: complete now. Nonblocking: when the last cut comes in (in progress).
@@ -622,8 +626,10 @@ impl Comm {
     /// On a restart, the nonblocking requests the program had in flight at the restored
     /// checkpoint, in the order it made them (once; empty on a fresh start or after the first
     /// call). A receive that was pending has been posted again before any message came, and a
-    /// message that arrives for it completes it; a receive that had completed, or a send (whose
-    /// message was before the cut, so it is not sent again), is complete. Turn each into a
+    /// message that arrives for it completes it; a receive that had completed, or a send whose
+    /// message was before the cut (not sent again), is complete; a large send its receiver
+    /// had not matched before its cut was held and has been sent again, once: it completes
+    /// as a send does. Turn each into a
     /// [`Request`] of its element type with [`RestoredRequest::into_request`]. Dropping a
     /// restored request untaken is dropping a [`Request`] (a posted receive is withdrawn);
     /// requests never asked for stay as they were (a posted receive may take a message).

@@ -175,6 +175,12 @@ pub(crate) struct Recv {
     detached: bool,
     /// Element size of the program's buffer type (for checkpoints of requests in flight).
     elem: u32,
+    /// Posted with an exact-size buffer allocated on arrival (`irecv`), not into the program's.
+    alloc: bool,
+    /// Matched to a large message after this rank's cut of this epoch (blocking mode, between
+    /// the cut and the snapshot), with the message's arrival number: its sender holds that
+    /// message in its checkpoint, so the snapshot keeps this receive as pending.
+    after_cut: Option<(u64, u64)>,
 }
 
 impl Recv {
@@ -217,6 +223,11 @@ pub(crate) struct Send {
     /// (context, tag, element size of the program's buffer type): what a checkpoint keeps of a
     /// finished send not yet waited for.
     meta: (u64, i32, u32),
+    /// A rendezvous send (its message goes only once the receiver matched it).
+    rdv: bool,
+    /// The receiver's clear-to-send (or FIN) came, after its cut of this epoch if `Some`:
+    /// checkpoints of that epoch hold the message (see [`Engine::snapshot_runtime`]).
+    acked: Option<Option<u64>>,
 }
 
 enum OutPayload {
@@ -252,6 +263,31 @@ struct Unexpected {
     ctx: u64,
     tag: i32,
     body: UnexBody,
+    /// Arrival number (see `Engine::arrivals`): orders the snapshot's slots for held messages.
+    seq: u64,
+}
+
+impl Unexpected {
+    /// A large message's announcement (`hdr`) of `peer`, unmatched.
+    fn announced(
+        peer: usize,
+        hdr: Header,
+        len: usize,
+        cma: Option<(u64, i32)>,
+        seq: u64,
+    ) -> Unexpected {
+        Unexpected {
+            peer,
+            ctx: hdr.ctx,
+            tag: hdr.tag,
+            body: UnexBody::Rts {
+                send_id: hdr.id,
+                len,
+                cma,
+            },
+            seq,
+        }
+    }
 }
 
 enum UnexBody {
@@ -411,6 +447,20 @@ pub(crate) struct Engine {
     pub(crate) comms: crate::ckpt::CommTable,
     /// The program's handles per derived context (whether it still holds one at a snapshot).
     pub(crate) comm_handles: HashMap<u64, Vec<std::rc::Weak<crate::comm::CommInner>>>,
+    /// Application messages matched or queued so far (each one's arrival number).
+    arrivals: u64,
+    /// A restore in progress: peers' held messages to collect first, frames to deliver after.
+    restoring: Option<Restoring>,
+}
+
+/// While a restore waits for the messages peers held at the restored epoch (they send them
+/// again first): what came, and the frames that followed, delivered once the restore is done.
+#[derive(Default)]
+pub(crate) struct Restoring {
+    /// Per source, how many held messages it sends again.
+    want: HashMap<usize, usize>,
+    got: HashMap<usize, VecDeque<Held>>,
+    deferred: Vec<(usize, Held)>,
 }
 
 /// Passes of [`Engine::recv_fast`] over one ring before the general wait takes over (a few µs:
@@ -478,6 +528,8 @@ impl Engine {
             scopes: HashMap::new(),
             comms: crate::ckpt::CommTable::default(),
             comm_handles: HashMap::new(),
+            arrivals: 0,
+            restoring: None,
         })
     }
 
@@ -571,7 +623,7 @@ impl Engine {
         tag: i32,
         data: SendData,
     ) -> Result<u64, Error> {
-        self.send_inner(peer, ctx, tag, data, true)
+        self.send_inner(peer, ctx, tag, data, true, true)
             .map(|id| id.unwrap_or(0))
     }
 
@@ -584,7 +636,7 @@ impl Engine {
         tag: i32,
         data: SendData,
     ) -> Result<Option<u64>, Error> {
-        self.send_inner(peer, ctx, tag, data, false)
+        self.send_inner(peer, ctx, tag, data, false, true)
     }
 
     fn send_inner(
@@ -594,6 +646,7 @@ impl Engine {
         tag: i32,
         data: SendData,
         track_eager: bool,
+        cma_ok: bool,
     ) -> Result<Option<u64>, Error> {
         if self.finalized {
             return Err(Error::Invalid("send after finalize".into()));
@@ -638,7 +691,7 @@ impl Engine {
             Ok(Some(id))
         } else {
             let id = self.new_id();
-            let cma = shm && self.cma;
+            let cma = shm && self.cma && cma_ok;
             let hdr = Header {
                 kind: if cma { Kind::RtsCma } else { Kind::Rts },
                 tag,
@@ -658,6 +711,8 @@ impl Engine {
                     err: None,
                     detached: false,
                     meta: (ctx, tag, 1),
+                    rdv: true,
+                    acked: None,
                 },
             );
             let payload: &[u8] = if cma { &info } else { &[] };
@@ -764,9 +819,40 @@ impl Engine {
         if let Some(s) = self.sends.get_mut(&id) {
             s.state = SendState::Done;
             if s.detached {
-                self.sends.remove(&id);
+                if let Some(s) = self.sends.remove(&id) {
+                    self.keep_if_held(id, &s);
+                }
             }
         }
+    }
+
+    /// Send `id` leaves the engine (waited for, or dropped and finished): if a checkpoint of
+    /// the active wave, not yet snapshotted here, must hold its message (its receiver matched
+    /// it after its cut), keep a copy for that snapshot.
+    fn keep_if_held(&mut self, id: u64, s: &Send) {
+        let Some(Some(e)) = s.acked else { return };
+        if !s.rdv || s.err.is_some() {
+            return;
+        }
+        let Some(c) = self.ckpt.as_mut() else { return };
+        if c.wave.before_snapshot() != Some(e) {
+            return;
+        }
+        let (ctx, tag, elem) = s.meta;
+        c.gone_held.push((
+            e,
+            id,
+            crate::ckpt::SavedRequest {
+                ctx,
+                elem,
+                state: crate::ckpt::SavedRequestState::Held {
+                    dest: s.peer as u32,
+                    tag,
+                    buf: s.data.bytes().to_vec(),
+                    waited: true,
+                },
+            },
+        ));
     }
 
     // ---------------------------------------------------------------- receives
@@ -815,6 +901,7 @@ impl Engine {
         } else {
             self.new_id()
         };
+        let alloc = matches!(dest, Dest::Alloc(_));
         let mut r = Recv {
             ctx,
             src,
@@ -826,6 +913,8 @@ impl Engine {
             err: None,
             detached: false,
             elem: 1,
+            alloc,
+            after_cut: None,
         };
         let found = if self.unexpected.is_empty() {
             None
@@ -892,27 +981,30 @@ impl Engine {
 
     /// A ready-to-send arrived: match it now or keep it as unexpected (header only).
     fn on_rts(&mut self, peer: usize, hdr: Header, len: usize, cma: Option<(u64, i32)>) {
+        self.arrivals += 1;
+        let seq = self.arrivals;
         match self.match_posted(peer, hdr.ctx, hdr.tag) {
             Some(id) => {
+                // Matched between this rank's cut and its snapshot: after the cut, so its
+                // sender holds it (no clear-to-send came before this rank's cut marker).
+                let after_cut = self
+                    .ckpt
+                    .as_ref()
+                    .and_then(|c| c.wave.cut_not_snapshot())
+                    .map(|e| (e, seq));
                 if let Some(r) = self.recvs.get_mut(&id) {
                     r.status = Some(Status {
                         source: peer,
                         tag: hdr.tag,
                         bytes: len,
                     });
+                    r.after_cut = after_cut;
                 }
                 self.rendezvous_matched(peer, id, hdr.id, len, cma);
             }
-            None => self.unexpected.push_back(Unexpected {
-                peer,
-                ctx: hdr.ctx,
-                tag: hdr.tag,
-                body: UnexBody::Rts {
-                    send_id: hdr.id,
-                    len,
-                    cma,
-                },
-            }),
+            None => self
+                .unexpected
+                .push_back(Unexpected::announced(peer, hdr, len, cma, seq)),
         }
     }
 
@@ -989,6 +1081,7 @@ impl Engine {
     }
 
     fn deliver_eager(&mut self, peer: usize, ctx: u64, tag: i32, bytes: Vec<u8>) {
+        self.arrivals += 1;
         if let Some(id) = self.match_posted(peer, ctx, tag) {
             if let Some(r) = self.recvs.get_mut(&id) {
                 r.status = Some(Status {
@@ -1008,6 +1101,7 @@ impl Engine {
                 ctx,
                 tag,
                 body: UnexBody::Eager(bytes),
+                seq: self.arrivals,
             });
         }
     }
@@ -1034,6 +1128,8 @@ impl Engine {
             err: None,
             detached: false,
             elem: 1,
+            alloc: true,
+            after_cut: None,
         };
         self.unexpected
             .iter()
@@ -1158,6 +1254,7 @@ impl Engine {
                 let send_id = hdr.id;
                 match self.sends.get(&send_id) {
                     Some(s) if s.peer == peer && s.state == SendState::WaitCts => {
+                        self.on_ack(peer, send_id);
                         self.send_done(send_id)
                     }
                     _ => return Err(format!("unexpected FIN for send {send_id}")),
@@ -1173,6 +1270,10 @@ impl Engine {
                     return Err(format!("unexpected CTS for send {send_id}"));
                 }
                 s.state = SendState::Streaming;
+                self.on_ack(peer, send_id);
+                let Some(s) = self.sends.get_mut(&send_id) else {
+                    return Err(format!("CTS for unknown send {send_id}"));
+                };
                 let len = s.data.bytes().len() as u64;
                 self.queue_frame(
                     peer,
@@ -1740,6 +1841,7 @@ impl Engine {
             .sends
             .remove(&id)
             .ok_or_else(|| Error::Invalid("unknown request".into()))?;
+        self.keep_if_held(id, &s);
         if let Some(e) = s.err {
             return Err(e);
         }
@@ -1775,7 +1877,9 @@ impl Engine {
     /// reference its data are dropped (the peer has failed if the send did not complete).
     pub(crate) fn forget_send(&mut self, id: u64) {
         if let Some(s) = self.sends.remove(&id) {
-            if s.state != SendState::Done {
+            if s.state == SendState::Done {
+                self.keep_if_held(id, &s);
+            } else {
                 let peer = s.peer;
                 self.peers[peer]
                     .txq
@@ -1800,7 +1904,9 @@ impl Engine {
             }
         } else if let Some(s) = self.sends.get_mut(&id) {
             if s.state == SendState::Done {
-                self.sends.remove(&id);
+                if let Some(s) = self.sends.remove(&id) {
+                    self.keep_if_held(id, &s);
+                }
             } else {
                 s.detached = true;
             }
@@ -1859,6 +1965,8 @@ fn done_send(peer: usize, data: SendData) -> Send {
         err: None,
         detached: false,
         meta: (0, 0, 1),
+        rdv: false,
+        acked: None,
     }
 }
 
@@ -1924,6 +2032,62 @@ pub(crate) struct CkptRt {
     /// The requests in flight at the restored snapshot, re-created, until the program takes
     /// them (`Comm::restored_requests`).
     pub(crate) restored_reqs: Option<Vec<RestoredReq>>,
+    /// Sends saved as held in `pending` (send id, index in its requests) whose receiver's cut
+    /// is not in yet (nonblocking mode): a clear-to-send arriving before that cut puts the
+    /// message in the cut after all.
+    pub(crate) tentative: Vec<(u64, usize)>,
+    /// Large sends the program waited for (or dropped) after their receiver matched them
+    /// past its cut of this epoch and before this rank's snapshot: (epoch, send id, saved as
+    /// held with `waited`). The snapshot holds them; their receivers keep places for them.
+    pub(crate) gone_held: Vec<(u64, u64, crate::ckpt::SavedRequest)>,
+}
+
+/// What a snapshot keeps of the runtime's messages and requests (see
+/// [`Engine::snapshot_runtime`]).
+pub(crate) struct RuntimeSnapshot {
+    pub(crate) requests: Vec<crate::ckpt::SavedRequest>,
+    pub(crate) unexpected: Vec<crate::ckpt::SavedMessage>,
+    pub(crate) resent: Vec<crate::ckpt::ResentSlot>,
+    pub(crate) tentative: Vec<(u64, usize)>,
+}
+
+impl RestoredReq {
+    /// Send `id` re-created from a saved request of (context, element size) `of` (to world
+    /// rank `dest`).
+    fn send(id: u64, of: (u64, u32), dest: u32, tag: i32) -> RestoredReq {
+        RestoredReq {
+            id,
+            is_recv: false,
+            ctx: of.0,
+            elem: of.1,
+            peer: Some(dest),
+            tag: Some(tag),
+        }
+    }
+}
+
+impl CkptRt {
+    /// A rank's checkpointing state with `wave`, started now, on a restart from (epoch,
+    /// incarnation) `recovery`.
+    pub(crate) fn new(
+        wave: crate::ckpt::Wave<Held>,
+        pmi_timeout: Duration,
+        recovery: Option<(u64, u64)>,
+    ) -> CkptRt {
+        CkptRt {
+            wave,
+            clock0: Instant::now(),
+            pmi_timeout,
+            restored_app: None,
+            recovery,
+            aborted: Vec::new(),
+            committed: Vec::new(),
+            pending: None,
+            restored_reqs: None,
+            tentative: Vec::new(),
+            gone_held: Vec::new(),
+        }
+    }
 }
 
 /// A request re-created from a checkpoint (see `crate::ckpt::SavedRequest`).
@@ -1942,6 +2106,16 @@ impl Engine {
     /// An application frame arrived from `peer`: deliver it, or hold it back (after the
     /// channel's cut, before the local snapshot).
     fn arrive(&mut self, peer: usize, f: Held) {
+        // During a restore, the first frames of a peer are the messages it held at the
+        // restored epoch, sent again: they fill the places saved for them.
+        if let Some(rs) = self.restoring.as_mut() {
+            let want = rs.want.get(&peer).copied().unwrap_or(0);
+            let got = rs.got.entry(peer).or_default();
+            if got.len() < want {
+                got.push_back(f);
+                return;
+            }
+        }
         let f = match self.ckpt.as_mut() {
             Some(c) => match c.wave.on_app(peer, f) {
                 Some(f) => f,
@@ -1953,9 +2127,46 @@ impl Engine {
     }
 
     fn deliver_held(&mut self, peer: usize, f: Held) {
+        if let Some(rs) = self.restoring.as_mut() {
+            rs.deferred.push((peer, f));
+            return;
+        }
+        self.deliver_now(peer, f);
+    }
+
+    fn deliver_now(&mut self, peer: usize, f: Held) {
         match f {
             Held::Eager(ctx, tag, bytes) => self.deliver_eager(peer, ctx, tag, bytes),
             Held::Rts(hdr, len, cma) => self.on_rts(peer, hdr, len, cma),
+        }
+    }
+
+    /// The receiver `peer` matched large send `send_id` (its clear-to-send or FIN came): note
+    /// whether that was after its cut of the active wave (the checkpoint then holds the
+    /// message), or, with this rank's snapshot taken and `peer`'s cut still to come, put the
+    /// message in the pending checkpoint's cut after all.
+    fn on_ack(&mut self, peer: usize, send_id: u64) {
+        let Some(c) = self.ckpt.as_mut() else { return };
+        let after = c.wave.cut_in(peer);
+        if let Some(s) = self.sends.get_mut(&send_id) {
+            s.acked = Some(after);
+        }
+        if c.wave.awaiting_cut(peer).is_none() {
+            return;
+        }
+        let Some(i) = c.tentative.iter().position(|t| t.0 == send_id) else {
+            return;
+        };
+        let (_, idx) = c.tentative.remove(i);
+        if let Some(q) = c.pending.as_mut().and_then(|p| p.requests.get_mut(idx)) {
+            use crate::ckpt::SavedRequestState as St;
+            if let St::Held { dest, tag, buf, .. } = &mut q.state {
+                q.state = St::Sent {
+                    dest: *dest,
+                    tag: *tag,
+                    buf: std::mem::take(buf),
+                };
+            }
         }
     }
 
@@ -1975,7 +2186,9 @@ impl Engine {
                 c.aborted.push(e);
                 if c.pending.as_ref().is_some_and(|p| p.epoch == e) {
                     c.pending = None;
+                    c.tentative.clear();
                 }
+                c.gone_held.retain(|(ge, _, _)| *ge != e);
             }
             if self.rank == 0 {
                 eprintln!(
@@ -2032,6 +2245,7 @@ impl Engine {
         let Some(mut cp) = c.pending.take() else {
             return;
         };
+        c.tentative.clear();
         let timeout = c.pmi_timeout;
         let (rank, epoch) = (self.rank, cp.epoch);
         for (src, f) in complete.late {
@@ -2042,15 +2256,14 @@ impl Engine {
                     tag,
                     bytes,
                 }),
-                Held::Rts(_, len, _) => {
-                    eprintln!(
-                        "mutirao: rank {rank}: a {len}-byte message from rank {src} crossed the \
-                         checkpoint of epoch {epoch} by rendezvous, which nonblocking mode cannot \
-                         record; this wave will not commit (use blocking mode, or checkpoint \
-                         points no large message crosses)"
-                    );
-                    return;
-                }
+                // A large message announced after this rank's snapshot: this rank matches it
+                // after its cut, so its sender holds it (no clear-to-send before this rank's
+                // cut marker) and sends it again on a restore, into this place.
+                Held::Rts(..) => cp.resent.push(crate::ckpt::ResentSlot {
+                    source: src as u32,
+                    late: true,
+                    before: cp.late.len() as u32,
+                }),
             }
         }
         // The ranks this one spawned that are members of the wave: the launcher counts their
@@ -2137,24 +2350,14 @@ impl Engine {
         self.apply_ckpt(fx);
     }
 
-    /// A checkpoint point's precondition: no send of the program unfinished (a rendezvous send
-    /// whose data has not gone cannot be in the sender's cut whole), no request failed.
-    /// Receives may be pending (they are saved) and finished sends too (their messages are
-    /// before the cut).
+    /// A checkpoint point's precondition: no request failed. Receives may be pending (they
+    /// are saved), sends finished or not (a large one its receiver has not matched is held:
+    /// see [`Engine::snapshot_runtime`]).
     pub(crate) fn check_requests(&self) -> Result<(), Error> {
         let mut ids: Vec<&u64> = self.sends.keys().collect();
         ids.sort();
         for id in ids {
             let s = &self.sends[id];
-            if s.state != SendState::Done {
-                return Err(Error::Invalid(format!(
-                    "checkpoint point with a nonblocking send of {} bytes to rank {} still in \
-                     progress (a message above the eager limit waits for its receiver): wait for \
-                     it before the checkpoint point, or send it smaller",
-                    s.data.bytes().len(),
-                    s.peer
-                )));
-            }
             if let Some(e) = &s.err {
                 return Err(Error::Invalid(format!(
                     "checkpoint point with a nonblocking send to rank {} that failed ({e}): \
@@ -2174,12 +2377,14 @@ impl Engine {
         Ok(())
     }
 
-    /// Some receive is taking in a large message's data: the snapshot waits for it to finish
-    /// (its sender finishes it before its own cut, so it needs only progress).
-    pub(crate) fn receiving(&self) -> bool {
-        self.recvs
-            .iter()
-            .any(|(_, r)| r.state == RecvState::Receiving)
+    /// Some receive matched before this rank's cut of `epoch` is taking in a large message's
+    /// data: the snapshot waits for it (its sender had the clear-to-send before this rank's
+    /// cut marker, so the message is in the cut and needs only progress). One matched after
+    /// the cut is not waited for: its sender holds the message.
+    pub(crate) fn receiving(&self, epoch: u64) -> bool {
+        self.recvs.iter().any(|(_, r)| {
+            r.state == RecvState::Receiving && r.after_cut.is_none_or(|(e, _)| e != epoch)
+        })
     }
 
     /// Set a send's element size (what `size_of::<T>()` of its request is).
@@ -2208,11 +2413,22 @@ impl Engine {
         ctx == 0 || self.comms.entry(ctx).is_some()
     }
 
-    /// The program's requests in flight, as saved in a snapshot, in the order it made them.
-    /// Call after [`Engine::check_requests`] and once no receive is [`Engine::receiving`].
-    pub(crate) fn saved_requests(&self) -> Result<Vec<crate::ckpt::SavedRequest>, Error> {
-        use crate::ckpt::{SavedRequest, SavedRequestState as St};
+    /// The runtime's part of this rank's snapshot of `epoch`: the program's requests in
+    /// flight in the order it made them, the unexpected queue, and the places of the messages
+    /// peers hold. Call after [`Engine::check_requests`] and once [`Engine::receiving`] is
+    /// false. A large message is in the cut exactly when its receiver matched it before its
+    /// own cut, i.e. when the receiver's clear-to-send (or FIN) came before its cut marker:
+    /// - a large send not matched so, finished or not, is *held*: saved with its buffer and
+    ///   sent again once on a restore (tentatively, while that receiver's cut may still come
+    ///   with this rank's snapshot taken: [`Engine::on_ack`]);
+    /// - on the receiving side, an announcement still unmatched, or matched after this rank's
+    ///   cut, is not in the snapshot: its place is kept instead ([`crate::ckpt::ResentSlot`]),
+    ///   and a receive that matched it after the cut is saved as pending.
+    pub(crate) fn snapshot_runtime(&self, epoch: u64) -> Result<RuntimeSnapshot, Error> {
+        use crate::ckpt::{ResentSlot, SavedMessage, SavedRequest, SavedRequestState as St};
         let mut out: Vec<(u64, SavedRequest)> = Vec::new();
+        // Places of held messages, by arrival number: (arrival, source).
+        let mut places: Vec<(u64, usize)> = Vec::new();
         for (id, r) in self.recvs.iter() {
             if !self.covered(r.ctx) {
                 return Err(Error::Invalid(
@@ -2221,8 +2437,9 @@ impl Engine {
                         .into(),
                 ));
             }
-            let state = match r.state {
-                RecvState::Posted => St::Recv {
+            let held = r.after_cut.filter(|(e, _)| *e == epoch);
+            let state = match (r.state, held) {
+                (RecvState::Posted, _) => St::Recv {
                     source: r.src.map(|s| s as u32),
                     tag: r.tag,
                     into: match &r.dest {
@@ -2230,7 +2447,24 @@ impl Engine {
                         _ => None,
                     },
                 },
-                RecvState::Done => {
+                // Matched after the cut: pending in the snapshot, its message in its place.
+                (RecvState::Receiving | RecvState::Done, Some((_, seq))) => {
+                    let st = r.status.ok_or_else(|| {
+                        Error::Invalid("a matched receive without a status".into())
+                    })?;
+                    places.push((seq, st.source));
+                    St::Recv {
+                        source: r.src.map(|s| s as u32),
+                        tag: r.tag,
+                        // An irecv_into's buffer: the message sent again writes the same
+                        // bytes over what it wrote here.
+                        into: match (&r.dest, r.alloc) {
+                            (Dest::Owned(b), false) => Some(b.bytes().to_vec()),
+                            _ => None,
+                        },
+                    }
+                }
+                (RecvState::Done, None) => {
                     let st = r.status.ok_or_else(|| {
                         Error::Invalid("a finished receive without a status".into())
                     })?;
@@ -2244,7 +2478,7 @@ impl Engine {
                         },
                     }
                 }
-                RecvState::Receiving => {
+                (RecvState::Receiving, None) => {
                     return Err(Error::Invalid(
                         "a large message was still arriving at the snapshot".into(),
                     ))
@@ -2260,7 +2494,6 @@ impl Engine {
             ));
         }
         for (id, s) in &self.sends {
-            // Only finished ones are left (`check_requests`); their messages are before the cut.
             let (ctx, tag, elem) = s.meta;
             if !self.covered(ctx) {
                 return Err(Error::Invalid(
@@ -2269,36 +2502,283 @@ impl Engine {
                         .into(),
                 ));
             }
+            let buf = match &s.data {
+                SendData::Owned(b) => b.bytes().to_vec(),
+                SendData::Borrowed(..) => Vec::new(),
+            };
+            let in_cut = !s.rdv || s.acked.is_some_and(|after| after != Some(epoch));
+            let dest = s.peer as u32;
             out.push((
                 *id,
                 SavedRequest {
                     ctx,
                     elem,
-                    state: St::Sent {
-                        dest: s.peer as u32,
-                        tag,
-                        buf: match &s.data {
-                            SendData::Owned(b) => b.bytes().to_vec(),
-                            SendData::Borrowed(..) => Vec::new(),
-                        },
+                    state: if in_cut {
+                        St::Sent { dest, tag, buf }
+                    } else {
+                        St::Held {
+                            dest,
+                            tag,
+                            buf,
+                            waited: false,
+                        }
                     },
                 },
             ));
         }
+        // Sends held at this epoch that the program waited for (or dropped) before the snapshot.
+        if let Some(c) = self.ckpt.as_ref() {
+            out.extend(
+                c.gone_held
+                    .iter()
+                    .filter(|(e, _, _)| *e == epoch)
+                    .map(|(_, id, q)| (*id, q.clone())),
+            );
+        }
         out.sort_by_key(|(id, _)| *id);
-        Ok(out.into_iter().map(|(_, r)| r).collect())
+        let tentative = out
+            .iter()
+            .enumerate()
+            .filter(|(_, (_, q))| matches!(q.state, St::Held { .. }))
+            .map(|(i, (id, _))| (*id, i))
+            .collect();
+        // The unexpected queue: eager messages kept, unmatched announcements replaced by
+        // places (their senders hold them), merged with the places of those matched after the
+        // cut, in arrival order.
+        for u in &self.unexpected {
+            if matches!(u.body, UnexBody::Rts { .. }) {
+                places.push((u.seq, u.peer));
+            }
+        }
+        places.sort_unstable();
+        let mut unexpected = Vec::new();
+        let mut resent = Vec::new();
+        let mut p = places.iter().peekable();
+        for u in &self.unexpected {
+            let UnexBody::Eager(b) = &u.body else {
+                continue;
+            };
+            while let Some((_, src)) = p.next_if(|(seq, _)| *seq < u.seq) {
+                resent.push(ResentSlot {
+                    source: *src as u32,
+                    late: false,
+                    before: unexpected.len() as u32,
+                });
+            }
+            unexpected.push(SavedMessage {
+                source: u.peer as u32,
+                ctx: u.ctx,
+                tag: u.tag,
+                bytes: b.clone(),
+            });
+        }
+        for (_, src) in p {
+            resent.push(ResentSlot {
+                source: *src as u32,
+                late: false,
+                before: unexpected.len() as u32,
+            });
+        }
+        Ok(RuntimeSnapshot {
+            requests: out.into_iter().map(|(_, r)| r).collect(),
+            unexpected,
+            resent,
+            tentative,
+        })
+    }
+
+    /// Restore checkpoint `c` into this fresh engine (before the program runs), in this order:
+    /// the communicator table; the held sends sent again (before anything new to their
+    /// receivers); the messages peers held, waited for (each peer sends its own again first:
+    /// at most `timeout`); the unexpected queue with them in their places; the pending
+    /// receives posted again; the channel state with them in their places; then whatever
+    /// arrived meanwhile. Returns the program's state and the requests re-created.
+    pub(crate) fn restore(
+        &mut self,
+        c: crate::ckpt::RankCheckpoint,
+        timeout: Duration,
+    ) -> Result<(Vec<u8>, Vec<RestoredReq>), Error> {
+        use crate::ckpt::SavedRequestState as St;
+        let epoch = c.epoch;
+        let want = self.expect_resent(epoch, &c.resent)?;
+        self.comms = crate::ckpt::CommTable::restore(c.comms);
+        // Held sends first: FIFO puts them before anything the program sends to that rank.
+        // Never by cross-memory copy: the program may retype (replace) the buffer.
+        let mut resent_ids = HashMap::new();
+        for (i, q) in c.requests.iter().enumerate() {
+            if let St::Held {
+                dest,
+                tag,
+                buf,
+                waited,
+            } = &q.state
+            {
+                if *dest as usize >= self.peers.len() {
+                    return Err(Error::Init(format!(
+                        "restart: the checkpoint holds a send to rank {dest}, which the job does \
+                         not have: it was written by another program or job"
+                    )));
+                }
+                let id = self
+                    .send_inner(
+                        *dest as usize,
+                        q.ctx,
+                        *tag,
+                        SendData::Owned(Box::new(buf.clone())),
+                        true,
+                        false,
+                    )?
+                    .unwrap_or(0);
+                if let Some(s) = self.sends.get_mut(&id) {
+                    s.meta.2 = q.elem;
+                }
+                if *waited {
+                    self.detach(id);
+                } else {
+                    resent_ids.insert(i, id);
+                }
+            }
+        }
+        if !want.is_empty() {
+            let deadline = Instant::now() + timeout;
+            let filled = |e: &Engine| {
+                e.restoring.as_ref().is_none_or(|rs| {
+                    rs.want
+                        .iter()
+                        .all(|(p, n)| rs.got.get(p).map_or(0, |q| q.len()) >= *n)
+                })
+            };
+            let missing = |e: &Engine| -> Vec<usize> {
+                let mut v: Vec<usize> = e.restoring.as_ref().map_or(Vec::new(), |rs| {
+                    rs.want
+                        .iter()
+                        .filter(|(p, n)| rs.got.get(p).map_or(0, |q| q.len()) < **n)
+                        .map(|(p, _)| *p)
+                        .collect()
+                });
+                v.sort_unstable();
+                v
+            };
+            self.wait_until(|e| {
+                filled(e)
+                    || Instant::now() >= deadline
+                    || missing(e).iter().any(|p| e.check_peer(*p).is_err())
+            })?;
+            if !filled(self) {
+                let m = missing(self);
+                let gone = m.iter().find_map(|p| self.check_peer(*p).err());
+                return Err(Error::Init(match gone {
+                    Some(err) => format!(
+                        "restart from epoch {epoch}: ranks {m:?} did not send again the large \
+                         messages they held at that epoch: {err}"
+                    ),
+                    None => format!(
+                        "restart from epoch {epoch}: ranks {m:?} did not send again within \
+                         {timeout:?} the large messages they held at that epoch (their \
+                         checkpoints do not hold them: checkpoints of different jobs?)"
+                    ),
+                }));
+            }
+        }
+        let mut rs = self.restoring.take().unwrap_or_default();
+        // Each slot's message, in order: a sender's slots are filled in the order it sent.
+        let mut fill = |source: u32| -> Result<Held, Error> {
+            rs.got
+                .get_mut(&(source as usize))
+                .and_then(|q| q.pop_front())
+                .ok_or_else(|| {
+                    Error::Init(format!(
+                        "restart from epoch {epoch}: no message of rank {source} for a place \
+                         the checkpoint keeps"
+                    ))
+                })
+        };
+        // The unexpected queue, with the held messages in their places.
+        let mut queue = Vec::new();
+        let mut slots = c.resent.iter().filter(|s| !s.late).peekable();
+        for i in 0..=c.unexpected.len() {
+            while let Some(s) = slots.next_if(|s| s.before as usize <= i) {
+                let peer = s.source as usize;
+                let seq = 0;
+                queue.push(match fill(s.source)? {
+                    Held::Eager(ctx, tag, bytes) => Unexpected {
+                        peer,
+                        ctx,
+                        tag,
+                        body: UnexBody::Eager(bytes),
+                        seq,
+                    },
+                    Held::Rts(hdr, len, cma) => Unexpected::announced(peer, hdr, len, cma, seq),
+                });
+            }
+            if let Some(m) = c.unexpected.get(i) {
+                queue.push(Unexpected {
+                    peer: m.source as usize,
+                    ctx: m.ctx,
+                    tag: m.tag,
+                    body: UnexBody::Eager(m.bytes.clone()),
+                    seq: 0,
+                });
+            }
+        }
+        for u in queue.into_iter().rev() {
+            self.unexpected.push_front(u);
+        }
+        let reqs = self.restore_requests(c.requests, &resent_ids)?;
+        // The channel state, with the held messages announced late in their places.
+        let mut slots = c.resent.iter().filter(|s| s.late).peekable();
+        for i in 0..=c.late.len() {
+            while let Some(s) = slots.next_if(|s| s.before as usize <= i) {
+                let f = fill(s.source)?;
+                self.deliver_now(s.source as usize, f);
+            }
+            if let Some(m) = c.late.get(i) {
+                self.deliver_eager(m.source as usize, m.ctx, m.tag, m.bytes.clone());
+            }
+        }
+        for (peer, f) in rs.deferred {
+            self.deliver_now(peer, f);
+        }
+        Ok((c.app, reqs))
+    }
+
+    /// A restore from `epoch` is coming whose checkpoint keeps `slots`: from now on the first
+    /// application frames of each sender fill them, and later ones wait for the restore
+    /// (call before anything is read, when something may be read before [`Engine::restore`]).
+    /// Returns how many each sender sends again.
+    pub(crate) fn expect_resent(
+        &mut self,
+        epoch: u64,
+        slots: &[crate::ckpt::ResentSlot],
+    ) -> Result<HashMap<usize, usize>, Error> {
+        let mut want: HashMap<usize, usize> = HashMap::new();
+        for slot in slots {
+            let src = slot.source as usize;
+            if src >= self.peers.len() || src == self.rank {
+                return Err(Error::Init(format!(
+                    "restart: the checkpoint of epoch {epoch} keeps a place for a message of \
+                     rank {src}, which cannot send one here: it was written by another program \
+                     or job"
+                )));
+            }
+            *want.entry(src).or_default() += 1;
+        }
+        self.restoring.get_or_insert_with(Restoring::default).want = want.clone();
+        Ok(want)
     }
 
     /// Re-create the requests of a restored snapshot (before anything new arrives): receives
-    /// are posted again, in their order; finished ones wait to be taken. Their buffers are
-    /// bytes until the program names the type ([`Engine::retype`]).
-    pub(crate) fn restore_requests(
+    /// are posted again, in their order; finished ones wait to be taken; held sends are the
+    /// ones [`Engine::restore`] sent again (`resent`: request index → send id). Their buffers
+    /// are bytes until the program names the type ([`Engine::retype`]).
+    fn restore_requests(
         &mut self,
         reqs: Vec<crate::ckpt::SavedRequest>,
+        resent: &HashMap<usize, u64>,
     ) -> Result<Vec<RestoredReq>, Error> {
         use crate::ckpt::SavedRequestState as St;
         let mut out = Vec::with_capacity(reqs.len());
-        for q in reqs {
+        for (i, q) in reqs.into_iter().enumerate() {
             let bad = |what: &str| {
                 Error::Init(format!(
                     "restart: the checkpoint holds a request {what}: it was written by another \
@@ -2351,6 +2831,8 @@ impl Engine {
                             err: None,
                             detached: false,
                             elem: q.elem,
+                            alloc: false,
+                            after_cut: None,
                         },
                     );
                     out.push(RestoredReq {
@@ -2370,14 +2852,14 @@ impl Engine {
                     let mut sd = done_send(dest as usize, SendData::Owned(Box::new(buf)));
                     sd.meta = (q.ctx, tag, q.elem);
                     self.sends.insert(id, sd);
-                    out.push(RestoredReq {
-                        id,
-                        is_recv: false,
-                        ctx: q.ctx,
-                        elem: q.elem,
-                        peer: Some(dest),
-                        tag: Some(tag),
-                    });
+                    out.push(RestoredReq::send(id, (q.ctx, q.elem), dest, tag));
+                }
+                St::Held { waited: true, .. } => {}
+                St::Held { dest, tag, .. } => {
+                    let id = *resent
+                        .get(&i)
+                        .ok_or_else(|| bad("held but not sent again"))?;
+                    out.push(RestoredReq::send(id, (q.ctx, q.elem), dest, tag));
                 }
             }
         }
@@ -2414,53 +2896,13 @@ impl Engine {
                 });
             }
         } else if let Some(s) = self.sends.get_mut(&id) {
+            // (A held send sent again streams from this buffer, never by cross-memory copy:
+            // replacing it with the same bytes changes nothing on the wire.)
             if let SendData::Owned(b) = &s.data {
                 s.data = SendData::Owned(cast(b.as_ref())?);
             }
         }
         Ok(())
-    }
-
-    /// Late messages of a restored snapshot (channel state): delivered as they were, matching
-    /// the re-posted receives first.
-    pub(crate) fn restore_late(&mut self, msgs: Vec<crate::ckpt::SavedMessage>) {
-        for m in msgs {
-            self.deliver_eager(m.source as usize, m.ctx, m.tag, m.bytes);
-        }
-    }
-
-    /// The unexpected queue as saved messages (the snapshot's runtime state). A rendezvous
-    /// message whose data has not come is an error: with no request pending on either side at
-    /// their checkpoint points, none can be in flight.
-    pub(crate) fn saved_unexpected(&self) -> Result<Vec<crate::ckpt::SavedMessage>, Error> {
-        self.unexpected
-            .iter()
-            .map(|u| match &u.body {
-                UnexBody::Eager(b) => Ok(crate::ckpt::SavedMessage {
-                    source: u.peer as u32,
-                    ctx: u.ctx,
-                    tag: u.tag,
-                    bytes: b.clone(),
-                }),
-                UnexBody::Rts { len, .. } => Err(Error::Invalid(format!(
-                    "a {len}-byte message from rank {} crosses the checkpoint: its sender \
-                     reached the checkpoint point with the send unfinished",
-                    u.peer
-                ))),
-            })
-            .collect()
-    }
-
-    /// Put restored unmatched messages back, before anything new.
-    pub(crate) fn restore_unexpected(&mut self, msgs: Vec<crate::ckpt::SavedMessage>) {
-        for m in msgs.into_iter().rev() {
-            self.unexpected.push_front(Unexpected {
-                peer: m.source as usize,
-                ctx: m.ctx,
-                tag: m.tag,
-                body: UnexBody::Eager(m.bytes),
-            });
-        }
     }
 }
 
@@ -2511,7 +2953,7 @@ mod tests {
 
     /// Requests in flight survive a snapshot and a restore: a posted `irecv_into` (its buffer
     /// kept), an `irecv` completed before the snapshot, a finished send; typed again, they
-    /// complete as before, and a large send in progress is refused.
+    /// complete as before.
     #[test]
     fn requests_in_flight_are_saved_restored_and_typed_again() {
         use crate::ckpt::SavedRequestState as St;
@@ -2538,7 +2980,7 @@ mod tests {
         e.sends.get_mut(&s1).unwrap().meta.2 = 2;
         assert!(e.recv_finished(done));
         e.check_requests().unwrap();
-        let saved = e.saved_requests().unwrap();
+        let saved = e.snapshot_runtime(1).unwrap().requests;
         assert_eq!(saved.len(), 3);
         assert!(matches!(
             &saved[0].state,
@@ -2553,7 +2995,7 @@ mod tests {
 
         // A new incarnation.
         let (mut e2, mut raw2) = engine_with_raw_peer();
-        let back = e2.restore_requests(saved).unwrap();
+        let back = e2.restore_requests(saved, &HashMap::new()).unwrap();
         assert_eq!(
             back.iter()
                 .map(|q| (q.is_recv, q.peer, q.tag))
@@ -2606,17 +3048,290 @@ mod tests {
             "the send's buffer comes back; nothing is sent again"
         );
         assert!(e2.peers[1].txq.is_empty());
+    }
 
-        // A large send whose receiver has not taken it is refused at a checkpoint point.
-        let big = e2
-            .start_send(1, 0, 1, SendData::Owned(Box::new(vec![0u8; 4096])))
+    /// A checkpoint of this engine's runtime state at `epoch`, no program state.
+    fn blob(e: &Engine, epoch: u64) -> crate::ckpt::RankCheckpoint {
+        let rt = e.snapshot_runtime(epoch).unwrap();
+        crate::ckpt::RankCheckpoint {
+            epoch,
+            rank: e.rank as u32,
+            size: e.size as u32,
+            comms: Vec::new(),
+            requests: rt.requests,
+            unexpected: rt.unexpected,
+            late: Vec::new(),
+            app: Vec::new(),
+            spawns: Vec::new(),
+            resent: rt.resent,
+        }
+    }
+
+    fn read_header(raw: &mut StdStream) -> Header {
+        use std::io::Read;
+        let mut h = [0u8; HEADER_LEN];
+        raw.read_exact(&mut h).unwrap();
+        Header::decode(&h).unwrap()
+    }
+
+    /// A large isend its receiver has not matched at a checkpoint point is held: saved with
+    /// its buffer, sent again exactly once by a restore (one announcement, the data once asked
+    /// for, nothing more), and its restored request completes with the buffer.
+    #[test]
+    fn a_large_send_in_progress_is_held_and_sent_again_once_after_a_restore() {
+        use crate::ckpt::SavedRequestState as St;
+        use std::io::Read;
+        let (mut e, mut raw) = engine_with_raw_peer();
+        let big = e
+            .start_send(1, 0, 1, SendData::Owned(Box::new(vec![7u8; 4096])))
             .unwrap();
-        let err = e2.check_requests().unwrap_err();
+        assert_eq!(read_header(&mut raw).kind, Kind::Rts);
+        e.check_requests().unwrap();
+        assert!(!e.send_finished(big));
+        let c = blob(&e, 1);
         assert!(
-            matches!(&err, Error::Invalid(m) if m.contains("4096 bytes to rank 1") && m.contains("still in progress")),
-            "{err}"
+            matches!(&c.requests[..], [q] if matches!(&q.state, St::Held { dest: 1, tag: 1, buf, waited: false } if *buf == vec![7u8; 4096])),
+            "{:?}",
+            c.requests.iter().map(|q| &q.state).collect::<Vec<_>>()
         );
-        e2.forget_send(big);
+        // A new incarnation: the restore sends it again before anything else.
+        let (mut e2, mut raw2) = engine_with_raw_peer();
+        let (_, back) = e2.restore(c, Duration::from_secs(5)).unwrap();
+        let [q] = &back[..] else {
+            panic!("one request back: {back:?}")
+        };
+        assert_eq!((q.is_recv, q.peer, q.tag), (false, Some(1), Some(1)));
+        let rts = read_header(&mut raw2);
+        assert_eq!(
+            (rts.kind, rts.tag, rts.len, rts.id),
+            (Kind::Rts, 1, 4096, q.id)
+        );
+        let cts = Header {
+            kind: Kind::Cts,
+            tag: 0,
+            ctx: 0,
+            len: 77,
+            id: q.id,
+        };
+        raw2.write_all(&cts.encode()).unwrap();
+        e2.wait_until(|e| e.send_finished(q.id)).unwrap();
+        let data = read_header(&mut raw2);
+        assert_eq!((data.kind, data.len, data.id), (Kind::Data, 4096, 77));
+        let mut body = vec![0u8; 4096];
+        raw2.read_exact(&mut body).unwrap();
+        assert_eq!(body, vec![7u8; 4096]);
+        let v = *e2
+            .take_send(q.id)
+            .unwrap()
+            .unwrap()
+            .into_any()
+            .downcast::<Vec<u8>>()
+            .unwrap();
+        assert_eq!(v, vec![7u8; 4096]);
+        // Exactly once: nothing more on the wire.
+        raw2.set_nonblocking(true).unwrap();
+        e2.poke().unwrap();
+        assert!(raw2.read(&mut [0u8; 1]).is_err(), "a second copy was sent");
+        e.forget_send(big);
+    }
+
+    /// Give `e` (rank 0 of 2) checkpoint waves: a wave starts at once when asked.
+    fn with_waves(e: &mut Engine, mode: crate::ckpt::Mode) {
+        e.ckpt = Some(CkptRt::new(
+            crate::ckpt::Wave::new(
+                0,
+                2,
+                mode,
+                0,
+                Duration::from_millis(1),
+                Duration::from_secs(60),
+                Duration::ZERO,
+            ),
+            Duration::from_secs(1),
+            None,
+        ));
+    }
+
+    /// Blocking mode: a large send its receiver matched after its cut (the FIN comes after
+    /// the receiver's cut marker) and that the program waited for before this rank's
+    /// checkpoint point is still held by the snapshot, then sent again by a restore in the
+    /// background (the program has no request for it any more).
+    #[test]
+    fn a_large_send_matched_after_the_receivers_cut_and_waited_for_is_still_held() {
+        use crate::ckpt::{Marker, Mode, SafePoint, SavedRequestState as St};
+        let (mut e, mut raw) = engine_with_raw_peer();
+        with_waves(&mut e, Mode::Blocking);
+        let c = e.ckpt.as_mut().unwrap();
+        let _ = c.wave.tick(Duration::from_millis(5));
+        let epoch = c.wave.active_epoch().unwrap();
+        let a = e
+            .start_send(1, 0, 3, SendData::Owned(Box::new(vec![3u8; 4096])))
+            .unwrap();
+        // The receiver's cut, then its FIN for `a`; the program waits for `a`.
+        raw.write_all(&Header::marker(Marker::Cut(epoch, 2)).encode())
+            .unwrap();
+        let fin = Header {
+            kind: Kind::Fin,
+            tag: 0,
+            ctx: 0,
+            len: 0,
+            id: a,
+        };
+        raw.write_all(&fin.encode()).unwrap();
+        e.wait_until(|e| e.send_finished(a)).unwrap();
+        e.take_send(a).unwrap();
+        // This rank's checkpoint point and snapshot.
+        let c = e.ckpt.as_mut().unwrap();
+        assert_eq!(c.wave.at_safe_point(), SafePoint::Continue);
+        assert!(matches!(c.wave.at_safe_point(), SafePoint::Cut { .. }));
+        let c = blob(&e, epoch);
+        assert!(
+            matches!(&c.requests[..], [q] if matches!(&q.state, St::Held { dest: 1, tag: 3, waited: true, buf } if buf.len() == 4096)),
+            "{:?}",
+            c.requests
+        );
+        let (mut e2, mut raw2) = engine_with_raw_peer();
+        let (_, back) = e2.restore(c, Duration::from_secs(5)).unwrap();
+        assert!(
+            back.is_empty(),
+            "no request for a send the program waited for"
+        );
+        let rts = read_header(&mut raw2);
+        assert_eq!((rts.kind, rts.tag, rts.len), (Kind::Rts, 3, 4096));
+    }
+
+    /// Nonblocking mode: a large send not yet matched at this rank's snapshot is held only
+    /// tentatively. A FIN (or clear-to-send) arriving before the receiver's cut marker puts
+    /// it in the cut after all (the receiver matched it before its cut); one arriving after
+    /// that marker leaves it held, even once the send has finished.
+    #[test]
+    fn nonblocking_a_send_matched_before_the_receivers_cut_leaves_the_held_ones() {
+        use crate::ckpt::{Marker, Mode, SafePoint, SavedRequestState as St};
+        let (mut e, mut raw) = engine_with_raw_peer();
+        with_waves(&mut e, Mode::Nonblocking);
+        let (a, b) = (
+            e.start_send(1, 0, 1, SendData::Owned(Box::new(vec![1u8; 4096])))
+                .unwrap(),
+            e.start_send(1, 0, 2, SendData::Owned(Box::new(vec![2u8; 4096])))
+                .unwrap(),
+        );
+        // A wave, cut at this rank's second checkpoint point; the snapshot at once.
+        let c = e.ckpt.as_mut().unwrap();
+        let _ = c.wave.tick(Duration::from_millis(5));
+        assert_eq!(c.wave.at_safe_point(), SafePoint::Continue);
+        let SafePoint::Cut { epoch, .. } = c.wave.at_safe_point() else {
+            panic!("no cut at the second checkpoint point")
+        };
+        let rt = e.snapshot_runtime(epoch).unwrap();
+        let c = e.ckpt.as_mut().unwrap();
+        assert_eq!(rt.tentative.len(), 2);
+        c.tentative = rt.tentative;
+        let pending = blob(&e, epoch);
+        let c = e.ckpt.as_mut().unwrap();
+        c.pending = Some(pending);
+        let _ = c.wave.snapshot_taken();
+        let fin = |id: u64| Header {
+            kind: Kind::Fin,
+            tag: 0,
+            ctx: 0,
+            len: 0,
+            id,
+        };
+        // `a` is matched before the receiver's cut: in the cut after all.
+        raw.write_all(&fin(a).encode()).unwrap();
+        e.wait_until(|e| e.send_finished(a)).unwrap();
+        let states: Vec<&St> = e
+            .ckpt
+            .as_ref()
+            .unwrap()
+            .pending
+            .as_ref()
+            .unwrap()
+            .requests
+            .iter()
+            .map(|q| &q.state)
+            .collect();
+        assert!(
+            matches!(
+                states[..],
+                [St::Sent { tag: 1, .. }, St::Held { tag: 2, .. }]
+            ),
+            "{states:?}"
+        );
+        // Then the receiver's cut, then `b`'s FIN: after the cut, so held at this epoch.
+        raw.write_all(&Header::marker(Marker::Cut(epoch, 2)).encode())
+            .unwrap();
+        raw.write_all(&fin(b).encode()).unwrap();
+        e.wait_until(|e| e.send_finished(b)).unwrap();
+        assert_eq!(e.sends[&b].acked, Some(Some(epoch)));
+        let again = e.snapshot_runtime(epoch).unwrap().requests;
+        assert!(
+            matches!(
+                (&again[0].state, &again[1].state),
+                (St::Sent { tag: 1, .. }, St::Held { tag: 2, .. })
+            ),
+            "{again:?}"
+        );
+    }
+
+    /// On the receiving side an unmatched announcement is left out of the snapshot and its
+    /// place kept: after a restore the message its sender sends again takes that place,
+    /// before a message that arrived after it, as in the run that was not interrupted.
+    #[test]
+    fn a_held_message_sent_again_keeps_its_place_before_later_ones() {
+        let (mut e, mut raw) = engine_with_raw_peer();
+        let eager = |tag: i32, b: u8| {
+            let h = Header {
+                kind: Kind::Eager,
+                tag,
+                ctx: 0,
+                len: 4,
+                id: 0,
+            };
+            let mut v = h.encode().to_vec();
+            v.extend_from_slice(&[b; 4]);
+            v
+        };
+        let rts = Header {
+            kind: Kind::Rts,
+            tag: 5,
+            ctx: 0,
+            len: 4096,
+            id: 9,
+        };
+        raw.write_all(&rts.encode()).unwrap();
+        raw.write_all(&eager(5, 2)).unwrap();
+        e.wait_until(|e| e.unexpected.len() == 2).unwrap();
+        let c = blob(&e, 3);
+        assert_eq!(
+            c.unexpected.len(),
+            1,
+            "the announcement is not in the snapshot"
+        );
+        assert_eq!(
+            c.resent,
+            vec![crate::ckpt::ResentSlot {
+                source: 1,
+                late: false,
+                before: 0
+            }]
+        );
+        // Restored: the sender sends the held message again first (here small enough to be
+        // eager), then a new one; receives of tag 5 get them in the original order.
+        let (mut e2, mut raw2) = engine_with_raw_peer();
+        raw2.write_all(&eager(5, 1)).unwrap();
+        raw2.write_all(&eager(5, 3)).unwrap();
+        e2.restore(c, Duration::from_secs(5)).unwrap();
+        let mut got = Vec::new();
+        for _ in 0..3 {
+            let id = e2
+                .post_recv(0, Some(1), Some(5), Dest::Alloc(discard_alloc))
+                .unwrap();
+            e2.wait_until(|e| e.recv_finished(id)).unwrap();
+            let (_, b) = e2.take_recv(id).unwrap();
+            got.push(b.unwrap().bytes()[0]);
+        }
+        assert_eq!(got, [1, 2, 3], "held, then saved, then new");
     }
 
     #[test]

@@ -612,6 +612,10 @@ pub fn init_with(env: &JobEnv) -> Result<Comm, Error> {
 
     let mut engine = Engine::new(env.rank, width, peers, tuning(&cfg))?;
     engine.init_timings = Some(timings);
+    if let Some(c) = &restored {
+        // Peers send the large messages they held first: keep them for the restore below.
+        engine.expect_resent(c.epoch, &c.resent)?;
+    }
     engine.launch = Some(crate::spawn::Launch {
         bind: env.bind,
         token: env.token,
@@ -626,7 +630,7 @@ pub fn init_with(env: &JobEnv) -> Result<Comm, Error> {
         // (the launcher's environment may carry it): spawn groups are not re-created.
         if let Some(basis) = all.first().and_then(|k| k.get(crate::spawn::CKPT_KEY)) {
             let b = crate::spawn::parse_ckpt_basis(basis).map_err(Error::Init)?;
-            let (mut restored_app, mut restored_reqs) = (None, None);
+            let mut restored = None;
             if let Some(epoch) = b.restore {
                 // The parent's restart re-created this rank's group: restore its checkpoint.
                 let blob = pmi
@@ -648,14 +652,10 @@ pub fn init_with(env: &JobEnv) -> Result<Comm, Error> {
                         env.rank, g.group, g.members
                     )));
                 }
-                engine.comms = crate::ckpt::CommTable::restore(c.comms);
-                engine.restore_unexpected(c.unexpected);
-                restored_reqs = Some(engine.restore_requests(c.requests)?);
-                engine.restore_late(c.late);
-                restored_app = Some(c.app);
+                restored = Some(c);
             }
-            engine.ckpt = Some(crate::engine::CkptRt {
-                wave: crate::ckpt::Wave::spawned(
+            engine.ckpt = Some(crate::engine::CkptRt::new(
+                crate::ckpt::Wave::spawned(
                     env.rank,
                     members[0],
                     &members[1..],
@@ -663,15 +663,12 @@ pub fn init_with(env: &JobEnv) -> Result<Comm, Error> {
                     b.mode,
                     b.after,
                 ),
-                clock0: Instant::now(),
-                pmi_timeout: b.pmi_timeout,
-                restored_app,
-                recovery: b.restore.map(|e| (e, env.incarnation)),
-                aborted: Vec::new(),
-                committed: Vec::new(),
-                pending: None,
-                restored_reqs,
-            });
+                b.pmi_timeout,
+                b.restore.map(|e| (e, env.incarnation)),
+            ));
+            if let Some(c) = restored {
+                restore_into(&mut engine, c, b.pmi_timeout)?;
+            }
         }
         engine.spawned_in = Some(sp.group);
         engine._pmi = Some(pmi);
@@ -697,21 +694,8 @@ pub fn init_with(env: &JobEnv) -> Result<Comm, Error> {
         }
     }
     if env.ckpt_interval.is_some() || env.restart_epoch.is_some() {
-        let mut restored_app = None;
-        let mut restored_reqs = None;
-        if let Some(c) = restored {
-            // In this order: the communicator table (so contexts are known), the unmatched
-            // messages (which matched no pending receive), the pending receives posted again,
-            // then the channel state, delivered as it was (to those receives first).
-            engine.comms = crate::ckpt::CommTable::restore(c.comms);
-            engine.restore_unexpected(c.unexpected);
-            restored_reqs = Some(engine.restore_requests(c.requests)?);
-            engine.restore_late(c.late);
-            restored_app = Some(c.app);
-        }
-        let clock0 = Instant::now();
-        engine.ckpt = Some(crate::engine::CkptRt {
-            wave: crate::ckpt::Wave::new(
+        engine.ckpt = Some(crate::engine::CkptRt::new(
+            crate::ckpt::Wave::new(
                 env.rank,
                 env.size,
                 env.ckpt_mode,
@@ -720,15 +704,12 @@ pub fn init_with(env: &JobEnv) -> Result<Comm, Error> {
                 env.ckpt_timeout(),
                 Duration::ZERO,
             ),
-            clock0,
             pmi_timeout,
-            restored_app,
-            recovery: env.restart_epoch.map(|e| (e, env.incarnation)),
-            aborted: Vec::new(),
-            committed: Vec::new(),
-            pending: None,
-            restored_reqs,
-        });
+            env.restart_epoch.map(|e| (e, env.incarnation)),
+        ));
+        if let Some(c) = restored {
+            restore_into(&mut engine, c, pmi_timeout)?;
+        }
     }
     if env.restart_epoch.is_some() {
         let mut groups = Vec::new();
@@ -741,6 +722,22 @@ pub fn init_with(env: &JobEnv) -> Result<Comm, Error> {
     }
     engine._pmi = Some(pmi);
     Ok(Comm::world(engine))
+}
+
+/// Restore checkpoint `c` into `engine` (its waves already set up, so that markers arriving
+/// meanwhile are understood; see `Engine::restore` for the order) and keep the program's
+/// state and requests for `Comm::restored` and `Comm::restored_requests`.
+fn restore_into(
+    engine: &mut Engine,
+    c: crate::ckpt::RankCheckpoint,
+    timeout: Duration,
+) -> Result<(), Error> {
+    let (app, reqs) = engine.restore(c, timeout)?;
+    if let Some(ck) = engine.ckpt.as_mut() {
+        ck.restored_app = Some(app);
+        ck.restored_reqs = Some(reqs);
+    }
+    Ok(())
 }
 
 /// How long a restart waits for a re-created spawn group (as a spawn's default timeout).

@@ -652,6 +652,8 @@ struct FenceState {
     result: Option<(u64, Arc<Vec<Kvs>>)>,
     hello: Vec<bool>,
     failed: Option<String>,
+    /// The ranks a fence gave up waiting for (set by the first fence timeout).
+    missing: Option<Vec<usize>>,
 }
 
 /// A spawned rank that took part in a committed checkpoint epoch: what restarting it would
@@ -794,6 +796,7 @@ impl PmiServer {
                 result: None,
                 hello: vec![false; size as usize],
                 failed: None,
+                missing: None,
             }),
             cv: Condvar::new(),
             sink,
@@ -852,6 +855,13 @@ impl PmiServer {
             s.failed.get_or_insert_with(|| why.to_string());
         }
         self.state.cv.notify_all();
+    }
+
+    /// The ranks that never reached a fence of the job, once a fence timed out waiting for
+    /// them (`None`: no fence timed out). The ranks that did reach it were answered with the
+    /// timeout and exit with it: a launcher blames these ranks (and their hosts), not those.
+    pub fn fence_missing(&self) -> Option<Vec<usize>> {
+        self.state.fence.lock().ok().and_then(|s| s.missing.clone())
     }
 
     /// The launcher saw spawned rank `rank` end (`why`: how). If its spawn is still in
@@ -1144,6 +1154,7 @@ fn conn_loop(
                     fence_timeout
                 );
                 s.failed = Some(why.clone());
+                s.missing.get_or_insert(missing);
                 cv.notify_all();
                 break Msg::Error { msg: why };
             }
@@ -1768,8 +1779,14 @@ mod tests {
         .unwrap();
         let mut c =
             PmiClient::connect(&srv.addr().to_string(), 0, &token, Duration::from_secs(5)).unwrap();
+        assert_eq!(srv.fence_missing(), None);
         let e = c.fence(Kvs::new(), Duration::from_secs(5)).unwrap_err();
         assert!(e.contains("[1]"), "{e}");
+        assert_eq!(
+            srv.fence_missing(),
+            Some(vec![1]),
+            "the rank that never came"
+        );
     }
 
     #[derive(Default)]

@@ -12,6 +12,9 @@
 //!   committed epoch, and restarting from that epoch finishes with the uninterrupted result.
 //! - a rendezvous message crossing every checkpoint point: waves are abandoned at their
 //!   timeout, none commits, the job finishes with the right result.
+//! - large isends in flight at every checkpoint point (held by their senders, their places
+//!   kept by their receivers), a rank killed after commits: restarts from the last and the
+//!   first committed epoch end with the result of a run without checkpoints (both modes).
 //! - the examples jacobi, ring and matmul, with waves and restarted, print the result of a run
 //!   without checkpoints. They run the example binaries `cargo test -p mutirao` builds
 //!   (`cargo test --test checkpoints` alone does not rebuild them: build with
@@ -68,20 +71,41 @@ fn rank_main() -> Result<(), String> {
     });
     std::fs::write(out.join(format!("start.{r}")), st.iter.to_string())
         .map_err(|x| x.to_string())?;
-    if std::env::var("MUTIRAO_CKPT_INTERVAL").is_ok() && n > 1 {
-        // A checkpoint point with a large (rendezvous) send in flight is refused, and counts
-        // for nothing.
+    if std::env::var("MUTIRAO_CKPT_INTERVAL").is_ok() && n > 1 && st.iter == 0 {
+        // A checkpoint point with a large (rendezvous) send in flight is taken (the send is
+        // held in a checkpoint, if a wave cuts here) and the message arrives whole, once.
         let big = w.isend(vec![7u64; 1 << 20], (r + 1) % n, 77).map_err(e)?;
-        match w.checkpoint_point(&st) {
-            Err(mutirao::Error::Invalid(m)) if m.contains("still in progress") => {}
-            other => return Err(format!("checkpoint point with a large isend: {other:?}")),
-        }
+        w.checkpoint_point(&st)
+            .map_err(|x| format!("checkpoint point with a large isend in flight: {x}"))?;
         let (v, _) = w.recv_vec::<u64>((r + n - 1) % n, 77).map_err(e)?;
         big.wait().map_err(e)?;
-        if v.len() != 1 << 20 {
+        if v != vec![7u64; 1 << 20] {
             return Err("the large message came short".into());
         }
+        if w.iprobe(mutirao::ANY_SOURCE, 77).map_err(e)?.is_some() {
+            return Err("the large message came twice".into());
+        }
     }
+    // Large isends in flight at every checkpoint point (`CK_BIGISEND`): each rank's to the
+    // next, received only after the receiver's checkpoint point (so never matched before its
+    // cut: held), and rank 0's to rank 1 into a receive rank 1 posted before its checkpoint
+    // point (rank 0 sends late, so the announcement comes after rank 1's cut). On a restart
+    // the requests come back from `restored_requests`.
+    let bigisend = env_u64("CK_BIGISEND") == Some(1) && n > 2;
+    let mut ring_send: Option<mutirao::Request<u64>> = None;
+    let mut send01: Option<mutirao::Request<u64>> = None;
+    let mut recv01: Option<mutirao::Request<u64>> = None;
+    for q in w.restored_requests() {
+        match (q.is_recv(), q.tag()) {
+            (false, Some(21)) => ring_send = Some(q.into_request().map_err(e)?),
+            (false, Some(22)) => send01 = Some(q.into_request().map_err(e)?),
+            (true, Some(22)) => recv01 = Some(q.into_request().map_err(e)?),
+            _ => {}
+        }
+    }
+    let big_of = |iter: u64, from: usize| -> Vec<u64> {
+        (0..40_000u64).map(|i| i * iter + from as u64 * 7).collect()
+    };
     let die = (env_u64("CK_DIE_RANK"), env_u64("CK_DIE_AT"));
     let big = env_u64("CK_BIG") == Some(1) && n > 2;
     while st.iter < iters {
@@ -90,6 +114,43 @@ fn rank_main() -> Result<(), String> {
         if big && r == 2 && st.iter > 0 {
             let (v, _) = w.recv_vec::<u64>(0, 11).map_err(e)?;
             st.hist.push(v.iter().sum::<u64>() % 1_000_003);
+        }
+        if bigisend && st.iter > 0 {
+            let from = (r + n - 1) % n;
+            let (v, _) = w.recv_vec::<u64>(from, 21).map_err(e)?;
+            if v != big_of(st.iter, from) {
+                return Err(format!(
+                    "iteration {}: the large ring message differs",
+                    st.iter
+                ));
+            }
+            st.hist.push(v.iter().sum::<u64>() % 1_000_003);
+            ring_send
+                .take()
+                .ok_or("no large ring send in flight")?
+                .wait()
+                .map_err(e)?;
+            if r == 1 {
+                let (v, _) = recv01
+                    .take()
+                    .ok_or("no receive from rank 0")?
+                    .wait()
+                    .map_err(e)?;
+                if v != big_of(st.iter + 1000, 0) {
+                    return Err(format!(
+                        "iteration {}: rank 0's large message differs",
+                        st.iter
+                    ));
+                }
+                st.hist.push(v.iter().sum::<u64>() % 1_000_007);
+            }
+            if r == 0 {
+                send01
+                    .take()
+                    .ok_or("no send to rank 1")?
+                    .wait()
+                    .map_err(e)?;
+            }
         }
         // A message rank 0 sent before its last checkpoint point, received after ours.
         if r == 1 && st.iter > 0 {
@@ -115,9 +176,18 @@ fn rank_main() -> Result<(), String> {
                 std::thread::sleep(Duration::from_millis(8));
             }
             w.send(&[st.iter], 1, 9).map_err(e)?;
+            if bigisend {
+                send01 = Some(w.isend(big_of(st.iter + 1000, 0), 1, 22).map_err(e)?);
+            }
             if big {
                 let v: Vec<u64> = (0..40_000).map(|i| i * st.iter).collect();
                 w.send(&v, 2, 11).map_err(e)?;
+            }
+        }
+        if bigisend && st.iter < iters {
+            ring_send = Some(w.isend(big_of(st.iter, r), (r + 1) % n, 21).map_err(e)?);
+            if r == 1 {
+                recv01 = Some(w.irecv(0, 22).map_err(e)?);
             }
         }
         if die == (Some(r as u64), Some(st.iter)) {
@@ -396,6 +466,18 @@ fn all_ok(o: &Outcome, what: &str) -> Result<(), Failed> {
     Err(format!("{what}: exit codes {:?}; stderr: {:?}", o.codes, o.stderr).into())
 }
 
+/// Rank 1 died with status 9 (`CK_DIE_RANK`).
+fn rank1_died(o: &Outcome) -> Result<(), Failed> {
+    if o.codes[1] != Some(9) {
+        return Err(format!(
+            "rank 1 should have died with 9: {:?} {:?}",
+            o.codes, o.stderr
+        )
+        .into());
+    }
+    Ok(())
+}
+
 fn scratch(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("mutirao-ck-{}-{name}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
@@ -441,8 +523,18 @@ fn restart_matches(
     want: &[String],
     name: &str,
 ) -> Result<(), Failed> {
+    restart_matches_with(sink, epoch, want, name, ckpt_env())
+}
+
+/// [`restart_matches`] with `env` (checkpoint settings and scenario) for the restarted ranks.
+fn restart_matches_with(
+    sink: &Arc<MapSink>,
+    epoch: u64,
+    want: &[String],
+    name: &str,
+    mut env: Vec<(&'static str, String)>,
+) -> Result<(), Failed> {
     let out = scratch(name);
-    let mut env = ckpt_env();
     env.push(("MUTIRAO_RESTART_EPOCH", epoch.to_string()));
     env.push(("MUTIRAO_INCARNATION", "1".into()));
     env.push(("CK_EXPECT_RESTORE", "1".into()));
@@ -523,6 +615,123 @@ fn waves_commit_and_restart(mode: &str) -> Result<(), Failed> {
     restart_matches(&sink, last, &want, &format!("restart-{mode}"))?;
     // An earlier epoch restores too.
     restart_matches(&sink, committed[0], &want, &format!("restart-first-{mode}"))
+}
+
+/// Large isends in flight at every checkpoint point (`CK_BIGISEND`, rendezvous above 16 KiB):
+/// waves commit with them held, rank 1 is killed (with its own large isend in flight) after
+/// commits, and restarts from the last and the first committed epoch end with the result of
+/// the run without checkpoints.
+fn large_isends_in_flight_survive_a_kill(mode: &str) -> Result<(), Failed> {
+    let big = || {
+        vec![
+            ("CK_BIGISEND", "1".to_string()),
+            ("MUTIRAO_EAGER_LIMIT", "16384".to_string()),
+        ]
+    };
+    let out = scratch(&format!("ref-bigisend-{mode}"));
+    let mut env = big();
+    env.push(("CK_ITERS", ITERS.to_string()));
+    let o = launch(
+        N,
+        &Arc::new(MapSink::default()),
+        &out,
+        &env,
+        Duration::from_secs(60),
+    )?;
+    all_ok(&o, "large isends without checkpoints")?;
+    let want = results(&out, N)?;
+    let _ = std::fs::remove_dir_all(&out);
+
+    let sink = Arc::new(MapSink::default());
+    let out = scratch(&format!("bigisend-{mode}"));
+    let mut env = ckpt_env_mode(mode);
+    env.extend(big());
+    env.push(("CK_DIE_RANK", "1".into()));
+    env.push(("CK_DIE_AT", "35".into()));
+    let o = launch(N, &sink, &out, &env, Duration::from_secs(60))?;
+    let _ = std::fs::remove_dir_all(&out);
+    rank1_died(&o)?;
+    let committed = sink.committed.lock().unwrap().clone();
+    let (Some(&first), Some(&last)) = (committed.first(), committed.last()) else {
+        return Err(format!("no epoch committed before the kill; stderr {:?}", o.stderr).into());
+    };
+    // Every committed epoch holds each rank's large ring send, and each receiver keeps as
+    // many places for a sender's held messages as that sender holds for it.
+    let (mut held_total, mut late_places, mut pending22) = (0, 0, 0);
+    for e in &committed {
+        let blobs: Vec<mutirao::ckpt::RankCheckpoint> = (0..N as u32)
+            .map(|r| {
+                let b = sink.blobs.lock().unwrap()[&(*e, r)].clone();
+                mutirao::ckpt::RankCheckpoint::decode(&b, *e, r, N as u32)
+            })
+            .collect::<Result<_, _>>()?;
+        late_places += blobs[1].resent.iter().filter(|p| p.late).count();
+        pending22 += blobs[1]
+            .requests
+            .iter()
+            .filter(|q| {
+                matches!(
+                    q.state,
+                    mutirao::ckpt::SavedRequestState::Recv { tag: Some(22), .. }
+                )
+            })
+            .count();
+        for (s, c) in blobs.iter().enumerate() {
+            for (d, rc) in blobs.iter().enumerate() {
+                let held = c
+                    .requests
+                    .iter()
+                    .filter(|q| {
+                        matches!(q.state, mutirao::ckpt::SavedRequestState::Held { dest, .. } if dest as usize == d)
+                    })
+                    .count();
+                let places = rc.resent.iter().filter(|p| p.source as usize == s).count();
+                if held != places {
+                    return Err(format!(
+                        "epoch {e}: rank {s} holds {held} sends to rank {d}, which keeps {places} places for them"
+                    )
+                    .into());
+                }
+                held_total += held;
+            }
+        }
+    }
+    if held_total < committed.len() * N {
+        return Err(format!(
+            "{held_total} held sends in {} committed epochs: each rank's large ring send should be held in every one",
+            committed.len()
+        )
+        .into());
+    }
+    // Rank 0 sends late (CK_SLOW0): its announcement reaches rank 1 after rank 1's cut, so
+    // rank 1 keeps its place in channel state (nonblocking) or saves the receive it matched
+    // after its cut as pending (blocking).
+    if mode == "nonblocking" && late_places == 0 {
+        return Err("nonblocking: no committed epoch keeps a place in channel state".into());
+    }
+    if mode == "blocking" && pending22 == 0 {
+        return Err(
+            "blocking: no committed epoch has rank 1's receive of rank 0's large message pending"
+                .into(),
+        );
+    }
+    println!(
+        "{mode}: {} epochs committed with {held_total} held large sends; rank 1 kept {late_places} \
+         places in channel state and {pending22} receives of rank 0's large message pending",
+        committed.len()
+    );
+    for (epoch, name) in [(last, "last"), (first, "first")] {
+        let mut env = ckpt_env_mode(mode);
+        env.extend(big());
+        restart_matches_with(
+            &sink,
+            epoch,
+            &want,
+            &format!("bigisend-restart-{name}-{mode}"),
+            env,
+        )?;
+    }
+    Ok(())
 }
 
 fn killed_mid_wave() -> Result<(), Failed> {
@@ -702,13 +911,7 @@ fn comms_and_pending_requests(mode: &str) -> Result<(), Failed> {
     let out = scratch(&format!("comms-{mode}"));
     let o = launch(N, &sink, &out, &env, Duration::from_secs(60))?;
     let _ = std::fs::remove_dir_all(&out);
-    if o.codes[1] != Some(9) {
-        return Err(format!(
-            "rank 1 should have died with 9: {:?} {:?}",
-            o.codes, o.stderr
-        )
-        .into());
-    }
+    rank1_died(&o)?;
     let committed = sink.committed.lock().unwrap().clone();
     let Some(&last) = committed.last() else {
         return Err(format!("no epoch committed before the failure: {:?}", o.stderr).into());
@@ -745,6 +948,7 @@ fn comms_and_pending_requests(mode: &str) -> Result<(), Failed> {
                 mutirao::ckpt::SavedRequestState::Recv { .. } => "recv",
                 mutirao::ckpt::SavedRequestState::Received { .. } => "received",
                 mutirao::ckpt::SavedRequestState::Sent { .. } => "sent",
+                mutirao::ckpt::SavedRequestState::Held { .. } => "held",
             })
             .collect();
         let second = if mode == "blocking" && r == 1 {
@@ -844,6 +1048,14 @@ fn main() {
         Trial::test(
             "nonblocking_split_communicators_and_a_pending_irecv_survive_a_kill_and_restart",
             || comms_and_pending_requests("nonblocking"),
+        ),
+        Trial::test(
+            "a_rank_killed_with_large_isends_in_flight_restarts_with_the_same_result",
+            || large_isends_in_flight_survive_a_kill("blocking"),
+        ),
+        Trial::test(
+            "nonblocking_a_rank_killed_with_large_isends_in_flight_restarts_with_the_same_result",
+            || large_isends_in_flight_survive_a_kill("nonblocking"),
         ),
         Trial::test(
             "a_large_message_across_checkpoint_points_abandons_waves_and_never_hangs",
