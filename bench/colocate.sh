@@ -9,8 +9,9 @@ cd "$(dirname "$0")/.."
 TASK_MS="${TASK_MS:-1000}"
 REPS="${REPS:-3}"
 cargo build --release -q -p mutirao -p mutirao-cli --bins --examples
-M=target/release/mutirao
-E=target/release/examples/colocate
+TGT="${CARGO_TARGET_DIR:-target}"
+M=$TGT/release/mutirao
+E=$TGT/release/examples/colocate
 for rep in $(seq 1 "$REPS"); do
     iters=$(taskset -c 0 "$E" --calibrate "$TASK_MS")
     alone=$(taskset -c 0 $M run -n 1 "$E" --iters "$iters" | sed -E 's/.*elapsed_s=([0-9.]+).*/\1/')

@@ -395,14 +395,14 @@ pub(crate) struct Mesh<'a> {
 pub(crate) enum Link {
     Tcp(mio::net::TcpStream),
     /// Outbound ring, inbound ring, and the socket for wake-ups and liveness.
-    Shm(Ring, Ring, mio::net::TcpStream),
+    Shm(Box<Ring>, Box<Ring>, mio::net::TcpStream),
 }
 
 impl Link {
     pub(crate) fn into_transport(self) -> Box<dyn Transport> {
         match self {
             Link::Tcp(s) => Box::new(TcpTransport::new(s)),
-            Link::Shm(tx, rx, s) => Box::new(ShmTransport::new(tx, rx, s)),
+            Link::Shm(tx, rx, s) => Box::new(ShmTransport::new(*tx, *rx, s)),
         }
     }
 }
@@ -491,7 +491,7 @@ pub(crate) fn build_channels(
                 if cfg.shm_prefault {
                     tx.prefault(true);
                 }
-                Some(Link::Shm(tx, rx, sock))
+                Some(Link::Shm(Box::new(tx), Box::new(rx), sock))
             }
             (Some(sock), None) => Some(Link::Tcp(sock)),
             (None, _) => None,

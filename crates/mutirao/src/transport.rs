@@ -219,7 +219,7 @@ impl Transport for ShmTransport {
     }
 
     fn read(&mut self, buf: &mut [u8]) -> Result<usize, String> {
-        let (n, wake) = self.rx.read(buf);
+        let (n, wake) = self.rx.read(buf)?;
         if wake {
             self.ring_bell();
         }
@@ -238,7 +238,7 @@ impl Transport for ShmTransport {
     }
 
     fn ready_hint(&self) -> bool {
-        self.rx.available() > 0
+        self.rx.has_data()
     }
 
     fn socket(&mut self) -> Option<&mut TcpStream> {
