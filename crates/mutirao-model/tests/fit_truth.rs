@@ -853,15 +853,25 @@ fn eager_slope_calibration() -> (Calibration, u64, f64) {
             8.0
         }
     };
+    record_a1_a2(&mut c, &[0, 1024, 16384, 65536, 262144, 1 << 20], |m| {
+        (os(m), 100.0 + m as f64 * 0.01, 10.0)
+    });
+    (c, eager, slope)
+}
+
+/// Nine identical ping-pong samples a1 → a2 and a2 → a1 at every size, from the size's
+/// (Os, L, Or) in µs; then the calibration is finalized.
+fn record_a1_a2(c: &mut Calibration, sizes: &[u64], parts: impl Fn(u64) -> (f64, f64, f64)) {
     for (s, d) in [("a1", "a2"), ("a2", "a1")] {
-        for m in [0u64, 1024, 16384, 65536, 262144, 1 << 20] {
+        for &m in sizes {
+            let (os, l, or) = parts(m);
             let samples: Vec<PingPongSample> = (0..9)
                 .map(|_| PingPongSample {
-                    rtt_us: 2.0 * (os(m) + 10.0 + 100.0 + m as f64 * 0.01),
-                    os_src_us: os(m),
-                    or_dst_us: 10.0,
-                    os_dst_us: os(m),
-                    or_src_us: 10.0,
+                    rtt_us: 2.0 * (os + l + or),
+                    os_src_us: os,
+                    or_dst_us: or,
+                    os_dst_us: os,
+                    or_src_us: or,
                     probe_us: None,
                     wait_src_us: None,
                 })
@@ -871,7 +881,6 @@ fn eager_slope_calibration() -> (Calibration, u64, f64) {
         }
     }
     c.finalize(2);
-    (c, eager, slope)
 }
 
 /// A calibration of hosts on site "a", each with five speed runs of 100 µs of CPU and the given
@@ -975,25 +984,7 @@ fn sizes_between_the_eager_limit_and_the_next_measured_size_get_the_rendezvous_s
         }
     };
     let sizes = [0u64, 1024, 4096, 16384, 65536, 131072, 262144, 1 << 20];
-    for (s, d) in [("a1", "a2"), ("a2", "a1")] {
-        for &m in &sizes {
-            let (os, l, or) = parts(m);
-            let samples: Vec<PingPongSample> = (0..9)
-                .map(|_| PingPongSample {
-                    rtt_us: 2.0 * (os + l + or),
-                    os_src_us: os,
-                    or_dst_us: or,
-                    os_dst_us: os,
-                    or_src_us: or,
-                    probe_us: None,
-                    wait_src_us: None,
-                })
-                .collect();
-            c.record_pingpong(s, d, SendMode::Isend, m, 1, &samples)
-                .unwrap();
-        }
-    }
-    c.finalize(2);
+    record_a1_a2(&mut c, &sizes, parts);
     c.provenance.eager_limit_bytes = Some(eager);
     let (model, report) = fit_default(&c).unwrap();
     let misses = mutirao_model::fit::poor_fits(&c, &model, &report, 0.10, 5.0);

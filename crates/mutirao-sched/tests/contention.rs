@@ -319,6 +319,24 @@ proptest! {
     }
 }
 
+/// A task graph from (id, work) pairs and (from, to, bytes) edges.
+fn graph(tasks: &[(&str, f64)], edges: &[(usize, usize, u64)]) -> Dag {
+    Dag::new(
+        tasks
+            .iter()
+            .map(|&(id, work)| Task {
+                id: id.to_string(),
+                work,
+            })
+            .collect(),
+        edges
+            .iter()
+            .map(|&(from, to, bytes)| Edge { from, to, bytes })
+            .collect(),
+    )
+    .unwrap()
+}
+
 /// `two_sites` as the runtime behaves with an eager limit of 64 KiB: above it the transfer
 /// shows in Or (the receiver's rendezvous), not in L, as a calibration of the runtime fits it.
 fn two_sites_rendezvous(na: usize, nb: usize, nic_mbit: f64, wan_mbit: f64) -> Model {
@@ -430,26 +448,10 @@ fn a_rendezvous_transfer_waits_for_its_receiver() {
 fn a_tasks_rendezvous_inputs_move_together_and_it_waits_for_the_last() {
     let rdv = two_sites_rendezvous(2, 1, 400.0, 30.0);
     let mb = 1 << 20;
-    let tasks = ["p0", "p1", "sink"]
-        .iter()
-        .map(|id| Task {
-            id: id.to_string(),
-            work: 0.01,
-        })
-        .collect();
-    let edges = vec![
-        Edge {
-            from: 0,
-            to: 2,
-            bytes: mb,
-        },
-        Edge {
-            from: 1,
-            to: 2,
-            bytes: mb,
-        },
-    ];
-    let dag = Dag::new(tasks, edges).unwrap();
+    let dag = graph(
+        &[("p0", 0.01), ("p1", 0.01), ("sink", 0.01)],
+        &[(0, 2, mb), (1, 2, mb)],
+    );
     let pl = Placement {
         host: vec![0, 1, 2],
         start: vec![0.0, 0.0, 0.1],
@@ -480,32 +482,10 @@ fn an_early_rendezvous_input_moves_before_the_tasks_last_input_is_sent() {
     // quick (a0) and slow (a1) each send 1 MiB to sink (b0); slow first waits for an eager
     // 64 KiB message from pre (b1, 0.5 s of work) across the WAN, so it is only known once the
     // simulated network has moved half a second past quick's send.
-    let tasks = ["quick", "slow", "sink", "pre"]
-        .iter()
-        .zip([0.01, 1.0, 0.01, 0.5])
-        .map(|(id, work)| Task {
-            id: id.to_string(),
-            work,
-        })
-        .collect();
-    let edges = vec![
-        Edge {
-            from: 0,
-            to: 2,
-            bytes: mb,
-        },
-        Edge {
-            from: 1,
-            to: 2,
-            bytes: mb,
-        },
-        Edge {
-            from: 3,
-            to: 1,
-            bytes: 64 << 10,
-        },
-    ];
-    let dag = Dag::new(tasks, edges).unwrap();
+    let dag = graph(
+        &[("quick", 0.01), ("slow", 1.0), ("sink", 0.01), ("pre", 0.5)],
+        &[(0, 2, mb), (1, 2, mb), (3, 1, 64 << 10)],
+    );
     let pl = Placement {
         host: vec![0, 1, 2, 3],
         start: vec![0.0, 0.02, 1.0, 0.0],
