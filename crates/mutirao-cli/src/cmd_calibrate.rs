@@ -1727,7 +1727,7 @@ fn run_fan(
 ) -> Result<Vec<f64>, (usize, String)> {
     let center = cfg.primary(job.center);
     let peers: Vec<usize> = job.peers.iter().map(|&h| cfg.primary(h)).collect();
-    let ctrl = || Ctrl::Fan {
+    let ctrl = Ctrl::Fan {
         center,
         peers: peers.clone(),
         out: job.out,
@@ -1736,47 +1736,78 @@ fn run_fan(
     };
     let mut ranks = vec![center];
     ranks.extend(&peers);
+    order_on(
+        comm,
+        cfg,
+        &ranks,
+        &ctrl,
+        &job.label,
+        || fan(comm, center, &peers, job.out, bytes, reps),
+        |rep| match rep {
+            Report::Fan(r) => Some(r),
+            _ => None,
+        },
+    )
+}
+
+/// Order one measurement on `ranks`, the first of which (the center) times it: the order goes to
+/// every other rank, the leader (rank 0) takes its own part with `local` if it is one of them,
+/// then every rank's report is read, `pick` taking the result out of a report of the expected
+/// kind (`None`: another kind). The center's result is returned; an error names the host and
+/// `label`.
+fn order_on<T>(
+    comm: &Comm,
+    cfg: &WorkerConfig,
+    ranks: &[usize],
+    ctrl: &Ctrl,
+    label: &str,
+    local: impl FnOnce() -> Result<T, mutirao::Error>,
+    pick: impl Fn(Report) -> Option<Result<T, Failure>>,
+) -> Result<T, (usize, String)> {
+    let center = ranks[0];
     let host_of = |r: usize| cfg.host_of_rank(r);
-    for &r in &ranks {
+    for &r in ranks {
         if r != 0 {
-            comm.send_obj(&ctrl(), r, TAG_CTRL)
-                .map_err(|e| (host_of(r), format!("during {}: {e}", job.label)))?;
+            comm.send_obj(ctrl, r, TAG_CTRL)
+                .map_err(|e| (host_of(r), format!("during {label}: {e}")))?;
         }
     }
-    let mut times = None;
+    let mut result = None;
     if ranks.contains(&0) {
-        let t = fan(comm, center, &peers, job.out, bytes, reps)
-            .map_err(|e| (0, format!("during {}: {e}", job.label)))?;
+        let t = local().map_err(|e| (0, format!("during {label}: {e}")))?;
         if center == 0 {
-            times = Some(t);
+            result = Some(t);
         }
     }
-    for &r in &ranks {
+    for &r in ranks {
         if r == 0 {
             continue;
         }
-        match comm.recv_obj::<Report>(r, TAG_REPORT) {
-            Ok((Report::Fan(Ok(t)), _)) => {
+        let rep = comm
+            .recv_obj::<Report>(r, TAG_REPORT)
+            .map_err(|e| (host_of(r), format!("during {label}: {e}")))?
+            .0;
+        match pick(rep) {
+            Some(Ok(t)) => {
                 if r == center {
-                    times = Some(t);
+                    result = Some(t);
                 }
             }
-            Ok((Report::Fan(Err((rank, why))), _)) => {
+            Some(Err((rank, why))) => {
                 return Err((
                     rank.map(host_of).unwrap_or(host_of(r)),
-                    format!("during {}: {why}", job.label),
+                    format!("during {label}: {why}"),
                 ))
             }
-            Ok(_) => {
+            None => {
                 return Err((
                     host_of(r),
-                    format!("answered the {} order with something else", job.label),
+                    format!("answered the order for {label} with something else"),
                 ))
             }
-            Err(e) => return Err((host_of(r), format!("during {}: {e}", job.label))),
         }
     }
-    times.ok_or_else(|| (job.center, format!("{}: no timing came back", job.label)))
+    result.ok_or_else(|| (host_of(center), format!("{label}: no timing came back")))
 }
 
 /// This rank's part of a fan. Out: each peer posts its receive and says ready; the center starts
@@ -1916,47 +1947,18 @@ fn run_push(
         compute_s,
         reps,
     };
-    let host_of = |r: usize| cfg.host_of_rank(r);
-    for r in [center, other] {
-        if r != 0 {
-            comm.send_obj(&ctrl, r, TAG_CTRL)
-                .map_err(|e| (host_of(r), format!("during {label}: {e}")))?;
-        }
-    }
-    let mut times = None;
-    if center == 0 || other == 0 {
-        let t = push_part(comm, center, other, bytes, compute_s, reps)
-            .map_err(|e| (0, format!("during {label}: {e}")))?;
-        if center == 0 {
-            times = Some(t);
-        }
-    }
-    for r in [center, other] {
-        if r == 0 {
-            continue;
-        }
-        match comm.recv_obj::<Report>(r, TAG_REPORT) {
-            Ok((Report::Push(Ok(t)), _)) => {
-                if r == center {
-                    times = Some(t);
-                }
-            }
-            Ok((Report::Push(Err((rank, why))), _)) => {
-                return Err((
-                    rank.map(host_of).unwrap_or(host_of(r)),
-                    format!("during {label}: {why}"),
-                ))
-            }
-            Ok(_) => {
-                return Err((
-                    host_of(r),
-                    format!("answered the order of {label} with something else"),
-                ))
-            }
-            Err(e) => return Err((host_of(r), format!("during {label}: {e}"))),
-        }
-    }
-    times.ok_or_else(|| (host, format!("{label}: no timing came back")))
+    order_on(
+        comm,
+        cfg,
+        &[center, other],
+        &ctrl,
+        label,
+        || push_part(comm, center, other, bytes, compute_s, reps),
+        |rep| match rep {
+            Report::Push(r) => Some(r),
+            _ => None,
+        },
+    )
 }
 
 /// This rank's part of a push probe. The center, per repetition: computes alone; waits for the

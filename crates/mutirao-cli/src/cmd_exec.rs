@@ -88,33 +88,30 @@ fn epoch_s() -> f64 {
 /// the testbed); 15 periods or more keep the rate within a few percent of its average, where
 /// a 30 ms run erred by up to ±9% at 0.6 of a core.
 pub fn measure_rate() -> f64 {
+    kernel_rate(0.15, 3)
+}
+
+/// Iterations per second of the kernel: iterations doubled until one run lasts `min_run_s`,
+/// then the median of `runs` runs of that many.
+fn kernel_rate(min_run_s: f64, runs: usize) -> f64 {
     let time = |n: u64| {
         let t = Instant::now();
         std::hint::black_box(kernel(n));
         t.elapsed().as_secs_f64().max(1e-9)
     };
-    let mut n = 2_000_000u64;
-    while time(n) < 0.15 && n < 1 << 40 {
+    let mut n = 200_000u64;
+    while time(n) < min_run_s && n < 1 << 40 {
         n *= 2;
     }
-    let mut rates: Vec<f64> = (0..3).map(|_| n as f64 / time(n)).collect();
+    let mut rates: Vec<f64> = (0..runs.max(1)).map(|_| n as f64 / time(n)).collect();
     rates.sort_by(f64::total_cmp);
-    rates[1]
+    rates[rates.len() / 2]
 }
 
 /// A rough kernel rate (iterations per second) in about 20 ms: enough to size a computation
 /// whose time is measured anyway (calibrate's push probe).
 pub fn measure_rate_briefly() -> f64 {
-    let mut n = 200_000u64;
-    loop {
-        let t = Instant::now();
-        std::hint::black_box(kernel(n));
-        let s = t.elapsed().as_secs_f64();
-        if s >= 0.02 || n >= 1 << 40 {
-            return n as f64 / s.max(1e-9);
-        }
-        n *= 2;
-    }
+    kernel_rate(0.02, 1)
 }
 
 /// `iters` kernel iterations in slices of `slice`, calling `between` after each (a program

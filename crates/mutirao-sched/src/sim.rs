@@ -346,11 +346,6 @@ pub fn simulate_with_network<N: FlowNetwork>(
     } else {
         Vec::new()
     };
-    let mut rdv_sent: Vec<bool> = if rdv_flows {
-        vec![false; edges.len()]
-    } else {
-        Vec::new()
-    };
     let mut rdv_delay: Vec<f64> = if rdv_flows {
         vec![f64::NAN; edges.len()]
     } else {
@@ -418,19 +413,8 @@ pub fn simulate_with_network<N: FlowNetwork>(
                     }
                     if rdv_flows && platform.rendezvous(edges[ei].bytes, p, q) {
                         rdv_floor[ei] = t;
-                        if !rdv_started[ei] {
-                            // Not reached before (cannot happen: the host reached this task
-                            // and every request was sent before it became ready).
-                            rdv_start(
-                                ei,
-                                host_free[q],
-                                a,
-                                &mut rdv_started,
-                                &mut recv_post,
-                                &mut starts,
-                                &mut messages,
-                            );
-                        }
+                        // Started already: when it was sent, or when the host reached v.
+                        debug_assert!(rdv_started[ei], "edge {ei}: its transfer never started");
                         let d = rdv_delay[ei];
                         if d.is_nan() {
                             pending += 1;
@@ -507,9 +491,6 @@ pub fn simulate_with_network<N: FlowNetwork>(
                     messages[ei].arrival_s = arrival[ei];
                 }
                 let rdv = rdv_flows && platform.rendezvous(e.bytes, q, r);
-                if rdv {
-                    rdv_sent[ei] = true;
-                }
                 if rdv && host_next[r] == pos[e.to] {
                     // Its receiver's host already waits at that task: the transfer starts now.
                     rdv_start(
@@ -553,8 +534,10 @@ pub fn simulate_with_network<N: FlowNetwork>(
                     // requests were sent start now (the others when they are sent).
                     for &ei in dag.in_edges(w) {
                         let p = placement.host[edges[ei].from];
+                        // Sent: its sender task has been computed.
+                        let sender = edges[ei].from;
                         if !rdv_started[ei]
-                            && rdv_sent[ei]
+                            && host_next[placement.host[sender]] > pos[sender]
                             && platform.rendezvous(edges[ei].bytes, p, q)
                         {
                             rdv_start(
