@@ -12,6 +12,7 @@
 #
 # Usage: flock /tmp/mutirao-measure.lock sudo bench/mw_policies.sh [RUNS]   (default 3)
 # Env:   N=1200 (matrix order), TAM=10 (TAM_BLOCO), SCALE=0.4, POLICIES="static hnow …",
+#        SLOW_RUNS=RUNS (runs per policy with worker02 slowed mid-run; 0 skips that part),
 #        MUTIRAO=path (default target/release/mutirao), KEEP=dir (keep runs and logs)
 set -euo pipefail
 RUNS=${1:-3}
@@ -19,6 +20,7 @@ N=${N:-1200}
 TAM=${TAM:-10}
 SCALE=${SCALE:-0.4}
 POLICIES=${POLICIES:-"static hnow hnow-improved join gss awf steal"}
+SLOW_RUNS=${SLOW_RUNS:-$RUNS}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 B=${MUTIRAO:-$ROOT/target/release/mutirao}
 MW=$ROOT/target/release/examples/mw
@@ -105,11 +107,12 @@ echo "|---|---|"
 PREFIX=$(sed -n 's/.*(prefix \([a-z0-9]*\),.*/\1/p' "$W/up.log" | head -1)
 CG=$(find /sys/fs/cgroup -maxdepth 4 -type d -path "*/$PREFIX/h2" 2>/dev/null | head -1 || true)
 for p in $POLICIES; do
+    [[ $SLOW_RUNS -gt 0 ]] || { echo "(SLOW_RUNS=0: skipped)"; break; }
     [[ -n $CG && -w $CG/cpu.cfs_quota_us ]] || { echo "(cannot find worker02's cgroup: skipped)"; break; }
     # A third of the share: the same quota per three times the period (a quota under 1 ms is
     # refused by the kernel).
     PER=$(cat "$CG/cpu.cfs_period_us")
-    for r in $(seq "$RUNS"); do
+    for r in $(seq "$SLOW_RUNS"); do
         ( sleep 2; echo $((PER * 3)) >"$CG/cpu.cfs_period_us" ) &
         SLOW=$!
         run "$W/hosts" 6 "$p" "$W/slow_${p}_$r" || { wait $SLOW; echo "$PER" >"$CG/cpu.cfs_period_us"; exit 1; }

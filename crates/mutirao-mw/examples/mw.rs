@@ -27,7 +27,10 @@
 //! with every spawn's measured per-host latency; unknown hosts are assumed to cost the median
 //! of those known, or 0.5 s), `--spawn-via PROG` (spawn PROG with the same arguments instead
 //! of this program, e.g. a wrapper that adds a per-host start-up delay), `--blocking-spawn`
-//! (the thesis's way: the master waits for the new workers before it goes on).
+//! (the thesis's way: the master waits for the new workers before it goes on),
+//! `--verify full|sample` (compare the whole result with a serial computation on the master —
+//! seed 003's check 1, bit for bit — or, the default, up to 64 rows spread over the matrix or
+//! image; primes are always checked whole).
 //! Every rank builds A and B from the same seed (B is "broadcast" by construction); the rows of
 //! C travel back as 64-bit integers, so the result is bit-exact.
 
@@ -38,7 +41,7 @@ use mutirao_mw::{driver, measure, Config, PolicyKind};
 const TAG_HOST: i32 = 0x4d57_0100;
 use std::io::Write;
 
-const USAGE: &str = "usage: mw (matmul|primes|mandelbrot) [--n N] [--policy P] [--tam T] [--config FILE] [--log FILE] [--table] [--add N] [--add-at PCT] [--add-hosts H,..] [--choose] [--speeds H=S,..] [--model FILE] [--spawn-history FILE] [--spawn-via PROG] [--blocking-spawn]
+const USAGE: &str = "usage: mw (matmul|primes|mandelbrot) [--n N] [--policy P] [--tam T] [--config FILE] [--log FILE] [--table] [--add N] [--add-at PCT] [--add-hosts H,..] [--choose] [--speeds H=S,..] [--model FILE] [--spawn-history FILE] [--spawn-via PROG] [--blocking-spawn] [--verify full|sample]
   run it under the launcher: mutirao run -n 4 target/release/examples/mw matmul --n 300";
 
 struct Opts {
@@ -54,6 +57,7 @@ struct Opts {
     history: Option<String>,
     spawn_via: Option<String>,
     blocking_spawn: bool,
+    verify_full: bool,
 }
 
 fn parse() -> Result<Opts, String> {
@@ -80,6 +84,7 @@ fn parse() -> Result<Opts, String> {
         history: None,
         spawn_via: None,
         blocking_spawn: false,
+        verify_full: false,
     };
     let mut tam = None;
     while let Some(k) = a.next() {
@@ -147,6 +152,13 @@ fn parse() -> Result<Opts, String> {
             "--spawn-history" => o.history = Some(v()?),
             "--spawn-via" => o.spawn_via = Some(v()?),
             "--blocking-spawn" => o.blocking_spawn = true,
+            "--verify" => {
+                o.verify_full = match v()?.as_str() {
+                    "full" => true,
+                    "sample" => false,
+                    other => return Err(format!("--verify: {other:?} is not full or sample")),
+                }
+            }
             "--help" | "-h" => return Err(USAGE.into()),
             other => return Err(format!("unknown option {other:?}\n{USAGE}")),
         }
@@ -552,13 +564,15 @@ fn run(o: &Opts) -> Result<(), Box<dyn std::error::Error>> {
         for s in &added {
             s.comm.barrier()?;
         }
-        // Check against a serial computation on the master: everything for primes, up to 64
-        // rows spread over the image or matrix otherwise (a whole serial product of a large
-        // matrix would take longer than the parallel run).
+        // Check against a serial computation on the master: everything for primes (and with
+        // `--verify full`), up to 64 rows spread over the image or matrix otherwise (a whole
+        // serial product of a large matrix takes longer than the parallel run).
         let t = std::time::Instant::now();
         let ok = if o.app == "primes" {
             let serial = task(0, tasks);
             primes == u64::from_le_bytes(serial[..8].try_into()?)
+        } else if o.verify_full {
+            result == task(0, tasks)
         } else {
             let step = tasks.div_ceil(64).max(1);
             (0..tasks).step_by(step as usize).all(|r| {
@@ -568,7 +582,7 @@ fn run(o: &Opts) -> Result<(), Box<dyn std::error::Error>> {
         };
         let serial_s = t.elapsed().as_secs_f64();
         println!(
-            "{} n={} policy={} ranks={}: {} tasks in {:.3} s (check on the master {:.3} s), per worker {:?}{}; result {}",
+            "{} n={} policy={} ranks={}: {} tasks in {:.3} s (check on the master {:.3} s), per worker {:?}{}; result {} ({})",
             o.app,
             o.n,
             o.policy.name(),
@@ -578,8 +592,29 @@ fn run(o: &Opts) -> Result<(), Box<dyn std::error::Error>> {
             serial_s,
             rep.per_worker,
             if rep.lost.is_empty() { String::new() } else { format!(", lost {:?}", rep.lost) },
-            if ok { "correct" } else { "WRONG" }
+            if ok { "correct" } else { "WRONG" },
+            if o.app == "primes" || o.verify_full {
+                "whole result compared with a serial run"
+            } else {
+                "sampled rows compared with a serial run"
+            }
         );
+        // Seed 003 check 2: every task completed exactly once, audited from the repository log.
+        let records = mutirao_mw::log::parse(std::str::from_utf8(&log)?)?;
+        let audited = match mutirao_mw::log::audit(&records, tasks) {
+            Ok(blocks) => {
+                println!(
+                    "exactly-once audit of the repository log: {tasks} tasks in {blocks} counted blocks ({} discarded replicas), none twice, none missing",
+                    rep.duplicates
+                );
+                true
+            }
+            Err(e) => {
+                println!("exactly-once audit of the repository log FAILED: {e}");
+                false
+            }
+        };
+        let ok = ok && audited;
         println!("elapsed_s={:.6}", rep.elapsed_s);
         lost = rep.lost.iter().map(|&w| w as usize).collect();
         if let Some(f) = &o.log {
@@ -591,7 +626,6 @@ fn run(o: &Opts) -> Result<(), Box<dyn std::error::Error>> {
             file.sync_all()?;
         }
         if o.table {
-            let records = mutirao_mw::log::parse(std::str::from_utf8(&log)?)?;
             match measure::analyse(&records, o.cfg.tam_bloco) {
                 Ok(a) => {
                     println!(

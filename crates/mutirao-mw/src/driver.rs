@@ -174,6 +174,7 @@ impl Master<'_> {
         start: u64,
         len: u64,
         li: LoadIndex,
+        duplicate: bool,
     ) -> Result<(), DriverError> {
         self.write(&Record::Block {
             iteration,
@@ -187,6 +188,7 @@ impl Master<'_> {
             t_comm_s: li.t_comm_s,
             thr_low_s: None,
             thr_up_s: None,
+            duplicate,
         })
     }
 
@@ -344,16 +346,19 @@ pub fn master_growing<'a>(
                 let Some((w, id, start, len, li, data)) = m.next_result(&mut members)? else {
                     continue;
                 };
-                if let Completion::First { .. } = m.ledger.complete(id, w)? {
+                let first = matches!(m.ledger.complete(id, w)?, Completion::First { .. });
+                if first {
                     accept(start, len, &data);
                     *m.report.per_worker.entry(w).or_insert(0) += len;
+                } else {
+                    m.report.duplicates += 1;
                 }
                 policy.on_result(w, len, li);
                 last.insert(w, li);
                 let it = m.report.iterations;
                 let detail = policy.detail(w).unwrap_or((0.0, policy.name().to_string()));
                 let q = planned.get(&w).copied().unwrap_or(len);
-                m.write_block(it, w, q, detail, start, len, li)?;
+                m.write_block(it, w, q, detail, start, len, li, !first)?;
             }
             // Lost workers' tasks are re-queued; their departure ends their membership.
             for w in &m.report.lost[told..] {
@@ -408,15 +413,20 @@ pub fn master_growing<'a>(
                 continue;
             };
             busy.insert(w, false);
-            match m.ledger.complete(id, w)? {
+            let first = match m.ledger.complete(id, w)? {
                 Completion::First { .. } => {
                     accept(start, len, &data);
                     *m.report.per_worker.entry(w).or_insert(0) += len;
                     policy.on_result(w, len, li);
+                    true
                 }
-                Completion::Duplicate => m.report.duplicates += 1,
-            }
-            m.write_block(0, w, len, (0.0, policy.name().to_string()), start, len, li)?;
+                Completion::Duplicate => {
+                    m.report.duplicates += 1;
+                    false
+                }
+            };
+            let detail = (0.0, policy.name().to_string());
+            m.write_block(0, w, len, detail, start, len, li, !first)?;
         }
     }
     m.ledger.audit()?;

@@ -267,29 +267,42 @@ impl Ledger {
     /// Check that every task was completed exactly once (an error names the first task that
     /// was not, and how many times it was).
     pub fn audit(&self) -> Result<()> {
-        let mut r = self.completed.clone();
-        r.sort_unstable();
-        let mut next = 0u64;
-        for &(s, l) in &r {
-            if s > next {
-                return Err(Error::Ledger(format!(
-                    "task {next} was completed 0 times (want exactly once)"
-                )));
-            }
-            if s < next {
-                return Err(Error::Ledger(format!(
-                    "task {s} was completed 2 times (want exactly once)"
-                )));
-            }
-            next = s + l;
-        }
-        if next < self.total {
-            return Err(Error::Ledger(format!(
-                "task {next} was completed 0 times (want exactly once)"
-            )));
-        }
-        Ok(())
+        exactly_once(self.completed.clone(), self.total).map_err(Error::Ledger)
     }
+}
+
+/// Blocks `(start, len)` cover `0..total` exactly once; otherwise a message naming the first
+/// task completed 0 or 2+ times, or a block past `total`.
+pub(crate) fn exactly_once(
+    mut blocks: Vec<(u64, u64)>,
+    total: u64,
+) -> std::result::Result<(), String> {
+    blocks.sort_unstable();
+    let mut next = 0u64;
+    for &(s, l) in &blocks {
+        if s > next {
+            return Err(format!(
+                "task {next} was completed 0 times (want exactly once)"
+            ));
+        }
+        if s < next {
+            return Err(format!(
+                "task {s} was completed 2 times (want exactly once)"
+            ));
+        }
+        next = s + l;
+    }
+    if next < total {
+        return Err(format!(
+            "task {next} was completed 0 times (want exactly once)"
+        ));
+    }
+    if next > total {
+        return Err(format!(
+            "a block ends at task {next}, past the job's {total} tasks"
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -5,7 +5,8 @@
 //! ```
 //! use mutirao_mw::log::{parse, Record};
 //! let r = Record::Block { iteration: 1, worker: 2, q: 10, fator_het: 1.0, rule: "characterization".into(),
-//!     start: 0, len: 10, t_comp_s: 0.5, t_comm_s: 0.01, thr_low_s: None, thr_up_s: None };
+//!     start: 0, len: 10, t_comp_s: 0.5, t_comm_s: 0.01, thr_low_s: None, thr_up_s: None,
+//!     duplicate: false };
 //! let line = r.to_line();
 //! assert_eq!(parse(&line).unwrap(), vec![r]);
 //! ```
@@ -41,6 +42,10 @@ pub enum Record {
         thr_low_s: Option<f64>,
         /// Upper threshold of the iteration, s.
         thr_up_s: Option<f64>,
+        /// The block's tasks had already been completed by another holder (a replica, JoiN):
+        /// its result was discarded. Absent in logs written before this field: `false`.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        duplicate: bool,
     },
     /// A worker joined the job.
     Join {
@@ -80,9 +85,109 @@ pub fn parse(text: &str) -> Result<Vec<Record>> {
         .collect()
 }
 
+/// The exactly-once audit of a log (seed 003 §9.3 check 2): the blocks whose results were
+/// counted (not `duplicate`) cover tasks `0..total` exactly once. Returns the number of counted
+/// blocks; an error names the first task completed 0 or 2+ times, or a block past `total`.
+pub fn audit(records: &[Record], total: u64) -> Result<usize> {
+    let blocks: Vec<(u64, u64)> = records
+        .iter()
+        .filter_map(|r| match r {
+            Record::Block {
+                start,
+                len,
+                duplicate: false,
+                ..
+            } if *len > 0 => Some((*start, *len)),
+            _ => None,
+        })
+        .collect();
+    let n = blocks.len();
+    crate::ledger::exactly_once(blocks, total)
+        .map(|()| n)
+        .map_err(|e| Error::Invalid(format!("log audit: {e}")))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn block(start: u64, len: u64, duplicate: bool) -> Record {
+        Record::Block {
+            iteration: 0,
+            worker: 1,
+            q: len,
+            fator_het: 1.0,
+            rule: "pull".into(),
+            start,
+            len,
+            t_comp_s: 0.1,
+            t_comm_s: 0.0,
+            thr_low_s: None,
+            thr_up_s: None,
+            duplicate,
+        }
+    }
+
+    #[test]
+    fn the_audit_counts_each_task_once_and_skips_discarded_replicas() {
+        let leave = Record::Leave {
+            worker: 2,
+            reason: "gone".into(),
+            requeued: 5,
+        };
+        let ok = vec![
+            block(5, 5, false),
+            leave,
+            block(0, 5, false),
+            block(5, 5, true),
+        ];
+        assert_eq!(audit(&ok, 10).unwrap(), 2);
+        // A replica counted twice, a missing block, a block past the end: each named.
+        let twice = [block(0, 5, false), block(5, 5, false), block(5, 5, false)];
+        assert!(audit(&twice, 10)
+            .unwrap_err()
+            .to_string()
+            .contains("task 5 was completed 2 times"));
+        let hole = [block(0, 5, false), block(7, 3, false)];
+        assert!(audit(&hole, 10)
+            .unwrap_err()
+            .to_string()
+            .contains("task 5 was completed 0 times"));
+        let short = [block(0, 5, false)];
+        assert!(audit(&short, 10)
+            .unwrap_err()
+            .to_string()
+            .contains("task 5 was completed 0 times"));
+        let long = [block(0, 12, false)];
+        assert!(audit(&long, 10)
+            .unwrap_err()
+            .to_string()
+            .contains("past the job's 10 tasks"));
+    }
+
+    #[test]
+    fn a_block_without_the_duplicate_field_reads_as_counted() {
+        let line = r#"{"event":"block","iteration":1,"worker":2,"q":10,"fator_het":1.0,"rule":"keep","start":0,"len":10,"t_comp_s":0.5,"t_comm_s":0.01,"thr_low_s":null,"thr_up_s":null}"#;
+        assert_eq!(parse(line).unwrap(), vec![block_at(1, 2)]);
+        assert!(!line.contains("duplicate") && !block_at(1, 2).to_line().contains("duplicate"));
+    }
+
+    fn block_at(iteration: u64, worker: WorkerId) -> Record {
+        Record::Block {
+            iteration,
+            worker,
+            q: 10,
+            fator_het: 1.0,
+            rule: "keep".into(),
+            start: 0,
+            len: 10,
+            t_comp_s: 0.5,
+            t_comm_s: 0.01,
+            thr_low_s: None,
+            thr_up_s: None,
+            duplicate: false,
+        }
+    }
 
     #[test]
     fn a_torn_line_is_named() {

@@ -155,6 +155,7 @@ mod tests {
             t_comm_s: 0.1 * t,
             thr_low_s: None,
             thr_up_s: None,
+            duplicate: false,
         }
     }
 
