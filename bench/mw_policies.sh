@@ -11,12 +11,12 @@
 # makespans with the fastest worker's share cut to a third 2 s into the run.
 #
 # Usage: flock /tmp/mutirao-measure.lock sudo bench/mw_policies.sh [RUNS]   (default 3)
-# Env:   N=1200 (matrix order), TAM=10 (TAM_BLOCO), SCALE=0.4, POLICIES="static hnow …",
+# Env:   N=2000 (matrix order; the size, ~30 min with RUNS=3 SLOW_RUNS=1), TAM=10 (TAM_BLOCO), SCALE=0.4, POLICIES="static hnow …",
 #        SLOW_RUNS=RUNS (runs per policy with worker02 slowed mid-run; 0 skips that part),
 #        MUTIRAO=path (default target/release/mutirao), KEEP=dir (keep runs and logs)
 set -euo pipefail
 RUNS=${1:-3}
-N=${N:-1200}
+N=${N:-2000}
 TAM=${TAM:-10}
 SCALE=${SCALE:-0.4}
 POLICIES=${POLICIES:-"static hnow hnow-improved join gss awf steal"}
