@@ -292,6 +292,30 @@ fn hostfile(dir: &Path, agents: &[&Agent], slots: usize) -> Result<PathBuf, Fail
     Ok(hf)
 }
 
+/// The "spawn" scenario on 2 ranks over `agents` (2 slots each), children hinted to `hint`.
+fn spawn_through_agents(
+    dir: &Path,
+    token: &Path,
+    agents: &[&Agent],
+    hint: &str,
+) -> Result<Output, Failed> {
+    let hf = hostfile(dir, agents, 2)?;
+    let mut cmd = mutirao_run(
+        &[
+            "-n",
+            "2",
+            "--hostfile",
+            hf.to_str().ok_or("path")?,
+            "--token-file",
+            token.to_str().ok_or("path")?,
+        ],
+        "spawn",
+        None,
+    );
+    cmd.env("SPAWN_HINT", hint);
+    Ok(run_limited(cmd, Duration::from_secs(60))?.0)
+}
+
 fn start_agent(token_file: &Path) -> Result<Agent, Failed> {
     // Every test agent gets its own directory socket.
     static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
@@ -669,28 +693,35 @@ fn tests() -> Vec<Trial> {
             },
         ),
         Trial::test(
+            "spawn_to_a_host_whose_agent_refuses_the_launcher_is_refused_and_the_job_goes_on",
+            || {
+                // The second agent holds another token: it refuses the launcher's requests.
+                let d = tmpdir("agent-refuses");
+                let _rm = RemoveOnDrop(d.clone());
+                let tok = gen_token(&d, "agent.token")?;
+                let other = gen_token(&d, "other.token")?;
+                let a1 = start_agent(&tok)?;
+                let a2 = start_agent(&other)?;
+                let out = spawn_through_agents(&d, &tok, &[&a1, &a2], &a2.addr)?;
+                let (so, se) = (text(&out.stdout), text(&out.stderr));
+                if !out.status.success()
+                    || !so.contains("spawn refused:")
+                    || !so.contains(&a2.addr)
+                {
+                    return Err(format!("exit {:?}\n{so}\n{se}", out.status).into());
+                }
+                Ok(())
+            },
+        ),
+        Trial::test(
             "spawn_through_agents_starts_children_on_the_hinted_agent",
             || {
                 let d = tmpdir("agent-spawn");
                 let tok = gen_token(&d, "agent.token")?;
                 let a1 = start_agent(&tok)?;
                 let a2 = start_agent(&tok)?;
-                let hf = hostfile(&d, &[&a1, &a2], 2)?;
-                let mut cmd = mutirao_run(
-                    &[
-                        "-n",
-                        "2",
-                        "--hostfile",
-                        hf.to_str().ok_or("path")?,
-                        "--token-file",
-                        tok.to_str().ok_or("path")?,
-                    ],
-                    "spawn",
-                    None,
-                );
                 // Both children on the second agent (named host:port: both agents are 127.0.0.1).
-                cmd.env("SPAWN_HINT", &a2.addr);
-                let (out, _) = run_limited(cmd, Duration::from_secs(60))?;
+                let out = spawn_through_agents(&d, &tok, &[&a1, &a2], &a2.addr)?;
                 let so = text(&out.stdout);
                 if !out.status.success() || !so.contains("spawned 2 children: group ranks [1, 2]") {
                     return Err(
