@@ -16,6 +16,9 @@
 # worker04 for a 4-machine cluster from the spawn costs measured in the runs before
 # (`--spawn-history`) and the hosts' speeds (Table 3 × SCALE, `--speeds`).
 #
+# Speedup is against one worker alone on worker02 (static split, same size, median of RUNS);
+# efficiency is speedup / Σnorm of the workers the configuration ends with (seed 003 check 8).
+#
 # Usage: flock /tmp/mutirao-measure.lock sudo bench/mw_inclusion.sh [RUNS]   (default 3)
 # Env:   N=1200 (matrix order), TAM=10 (TAM_BLOCO), SCALE=0.4, AT=10 (PERC_CONS_ADD),
 #        D03=0.3 D05=1 D04=4 (spawn delays, s), POLICY=hnow,
@@ -98,24 +101,38 @@ run() { # ranks out [mw options…]
 }
 median() { sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
 
-# name ranks [options]: one configuration, RUNS runs, interleaved by the caller's loop order.
+# name|ranks|options|Σnorm of the workers the configuration ends with (Table 3: worker01
+# 0.983564, worker02 1, worker03 0.983497, worker05 0.345583, worker04 0.260023). RUNS runs
+# each, interleaved by the loop below.
+S3=1.983564 S4=2.967061 S5=3.312644 S6=3.572667
 CONFIGS=(
-    "3-machines|3|"
-    "4-machines|4|"
-    "5-machines|5|"
-    "6-machines|6|"
-    "3+1(w03)|3|--add 1 --add-at $AT --add-hosts $A03"
-    "3+1(w03)-blocking|3|--add 1 --add-at $AT --add-hosts $A03 --blocking-spawn"
-    "3+3(w03,w05,w04)|3|--add 3 --add-at $AT --add-hosts $A03,$A05,$A04"
-    "3+3(w03,w05,w04)-blocking|3|--add 3 --add-at $AT --add-hosts $A03,$A05,$A04 --blocking-spawn"
-    "4+1(w05)|4|--add 1 --add-at $AT --add-hosts $A05"
-    "4+1(w05)-blocking|4|--add 1 --add-at $AT --add-hosts $A05 --blocking-spawn"
-    "5+1(w04)|5|--add 1 --add-at $AT --add-hosts $A04"
-    "5+1(w04)-blocking|5|--add 1 --add-at $AT --add-hosts $A04 --blocking-spawn"
+    "3-machines|3||$S3"
+    "4-machines|4||$S4"
+    "5-machines|5||$S5"
+    "6-machines|6||$S6"
+    "3+1(w03)|3|--add 1 --add-at $AT --add-hosts $A03|$S4"
+    "3+1(w03)-blocking|3|--add 1 --add-at $AT --add-hosts $A03 --blocking-spawn|$S4"
+    "3+3(w03,w05,w04)|3|--add 3 --add-at $AT --add-hosts $A03,$A05,$A04|$S6"
+    "3+3(w03,w05,w04)-blocking|3|--add 3 --add-at $AT --add-hosts $A03,$A05,$A04 --blocking-spawn|$S6"
+    "4+1(w05)|4|--add 1 --add-at $AT --add-hosts $A05|$S5"
+    "4+1(w05)-blocking|4|--add 1 --add-at $AT --add-hosts $A05 --blocking-spawn|$S5"
+    "5+1(w04)|5|--add 1 --add-at $AT --add-hosts $A04|$S6"
+    "5+1(w04)-blocking|5|--add 1 --add-at $AT --add-hosts $A04 --blocking-spawn|$S6"
 )
+# The speedup's reference: one worker alone on worker02 (master + worker02, static split).
+{ line 1; line 3; } >"$W/hosts_1"
+echo "serial reference: one worker on worker02…" >&2
+for r in $(seq "$RUNS"); do
+    "$B" run --hostfile "$W/hosts_1" --token-file "$TOKEN" -n 2 --timeout 900 \
+        "$MW" matmul --n "$N" --tam "$TAM" --policy static >"$W/serial_$r.out" 2>&1 ||
+        { cat "$W/serial_$r.out" >&2; exit 1; }
+    grep -q "result correct" "$W/serial_$r.out" || { cat "$W/serial_$r.out" >&2; exit 1; }
+    sed -n 's/^elapsed_s=//p' "$W/serial_$r.out"
+done >"$W/serial"
+T1=$(median <"$W/serial")
 for r in $(seq "$RUNS"); do
     for c in "${CONFIGS[@]}"; do
-        IFS='|' read -r name k opts <<<"$c"
+        IFS='|' read -r name k opts _ <<<"$c"
         echo "run $r: $name…" >&2
         # shellcheck disable=SC2086
         run "$k" "$W/${name}_$r" $opts >>"$W/t_$name"
@@ -130,16 +147,21 @@ done
 echo
 echo "matmul n=$N, policy $POLICY, TAM_BLOCO=$TAM, quotas = Table 3 × $SCALE of a core, added at $AT %;"
 echo "injected spawn delays: worker03 ${D03} s, worker05 ${D05} s, worker04 ${D04} s; $RUNS runs each (interleaved)"
+echo "one worker alone on worker02: $T1 s (median)"
 echo
-echo "| configuration | makespan s, median (min–max) | vs 3 machines |"
-echo "|---|---|---|"
+echo "| configuration | makespan s, median (min–max) | vs 3 machines | speedup | speedup / Σnorm |"
+echo "|---|---|---|---|---|"
 T3=$(median <"$W/t_3-machines")
-for c in "${CONFIGS[@]}" "4+choose||"; do
-    IFS='|' read -r name _ _ <<<"$c"
+# 4+choose ends with worker01-03 and the host it chose in its first run (worker05 or worker04).
+if grep -q "adding \[$A04\]" "$W/choose_1.out"; then SCH=$(awk -v a=$S4 'BEGIN { print a + 0.260023 }')
+elif grep -q "adding \[$A05\]" "$W/choose_1.out"; then SCH=$S5
+else SCH=$S4; fi
+for c in "${CONFIGS[@]}" "4+choose|||$SCH"; do
+    IFS='|' read -r name _ _ norm <<<"$c"
     M=$(median <"$W/t_$name")
     read -r MIN MAX < <(sort -g "$W/t_$name" | awk 'NR == 1 { a = $1 } { b = $1 } END { print a, b }')
-    awk -v n="$name" -v m="$M" -v lo="$MIN" -v hi="$MAX" -v t3="$T3" 'BEGIN {
-        printf "| %s | %.3f (%.3f–%.3f) | %.2f× |\n", n, m, lo, hi, t3 / m }'
+    awk -v n="$name" -v m="$M" -v lo="$MIN" -v hi="$MAX" -v t3="$T3" -v t1="$T1" -v s="$norm" 'BEGIN {
+        printf "| %s | %.3f (%.3f–%.3f) | %.2f× | %.2f | %.1f %% |\n", n, m, lo, hi, t3 / m, t1 / m, 100 * t1 / m / s }'
 done
 echo
 echo "spawn latencies measured (host → s, last run): $(tr -d '\n ' <"$W/history.json")"
