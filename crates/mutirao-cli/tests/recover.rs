@@ -38,6 +38,8 @@ fn a_killed_rank_restarts_the_job_from_the_last_committed_epoch() {
             "120",
             "--checkpoint-interval",
             "0.05",
+            "--host-mtbf",
+            "3600",
         ])
         .arg("--checkpoint-dir")
         .arg(&d)
@@ -90,9 +92,53 @@ fn a_killed_rank_restarts_the_job_from_the_last_committed_epoch() {
         "the failure is not attributed to rank 1:\n{se}"
     );
     assert_eq!(checksum(&so).as_deref(), Some(want.as_str()), "{so}\n{se}");
+    // How long the recovery took, and the interval advice from the measured wave cost.
+    let took = se
+        .split("all started again ")
+        .nth(1)
+        .and_then(|r| r.split(" s after the failure").next())
+        .and_then(|t| t.parse::<f64>().ok());
+    assert!(took.is_some_and(|t| (0.0..60.0).contains(&t)), "{se}");
+    let advice = interval_advice(&se).unwrap_or_else(|| panic!("no interval advice:\n{se}"));
+    let (waves, cost, young, daly) = advice;
+    assert!(waves >= 2 && cost > 0.0, "{se}");
+    // Young: sqrt(2·C·M) with M = 3600 s / 3 ranks, for C as printed (to 3 decimals).
+    let y = |c: f64| (2.0 * c.max(0.0) * 1200.0).sqrt();
+    assert!(
+        y(cost - 0.0005) - 0.05 <= young && young <= y(cost + 0.0005) + 0.05,
+        "Young's interval {young} for a cost of {cost} s:\n{se}"
+    );
+    assert!(daly > 0.0 && daly <= young + 0.05, "{se}");
     // A successful job keeps a --checkpoint-dir it was given; the committed epoch is there.
     assert!(d.join("COMMITTED").is_file());
     let _ = std::fs::remove_dir_all(&d);
+}
+
+/// `mutirao run`'s last line with --host-mtbf: (waves committed, median cost, Young's
+/// interval, Daly's interval).
+fn interval_advice(se: &str) -> Option<(u64, f64, f64, f64)> {
+    let l = se.lines().find(|l| l.contains("checkpoint(s) committed"))?;
+    let num = |after: &str| -> Option<f64> {
+        l.split(after)
+            .nth(1)?
+            .split(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .next()?
+            .parse()
+            .ok()
+    };
+    let waves = l
+        .split("mutirao run: ")
+        .nth(1)?
+        .split(' ')
+        .next()?
+        .parse()
+        .ok()?;
+    Some((
+        waves,
+        num("median cost ")?,
+        num("Young suggests --checkpoint-interval ")?,
+        num(", Daly ")?,
+    ))
 }
 
 #[test]
