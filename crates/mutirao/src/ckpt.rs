@@ -1478,6 +1478,25 @@ mod tests {
     }
 
     #[test]
+    fn a_rank_that_cut_but_did_not_snapshot_never_snapshots_that_epoch_later() {
+        // `checkpoint_point` returned an error between this rank's cut and its snapshot (a
+        // peer failed): later safe points neither cut nor snapshot that epoch, so no
+        // checkpoint of it can miss what the program changed meanwhile (docs/checkpoints.md,
+        // "Between a rank's cut and its snapshot"); the wave ends by ABORT or timeout.
+        let mut w: Wave<u32> = Wave::new(1, 2, Mode::Blocking, 0, ms(0), ms(0), ms(0));
+        w.on_marker(0, Marker::Announce(1, 1), ms(0));
+        assert!(matches!(w.at_safe_point(), SafePoint::Cut { epoch: 1, .. }));
+        w.on_marker(0, Marker::Cut(1, 1), ms(0));
+        assert_eq!(w.cut_not_snapshot(), Some(1));
+        for _ in 0..3 {
+            assert!(matches!(w.at_safe_point(), SafePoint::Continue));
+        }
+        w.on_marker(0, Marker::Abort(1), ms(5));
+        assert_eq!(w.active_epoch(), None);
+        assert_eq!(w.cut_not_snapshot(), None);
+    }
+
+    #[test]
     fn nonblocking_records_late_messages_until_the_cut() {
         let mut w: Wave<u32> = Wave::new(1, 2, Mode::Nonblocking, 0, ms(0), ms(0), ms(0));
         w.on_marker(0, Marker::Announce(1, 1), ms(0));
