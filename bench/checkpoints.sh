@@ -152,7 +152,7 @@ if [[ " $PARTS " == *" recovery "* ]]; then
     from=$(grep -o 'every rank from committed epoch [0-9]*' "$log" | head -1 | awk '{print $NF}')
     redo=$(awk -v a="$commit_t" -v b="$kill_t" 'BEGIN { printf "%.3f", b - a }')
     [ "${from:-x}" = "${commit_e:-y}" ] || redo="? (restart from epoch ${from:-none}, $commit_e read at the kill)"
-    within=$(awk -v x="$redo" 'BEGIN { print (x + 0 > 0 && x <= 0.5 ? "yes" : "NO") }')
+    within=$(awk -v x="$redo" 'BEGIN { if (x !~ /^[0-9.]+$/) print "-"; else print (x <= 0.5 ? "yes" : "NO") }')
     [ "$redo" = "${redo#\?}" ] && redos+=("$redo")
     same=$([ "$got" = "$want" ] && echo yes || echo "NO ($got vs $want)")
     [ "$dall" = "${dall#none}" ] && alls+=("$dall")
