@@ -294,7 +294,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     type Forget = Box<dyn Fn() -> Result<usize, String>>;
     let (sink, costs, forget): (Arc<dyn CheckpointSink>, Costs, Forget) = match &kind {
         StoreKind::Dir => {
-            let s = Arc::new(DirSink::new(&dir, args.n as u32)?);
+            let s = Arc::new(DirSink::for_program(&dir, args.n as u32, &args.command)?);
             (
                 s.clone(),
                 Box::new(move || s.wave_costs()),

@@ -38,6 +38,8 @@ fn a_killed_rank_restarts_the_job_from_the_last_committed_epoch() {
             "120",
             "--checkpoint-interval",
             "0.05",
+            "--host-mtbf",
+            "3600",
         ])
         .arg("--checkpoint-dir")
         .arg(&d)
@@ -90,9 +92,53 @@ fn a_killed_rank_restarts_the_job_from_the_last_committed_epoch() {
         "the failure is not attributed to rank 1:\n{se}"
     );
     assert_eq!(checksum(&so).as_deref(), Some(want.as_str()), "{so}\n{se}");
+    // How long the recovery took, and the interval advice from the measured wave cost.
+    let took = se
+        .split("all started again ")
+        .nth(1)
+        .and_then(|r| r.split(" s after the failure").next())
+        .and_then(|t| t.parse::<f64>().ok());
+    assert!(took.is_some_and(|t| (0.0..60.0).contains(&t)), "{se}");
+    let advice = interval_advice(&se).unwrap_or_else(|| panic!("no interval advice:\n{se}"));
+    let (waves, cost, young, daly) = advice;
+    assert!(waves >= 2 && cost > 0.0, "{se}");
+    // Young: sqrt(2·C·M) with M = 3600 s / 3 ranks, for C as printed (to 3 decimals).
+    let y = |c: f64| (2.0 * c.max(0.0) * 1200.0).sqrt();
+    assert!(
+        y(cost - 0.0005) - 0.05 <= young && young <= y(cost + 0.0005) + 0.05,
+        "Young's interval {young} for a cost of {cost} s:\n{se}"
+    );
+    assert!(daly > 0.0 && daly <= young + 0.05, "{se}");
     // A successful job keeps a --checkpoint-dir it was given; the committed epoch is there.
     assert!(d.join("COMMITTED").is_file());
     let _ = std::fs::remove_dir_all(&d);
+}
+
+/// `mutirao run`'s last line with --host-mtbf: (waves committed, median cost, Young's
+/// interval, Daly's interval).
+fn interval_advice(se: &str) -> Option<(u64, f64, f64, f64)> {
+    let l = se.lines().find(|l| l.contains("checkpoint(s) committed"))?;
+    let num = |after: &str| -> Option<f64> {
+        l.split(after)
+            .nth(1)?
+            .split(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .next()?
+            .parse()
+            .ok()
+    };
+    let waves = l
+        .split("mutirao run: ")
+        .nth(1)?
+        .split(' ')
+        .next()?
+        .parse()
+        .ok()?;
+    Some((
+        waves,
+        num("median cost ")?,
+        num("Young suggests --checkpoint-interval ")?,
+        num(", Daly ")?,
+    ))
 }
 
 #[test]
@@ -930,4 +976,101 @@ fn a_rank_that_never_reaches_the_barrier_on_restart_is_named_and_jacobi_recovers
         out.elapsed
     );
     assert_eq!(checksum(so).as_deref(), Some(want.as_str()), "{so}\n{se}");
+}
+
+#[test]
+fn a_corrupt_checkpoint_is_named_and_nothing_is_restored_from_it() {
+    let Some(j) = jacobi() else {
+        println!("skipped: the jacobi example is not built (cargo build -p mutirao --examples)");
+        return;
+    };
+    let d = Scratch::new("recover-corrupt");
+    let ck = d.join("ckpt");
+    let run_in = |ck: &Path, program: &[&str], extra: &[&str]| {
+        let mut cmd = Command::new(MUTIRAO);
+        cmd.args(["run", "-n", "3", "--timeout", "120", "--max-restarts", "1"])
+            .args(["--checkpoint-interval", "0.05", "--checkpoint-dir"])
+            .arg(ck)
+            .args(program)
+            .args(extra);
+        cmd
+    };
+    let jp = j.display().to_string();
+    let mut run = Running::spawn(run_in(&ck, &[&jp, "--"], &LOCAL_ARGS));
+    let launcher = run.id();
+    // Once an epoch is committed: stop rank 0 (no commit can follow: rank 0 commits), let a
+    // commit it already asked for land, flip a byte of rank 1's blob of the committed epoch,
+    // and kill rank 1. The launcher ends rank 0 with SIGKILL, stopped or not.
+    let mut epoch = None;
+    let killed = poll(&mut run, || {
+        let (Some(p0), Some(p1)) = (
+            rank_pid_of(&[launcher], 0, Some(0)),
+            rank_pid_of(&[launcher], 1, Some(0)),
+        ) else {
+            return false;
+        };
+        if committed(&ck).is_none() {
+            return false;
+        }
+        // SAFETY: kill(2) with a pid read from /proc; no memory is involved.
+        unsafe {
+            libc::kill(p0, libc::SIGSTOP);
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        let e = committed(&ck).expect("committed above");
+        let f = ck.join(format!("epoch-{e}")).join("rank-1.ckpt");
+        let mut b = std::fs::read(&f).unwrap();
+        *b.last_mut().unwrap() ^= 0x55;
+        std::fs::write(&f, b).unwrap();
+        kill9(p1);
+        epoch = Some(e);
+        true
+    });
+    let out = run.wait(Duration::from_secs(90));
+    let (so, se) = (&out.stdout, &out.stderr);
+    let e = match (killed, epoch) {
+        (true, Some(e)) => e,
+        _ => panic!("the job ended before a commit:\n{so}\n{se}"),
+    };
+    assert!(!out.status.success(), "{so}\n{se}");
+    assert!(
+        se.contains(&format!("every rank from committed epoch {e}")),
+        "no restart from epoch {e}:\n{se}"
+    );
+    let file = ck.join(format!("epoch-{e}")).join("rank-1.ckpt");
+    assert!(
+        se.contains(&format!(
+            "{} is corrupt (checksum mismatch); nothing was restored from it",
+            file.display()
+        )),
+        "the corrupt file is not named:\n{se}"
+    );
+    assert!(
+        !se.lines()
+            .chain(so.lines())
+            .any(|l| l.contains("rank 1 resumes")),
+        "rank 1 restored something:\n{so}\n{se}"
+    );
+    assert!(se.contains("1 restart(s) were used up"), "{se}");
+    assert!(checksum(so).is_none(), "the job finished:\n{so}");
+    eprintln!("{se}");
+
+    // The directory now holds jacobi's committed checkpoints: another program given it is
+    // refused before anything starts, naming the directory.
+    let out = run_in(&ck, &["sh", "-c", "echo started; exit 0"], &[])
+        .output()
+        .unwrap();
+    let (so, se) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(!out.status.success(), "{so}\n{se}");
+    assert!(
+        se.contains(&format!(
+            "the checkpoint directory {} holds the committed checkpoints of another command",
+            ck.display()
+        )) && se.contains(&jp),
+        "{se}"
+    );
+    assert!(!so.contains("started"), "a rank ran:\n{so}");
 }

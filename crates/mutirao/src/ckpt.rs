@@ -1307,6 +1307,37 @@ fn frame(version: u32, body: &[u8]) -> Vec<u8> {
     out
 }
 
+/// Check a checkpoint blob's envelope — header, layout version, length and checksum — without
+/// decoding it, so that a store can refuse a damaged blob naming its file or replica. Returns
+/// the layout version; the error completes a sentence whose subject is the blob ("is corrupt
+/// (checksum mismatch)").
+pub fn check_blob(b: &[u8]) -> Result<u32, String> {
+    if b.len() < 28 || b[..8] != BLOB_MAGIC {
+        return Err("is not a mutirão checkpoint (bad header)".into());
+    }
+    let u32_at = |o: usize| u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
+    let u64_at = |o: usize| u64::from(u32_at(o)) | (u64::from(u32_at(o + 4)) << 32);
+    let version = u32_at(8);
+    if !(1..=BLOB_VERSION).contains(&version) {
+        return Err(format!(
+            "has layout version {version}, this runtime reads 1 to {BLOB_VERSION}: \
+             restart with the mutirão build that wrote it"
+        ));
+    }
+    let body = &b[28..];
+    if u64_at(12) != body.len() as u64 {
+        return Err(format!(
+            "is truncated or padded: {} body bytes, the header says {}",
+            body.len(),
+            u64_at(12)
+        ));
+    }
+    if u64_at(20) != fnv1a(body) {
+        return Err("is corrupt (checksum mismatch)".into());
+    }
+    Ok(version)
+}
+
 impl RankCheckpoint {
     /// `magic | version u32 | body length u64 | checksum u64 | body (bincode)`, little-endian.
     pub fn encode(&self) -> Result<Vec<u8>, String> {
@@ -1319,29 +1350,8 @@ impl RankCheckpoint {
     /// corrupt, truncated or foreign blob is an error saying which, never data.
     pub fn decode(b: &[u8], epoch: u64, rank: u32, size: u32) -> Result<RankCheckpoint, String> {
         let what = format!("the checkpoint of rank {rank} at epoch {epoch}");
-        if b.len() < 28 || b[..8] != BLOB_MAGIC {
-            return Err(format!("{what} is not a mutirão checkpoint (bad header)"));
-        }
-        let u32_at = |o: usize| u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
-        let u64_at = |o: usize| u64::from(u32_at(o)) | (u64::from(u32_at(o + 4)) << 32);
-        let version = u32_at(8);
-        if !(1..=BLOB_VERSION).contains(&version) {
-            return Err(format!(
-                "{what} has layout version {version}, this runtime reads 1 to {BLOB_VERSION}: \
-                 restart with the mutirão build that wrote it"
-            ));
-        }
+        let version = check_blob(b).map_err(|e| format!("{what} {e}"))?;
         let body = &b[28..];
-        if u64_at(12) != body.len() as u64 {
-            return Err(format!(
-                "{what} is truncated or padded: {} body bytes, the header says {}",
-                body.len(),
-                u64_at(12)
-            ));
-        }
-        if u64_at(20) != fnv1a(body) {
-            return Err(format!("{what} is corrupt (checksum mismatch)"));
-        }
         let c: RankCheckpoint = if version == 1 {
             let v: RankCheckpointV1 =
                 bincode::deserialize(body).map_err(|e| format!("{what} is corrupt: {e}"))?;
@@ -1465,6 +1475,25 @@ mod tests {
         assert!(c.late.is_empty());
         assert_eq!(w.stored(1, ms(0)).send, vec![(0, Marker::Done(1))]);
         assert_eq!(w.on_app(2, 13), Some(13));
+    }
+
+    #[test]
+    fn a_rank_that_cut_but_did_not_snapshot_never_snapshots_that_epoch_later() {
+        // `checkpoint_point` returned an error between this rank's cut and its snapshot (a
+        // peer failed): later safe points neither cut nor snapshot that epoch, so no
+        // checkpoint of it can miss what the program changed meanwhile (docs/checkpoints.md,
+        // "Between a rank's cut and its snapshot"); the wave ends by ABORT or timeout.
+        let mut w: Wave<u32> = Wave::new(1, 2, Mode::Blocking, 0, ms(0), ms(0), ms(0));
+        w.on_marker(0, Marker::Announce(1, 1), ms(0));
+        assert!(matches!(w.at_safe_point(), SafePoint::Cut { epoch: 1, .. }));
+        w.on_marker(0, Marker::Cut(1, 1), ms(0));
+        assert_eq!(w.cut_not_snapshot(), Some(1));
+        for _ in 0..3 {
+            assert!(matches!(w.at_safe_point(), SafePoint::Continue));
+        }
+        w.on_marker(0, Marker::Abort(1), ms(5));
+        assert_eq!(w.active_epoch(), None);
+        assert_eq!(w.cut_not_snapshot(), None);
     }
 
     #[test]
