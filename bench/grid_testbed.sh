@@ -232,7 +232,7 @@ scenario_kill() {
         else
             id=$(m submit -n 8 "$MM" "$N")
         fi
-        wait_state "$id" "running" 60 >/dev/null || true
+        wait_state "$id" "running checkpointing" 60 >/dev/null || true
         if [[ $mode == ckpt ]]; then
             first_commit "$id" 120 || say "no commit seen in the log; killing anyway"
         else
@@ -256,10 +256,15 @@ scenario_kill() {
         else
             how=$(api "/jobs/$id" | jq -r '[.events[] | select(.detail | startswith("re-queued"))] | last | .detail')
         fi
-        if [[ $s == finished ]] && ok_result "$id" 8 && [[ -n $how && $how != null ]]; then
+        # With checkpoints the journal shows the waves: checkpointing until each commit.
+        local waves=ok
+        if [[ $mode == ckpt ]] && ! api "/jobs/$id" | jq -e 'any(.events[]; .to == "checkpointing") and any(.events[]; .kind == "state" and (.detail | test("^epoch [0-9]+ committed$")))' >/dev/null; then
+            waves="no checkpointing state in the journal"
+        fi
+        if [[ $s == finished ]] && ok_result "$id" 8 && [[ -n $how && $how != null && $waves == ok ]]; then
             verdict "kill-$mode" PASS "(killed $victim; $how; last run on $after)"
         else
-            verdict "kill-$mode" FAIL "(killed $victim; state $s; ${how:-no restart seen})"
+            verdict "kill-$mode" FAIL "(killed $victim; state $s; ${how:-no restart seen}; waves: $waves)"
             m logs "$id" | tail -8 | sed 's/^/    /'
         fi
         # The host comes back for the next scenarios.
@@ -398,13 +403,28 @@ scenario_figures() {
             m logs --follow "$id" >"$W/grid.out" 2>&1 || true
             t2=$(now_ms)
             grep -q " ok" "$W/grid.out" || echo "grid run of $n ranks: no ok" >&2
-            init=$(api "/jobs/$id" | jq -r '[.events[] | select(.kind == "init")] | last | .detail // ""' | sed -n "$INIT_RE")
+            api "/jobs/$id" >"$W/grid.json"
+            init=$(jq -r '[.events[] | select(.kind == "init")] | last | .detail // ""' "$W/grid.json" | sed -n "$INIT_RE")
+            # The rest's timeline, from the journal's timestamps (the coordinator runs on this
+            # machine's clock): stored → started (placement, the program's read and check, its
+            # copy: the `start` event's own timings), started → the launch began (the init
+            # event's time minus its "all connected … after the launch began"), all connected →
+            # finished, finished → `mutirao logs --follow` returned.
+            tl=$(jq -r --argjson t2 "$t2" '
+                def at(f): [.events[] | select(f)] | last | .at_ms;
+                (.job.created_ms) as $c
+                | at(.kind == "state" and (.detail | startswith("started on "))) as $s
+                | at(.kind == "init") as $i
+                | ([.events[] | select(.kind == "init")] | last | .detail | capture("all connected (?<a>[0-9.]+) ms") | .a | tonumber) as $a
+                | at(.kind == "state" and .to == "finished") as $f
+                | ([.events[] | select(.kind == "start")] | last | .detail | [scan("[0-9.]+ ms") | sub(" ms"; "")] | join(" ")) as $st
+                | "\($s - $c) \($st) \(($i - $a) - $s) \($f - $i) \($t2 - $f)"' "$W/grid.json" 2>/dev/null)
             # The agents' time to have the program ready (download, or check of the cached copy).
             dl=$(for h in a1 a2 a3 a4; do
                 tail -n +"$(( ${LC[$h]} + 1 ))" "$W/agent-$h.log" |
                     grep -E '(fetched|checked the cached) sha256:' | sed -n 's/.* in \([0-9.]*\) ms$/\1/p'
             done | sort -g | tail -1)
-            echo "$n $(( t2 - t0 )) $(( t1 - t0 )) ${init:-nan nan nan nan} ${dl:-0}" >>"$W/grid.t"
+            echo "$n $(( t2 - t0 )) $(( t1 - t0 )) ${init:-nan nan nan nan} ${dl:-0} ${tl:-nan nan nan nan nan nan nan}" >>"$W/grid.t"
         done
     done
     med() { sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
@@ -433,6 +453,13 @@ scenario_figures() {
     echo "|---|---|---|---|---|"
     for n in 2 4 8; do
         echo "| $n | $(col "$W/grid.t" $n 4) / $(col "$W/bare.t" $n 3) | $(col "$W/grid.t" $n 5) / $(col "$W/bare.t" $n 4) | $(col "$W/grid.t" $n 6) / $(col "$W/bare.t" $n 5) | $(col "$W/grid.t" $n 7) / $(col "$W/bare.t" $n 6) |"
+    done
+    echo
+    echo "the rest's timeline, medians, ms (from the job's journal; the coordinator's own timings in its start event):"
+    echo "| ranks | stored → started | of which placement / program read + check / copy | started → launch began | launch → all connected (grid / bare) | all connected → finished (grid) | bare: all of the run but launch → all connected | finished → logs --follow returned |"
+    echo "|---|---|---|---|---|---|---|---|"
+    for n in 2 4 8; do
+        echo "| $n | $(col "$W/grid.t" $n 9) | $(col "$W/grid.t" $n 10) / $(col "$W/grid.t" $n 11) / $(col "$W/grid.t" $n 12) | $(col "$W/grid.t" $n 13) | $(col "$W/grid.t" $n 7) / $(col "$W/bare.t" $n 6) | $(col "$W/grid.t" $n 14) | $(awk -v n=$n '$1 == n { print $2 - $6 }' "$W/bare.t" | med) | $(col "$W/grid.t" $n 15) |"
     done
     echo "(medians of $RUNS, each column separately, so the parts need not add up; matmul $NF on a1-a4, 2 slots each."
     echo " rest = grid − bare − upload − download − Δbarrier − Δconnect: placement, the program's copy in the job's"
