@@ -418,7 +418,7 @@ fn requeue_vacated(
         return Ok(());
     }
     store.note(id, "owner", &format!("the run left {host} ({ended})"))?;
-    if job.state == JobState::Running {
+    if matches!(job.state, JobState::Running | JobState::Checkpointing) {
         c.transition(id, JobState::Suspended, &format!("owner active on {host}"))?;
     }
     if job.spec.checkpoint_interval_s.is_some() {
