@@ -113,6 +113,27 @@ fn mutirao(c: &Coord, token: &str, args: &[&str]) -> Output {
     common::grid_client(&c.url, token, args)
 }
 
+/// `mutirao submit ARGS` as ana: the job's id.
+fn submit_id(c: &Coord, args: &[&str]) -> i64 {
+    let mut all = vec!["submit"];
+    all.extend_from_slice(args);
+    let out = ok(&mutirao(c, ANA, &all));
+    out.trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("no job id: {out:?}"))
+}
+
+/// The details of the journal's events of `kind`, in order.
+fn details<'a>(v: &'a serde_json::Value, kind: &str) -> Vec<&'a str> {
+    v["events"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|e| e["kind"] == kind)
+        .filter_map(|e| e["detail"].as_str())
+        .collect()
+}
+
 #[test]
 fn submit_jobs_job_logs_cancel_through_a_coordinator_process() {
     let c = start("cli");
@@ -450,22 +471,9 @@ fn submit_env_reaches_the_ranks_and_a_reserved_name_is_refused_before_anything_i
         println!("skipped the init journal: the hello example is not built");
         return;
     };
-    let id: i64 = ok(&mutirao(
-        &c,
-        ANA,
-        &["submit", "-n", "2", hello.to_str().unwrap()],
-    ))
-    .trim()
-    .parse()
-    .unwrap();
+    let id = submit_id(&c, &["-n", "2", hello.to_str().unwrap()]);
     let v = wait_state(&c, id, "finished", Duration::from_secs(30));
-    let init: Vec<&str> = v["events"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|e| e["kind"] == "init")
-        .filter_map(|e| e["detail"].as_str())
-        .collect();
+    let init = details(&v, "init");
     assert!(
         init.len() == 1
             && init[0].starts_with("init of 2 ranks, max over ranks: register ")
@@ -654,25 +662,11 @@ fn a_rank_that_never_reaches_the_barrier_fails_the_job_within_the_timeout_naming
     )
     .unwrap();
     let t0 = Instant::now();
-    let id: i64 = ok(&mutirao(
-        &c,
-        ANA,
-        &["submit", "-n", "2", prog.to_str().unwrap()],
-    ))
-    .trim()
-    .parse()
-    .unwrap();
+    let id = submit_id(&c, &["-n", "2", prog.to_str().unwrap()]);
     let v = wait_state(&c, id, "failed", Duration::from_secs(60));
     let took = t0.elapsed();
-    let notes: Vec<&str> = v["events"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|e| e["kind"] == "launcher")
-        .filter_map(|e| e["detail"].as_str())
-        .collect();
     assert!(
-        notes
+        details(&v, "launcher")
             .iter()
             .any(|n| n.contains("rank 1 on n1 never reached the start-up barrier")),
         "{v:#}"

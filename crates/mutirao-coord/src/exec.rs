@@ -373,6 +373,14 @@ fn write_renamed(path: &Path, bytes: &[u8], executable: bool, sync: bool) -> std
     Ok(())
 }
 
+/// A checkpoint wave's move of job `id`, `from` → `to`, made only if it is still `from` (a job
+/// suspended, re-queued or ended meanwhile stays as it is).
+fn follow_wave(c: &Coordinator, id: i64, (from, to): (JobState, JobState), why: &str) {
+    if let Err(e) = c.transition_if(id, &[from], to, why) {
+        eprintln!("mutirao coordinator: job {id}: cannot journal its checkpoint wave: {e}");
+    }
+}
+
 /// Milliseconds since `t`.
 fn ms_since(t: Instant) -> f64 {
     t.elapsed().as_secs_f64() * 1e3
@@ -720,22 +728,18 @@ impl Dispatcher {
             ExecEvent::Init(n) => {
                 let _ = c.store().note(id, "init", &n);
             }
-            ExecEvent::Wave(e) => {
-                let _ = c.transition_if(
-                    id,
-                    &[JobState::Running],
-                    JobState::Checkpointing,
-                    &format!("wave of epoch {e}: the ranks' checkpoints are arriving"),
-                );
-            }
-            ExecEvent::Committed(e) => {
-                let _ = c.transition_if(
-                    id,
-                    &[JobState::Checkpointing],
-                    JobState::Running,
-                    &format!("epoch {e} committed"),
-                );
-            }
+            ExecEvent::Wave(e) => follow_wave(
+                &c,
+                id,
+                (JobState::Running, JobState::Checkpointing),
+                &format!("wave of epoch {e}: the ranks' checkpoints are arriving"),
+            ),
+            ExecEvent::Committed(e) => follow_wave(
+                &c,
+                id,
+                (JobState::Checkpointing, JobState::Running),
+                &format!("epoch {e} committed"),
+            ),
             ExecEvent::HostLost(h) => {
                 let _ = c.store().note(id, "host-lost", &h);
                 lost_here.insert(h);
