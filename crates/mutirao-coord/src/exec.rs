@@ -872,6 +872,15 @@ impl Dispatcher {
             }
         }
         let store = self.c.store();
+        // A running (or checkpointing) job whose host's owner came back is `suspended`.
+        let suspend = |id: i64, h: &str| {
+            self.c.transition_if(
+                id,
+                &[JobState::Running, JobState::Checkpointing],
+                JobState::Suspended,
+                &format!("owner active on {h}"),
+            )
+        };
         for a in actions {
             match a {
                 OwnerAction::Suspended(id, h, why) => {
@@ -880,12 +889,7 @@ impl Dispatcher {
                         "owner",
                         &format!("owner active on {h} ({why}): its agent stopped the job's ranks there (SIGSTOP); they are vacated after the owner's grace period unless the owner leaves"),
                     )?;
-                    self.c.transition_if(
-                        id,
-                        &[JobState::Running, JobState::Checkpointing],
-                        JobState::Suspended,
-                        &format!("owner active on {h}"),
-                    )?;
+                    suspend(id, &h)?;
                 }
                 OwnerAction::Resumed(id, h, all) => {
                     store.note(
@@ -908,12 +912,7 @@ impl Dispatcher {
                         "owner",
                         &format!("vacating {h}: its owner stayed active past the grace period ({why}); ending the run to place the job again"),
                     )?;
-                    self.c.transition_if(
-                        id,
-                        &[JobState::Running, JobState::Checkpointing],
-                        JobState::Suspended,
-                        &format!("owner active on {h}"),
-                    )?;
+                    suspend(id, &h)?;
                     x.cancel();
                 }
             }

@@ -269,17 +269,27 @@ fn story(c: &Coordinator, id: i64) -> Vec<String> {
         .collect()
 }
 
-#[test]
-fn an_owner_suspends_resumes_and_vacates_a_job_which_is_placed_again_elsewhere() {
-    let dir = std::env::temp_dir().join(format!("mutirao-exec-{}-owner", std::process::id()));
+/// A coordinator (in-memory store, repository in a fresh scratch directory `tag`) and a
+/// dispatcher running jobs with `x`.
+fn with_executor(
+    tag: &str,
+    x: Arc<dyn Executor>,
+) -> (Arc<Coordinator>, Arc<Dispatcher>, std::path::PathBuf) {
+    let dir = std::env::temp_dir().join(format!("mutirao-exec-{}-{tag}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let c = Coordinator::new(
         Arc::new(SqliteStore::open_in_memory().unwrap()),
         Tokens::new(),
         Repo::open(&dir.join("repo"), 1000).unwrap(),
     );
+    let d = Dispatcher::install(c.clone(), x, &dir.join("jobs")).unwrap();
+    (c, d, dir)
+}
+
+#[test]
+fn an_owner_suspends_resumes_and_vacates_a_job_which_is_placed_again_elsewhere() {
     let x = Arc::new(UntilCancelled::default());
-    let d = Dispatcher::install(c.clone(), x.clone(), &dir.join("jobs")).unwrap();
+    let (c, d, dir) = with_executor("owner", x.clone());
     owner(&c, "n1", OwnerState::Available);
     let id = submit(&c, 2, "");
     let ck = c
@@ -371,15 +381,8 @@ impl Executor for Handed {
 
 #[test]
 fn checkpoint_waves_make_the_job_checkpointing_until_committed_and_an_owner_keeps_it_suspended() {
-    let dir = std::env::temp_dir().join(format!("mutirao-exec-{}-waves", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let c = Coordinator::new(
-        Arc::new(SqliteStore::open_in_memory().unwrap()),
-        Tokens::new(),
-        Repo::open(&dir.join("repo"), 1000).unwrap(),
-    );
     let x = Arc::new(Handed::default());
-    let d = Dispatcher::install(c.clone(), x.clone(), &dir.join("jobs")).unwrap();
+    let (c, d, dir) = with_executor("waves", x.clone());
     owner(&c, "n1", OwnerState::Available);
     let id = submit(&c, 2, "");
     assert_eq!(d.place_waiting().unwrap(), 1);
