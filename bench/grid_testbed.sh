@@ -26,12 +26,15 @@
 # upload, the agents' download (or cached-copy check), the ranks' barrier and connect.
 #
 # Usage: flock /tmp/mutirao-measure.lock sudo bench/grid_testbed.sh [SCENARIO…]   (default: all)
-# Env:   N=1200 (matmul order for scenarios 1-4), NF=200 (for the figures), RUNS=5 (figures),
+# Env:   N=1200 (matmul order for place and tamper), NL=1800 (kill, coord, owner), NF=200 (for the figures), RUNS=5 (figures),
 #        MUTIRAO=path (default $CARGO_TARGET_DIR or target, /release/mutirao),
 #        MATMUL=path (…/release/examples/matmul), SPAWN=path (…/release/examples/spawn),
 #        KEEP=dir (keep the logs there)
 set -euo pipefail
 N=${N:-1200}
+# Scenarios whose event (a host killed, the coordinator killed, an owner back) must land while
+# the job still runs take a longer matmul: with 1200 a loaded machine let the job end first.
+NL=${NL:-1800}
 NF=${NF:-200}
 RUNS=${RUNS:-5}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -176,7 +179,7 @@ wait_state() { # id "states…" seconds
 journal() { m job "$1" | sed 's/^/    /'; }
 # Where the job's ranks run now: the hosts named by the last "started on" of its journal.
 job_hosts() { api "/jobs/$1" | jq -r '[.events[] | select(.kind == "state" and (.detail | startswith("started on ")))] | last | .detail | sub("started on "; "") | gsub(","; "")'; }
-ok_result() { m logs "$1" | grep -q "matmul n=$N ranks=$2 .* ok"; }
+ok_result() { m logs "$1" | grep -q "matmul n=${3:-$N} ranks=$2 .* ok"; } # id ranks [order]
 kill_host() { # every process of the host's cgroup (its agent and ranks): the host dies
     local h=$1 p
     for p in $(cat "${CG[$h]}/cgroup.procs"); do kill -9 "$p" 2>/dev/null || true; done
@@ -226,11 +229,11 @@ scenario_place() {
 scenario_kill() {
     local mode id victim s
     for mode in ckpt rerun; do
-        say "2 kill ($mode): matmul $N -n 8, a host dies mid-job"
+        say "2 kill ($mode): matmul $NL -n 8, a host dies mid-job"
         if [[ $mode == ckpt ]]; then
-            id=$(m submit -n 8 --checkpoint-interval 1 "$MM" "$N")
+            id=$(m submit -n 8 --checkpoint-interval 1 "$MM" "$NL")
         else
-            id=$(m submit -n 8 "$MM" "$N")
+            id=$(m submit -n 8 "$MM" "$NL")
         fi
         wait_state "$id" "running checkpointing" 60 >/dev/null || true
         if [[ $mode == ckpt ]]; then
@@ -261,7 +264,7 @@ scenario_kill() {
         if [[ $mode == ckpt ]] && ! api "/jobs/$id" | jq -e 'any(.events[]; .to == "checkpointing") and any(.events[]; .kind == "state" and (.detail | test("^epoch [0-9]+ committed$")))' >/dev/null; then
             waves="no checkpointing state in the journal"
         fi
-        if [[ $s == finished ]] && ok_result "$id" 8 && [[ -n $how && $how != null && $waves == ok ]]; then
+        if [[ $s == finished ]] && ok_result "$id" 8 "$NL" && [[ -n $how && $how != null && $waves == ok ]]; then
             verdict "kill-$mode" PASS "(killed $victim; $how; last run on $after)"
         else
             verdict "kill-$mode" FAIL "(killed $victim; state $s; ${how:-no restart seen}; waves: $waves)"
@@ -274,9 +277,9 @@ scenario_kill() {
 }
 
 scenario_coord() {
-    say "3 coord: matmul $N -n 4, the coordinator is killed mid-job and restarted"
+    say "3 coord: matmul $NL -n 4, the coordinator is killed mid-job and restarted"
     local id s
-    id=$(m submit -n 4 "$MM" "$N")
+    id=$(m submit -n 4 "$MM" "$NL")
     wait_state "$id" "running" 60 >/dev/null || true
     sleep 2
     kill -9 "$COORD_PID"; wait "$COORD_PID" 2>/dev/null || true
@@ -284,7 +287,7 @@ scenario_coord() {
     start_coord
     s=$(wait_state "$id" "finished failed cancelled" 600) || true
     journal "$id"
-    if [[ $s == finished ]] && ok_result "$id" 4 &&
+    if [[ $s == finished ]] && ok_result "$id" 4 "$NL" &&
         api "/jobs/$id" | jq -e '[.events[] | select(.detail | contains("coordinator restarted"))] | length > 0' >/dev/null; then
         verdict coord PASS "(re-queued at the restart, finished with a correct result)"
     else
@@ -294,9 +297,9 @@ scenario_coord() {
 }
 
 scenario_owner() {
-    say "4 owner: matmul $N -n 2 --require site=a; the owner of its first host comes back and stays"
+    say "4 owner: matmul $NL -n 2 --require site=a; the owner of its first host comes back and stays"
     local id s h before after t_owner
-    id=$(m submit -n 2 --require 'site=a' "$MM" "$N")
+    id=$(m submit -n 2 --require 'site=a' "$MM" "$NL")
     wait_state "$id" "running" 60 >/dev/null || true
     sleep 1
     before=$(job_hosts "$id")
@@ -312,7 +315,7 @@ scenario_owner() {
     after=$(job_hosts "$id")
     vac=$(api "/jobs/$id" | jq -r '[.events[] | select(.detail | startswith("re-queued after vacating"))] | length')
     journal "$id"
-    if [[ $sus == suspended && $vac -ge 1 && $s == finished ]] && ok_result "$id" 2 && [[ " $after " != *" $h "* ]]; then
+    if [[ $sus == suspended && $vac -ge 1 && $s == finished ]] && ok_result "$id" 2 "$NL" && [[ " $after " != *" $h "* ]]; then
         verdict owner PASS "(owner on $h: suspended $(( t_sus - t_owner )) ms after, vacated; ran on $before, resumed on $after)"
     else
         verdict owner FAIL "(owner on $h; suspended? $sus; vacated $vac; state $s; ran on $before, then $after)"
