@@ -6,14 +6,14 @@
 # (always, trap). Exit status: schemathesis's (0 = no check failed).
 #
 # Usage: bench/fuzz_api.sh [MAX_EXAMPLES]        (default 50 per operation)
-# Env:   MUTIRAO=path (default target/release/mutirao, built if missing),
+# Env:   MUTIRAO=path (default $CARGO_TARGET_DIR or target, /release/mutirao, built if missing),
 #        CHECKS=not_a_server_error,… (default: not_a_server_error,status_code_conformance,
 #        content_type_conformance,response_schema_conformance), KEEP=dir (keep the scratch dir)
 # Needs: schemathesis (`python3 -m pip install schemathesis`; installed here when missing).
 set -euo pipefail
 MAX=${1:-50}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-B=${MUTIRAO:-$ROOT/target/release/mutirao}
+B=${MUTIRAO:-${CARGO_TARGET_DIR:-$ROOT/target}/release/mutirao}
 CHECKS=${CHECKS:-not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance}
 if [[ ! -x $B ]]; then
     (cd "$ROOT" && cargo build --release -q -p mutirao-cli --bins)

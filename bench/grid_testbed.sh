@@ -26,12 +26,15 @@
 # upload, the agents' download (or cached-copy check), the ranks' barrier and connect.
 #
 # Usage: flock /tmp/mutirao-measure.lock sudo bench/grid_testbed.sh [SCENARIO…]   (default: all)
-# Env:   N=1200 (matmul order for scenarios 1-4), NF=200 (for the figures), RUNS=5 (figures),
+# Env:   N=1200 (matmul order for place and tamper), NL=1800 (kill, coord, owner), NF=200 (for the figures), RUNS=5 (figures),
 #        MUTIRAO=path (default $CARGO_TARGET_DIR or target, /release/mutirao),
 #        MATMUL=path (…/release/examples/matmul), SPAWN=path (…/release/examples/spawn),
 #        KEEP=dir (keep the logs there)
 set -euo pipefail
 N=${N:-1200}
+# Scenarios whose event (a host killed, the coordinator killed, an owner back) must land while
+# the job still runs take a longer matmul: with 1200 a loaded machine let the job end first.
+NL=${NL:-1800}
 NF=${NF:-200}
 RUNS=${RUNS:-5}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -176,7 +179,7 @@ wait_state() { # id "states…" seconds
 journal() { m job "$1" | sed 's/^/    /'; }
 # Where the job's ranks run now: the hosts named by the last "started on" of its journal.
 job_hosts() { api "/jobs/$1" | jq -r '[.events[] | select(.kind == "state" and (.detail | startswith("started on ")))] | last | .detail | sub("started on "; "") | gsub(","; "")'; }
-ok_result() { m logs "$1" | grep -q "matmul n=$N ranks=$2 .* ok"; }
+ok_result() { m logs "$1" | grep -q "matmul n=${3:-$N} ranks=$2 .* ok"; } # id ranks [order]
 kill_host() { # every process of the host's cgroup (its agent and ranks): the host dies
     local h=$1 p
     for p in $(cat "${CG[$h]}/cgroup.procs"); do kill -9 "$p" 2>/dev/null || true; done
@@ -226,13 +229,13 @@ scenario_place() {
 scenario_kill() {
     local mode id victim s
     for mode in ckpt rerun; do
-        say "2 kill ($mode): matmul $N -n 8, a host dies mid-job"
+        say "2 kill ($mode): matmul $NL -n 8, a host dies mid-job"
         if [[ $mode == ckpt ]]; then
-            id=$(m submit -n 8 --checkpoint-interval 1 "$MM" "$N")
+            id=$(m submit -n 8 --checkpoint-interval 1 "$MM" "$NL")
         else
-            id=$(m submit -n 8 "$MM" "$N")
+            id=$(m submit -n 8 "$MM" "$NL")
         fi
-        wait_state "$id" "running" 60 >/dev/null || true
+        wait_state "$id" "running checkpointing" 60 >/dev/null || true
         if [[ $mode == ckpt ]]; then
             first_commit "$id" 120 || say "no commit seen in the log; killing anyway"
         else
@@ -256,10 +259,15 @@ scenario_kill() {
         else
             how=$(api "/jobs/$id" | jq -r '[.events[] | select(.detail | startswith("re-queued"))] | last | .detail')
         fi
-        if [[ $s == finished ]] && ok_result "$id" 8 && [[ -n $how && $how != null ]]; then
+        # With checkpoints the journal shows the waves: checkpointing until each commit.
+        local waves=ok
+        if [[ $mode == ckpt ]] && ! api "/jobs/$id" | jq -e 'any(.events[]; .to == "checkpointing") and any(.events[]; .kind == "state" and (.detail | test("^epoch [0-9]+ committed$")))' >/dev/null; then
+            waves="no checkpointing state in the journal"
+        fi
+        if [[ $s == finished ]] && ok_result "$id" 8 "$NL" && [[ -n $how && $how != null && $waves == ok ]]; then
             verdict "kill-$mode" PASS "(killed $victim; $how; last run on $after)"
         else
-            verdict "kill-$mode" FAIL "(killed $victim; state $s; ${how:-no restart seen})"
+            verdict "kill-$mode" FAIL "(killed $victim; state $s; ${how:-no restart seen}; waves: $waves)"
             m logs "$id" | tail -8 | sed 's/^/    /'
         fi
         # The host comes back for the next scenarios.
@@ -269,9 +277,9 @@ scenario_kill() {
 }
 
 scenario_coord() {
-    say "3 coord: matmul $N -n 4, the coordinator is killed mid-job and restarted"
+    say "3 coord: matmul $NL -n 4, the coordinator is killed mid-job and restarted"
     local id s
-    id=$(m submit -n 4 "$MM" "$N")
+    id=$(m submit -n 4 "$MM" "$NL")
     wait_state "$id" "running" 60 >/dev/null || true
     sleep 2
     kill -9 "$COORD_PID"; wait "$COORD_PID" 2>/dev/null || true
@@ -279,7 +287,7 @@ scenario_coord() {
     start_coord
     s=$(wait_state "$id" "finished failed cancelled" 600) || true
     journal "$id"
-    if [[ $s == finished ]] && ok_result "$id" 4 &&
+    if [[ $s == finished ]] && ok_result "$id" 4 "$NL" &&
         api "/jobs/$id" | jq -e '[.events[] | select(.detail | contains("coordinator restarted"))] | length > 0' >/dev/null; then
         verdict coord PASS "(re-queued at the restart, finished with a correct result)"
     else
@@ -289,9 +297,9 @@ scenario_coord() {
 }
 
 scenario_owner() {
-    say "4 owner: matmul $N -n 2 --require site=a; the owner of its first host comes back and stays"
+    say "4 owner: matmul $NL -n 2 --require site=a; the owner of its first host comes back and stays"
     local id s h before after t_owner
-    id=$(m submit -n 2 --require 'site=a' "$MM" "$N")
+    id=$(m submit -n 2 --require 'site=a' "$MM" "$NL")
     wait_state "$id" "running" 60 >/dev/null || true
     sleep 1
     before=$(job_hosts "$id")
@@ -307,7 +315,7 @@ scenario_owner() {
     after=$(job_hosts "$id")
     vac=$(api "/jobs/$id" | jq -r '[.events[] | select(.detail | startswith("re-queued after vacating"))] | length')
     journal "$id"
-    if [[ $sus == suspended && $vac -ge 1 && $s == finished ]] && ok_result "$id" 2 && [[ " $after " != *" $h "* ]]; then
+    if [[ $sus == suspended && $vac -ge 1 && $s == finished ]] && ok_result "$id" 2 "$NL" && [[ " $after " != *" $h "* ]]; then
         verdict owner PASS "(owner on $h: suspended $(( t_sus - t_owner )) ms after, vacated; ran on $before, resumed on $after)"
     else
         verdict owner FAIL "(owner on $h; suspended? $sus; vacated $vac; state $s; ran on $before, then $after)"
@@ -398,13 +406,28 @@ scenario_figures() {
             m logs --follow "$id" >"$W/grid.out" 2>&1 || true
             t2=$(now_ms)
             grep -q " ok" "$W/grid.out" || echo "grid run of $n ranks: no ok" >&2
-            init=$(api "/jobs/$id" | jq -r '[.events[] | select(.kind == "init")] | last | .detail // ""' | sed -n "$INIT_RE")
+            api "/jobs/$id" >"$W/grid.json"
+            init=$(jq -r '[.events[] | select(.kind == "init")] | last | .detail // ""' "$W/grid.json" | sed -n "$INIT_RE")
+            # The rest's timeline, from the journal's timestamps (the coordinator runs on this
+            # machine's clock): stored → started (placement, the program's read and check, its
+            # copy: the `start` event's own timings), started → the launch began (the init
+            # event's time minus its "all connected … after the launch began"), all connected →
+            # finished, finished → `mutirao logs --follow` returned.
+            tl=$(jq -r --argjson t2 "$t2" '
+                def at(f): [.events[] | select(f)] | last | .at_ms;
+                (.job.created_ms) as $c
+                | at(.kind == "state" and (.detail | startswith("started on "))) as $s
+                | at(.kind == "init") as $i
+                | ([.events[] | select(.kind == "init")] | last | .detail | capture("all connected (?<a>[0-9.]+) ms") | .a | tonumber) as $a
+                | at(.kind == "state" and .to == "finished") as $f
+                | ([.events[] | select(.kind == "start")] | last | .detail | [scan("[0-9.]+ ms") | sub(" ms"; "")] | join(" ")) as $st
+                | "\($s - $c) \($st) \(($i - $a) - $s) \($f - $i) \($t2 - $f)"' "$W/grid.json" 2>/dev/null)
             # The agents' time to have the program ready (download, or check of the cached copy).
             dl=$(for h in a1 a2 a3 a4; do
                 tail -n +"$(( ${LC[$h]} + 1 ))" "$W/agent-$h.log" |
                     grep -E '(fetched|checked the cached) sha256:' | sed -n 's/.* in \([0-9.]*\) ms$/\1/p'
             done | sort -g | tail -1)
-            echo "$n $(( t2 - t0 )) $(( t1 - t0 )) ${init:-nan nan nan nan} ${dl:-0}" >>"$W/grid.t"
+            echo "$n $(( t2 - t0 )) $(( t1 - t0 )) ${init:-nan nan nan nan} ${dl:-0} ${tl:-nan nan nan nan nan nan nan}" >>"$W/grid.t"
         done
     done
     med() { sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
@@ -433,6 +456,13 @@ scenario_figures() {
     echo "|---|---|---|---|---|"
     for n in 2 4 8; do
         echo "| $n | $(col "$W/grid.t" $n 4) / $(col "$W/bare.t" $n 3) | $(col "$W/grid.t" $n 5) / $(col "$W/bare.t" $n 4) | $(col "$W/grid.t" $n 6) / $(col "$W/bare.t" $n 5) | $(col "$W/grid.t" $n 7) / $(col "$W/bare.t" $n 6) |"
+    done
+    echo
+    echo "the rest's timeline, medians, ms (from the job's journal; the coordinator's own timings in its start event):"
+    echo "| ranks | stored → started | of which placement / program read + check / copy | started → launch began | launch → all connected (grid / bare) | all connected → finished (grid) | bare: all of the run but launch → all connected | finished → logs --follow returned |"
+    echo "|---|---|---|---|---|---|---|---|"
+    for n in 2 4 8; do
+        echo "| $n | $(col "$W/grid.t" $n 9) | $(col "$W/grid.t" $n 10) / $(col "$W/grid.t" $n 11) / $(col "$W/grid.t" $n 12) | $(col "$W/grid.t" $n 13) | $(col "$W/grid.t" $n 7) / $(col "$W/bare.t" $n 6) | $(col "$W/grid.t" $n 14) | $(awk -v n=$n '$1 == n { print $2 - $6 }' "$W/bare.t" | med) | $(col "$W/grid.t" $n 15) |"
     done
     echo "(medians of $RUNS, each column separately, so the parts need not add up; matmul $NF on a1-a4, 2 slots each."
     echo " rest = grid − bare − upload − download − Δbarrier − Δconnect: placement, the program's copy in the job's"

@@ -39,6 +39,11 @@ fn start(tag: &str) -> Coord {
 }
 
 fn start_with(tag: &str, extra: &[&str]) -> Coord {
+    start_with_env(tag, extra, &[])
+}
+
+/// A coordinator with `env` added to its environment.
+fn start_with_env(tag: &str, extra: &[&str], env: &[(&str, &str)]) -> Coord {
     let dir = std::env::temp_dir().join(format!("mutirao-grid-{}-{tag}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
@@ -47,7 +52,7 @@ fn start_with(tag: &str, extra: &[&str]) -> Coord {
         format!("# test grid\nuser ana {ANA}\nuser bia {BIA}\nagent n1 n1-agent-token-0123456\n"),
     )
     .unwrap();
-    spawn_coord(dir, extra)
+    spawn_coord_env(dir, extra, env)
 }
 
 impl Coord {
@@ -62,8 +67,13 @@ impl Coord {
 }
 
 fn spawn_coord(dir: PathBuf, extra: &[&str]) -> Coord {
+    spawn_coord_env(dir, extra, &[])
+}
+
+fn spawn_coord_env(dir: PathBuf, extra: &[&str], env: &[(&str, &str)]) -> Coord {
     let tokens = dir.join("grid.tokens");
     let mut cmd = Command::new(BIN);
+    cmd.envs(env.iter().copied());
     cmd.args(["coordinator", "--listen", "127.0.0.1:0"]);
     if extra.contains(&"--postgres") {
         cmd.arg("--repo")
@@ -101,6 +111,27 @@ fn spawn_coord(dir: PathBuf, extra: &[&str]) -> Coord {
 
 fn mutirao(c: &Coord, token: &str, args: &[&str]) -> Output {
     common::grid_client(&c.url, token, args)
+}
+
+/// `mutirao submit ARGS` as ana: the job's id.
+fn submit_id(c: &Coord, args: &[&str]) -> i64 {
+    let mut all = vec!["submit"];
+    all.extend_from_slice(args);
+    let out = ok(&mutirao(c, ANA, &all));
+    out.trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("no job id: {out:?}"))
+}
+
+/// The details of the journal's events of `kind`, in order.
+fn details<'a>(v: &'a serde_json::Value, kind: &str) -> Vec<&'a str> {
+    v["events"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|e| e["kind"] == kind)
+        .filter_map(|e| e["detail"].as_str())
+        .collect()
 }
 
 #[test]
@@ -314,6 +345,11 @@ impl Drop for Scratch {
 /// programs in the scratch directory's `programs`. Drop them in this order: agent,
 /// coordinator, scratch.
 fn grid_with_agent(tag: &str) -> (Agent, Coord, Scratch) {
+    grid_with_agent_env(tag, &[])
+}
+
+/// [`grid_with_agent`], with `env` added to the coordinator's environment.
+fn grid_with_agent_env(tag: &str, env: &[(&str, &str)]) -> (Agent, Coord, Scratch) {
     let tmp = Scratch::new(&format!("{tag}-agent"));
     // The agent's token file first (the coordinator starts ranks through the agent with it),
     // then the agent, which registers with the coordinator itself (`--coordinator`).
@@ -324,7 +360,11 @@ fn grid_with_agent(tag: &str) -> (Agent, Coord, Scratch) {
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let c = start_with(tag, &["--agent-token-file", agent_tok.to_str().unwrap()]);
+    let c = start_with_env(
+        tag,
+        &["--agent-token-file", agent_tok.to_str().unwrap()],
+        env,
+    );
     let (agent, _) = start_agent(&tmp.0, Some((&c.url, N1)));
     let ana = mutirao_coord::client::Client::new(&c.url, ANA).unwrap();
     let t0 = Instant::now();
@@ -431,22 +471,9 @@ fn submit_env_reaches_the_ranks_and_a_reserved_name_is_refused_before_anything_i
         println!("skipped the init journal: the hello example is not built");
         return;
     };
-    let id: i64 = ok(&mutirao(
-        &c,
-        ANA,
-        &["submit", "-n", "2", hello.to_str().unwrap()],
-    ))
-    .trim()
-    .parse()
-    .unwrap();
+    let id = submit_id(&c, &["-n", "2", hello.to_str().unwrap()]);
     let v = wait_state(&c, id, "finished", Duration::from_secs(30));
-    let init: Vec<&str> = v["events"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|e| e["kind"] == "init")
-        .filter_map(|e| e["detail"].as_str())
-        .collect();
+    let init = details(&v, "init");
     assert!(
         init.len() == 1
             && init[0].starts_with("init of 2 ranks, max over ranks: register ")
@@ -611,6 +638,46 @@ fn a_submitted_job_runs_through_a_registered_agent_to_finished() {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
+}
+
+#[test]
+fn a_rank_that_never_reaches_the_barrier_fails_the_job_within_the_timeout_naming_it() {
+    // The EM barrier's timeout (digest 004 §15.5): the coordinator's launcher gives the ranks
+    // 0.8 × MUTIRAO_CONNECT_TIMEOUT_S to meet; without checkpoints the job fails, and its
+    // journal names the rank that never came (not those that gave up waiting for it).
+    let Some(hello) = example("hello") else {
+        println!(
+            "skipped: the hello example is not built (cargo build -p mutirao --example hello)"
+        );
+        return;
+    };
+    let (_agent, c, _tmp) = grid_with_agent_env("barrier", &[("MUTIRAO_CONNECT_TIMEOUT_S", "3")]);
+    let prog = c.dir.join("hang.sh");
+    std::fs::write(
+        &prog,
+        format!(
+            "#!/bin/sh\n[ \"$MUTIRAO_RANK\" = 1 ] && exec sleep 600\nexec {} \"$@\"\n",
+            hello.display()
+        ),
+    )
+    .unwrap();
+    let t0 = Instant::now();
+    let id = submit_id(&c, &["-n", "2", prog.to_str().unwrap()]);
+    let v = wait_state(&c, id, "failed", Duration::from_secs(60));
+    let took = t0.elapsed();
+    assert!(
+        details(&v, "launcher")
+            .iter()
+            .any(|n| n.contains("rank 1 on n1 never reached the start-up barrier")),
+        "{v:#}"
+    );
+    let last = v["events"].as_array().unwrap().last().unwrap();
+    assert!(
+        last["to"] == "failed" && last["detail"].as_str().unwrap().starts_with("exit status "),
+        "{v:#}"
+    );
+    // Nothing waited for the hung rank beyond the barrier's timeout (2.4 s) and the ending.
+    assert!(took < Duration::from_secs(30), "{took:?}: {v:#}");
 }
 
 #[test]

@@ -436,7 +436,8 @@ fn a_vacated_job_with_checkpoints_resumes_elsewhere_from_its_last_committed_epoc
     {
         let v = job(&url, id);
         assert!(
-            t0.elapsed() < Duration::from_secs(60) && v["job"]["state"] == "running",
+            t0.elapsed() < Duration::from_secs(60)
+                && (v["job"]["state"] == "running" || v["job"]["state"] == "checkpointing"),
             "no epoch committed while the job ran: {:#?}",
             story(&v)
         );
@@ -451,6 +452,15 @@ fn a_vacated_job_with_checkpoints_resumes_elsewhere_from_its_last_committed_epoc
     assert_eq!(v["job"]["state"], "finished", "{s:#?}");
     let again = s.iter().rfind(|l| l.starts_with("placement ")).unwrap();
     assert_eq!(hosts_placed(again), [other.to_string()], "{s:#?}");
+    // Its waves: checkpointing from a wave's first checkpoint until its epoch is committed.
+    assert!(
+        s.iter()
+            .any(|l| l.starts_with("state wave of epoch ")
+                && l.ends_with("checkpoints are arriving"))
+            && s.iter()
+                .any(|l| l.starts_with("state epoch ") && l.ends_with(" committed")),
+        "{s:#?}"
+    );
     let epoch_line = s
         .iter()
         .find(|l| l.starts_with(&format!("state vacated {h}; resumes from committed epoch ")))

@@ -56,6 +56,9 @@ pub trait JobHook: Send + Sync {
     fn submitted(&self, c: &Arc<Coordinator>, job: &Job);
     /// A job's owner cancelled it (its state is already `cancelled`).
     fn cancelled(&self, c: &Arc<Coordinator>, job: &Job);
+    /// Whether `job` is running now with ranks (or tasks) placed on `host`: only then may
+    /// that host's agent append to its log.
+    fn runs_on(&self, job: i64, host: &str) -> bool;
 }
 
 /// The coordinator's shared state: the store, the principals, the repository.
@@ -64,6 +67,8 @@ pub struct Coordinator {
     tokens: Tokens,
     repo: Repo,
     changed: tokio::sync::Notify,
+    /// Held by [`Coordinator::transition_if`] between its look and its move.
+    moves: Mutex<()>,
     audit: Mutex<VecDeque<String>>,
     hook: Mutex<Option<Arc<dyn JobHook>>>,
     usage: crate::usage::Usage,
@@ -90,6 +95,7 @@ impl Coordinator {
             tokens,
             repo,
             changed: tokio::sync::Notify::new(),
+            moves: Mutex::new(()),
             audit: Mutex::new(VecDeque::new()),
             hook: Mutex::new(None),
             usage: crate::usage::Usage::default(),
@@ -149,7 +155,38 @@ impl Coordinator {
 
     /// Move a job through the state machine and wake the log followers.
     pub fn transition(&self, id: i64, to: JobState, detail: &str) -> crate::Result<Job> {
-        let j = self.store.transition(id, to, detail)?;
+        self.transition_noting(id, &[], to, detail)
+    }
+
+    /// Move the job to `to` only if it is in one of `from`; `Ok(None)` (nothing done) when it
+    /// is not. The look and the move are one step against every other `transition_if`, so
+    /// two followers of the same run (its checkpoint waves, its hosts' owners) cannot undo
+    /// each other's move (a commit landing while an owner suspends the job leaves it
+    /// `suspended`).
+    pub fn transition_if(
+        &self,
+        id: i64,
+        from: &[JobState],
+        to: JobState,
+        detail: &str,
+    ) -> crate::Result<Option<Job>> {
+        let _one = self.moves.lock().unwrap_or_else(|p| p.into_inner());
+        if !from.contains(&self.store.job(id)?.state) {
+            return Ok(None);
+        }
+        self.transition(id, to, detail).map(Some)
+    }
+
+    /// Journal `notes` and move the job to `to` in one change ([`Store::transition_noting`]),
+    /// and wake the log followers.
+    pub fn transition_noting(
+        &self,
+        id: i64,
+        notes: &[(&str, &str)],
+        to: JobState,
+        detail: &str,
+    ) -> crate::Result<Job> {
+        let j = self.store.transition_noting(id, notes, to, detail)?;
         self.changed.notify_waiters();
         Ok(j)
     }
@@ -556,6 +593,22 @@ async fn append_logs(
     const WHAT: &str = "POST /jobs/{id}/logs";
     let p = c.authenticate(&h, WHAT)?;
     c.require(&p, Kind::Agent, WHAT)?;
+    // An agent writes only the output of a job running on its own host.
+    let store = c.store.clone();
+    blocking(move || store.job(id)).await?;
+    if !c.hook().is_some_and(|k| k.runs_on(id, &p.name)) {
+        c.log_refusal(format!(
+            "403 {WHAT}: {p} may not append to job {id}: it is not running on host {}",
+            p.name
+        ));
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            format!(
+                "job {id} is not running on host {}: an agent appends only the output of jobs placed on its host",
+                p.name
+            ),
+        ));
+    }
     let c2 = c.clone();
     let n = blocking(move || c2.append_log(id, &body)).await?;
     Ok(Json(serde_json::json!({ "length": n })))
@@ -785,7 +838,7 @@ pub fn openapi() -> serde_json::Value {
     let id_param = json!({ "name": "id", "in": "path", "required": true, "schema": { "type": "integer", "format": "int64" } });
     let common = |mut responses: serde_json::Value| {
         responses["401"] = err("No token or an unknown one");
-        responses["403"] = err("The wrong kind of principal, or another user's job or host");
+        responses["403"] = err("The wrong kind of principal, another user's job or host, or (an agent) a job not running on its host");
         responses["400"] = err("Malformed request");
         responses
     };

@@ -505,7 +505,8 @@ impl Runner {
                 let _ = c.store().note(id, "launcher", &n);
             }
             // A task is a one-rank run: its start-up says nothing worth a journal line each.
-            ExecEvent::Init(_) => {}
+            // Tasks take no checkpoints.
+            ExecEvent::Init(_) | ExecEvent::Wave(_) | ExecEvent::Committed(_) => {}
             ExecEvent::HostLost(h) => {
                 let _ = c.store().note(id, "host-lost", &h);
                 lost = true;

@@ -122,6 +122,16 @@ impl From<rusqlite::Error> for Error {
 /// `Result` with [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// Refuse a note of kind `state` (that kind is for transitions).
+fn check_note_kind(kind: &str) -> Result<()> {
+    if kind == "state" {
+        return Err(Error::Invalid(
+            "kind \"state\" is for transitions; use transition()".into(),
+        ));
+    }
+    Ok(())
+}
+
 /// Where the coordinator keeps jobs, events and hosts. Every method is one atomic change:
 /// after it returns, a crash of the coordinator loses nothing it did.
 pub trait Store: Send + Sync {
@@ -140,7 +150,19 @@ pub trait Store: Send + Sync {
     /// Every job in one of `states`, oldest first (what the dispatcher scans).
     fn jobs_in(&self, states: &[JobState]) -> Result<Vec<Job>>;
     /// Move a job to `to` if the state machine allows it, journalling `detail`.
-    fn transition(&self, id: i64, to: JobState, detail: &str) -> Result<Job>;
+    fn transition(&self, id: i64, to: JobState, detail: &str) -> Result<Job> {
+        self.transition_noting(id, &[], to, detail)
+    }
+    /// Journal `notes` (kind, detail; as [`Store::note`]) and then move the job to `to`, all in
+    /// one change (one commit: a job's start journals its placement and starts with one
+    /// durable write instead of one per event). Nothing is done if any part is refused.
+    fn transition_noting(
+        &self,
+        id: i64,
+        notes: &[(&str, &str)],
+        to: JobState,
+        detail: &str,
+    ) -> Result<Job>;
     /// Journal an event that changes no state (placement chosen, host refused, …).
     fn note(&self, id: i64, kind: &str, detail: &str) -> Result<Event>;
     /// The job's journal, oldest first.

@@ -312,7 +312,16 @@ impl Store for PgStore {
         rows.iter().map(|r| to_job(job_row(r))).collect()
     }
 
-    fn transition(&self, id: i64, to: JobState, detail: &str) -> Result<Job> {
+    fn transition_noting(
+        &self,
+        id: i64,
+        notes: &[(&str, &str)],
+        to: JobState,
+        detail: &str,
+    ) -> Result<Job> {
+        for (kind, _) in notes {
+            crate::check_note_kind(kind)?;
+        }
         let mut c = self.lock();
         let mut tx = c.transaction().map_err(db)?;
         let mut job = to_job(lock_job(&mut tx, id)?)?;
@@ -324,6 +333,9 @@ impl Store for PgStore {
             });
         }
         let at = now_ms();
+        for (kind, d) in notes {
+            append(&mut tx, id, at, kind, None, d)?;
+        }
         tx.execute(
             "UPDATE jobs SET state = $1, updated_ms = $2 WHERE id = $3",
             &[&to.as_str(), &at, &id],
@@ -337,11 +349,7 @@ impl Store for PgStore {
     }
 
     fn note(&self, id: i64, kind: &str, detail: &str) -> Result<Event> {
-        if kind == "state" {
-            return Err(Error::Invalid(
-                "kind \"state\" is for transitions; use transition()".into(),
-            ));
-        }
+        crate::check_note_kind(kind)?;
         let mut c = self.lock();
         let mut tx = c.transaction().map_err(db)?;
         lock_job(&mut tx, id)?;

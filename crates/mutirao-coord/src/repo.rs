@@ -85,6 +85,12 @@ impl Repo {
         Ok(self.dir.join(&digest[PREFIX.len()..]))
     }
 
+    /// The file holding the content named `digest` (not checked: [`Repo::get`] checks). Files
+    /// are never changed once stored, only replaced whole by the same content.
+    pub fn file(&self, digest: &str) -> Result<PathBuf> {
+        self.path(digest)
+    }
+
     /// Store `bytes`; returns their digest. Storing the same content twice is harmless.
     pub fn put(&self, bytes: &[u8]) -> Result<String> {
         if bytes.len() as u64 > self.max_bytes {

@@ -221,7 +221,16 @@ impl Store for SqliteStore {
         Ok(out)
     }
 
-    fn transition(&self, id: i64, to: JobState, detail: &str) -> Result<Job> {
+    fn transition_noting(
+        &self,
+        id: i64,
+        notes: &[(&str, &str)],
+        to: JobState,
+        detail: &str,
+    ) -> Result<Job> {
+        for (kind, _) in notes {
+            crate::check_note_kind(kind)?;
+        }
         let mut c = self.lock();
         let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
         let row = tx
@@ -241,6 +250,9 @@ impl Store for SqliteStore {
             });
         }
         let at = now_ms();
+        for (kind, d) in notes {
+            append(&tx, id, at, kind, None, d)?;
+        }
         tx.execute(
             "UPDATE jobs SET state = ?1, updated_ms = ?2 WHERE id = ?3",
             params![to.as_str(), at, id],
@@ -253,11 +265,7 @@ impl Store for SqliteStore {
     }
 
     fn note(&self, id: i64, kind: &str, detail: &str) -> Result<Event> {
-        if kind == "state" {
-            return Err(Error::Invalid(
-                "kind \"state\" is for transitions; use transition()".into(),
-            ));
-        }
+        crate::check_note_kind(kind)?;
         let mut c = self.lock();
         let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
         let exists: bool = tx

@@ -189,6 +189,7 @@ fn the_api_works_the_same_over_postgresql() {
     let mine: Vec<Job> = t.call("GET", "/jobs", Some(ANA), "").json();
     assert_eq!(mine.iter().map(|j| j.id).collect::<Vec<_>>(), [job.id]);
     let logs = format!("/jobs/{}/logs", job.id);
+    t.c.set_hook(Arc::new(RunsOnN1(job.id)));
     t.call("POST", &logs, Some(N1), "out\n");
     assert_eq!(t.call("GET", &logs, Some(ANA), "").text(), "out\n");
     assert_eq!(
@@ -397,12 +398,44 @@ fn unauthenticated_and_wrong_principal_requests_are_refused_logged_and_change_no
     );
 }
 
+/// What the dispatcher would say: `job` runs on host n1, nothing else runs anywhere.
+struct RunsOnN1(i64);
+
+impl mutirao_coord::api::JobHook for RunsOnN1 {
+    fn submitted(&self, _: &Arc<Coordinator>, _: &Job) {}
+    fn cancelled(&self, _: &Arc<Coordinator>, _: &Job) {}
+    fn runs_on(&self, job: i64, host: &str) -> bool {
+        job == self.0 && host == "n1"
+    }
+}
+
 #[test]
 fn logs_are_appended_by_agents_and_read_from_an_offset_with_long_poll() {
     let t = setup("logs");
     let prog = t.upload(b"prog");
     let job: Job = t.submit(ANA, &prog).json();
     let logs = format!("/jobs/{}/logs", job.id);
+    // Not running on n1 (nothing runs without a dispatcher): n1's agent may not write.
+    let a = t.call("POST", &logs, Some(N1), "forged\n");
+    assert_eq!(a.status, StatusCode::FORBIDDEN, "{}", a.text());
+    assert!(
+        a.text().contains("is not running on host n1"),
+        "{}",
+        a.text()
+    );
+    assert_eq!(t.c.store().read_log(job.id, 0, 100).unwrap().length, 0);
+    assert!(
+        t.c.audit()
+            .iter()
+            .any(|l| l.starts_with("403 POST /jobs/{id}/logs") && l.contains("may not append")),
+        "{:#?}",
+        t.c.audit()
+    );
+    t.c.set_hook(Arc::new(RunsOnN1(job.id)));
+    // Another job, not placed on n1: refused too.
+    let other: Job = t.submit(ANA, &prog).json();
+    let a = t.call("POST", &format!("/jobs/{}/logs", other.id), Some(N1), "x");
+    assert_eq!(a.status, StatusCode::FORBIDDEN, "{}", a.text());
     let a = t.call("POST", &logs, Some(N1), "rank 0: hello\n");
     assert_eq!(a.json::<serde_json::Value>()["length"], 14);
     t.call("POST", &logs, Some(N1), "rank 1: hello\n");

@@ -139,8 +139,14 @@ fn a_waiting_job_is_placed_run_logged_and_finished() {
     );
     assert_eq!(story[2], "order eligible hosts in order of preference: n1 (stays idle 0.25) (stays idle: probability of the owner staying away 2 h, from the usage history)");
     assert_eq!(story[3], "refused n2: its owner is active");
-    assert_eq!(story[4], "state started on n1");
-    assert_eq!(story[5], "state exit 0");
+    assert!(
+        story[4].starts_with("start placed in ")
+            && story[4].contains(" ms, program read and checked in "),
+        "{}",
+        story[4]
+    );
+    assert_eq!(story[5], "state started on n1");
+    assert_eq!(story[6], "state exit 0");
     assert_eq!(d.running(), 0);
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -263,17 +269,27 @@ fn story(c: &Coordinator, id: i64) -> Vec<String> {
         .collect()
 }
 
-#[test]
-fn an_owner_suspends_resumes_and_vacates_a_job_which_is_placed_again_elsewhere() {
-    let dir = std::env::temp_dir().join(format!("mutirao-exec-{}-owner", std::process::id()));
+/// A coordinator (in-memory store, repository in a fresh scratch directory `tag`) and a
+/// dispatcher running jobs with `x`.
+fn with_executor(
+    tag: &str,
+    x: Arc<dyn Executor>,
+) -> (Arc<Coordinator>, Arc<Dispatcher>, std::path::PathBuf) {
+    let dir = std::env::temp_dir().join(format!("mutirao-exec-{}-{tag}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let c = Coordinator::new(
         Arc::new(SqliteStore::open_in_memory().unwrap()),
         Tokens::new(),
         Repo::open(&dir.join("repo"), 1000).unwrap(),
     );
+    let d = Dispatcher::install(c.clone(), x, &dir.join("jobs")).unwrap();
+    (c, d, dir)
+}
+
+#[test]
+fn an_owner_suspends_resumes_and_vacates_a_job_which_is_placed_again_elsewhere() {
     let x = Arc::new(UntilCancelled::default());
-    let d = Dispatcher::install(c.clone(), x.clone(), &dir.join("jobs")).unwrap();
+    let (c, d, dir) = with_executor("owner", x.clone());
     owner(&c, "n1", OwnerState::Available);
     let id = submit(&c, 2, "");
     let ck = c
@@ -344,6 +360,75 @@ fn an_owner_suspends_resumes_and_vacates_a_job_which_is_placed_again_elsewhere()
     let l = x.launches.lock().unwrap();
     assert_eq!(l.len(), 4);
     assert!(l[2..].iter().all(|l| l.hosts[0].name == "n2"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// An executor that hands each run's events to the test.
+#[derive(Default)]
+struct Handed {
+    events: Mutex<Vec<Arc<Mutex<EventSink>>>>,
+}
+
+impl Executor for Handed {
+    fn start(&self, _: &Launch, events: EventSink) -> mutirao_coord::Result<Box<dyn Execution>> {
+        self.events
+            .lock()
+            .unwrap()
+            .push(Arc::new(Mutex::new(events)));
+        Ok(Box::new(Handle(Arc::new(AtomicBool::new(false)))))
+    }
+}
+
+#[test]
+fn checkpoint_waves_make_the_job_checkpointing_until_committed_and_an_owner_keeps_it_suspended() {
+    let x = Arc::new(Handed::default());
+    let (c, d, dir) = with_executor("waves", x.clone());
+    owner(&c, "n1", OwnerState::Available);
+    let id = submit(&c, 2, "");
+    assert_eq!(d.place_waiting().unwrap(), 1);
+    let ev = x.events.lock().unwrap()[0].clone();
+    let tell = |e: ExecEvent| (ev.lock().unwrap())(e);
+    let state = || c.store().job(id).unwrap().state;
+    tell(ExecEvent::Wave(1));
+    assert_eq!(state(), JobState::Checkpointing);
+    tell(ExecEvent::Committed(1));
+    assert_eq!(state(), JobState::Running);
+    // A wave begun, then the owner comes: suspended; the wave's commit does not resume it.
+    tell(ExecEvent::Wave(2));
+    owner(&c, "n1", OwnerState::Suspend);
+    d.watch_owners().unwrap();
+    assert_eq!(state(), JobState::Suspended);
+    tell(ExecEvent::Committed(2));
+    assert_eq!(state(), JobState::Suspended);
+    // Nor does a wave move a suspended job.
+    tell(ExecEvent::Wave(3));
+    assert_eq!(state(), JobState::Suspended);
+    owner(&c, "n1", OwnerState::Available);
+    d.watch_owners().unwrap();
+    assert_eq!(state(), JobState::Running);
+    tell(ExecEvent::Exited {
+        success: true,
+        detail: "exit 0".into(),
+    });
+    assert_eq!(state(), JobState::Finished);
+    let moves: Vec<String> = story(&c, id)
+        .into_iter()
+        .filter(|l| l.starts_with("state "))
+        .collect();
+    assert_eq!(
+        moves,
+        [
+            "state submitted",
+            "state started on n1",
+            "state wave of epoch 1: the ranks' checkpoints are arriving",
+            "state epoch 1 committed",
+            "state wave of epoch 2: the ranks' checkpoints are arriving",
+            "state owner active on n1",
+            "state resumed: no owner active on its hosts",
+            "state exit 0",
+        ],
+        "{moves:#?}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -228,9 +228,49 @@ fn legal_moves(open: Open) {
         .unwrap();
 }
 
+/// Notes and a move journalled together: in order, the move last; a refused move or a note
+/// of kind `state` leaves the journal and the state as they were.
+fn notes_and_a_move_are_one_change(s: &dyn Store) {
+    let j = s.create_job(&job("ana")).unwrap();
+    let moved = s
+        .transition_noting(
+            j.id,
+            &[("placement", "4 ranks on n1"), ("refused", "n2: busy")],
+            JobState::Running,
+            "started on n1",
+        )
+        .unwrap();
+    assert_eq!(moved.state, JobState::Running);
+    let story: Vec<(String, String)> = s
+        .events(j.id)
+        .unwrap()
+        .into_iter()
+        .map(|e| (e.kind, e.detail))
+        .collect();
+    let want: Vec<(String, String)> = [
+        ("state", "submitted"),
+        ("placement", "4 ranks on n1"),
+        ("refused", "n2: busy"),
+        ("state", "started on n1"),
+    ]
+    .iter()
+    .map(|(k, d)| (k.to_string(), d.to_string()))
+    .collect();
+    assert_eq!(story[1..], want[1..], "{story:?}");
+    for (notes, to) in [
+        (vec![("placement", "again")], JobState::Waiting),
+        (vec![("state", "sneaked in")], JobState::Finished),
+    ] {
+        assert!(s.transition_noting(j.id, &notes, to, "no").is_err());
+        assert_eq!(s.events(j.id).unwrap().len(), 4);
+        assert_eq!(s.job(j.id).unwrap().state, JobState::Running);
+    }
+}
+
 /// Everything but the newer-schema check, each part on a fresh database from `fresh`.
 fn suite(fresh: &dyn Fn() -> Box<dyn Fn() -> Box<dyn Store>>) {
     restart_loses_nothing(&*fresh());
+    notes_and_a_move_are_one_change(&*fresh()());
     bad_input_changes_nothing(&*fresh()());
     hosts_are_upserted(&*fresh()());
     logs_read_back_from_any_offset(&*fresh()());

@@ -304,6 +304,42 @@ pub fn serve(conn: TcpStream, cfg: &AgentConfig) -> anyhow::Result<()> {
         });
         bail!("{peer}: empty launch");
     }
+    // Heartbeats: ours every period from now on — fetching or checking the program may take
+    // longer than the launcher waits for a silent agent — until the session ends (every rank
+    // ended, or this function returns, refusing or done); the launcher's awaited below.
+    let ended = Arc::new(AtomicBool::new(false));
+    struct EndsHeartbeats(Arc<AtomicBool>);
+    impl Drop for EndsHeartbeats {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+    let _session = EndsHeartbeats(ended.clone());
+    let silence = match heartbeat_ms {
+        Some(ms) if ms > 0 => {
+            let period = Duration::from_millis(ms);
+            let w = w.clone();
+            let ended = ended.clone();
+            std::thread::spawn(move || {
+                while !ended.load(Ordering::SeqCst) {
+                    std::thread::sleep(period);
+                    if ended.load(Ordering::SeqCst) {
+                        break;
+                    }
+                    match w.lock() {
+                        Ok(mut g) => {
+                            if proto::write_msg(&mut *g, &Msg::Heartbeat).is_err() {
+                                break;
+                            }
+                        }
+                        Err(_) => break,
+                    }
+                }
+            });
+            Some(period * proto::HEARTBEAT_MISSES)
+        }
+        _ => None,
+    };
     let log = |m: &str| (cfg.log)(m);
     // A launcher that names the program's digest (the grid coordinator does) has it checked
     // here, on the host that runs it, before anything starts.
@@ -460,7 +496,6 @@ pub fn serve(conn: TcpStream, cfg: &AgentConfig) -> anyhow::Result<()> {
     }
     // When every rank has ended, close the session (this also ends the read loop below).
     let closer = conn.try_clone()?;
-    let ended = Arc::new(AtomicBool::new(false));
     let ended_w = ended.clone();
     std::thread::spawn(move || {
         for t in waiters {
@@ -469,29 +504,7 @@ pub fn serve(conn: TcpStream, cfg: &AgentConfig) -> anyhow::Result<()> {
         ended_w.store(true, Ordering::SeqCst);
         let _ = closer.shutdown(Shutdown::Both);
     });
-    // Heartbeats: ours every period; the launcher's awaited for HEARTBEAT_MISSES periods.
-    let silence = match heartbeat_ms {
-        Some(ms) if ms > 0 => {
-            let period = Duration::from_millis(ms);
-            let w = w.clone();
-            let ended = ended.clone();
-            std::thread::spawn(move || {
-                while !ended.load(Ordering::SeqCst) {
-                    std::thread::sleep(period);
-                    match w.lock() {
-                        Ok(mut g) => {
-                            if proto::write_msg(&mut *g, &Msg::Heartbeat).is_err() {
-                                break;
-                            }
-                        }
-                        Err(_) => break,
-                    }
-                }
-            });
-            Some(period * proto::HEARTBEAT_MISSES)
-        }
-        _ => None,
-    };
+    // The launcher's heartbeats awaited for HEARTBEAT_MISSES periods.
     // Listen for kill requests; a vanished launcher ends everything it started.
     r.get_ref().set_read_timeout(silence)?;
     loop {
@@ -636,5 +649,65 @@ mod tests {
         let e = verify_program("/nonexistent/prog", None, abc).unwrap_err();
         assert!(e.contains("cannot read"), "{e}");
         let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn an_agent_fetching_its_program_longer_than_the_heartbeat_silence_is_not_lost() {
+        use crate::job::{Event, Job, JobSpec};
+        let secret = vec![7u8; 32];
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let run_dir =
+            std::env::temp_dir().join(format!("mutirao-agent-slowfetch-{}", std::process::id()));
+        let cfg = AgentConfig {
+            secret: Arc::new(secret.clone()),
+            dir_socket: None,
+            log: Arc::new(|_| {}),
+            store: None,
+            procs: Procs::default(),
+            // A fetch of 1.5 s: three times the launcher's patience with a silent agent.
+            programs: Some(ProgramSource {
+                resolve: Arc::new(|_| {
+                    std::thread::sleep(Duration::from_millis(1500));
+                    Ok(PathBuf::from("/bin/sh"))
+                }),
+                run_dir: run_dir.clone(),
+            }),
+        };
+        std::thread::spawn(move || {
+            if let Ok((conn, _)) = listener.accept() {
+                let _ = serve(conn, &cfg);
+            }
+        });
+        let mut spec = JobSpec::local(
+            1,
+            "/grid/job/program",
+            vec!["-c".into(), "echo fetched".into()],
+        );
+        spec.hosts = Some(vec![crate::hostfile::HostEntry {
+            host: "127.0.0.1".into(),
+            slots: 1,
+            port,
+        }]);
+        spec.secret = Some(secret);
+        spec.heartbeat = Some(Duration::from_millis(100));
+        spec.env.insert(
+            PROGRAM_DIGEST_ENV.into(),
+            "sha256:ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad".into(),
+        );
+        let job = Job::start(&spec).unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        let (mut out, mut exit) = (Vec::new(), None);
+        while exit.is_none() && std::time::Instant::now() < deadline {
+            match job.recv_timeout(Duration::from_millis(100)) {
+                Ok(Event::Output { line, .. }) => out.push(line),
+                Ok(Event::Exit { code, .. }) => exit = Some(code),
+                Ok(other) => out.push(format!("{other:?}")),
+                Err(_) => {}
+            }
+        }
+        let _ = std::fs::remove_dir_all(&run_dir);
+        assert_eq!(exit, Some(Some(0)), "{out:#?}");
+        assert!(out.iter().any(|l| l == "fetched"), "{out:#?}");
     }
 }
