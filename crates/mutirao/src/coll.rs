@@ -3,7 +3,7 @@
 //! | operation | algorithm |
 //! |---|---|
 //! | barrier | dissemination (⌈log₂ n⌉ rounds) |
-//! | bcast | binomial tree; scatter + ring allgather (van de Geijn) from 512 KiB on > 2 ranks |
+//! | bcast | binomial tree; scatter + ring allgather (van de Geijn) from 512 KiB on ≥ 8 ranks (as MPICH) |
 //! | reduce | binomial tree (rank order kept for non-commutative operators) |
 //! | allreduce | recursive doubling with folding for non-powers of two; ring reduce-scatter + allgather from 64 KiB for commutative operators |
 //! | gather / scatter | binomial tree |
@@ -32,6 +32,10 @@ const T_ALLTOALL: i32 = 8;
 
 /// Messages at or above this size use the bandwidth-optimal algorithms.
 pub const LARGE_BCAST: usize = 512 * 1024;
+/// Bcast uses scatter + allgather only from this many ranks on (MPICH's
+/// `MPIR_CVAR_BCAST_MIN_PROCS`): below it the binomial tree's ⌈log₂ n⌉ whole-message steps
+/// beat the scatter's and the allgather's n − 1 + ⌈log₂ n⌉ dependent ones.
+pub const BCAST_MIN_PROCS: usize = 8;
 /// Allreduce/allgather switch to ring algorithms at this size.
 pub const LARGE_REDUCE: usize = 64 * 1024;
 
@@ -162,7 +166,7 @@ impl Comm {
             return Ok(());
         }
         let bytes: &mut [u8] = bytemuck::cast_slice_mut(buf);
-        if bytes.len() >= LARGE_BCAST && n > 2 {
+        if bytes.len() >= LARGE_BCAST && n >= BCAST_MIN_PROCS {
             self.bcast_scatter_allgather(bytes, root)
         } else {
             self.bcast_binomial(bytes, root)
