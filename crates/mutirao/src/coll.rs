@@ -9,7 +9,7 @@
 //! | gather / scatter | binomial tree |
 //! | gatherv / scatterv | direct (as MPICH), one message per rank |
 //! | allgather | recursive doubling for powers of two below 64 KiB, ring otherwise |
-//! | alltoall | pairwise exchange |
+//! | alltoall | all blocks at once up to 32 KiB per block, pairwise exchange above |
 //!
 //! Collective traffic travels in a context of its own, so it never matches user receives. Ring
 //! phases post all their receives before the first send ([`Comm::raw_ring`]), so no block
@@ -36,6 +36,9 @@ pub const LARGE_BCAST: usize = 512 * 1024;
 /// `MPIR_CVAR_BCAST_MIN_PROCS`): below it the binomial tree's ⌈log₂ n⌉ whole-message steps
 /// beat the scatter's and the allgather's n − 1 + ⌈log₂ n⌉ dependent ones.
 pub const BCAST_MIN_PROCS: usize = 8;
+/// Alltoall blocks up to this size go all at once (MPICH's `ALLTOALL_MEDIUM_MSG`); larger
+/// ones pairwise, one exchange at a time.
+pub const ALLTOALL_MEDIUM: usize = 32 * 1024;
 /// Allreduce/allgather switch to ring algorithms at this size.
 pub const LARGE_REDUCE: usize = 64 * 1024;
 
@@ -687,6 +690,20 @@ impl Comm {
         let sb: &[u8] = bytemuck::cast_slice(send);
         let rb: &mut [u8] = bytemuck::cast_slice_mut(recv);
         rb[r * len..(r + 1) * len].copy_from_slice(&sb[r * len..(r + 1) * len]);
+        if len > 0 && len <= ALLTOALL_MEDIUM {
+            // Every block at once, in pairwise order: one wait instead of n − 1 dependent ones.
+            let mut blocks: Vec<Option<&mut [u8]>> = rb.chunks_mut(len).map(Some).collect();
+            let mut recvs = Vec::with_capacity(n - 1);
+            let mut sends = Vec::with_capacity(n - 1);
+            for k in 1..n {
+                let (to, from) = ((r + k) % n, (r + n - k) % n);
+                sends.push((to, &sb[to * len..(to + 1) * len]));
+                if let Some(b) = blocks[from].take() {
+                    recvs.push((from, b));
+                }
+            }
+            return self.step(T_ALLTOALL, &sends, &mut recvs);
+        }
         for k in 1..n {
             let to = (r + k) % n;
             let from = (r + n - k) % n;
