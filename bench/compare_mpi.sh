@@ -7,6 +7,8 @@
 #   REPS=3 LOAD=1 bash bench/compare_mpi.sh     # with a background load the script starts itself
 #   REPS=3 LOAD=both bash bench/compare_mpi.sh  # each round quiet then loaded: loaded/quiet ratios
 #   REPS=1 SCALE=0.1 bash bench/compare_mpi.sh  # a quick check that every row has its numbers
+#   BIND=core REPS=3 LOAD=both bash bench/compare_mpi.sh  # mutirão ranks pinned (--bind-to core),
+#                                                         # as Open MPI pins 2 ranks by default
 #
 # Each round runs every configuration once, in turn:
 #   ping-pong  mutirao shared memory | Open MPI vader | MPICH (UCX shm)
@@ -30,6 +32,8 @@ REPS="${REPS:-5}"
 LOAD="${LOAD:-0}"
 LOAD_PROCS="${LOAD_PROCS:-1}"
 SCALE="${SCALE:-1}"
+BIND="${BIND:-none}"
+case "$BIND" in none | core) ;; *) echo "BIND=$BIND: expected none or core" >&2; exit 2 ;; esac
 TGT="${CARGO_TARGET_DIR:-target}"
 OUT="${OUT:-$TGT/bench-compare}"
 mkdir -p "$OUT"
@@ -46,7 +50,8 @@ cargo build --release -q -p mutirao -p mutirao-cli --bins --examples
 mpicc.openmpi -O2 -o "$OUT/bench_ompi" bench/c/mpi_bench.c
 mpicc.mpich -O2 -o "$OUT/bench_mpich" bench/c/mpi_bench.c
 
-M=$TGT/release/mutirao
+M="$TGT/release/mutirao"
+MRUN=("$M" run --bind-to "$BIND")
 E=$TGT/release/examples
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 BENCH_SCALE="$SCALE"
 OMPI=(mpirun.openmpi --allow-run-as-root --oversubscribe --mca oob_tcp_if_include lo)
@@ -74,19 +79,19 @@ trap 'load_stop; exit 130' INT TERM
 
 run_cfg() {
     case "$1" in
-    mutirao-shm) $M run -n 2 $E/pingpong --scale "$BENCH_SCALE" ;;
-    mutirao-tcp) MUTIRAO_TRANSPORT=tcp $M run -n 2 $E/pingpong --scale "$BENCH_SCALE" ;;
+    mutirao-shm) "${MRUN[@]}" -n 2 $E/pingpong --scale "$BENCH_SCALE" ;;
+    mutirao-tcp) MUTIRAO_TRANSPORT=tcp "${MRUN[@]}" -n 2 $E/pingpong --scale "$BENCH_SCALE" ;;
     ompi-shm) "${OMPI[@]}" -np 2 "$OUT/bench_ompi" pingpong ;;
     ompi-tcp) "${OMPI[@]}" -np 2 --mca pml ob1 --mca btl tcp,self --mca btl_tcp_if_include lo "$OUT/bench_ompi" pingpong ;;
     mpich-shm) "${MPICH[@]}" -np 2 "$OUT/bench_mpich" pingpong ;;
     mpich-tcp) MPIR_CVAR_NOLOCAL=1 UCX_TLS=tcp UCX_NET_DEVICES=lo "${MPICH[@]}" -np 2 "$OUT/bench_mpich" pingpong ;;
-    mutirao-allreduce) $M run -n 4 $E/collbench -- allreduce "$AR_SIZES" ;;
+    mutirao-allreduce) "${MRUN[@]}" -n 4 $E/collbench -- allreduce "$AR_SIZES" ;;
     ompi-allreduce) "${OMPI[@]}" -np 4 "$OUT/bench_ompi" allreduce "$AR_SIZES" ;;
     mpich-allreduce) "${MPICH[@]}" -np 4 "$OUT/bench_mpich" allreduce "$AR_SIZES" ;;
-    mutirao-bcast) $M run -n 4 $E/collbench -- bcast "$BC_SIZES" ;;
+    mutirao-bcast) "${MRUN[@]}" -n 4 $E/collbench -- bcast "$BC_SIZES" ;;
     ompi-bcast) "${OMPI[@]}" -np 4 "$OUT/bench_ompi" bcast "$BC_SIZES" ;;
     mpich-bcast) "${MPICH[@]}" -np 4 "$OUT/bench_mpich" bcast "$BC_SIZES" ;;
-    mutirao-alltoall) $M run -n 4 $E/collbench -- alltoall "$A2A_SIZES" ;;
+    mutirao-alltoall) "${MRUN[@]}" -n 4 $E/collbench -- alltoall "$A2A_SIZES" ;;
     ompi-alltoall) "${OMPI[@]}" -np 4 "$OUT/bench_ompi" alltoall "$A2A_SIZES" ;;
     mpich-alltoall) "${MPICH[@]}" -np 4 "$OUT/bench_mpich" alltoall "$A2A_SIZES" ;;
     esac
@@ -106,7 +111,7 @@ for rep in $(seq 1 "$REPS"); do
     for pass in "${PASSES[@]}"; do
         [ "$pass" = 1 ] && load_start
         for cfg in "${CFGS[@]}"; do
-            if ! timeout "${LIMIT:-180}" bash -c "$(declare -f run_cfg); $(declare -p OMPI MPICH OUT M E AR_SIZES BC_SIZES A2A_SIZES); run_cfg $cfg" >"$OUT/$cfg.$pass.$rep.log" 2>&1; then
+            if ! timeout "${LIMIT:-180}" bash -c "$(declare -f run_cfg); $(declare -p OMPI MPICH OUT M MRUN E AR_SIZES BC_SIZES A2A_SIZES); run_cfg $cfg" >"$OUT/$cfg.$pass.$rep.log" 2>&1; then
                 echo "# WARNING: $cfg (load $pass) round $rep failed or exceeded ${LIMIT:-180}s; see $OUT/$cfg.$pass.$rep.log" >&2
                 FAILED=$((FAILED + 1))
             fi
@@ -199,4 +204,4 @@ fi
 echo
 echo "# $(nproc) CPUs, kernel $(uname -r), load $LOAD (LOAD_PROCS=$LOAD_PROCS busy loops), SCALE=$SCALE;" \
     "Open MPI $(mpirun.openmpi --version 2>&1 | head -1 | awk '{print $NF}'), MPICH $(mpichversion 2>/dev/null | awk '/Version/{print $NF}');" \
-    "total $(($(date +%s) - T0)) s; $FAILED failed runs; raw logs in $OUT"
+    "mutirão --bind-to $BIND; total $(($(date +%s) - T0)) s; $FAILED failed runs; raw logs in $OUT"

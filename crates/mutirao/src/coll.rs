@@ -3,15 +3,17 @@
 //! | operation | algorithm |
 //! |---|---|
 //! | barrier | dissemination (⌈log₂ n⌉ rounds) |
-//! | bcast | binomial tree; scatter + ring allgather (van de Geijn) from 512 KiB on > 2 ranks |
+//! | bcast | binomial tree; scatter + ring allgather (van de Geijn) from 512 KiB on ≥ 8 ranks (as MPICH) |
 //! | reduce | binomial tree (rank order kept for non-commutative operators) |
 //! | allreduce | recursive doubling with folding for non-powers of two; ring reduce-scatter + allgather from 64 KiB for commutative operators |
 //! | gather / scatter | binomial tree |
 //! | gatherv / scatterv | direct (as MPICH), one message per rank |
 //! | allgather | recursive doubling for powers of two below 64 KiB, ring otherwise |
-//! | alltoall | pairwise exchange |
+//! | alltoall | all blocks at once up to 32 KiB per block, pairwise exchange above |
 //!
-//! Collective traffic travels in a context of its own, so it never matches user receives.
+//! Collective traffic travels in a context of its own, so it never matches user receives. Ring
+//! phases post all their receives before the first send ([`Comm::raw_ring`]), so no block
+//! arrives unexpected and is copied twice.
 
 use crate::comm::Comm;
 use crate::op::Op;
@@ -30,6 +32,13 @@ const T_ALLTOALL: i32 = 8;
 
 /// Messages at or above this size use the bandwidth-optimal algorithms.
 pub const LARGE_BCAST: usize = 512 * 1024;
+/// Bcast uses scatter + allgather only from this many ranks on (MPICH's
+/// `MPIR_CVAR_BCAST_MIN_PROCS`): below it the binomial tree's ⌈log₂ n⌉ whole-message steps
+/// beat the scatter's and the allgather's n − 1 + ⌈log₂ n⌉ dependent ones.
+pub const BCAST_MIN_PROCS: usize = 8;
+/// Alltoall blocks up to this size go all at once (MPICH's `ALLTOALL_MEDIUM_MSG`); larger
+/// ones pairwise, one exchange at a time.
+pub const ALLTOALL_MEDIUM: usize = 32 * 1024;
 /// Allreduce/allgather switch to ring algorithms at this size.
 pub const LARGE_REDUCE: usize = 64 * 1024;
 
@@ -49,6 +58,51 @@ fn split2(buf: &mut [u8], a: Range<usize>, b: Range<usize>) -> (&[u8], &mut [u8]
         let (lo, hi) = buf.split_at_mut(a.start);
         (&hi[..a.end - a.start], &mut lo[b])
     }
+}
+
+thread_local! {
+    /// The receive block of [`Comm::allreduce`]'s ring, kept between calls: a fresh buffer of
+    /// a megabyte is a fresh mapping, and receiving into it paid a page fault per 4 KiB on every
+    /// call. 16-byte units, so that any element type of alignment up to 16 fits.
+    static SCRATCH: std::cell::RefCell<Vec<u128>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Scratch buffers above this size are given back after the call instead of kept.
+const SCRATCH_KEEP: usize = 64 << 20;
+
+/// Run `f` on a scratch slice of `len` elements of `T` (contents unspecified), reusing the
+/// thread's buffer when it is free and `T`'s alignment allows.
+fn with_scratch<T: Pod, R>(
+    len: usize,
+    f: impl FnOnce(&mut [T]) -> Result<R, Error>,
+) -> Result<R, Error> {
+    let bytes = len * std::mem::size_of::<T>();
+    let reuse = std::mem::align_of::<T>() <= std::mem::align_of::<u128>();
+    let taken = if reuse {
+        SCRATCH.with(|s| s.try_borrow_mut().ok().map(|mut v| std::mem::take(&mut *v)))
+    } else {
+        None
+    };
+    let Some(mut buf) = taken else {
+        let mut own = vec![T::zeroed(); len];
+        return f(&mut own);
+    };
+    let units = bytes.div_ceil(std::mem::size_of::<u128>());
+    if buf.len() < units {
+        buf.resize(units, 0);
+    }
+    let as_bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut buf[..units]);
+    let res = f(bytemuck::cast_slice_mut(&mut as_bytes[..bytes]));
+    if buf.len() * std::mem::size_of::<u128>() <= SCRATCH_KEEP {
+        SCRATCH.with(|s| {
+            if let Ok(mut v) = s.try_borrow_mut() {
+                if v.len() < buf.len() {
+                    *v = buf;
+                }
+            }
+        });
+    }
+    res
 }
 
 impl Comm {
@@ -115,7 +169,7 @@ impl Comm {
             return Ok(());
         }
         let bytes: &mut [u8] = bytemuck::cast_slice_mut(buf);
-        if bytes.len() >= LARGE_BCAST && n > 2 {
+        if bytes.len() >= LARGE_BCAST && n >= BCAST_MIN_PROCS {
             self.bcast_scatter_allgather(bytes, root)
         } else {
             self.bcast_binomial(bytes, root)
@@ -170,20 +224,26 @@ impl Comm {
             }
             mask >>= 1;
         }
-        // Ring allgather of the chunks, in vr space.
-        let right = real((vr + 1) % n);
-        let left = real((vr + n - 1) % n);
-        for s in 0..n - 1 {
-            let send_c = (vr + n - s) % n;
-            let recv_c = (vr + 2 * n - s - 1) % n;
-            let (sb, rb) = split2(
-                bytes,
-                chunks(send_c, send_c + 1),
-                chunks(recv_c, recv_c + 1),
-            );
-            self.step(T_BCAST, &[(right, sb)], &mut [(left, rb)])?;
-        }
-        Ok(())
+        // Ring allgather of the chunks, in vr space: step s sends chunk vr−s and receives
+        // chunk vr−s−1, every receive posted first (see `Comm::raw_ring`).
+        let base = bytes.as_mut_ptr();
+        let recvs: Vec<(*mut u8, usize)> = (0..n - 1)
+            .map(|s| {
+                let c = chunks((vr + 2 * n - s - 1) % n, (vr + 2 * n - s - 1) % n + 1);
+                (base.wrapping_add(c.start), c.len())
+            })
+            .collect();
+        self.raw_ring(
+            self.cctx(),
+            T_BCAST,
+            (real((vr + n - 1) % n), real((vr + 1) % n)),
+            &recvs,
+            |s| {
+                let c = chunks((vr + n - s) % n, (vr + n - s) % n + 1);
+                (base.wrapping_add(c.start).cast_const(), c.len())
+            },
+            |_| Ok(()),
+        )
     }
 
     /// Combine every rank's `send` with `op`; the result lands in `recv` on `root` (ignored
@@ -332,40 +392,74 @@ impl Comm {
         Ok(())
     }
 
+    /// Ring reduce-scatter then ring allgather, as one pipeline of 2(n−1) steps whose
+    /// receives are all posted first ([`Comm::raw_ring`]): every block is copied once, from
+    /// the ring into its place. Step s < n−1 sends block r−s and receives block r−s−1 into
+    /// scratch, then adds it into `acc`; step n−1+s sends block r+1−s and receives block r−s
+    /// straight into `acc`.
     fn allreduce_ring<T: Pod, O: Op<T>>(&self, acc: &mut [T], op: &O) -> Result<(), Error> {
         let (n, r) = (self.size(), self.rank());
         let count = acc.len();
         let bs = count.div_ceil(n);
         let block = |i: usize| (i * bs).min(count)..((i + 1) * bs).min(count);
-        let right = (r + 1) % n;
-        let left = (r + n - 1) % n;
-        let mut tmp: Vec<T> = vec![T::zeroed(); bs];
-        // Reduce-scatter: after n-1 steps rank r holds the full sum of block (r+1) mod n.
-        for s in 0..n - 1 {
-            let sb = block((r + n - s) % n);
-            let rb = block((r + 2 * n - s - 1) % n);
-            let rlen = rb.len();
-            self.step(
-                T_ALLREDUCE,
-                &[(right, bytemuck::cast_slice(&acc[sb]))],
-                &mut [(left, bytemuck::cast_slice_mut(&mut tmp[..rlen]))],
-            )?;
-            op.combine(&tmp[..rlen], &mut acc[rb]);
-        }
-        // Allgather of the reduced blocks.
         let elem = std::mem::size_of::<T>();
-        let bytes: &mut [u8] = bytemuck::cast_slice_mut(acc);
-        let byte_block = |i: usize| {
-            let b = block(i);
-            b.start * elem..b.end * elem
+        let steps = n - 1;
+        let rs_recv = |s: usize| block((r + 2 * n - s - 1) % n);
+        let sent = |i: usize| {
+            if i < steps {
+                block((r + n - i) % n)
+            } else {
+                block((r + 1 + n - (i - steps)) % n)
+            }
         };
-        for s in 0..n - 1 {
-            let sb = byte_block((r + 1 + n - s) % n);
-            let rb = byte_block((r + n - s) % n);
-            let (sbuf, rbuf) = split2(bytes, sb, rb);
-            self.step(T_ALLREDUCE, &[(right, sbuf)], &mut [(left, rbuf)])?;
-        }
-        Ok(())
+        with_scratch::<T, _>(steps * bs, |tmp| {
+            // Every access below goes through these two pointers: the engine holds the posted
+            // receive blocks while this rank reads and adds into other blocks.
+            let acc_p = acc.as_mut_ptr();
+            let tmp_p = tmp.as_mut_ptr();
+            let mut recvs = Vec::with_capacity(2 * steps);
+            for s in 0..steps {
+                recvs.push((
+                    tmp_p.wrapping_add(s * bs).cast::<u8>(),
+                    rs_recv(s).len() * elem,
+                ));
+            }
+            for s in 0..steps {
+                let b = block((r + n - s) % n);
+                recvs.push((acc_p.wrapping_add(b.start).cast::<u8>(), b.len() * elem));
+            }
+            self.raw_ring(
+                self.cctx(),
+                T_ALLREDUCE,
+                ((r + n - 1) % n, (r + 1) % n),
+                &recvs,
+                |i| {
+                    let b = sent(i);
+                    (
+                        acc_p.wrapping_add(b.start).cast::<u8>().cast_const(),
+                        b.len() * elem,
+                    )
+                },
+                |i| {
+                    if i < steps {
+                        let b = rs_recv(i);
+                        // SAFETY: scratch block i (received, no longer the engine's) and
+                        // block b of `acc` are disjoint and in bounds. The engine holds an
+                        // allgather receive on b too, but its data is the sum of every
+                        // rank's b, which needs this rank's b after this addition: it cannot
+                        // arrive before step i + 1 has sent b.
+                        let (got, into) = unsafe {
+                            (
+                                std::slice::from_raw_parts(tmp_p.add(i * bs), b.len()),
+                                std::slice::from_raw_parts_mut(acc_p.add(b.start), b.len()),
+                            )
+                        };
+                        op.combine(got, into);
+                    }
+                    Ok(())
+                },
+            )
+        })
     }
 
     /// Gather equal-size blocks at `root`: `recv` (root only) gets rank i's `send` at
@@ -596,6 +690,20 @@ impl Comm {
         let sb: &[u8] = bytemuck::cast_slice(send);
         let rb: &mut [u8] = bytemuck::cast_slice_mut(recv);
         rb[r * len..(r + 1) * len].copy_from_slice(&sb[r * len..(r + 1) * len]);
+        if len > 0 && len <= ALLTOALL_MEDIUM {
+            // Every block at once, in pairwise order: one wait instead of n − 1 dependent ones.
+            let mut blocks: Vec<Option<&mut [u8]>> = rb.chunks_mut(len).map(Some).collect();
+            let mut recvs = Vec::with_capacity(n - 1);
+            let mut sends = Vec::with_capacity(n - 1);
+            for k in 1..n {
+                let (to, from) = ((r + k) % n, (r + n - k) % n);
+                sends.push((to, &sb[to * len..(to + 1) * len]));
+                if let Some(b) = blocks[from].take() {
+                    recvs.push((from, b));
+                }
+            }
+            return self.step(T_ALLTOALL, &sends, &mut recvs);
+        }
         for k in 1..n {
             let to = (r + k) % n;
             let from = (r + n - k) % n;

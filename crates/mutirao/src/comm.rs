@@ -382,6 +382,70 @@ impl Comm {
         res.map(|_| statuses)
     }
 
+    /// A ring pipeline (the building block of ring collectives): every receive from `left`
+    /// is posted first, in step order, so each step's message matches on arrival and is
+    /// copied once, straight into its place (posted one step at a time, a message that came
+    /// while its receiver was still in the step before was buffered and copied twice); then
+    /// step `i` sends `send_of(i)` to `right`, waits for that send and receive `i`, checks
+    /// the receive's length and calls `got(i)`. `left` and `right` are communicator ranks.
+    ///
+    /// `recvs[i]` and the buffers `send_of` returns are raw (pointer, length) pairs because
+    /// the engine holds the receive buffers across steps while the caller reads and writes
+    /// other parts of the same memory. The caller guarantees that every `recvs[i]` stays valid
+    /// and untouched by it until step `i`'s `got` (or the call's return), and that a send
+    /// buffer stays valid and unwritten during its step. No pointer outlives this call.
+    pub(crate) fn raw_ring(
+        &self,
+        ctx: u64,
+        tag: i32,
+        (left, right): (usize, usize),
+        recvs: &[(*mut u8, usize)],
+        mut send_of: impl FnMut(usize) -> (*const u8, usize),
+        mut got: impl FnMut(usize) -> Result<(), Error>,
+    ) -> Result<(), Error> {
+        let (left, right) = (self.peer(left)?, self.peer(right)?);
+        let mut rids = Vec::with_capacity(recvs.len());
+        let res = (|| {
+            for &(p, n) in recvs {
+                let id = self.inner.eng.borrow_mut().post_recv(
+                    ctx,
+                    Some(left),
+                    Some(tag),
+                    Dest::Borrowed(p, n),
+                )?;
+                rids.push(id);
+            }
+            for (i, &rid) in rids.iter().enumerate() {
+                let (p, n) = send_of(i);
+                let mut e = self.inner.eng.borrow_mut();
+                let sid = e.start_send(right, ctx, tag, SendData::Borrowed(p, n))?;
+                let done = e
+                    .wait_until(|e| e.recv_finished(rid) && e.send_finished(sid))
+                    .and_then(|()| e.take_recv(rid))
+                    .and_then(|(st, _)| e.take_send(sid).map(|_| st));
+                e.forget_send(sid);
+                drop(e);
+                let st = done?;
+                if st.bytes != recvs[i].1 {
+                    return Err(Error::Invalid(format!(
+                        "collective mismatch: rank {} sent {} bytes where {} were expected (do all ranks pass the same count and root?)",
+                        self.to_local(st).source,
+                        st.bytes,
+                        recvs[i].1
+                    )));
+                }
+                got(i)?;
+            }
+            Ok(())
+        })();
+        // Borrowed pointers never outlive this call.
+        let mut e = self.inner.eng.borrow_mut();
+        for id in rids {
+            e.forget_recv(id);
+        }
+        res
+    }
+
     // ------------------------------------------------------------ probe
 
     /// Is a matching message waiting? Never blocks. With a specific source that has failed or
