@@ -333,6 +333,8 @@ fn agent(token: &Path, ip: &str) -> (Agent, String) {
         .arg(token)
         .arg("--dir-socket")
         .arg(sock)
+        // The agent's default store and caches go in the test's directory, not /tmp.
+        .env("TMPDIR", token.parent().unwrap_or(Path::new(".")))
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()

@@ -273,6 +273,8 @@ fn start_agent(dir: &std::path::Path, coord: Option<(&str, &str)>) -> (Agent, Pa
         .arg(dir.join("agent-dir.sock"))
         .arg("--program-cache")
         .arg(dir.join("programs"))
+        // The agent's default replica store goes in the test's directory, not /tmp.
+        .env("TMPDIR", dir)
         .args(
             coord
                 .map(|(url, _)| {

@@ -99,6 +99,8 @@ fn grid(tag: &str, agents: &[(&str, &str)], extra: &[&str]) -> Grid {
             .arg(&secret)
             .arg("--dir-socket")
             .arg(dir.join(format!("{n}-dir.sock")))
+            // The agent's default store and program cache go in the test's directory.
+            .env("TMPDIR", &dir)
             .arg("--program-cache")
             .arg(dir.join(format!("{n}-programs")))
             .args(["--coordinator", &url, "--name", n, "--site", site])

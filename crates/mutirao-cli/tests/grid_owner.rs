@@ -212,6 +212,8 @@ fn setup(
             ])
             .arg("--token-file")
             .arg(&tok)
+            // Program caches go in the test's directory, not /tmp.
+            .env("TMPDIR", &dir)
             .args(["--coordinator", &url, "--name", n])
             .arg("--owner-policy")
             .arg(&policy)
@@ -578,6 +580,8 @@ fn an_agent_runs_a_program_only_if_it_matches_the_digest_it_was_named_by() {
         ])
         .arg("--token-file")
         .arg(&tok)
+        // Program caches go in the test's directory, not /tmp.
+        .env("TMPDIR", &dir)
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
@@ -652,6 +656,8 @@ fn without_a_coordinator_an_agent_ends_its_ranks_when_the_owner_stays() {
         ])
         .arg("--token-file")
         .arg(&tok)
+        // Program caches go in the test's directory, not /tmp.
+        .env("TMPDIR", &dir)
         .arg("--owner-policy")
         .arg(dir.join("owner.toml"))
         .stdout(Stdio::piped())

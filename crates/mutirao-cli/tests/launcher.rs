@@ -338,6 +338,8 @@ fn start_agent_with(token_file: &Path, extra: &[&str]) -> Result<Agent, Failed> 
         ])
         .arg(token_file)
         .args(extra)
+        // The agent's default store and caches go in the test's directory, not /tmp.
+        .env("TMPDIR", token_file.parent().unwrap_or(Path::new(".")))
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -1116,5 +1118,20 @@ fn main() {
         scenario(&s);
     }
     let args = Arguments::from_args();
-    libtest_mimic::run(&args, tests()).exit();
+    let conclusion = libtest_mimic::run(&args, tests());
+    remove_scratch_dirs();
+    conclusion.exit();
+}
+
+/// Remove every scratch directory this test process made (`mutirao-cli-test-PID-…` in the temporary
+/// directory), also those of failed trials, once all trials have run.
+fn remove_scratch_dirs() {
+    let mine = format!("mutirao-cli-test-{}-", std::process::id());
+    if let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) {
+        for e in entries.flatten() {
+            if e.file_name().to_string_lossy().starts_with(&mine) {
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+        }
+    }
 }

@@ -1075,5 +1075,20 @@ fn main() {
             example_restarts("matmul", &["300"], None)
         }),
     ];
-    libtest_mimic::run(&args, trials).exit();
+    let conclusion = libtest_mimic::run(&args, trials);
+    remove_scratch_dirs();
+    conclusion.exit();
+}
+
+/// Remove every scratch directory this test process made (`mutirao-ck-PID-…` in the temporary
+/// directory), also those of failed trials, once all trials have run.
+fn remove_scratch_dirs() {
+    let mine = format!("mutirao-ck-{}-", std::process::id());
+    if let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) {
+        for e in entries.flatten() {
+            if e.file_name().to_string_lossy().starts_with(&mine) {
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+        }
+    }
 }
