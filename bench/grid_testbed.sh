@@ -15,7 +15,8 @@
 #             re-queued and runs again without that host
 #   3 coord   the coordinator is killed (SIGKILL) mid-job and restarted on its database: the job
 #             is re-queued and completes
-#   4 owner   the owner of a host running the job becomes active (owner-active file): the job is
+#   4 owner   the owner of a host running the job becomes active: a busy loop started inside the
+#             host (its namespace and cgroup) loads it past the policy's max_load; the job is
 #             suspended, then (past the grace period) vacated and resumed on other hosts
 #   5 tamper  a1's cached copy of matmul is altered: a1 refuses the launch (journalled as a
 #             refusal, not a lost host), the job is re-queued and finishes
@@ -55,9 +56,11 @@ if [[ -n ${KEEP:-} ]]; then W=$KEEP; mkdir -p "$W"; else W=$(mktemp -d /tmp/muti
 NAME=gt$$
 UP=""
 COORD_PID=""
+OWNER_PID=""
 declare -A AGENT_PID
 cleanup() {
     set +e
+    [[ -n $OWNER_PID ]] && kill -9 "$OWNER_PID" 2>/dev/null
     [[ -n $COORD_PID ]] && kill -9 "$COORD_PID" 2>/dev/null && wait "$COORD_PID" 2>/dev/null
     for h in "${!AGENT_PID[@]}"; do kill -9 "${AGENT_PID[$h]}" 2>/dev/null; done
     # `down` kills whatever is left in the hosts' cgroups and namespaces (ranks included).
@@ -129,8 +132,10 @@ start_coord() {
 start_agent() { # host
     local h=$1
     mkdir -p "$W/agent-$h"
+    # The owner's load is the CPU time of the host's processes that are not the grid's (the
+    # agent's cgroup here): a host's 0.5 core busy with an owner's loop is well over 0.2.
     cat >"$W/agent-$h/owner.toml" <<EOF
-active_file = "$W/owner-active-$h"
+max_load = 0.2
 grace_s = 4
 EOF
     # In the host's cgroup and network namespace, in a mount namespace of its own where the
@@ -146,6 +151,22 @@ EOF
     ) >>"$W/agent-$h.log" 2>&1 &
     AGENT_PID[$h]=$!
     disown "$!"
+}
+
+# An owner: a busy loop inside the host, started the way its agent was (its cgroup, its network
+# namespace). One at a time; stopped by stop_owner, and by the exit trap whatever happens.
+start_owner() { # host
+    local h=$1
+    (
+        echo "$BASHPID" >"${CG[$h]}/cgroup.procs"
+        exec ip netns exec "${NS[$h]}" sh -c 'while :; do :; done'
+    ) &
+    OWNER_PID=$!
+    disown "$!"
+}
+stop_owner() {
+    [[ -n $OWNER_PID ]] && { kill -9 "$OWNER_PID" 2>/dev/null || true; }
+    OWNER_PID=""
 }
 
 api() { curl -sf -H "Authorization: Bearer $ANA" "$URL$1"; }
@@ -305,20 +326,22 @@ scenario_owner() {
     before=$(job_hosts "$id")
     h=${before%% *}
     t_owner=$(now_ms)
-    touch "$W/owner-active-$h"
+    start_owner "$h"
     local sus vac
     sus=$(wait_state "$id" "suspended" 30) || true
     local t_sus
     t_sus=$(now_ms)
     s=$(wait_state "$id" "finished failed cancelled" 600) || true
-    rm -f "$W/owner-active-$h"
+    stop_owner
+    local why
+    why=$(api "/jobs/$id" | jq -r '[.events[] | select(.detail | startswith("owner active on"))] | first | .detail // "" | sub("^owner active on [^ ]+ [(]"; "") | sub("[)]: its agent.*"; "")')
     after=$(job_hosts "$id")
     vac=$(api "/jobs/$id" | jq -r '[.events[] | select(.detail | startswith("re-queued after vacating"))] | length')
     journal "$id"
     if [[ $sus == suspended && $vac -ge 1 && $s == finished ]] && ok_result "$id" 2 "$NL" && [[ " $after " != *" $h "* ]]; then
-        verdict owner PASS "(owner on $h: suspended $(( t_sus - t_owner )) ms after, vacated; ran on $before, resumed on $after)"
+        verdict owner PASS "(owner's loop on $h: suspended $(( t_sus - t_owner )) ms after ($why), vacated; ran on $before, resumed on $after)"
     else
-        verdict owner FAIL "(owner on $h; suspended? $sus; vacated $vac; state $s; ran on $before, then $after)"
+        verdict owner FAIL "(owner's loop on $h; suspended? $sus ($why); vacated $vac; state $s; ran on $before, then $after)"
     fi
 }
 

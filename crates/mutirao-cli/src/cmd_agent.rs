@@ -339,12 +339,16 @@ pub fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
             if policy.input_idle_s.is_some() && !mutirao_coord::owner::input_measurable() {
                 log("owner policy: keyboard and mouse use cannot be measured on this host (no i8042, keyboard or mouse line in /proc/interrupts); input_idle_s is not applied");
             }
-            let (p1, p2, n2) = (procs.clone(), procs.clone(), nudge.clone());
+            let (p2, n2) = (procs.clone(), nudge.clone());
             let coordinated = args.coordinator.is_some();
+            let (sampler, source) = mutirao_coord::owner::host_sampler();
+            log(&format!(
+                "owner policy: the owner's load is this host's CPU time from {source}, minus the agent's and its processes'"
+            ));
             let w = mutirao_coord::owner::spawn_owner_watch(
                 policy,
                 Duration::from_secs(1),
-                Box::new(move || p1.running()),
+                sampler,
                 Box::new(move |from, to, why| {
                     use mutirao_coord::policy::OwnerState;
                     n2.store(true, std::sync::atomic::Ordering::SeqCst);

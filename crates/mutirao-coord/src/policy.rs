@@ -4,7 +4,7 @@
 //!
 //! ```toml
 //! # /etc/mutirao/owner.toml — every key is optional
-//! max_load = 1.5             # the owner's own load (the 1-minute load minus the grid's running ranks)
+//! max_load = 1.5             # the owner's own load: cores of CPU time used by processes not the grid's
 //! min_idle_cpu = 0.5         # cores left idle by the owner's own work
 //! hours = "18:00-08:00"      # the grid may run only in this window (local time; may cross midnight)
 //! days = ["mon", "tue", "wed", "thu", "fri"]   # days the window may start on (default: every day)
