@@ -625,7 +625,8 @@ fn master_worker_takes_in_spawned_workers_at_perc_cons_add() {
         let out = Command::new(env!("CARGO_BIN_EXE_mutirao"))
             .args(["run", "-n", "3", "--timeout", "120"])
             .arg(&mw)
-            .args(["matmul", "--n", "300", "--policy", policy])
+            // n = 1000 (optimized): ~1 s of work left after the spawn at 30 %.
+            .args(["matmul", "--n", "1000", "--policy", policy])
             .args(["--add", "2", "--add-at", "30", "--log"])
             .arg(&log)
             .args(blocking.then_some("--blocking-spawn"))
