@@ -5,15 +5,10 @@
 //! repository log also passes the exactly-once audit (check 2). n = 2000 takes minutes of
 //! serial checking on this machine and is in docs/master-worker.md as a command.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+mod common;
+use common::mw;
 
-fn mw() -> Option<PathBuf> {
-    Path::new(env!("CARGO_BIN_EXE_mutirao"))
-        .parent()
-        .map(|d| d.join("examples").join("mw"))
-        .filter(|p| p.is_file())
-}
+use std::process::Command;
 
 #[test]
 fn matmul_equals_the_serial_product_bit_for_bit_with_and_without_inclusion() {

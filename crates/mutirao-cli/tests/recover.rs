@@ -399,11 +399,7 @@ fn a_failure_during_recovery_raises_the_incarnation_again_and_the_job_still_fini
 
 #[test]
 fn with_continue_on_failure_a_dead_worker_does_not_end_a_master_worker_job() {
-    let Some(mw) = Path::new(env!("CARGO_BIN_EXE_mutirao"))
-        .parent()
-        .map(|d| d.join("examples").join("mw"))
-        .filter(|p| p.is_file())
-    else {
+    let Some(mw) = common::mw() else {
         println!("skipped: the mw example is not built (cargo build -p mutirao-mw --examples)");
         return;
     };
@@ -607,11 +603,7 @@ fn replicas_on_agents(kill_agent: bool) {
 
 #[test]
 fn master_worker_takes_in_spawned_workers_at_perc_cons_add() {
-    let Some(mw) = Path::new(env!("CARGO_BIN_EXE_mutirao"))
-        .parent()
-        .map(|d| d.join("examples").join("mw"))
-        .filter(|p| p.is_file())
-    else {
+    let Some(mw) = common::mw() else {
         println!("skipped: the mw example is not built (cargo build -p mutirao-mw --examples)");
         return;
     };
@@ -665,11 +657,7 @@ fn master_worker_takes_in_spawned_workers_at_perc_cons_add() {
 /// 127.0.0.1 dear too it adds nobody.
 #[test]
 fn master_worker_chooses_whom_to_add_by_predicted_makespan() {
-    let Some(mw) = Path::new(env!("CARGO_BIN_EXE_mutirao"))
-        .parent()
-        .map(|d| d.join("examples").join("mw"))
-        .filter(|p| p.is_file())
-    else {
+    let Some(mw) = common::mw() else {
         println!("skipped: the mw example is not built (cargo build -p mutirao-mw --examples)");
         return;
     };

@@ -56,6 +56,12 @@ pub fn jacobi() -> Option<PathBuf> {
     p.is_file().then_some(p)
 }
 
+/// mutirao-mw's `mw` example (master/worker matmul, primes, Mandelbrot), when built.
+pub fn mw() -> Option<PathBuf> {
+    let p = Path::new(MUTIRAO).parent()?.join("examples").join("mw");
+    p.is_file().then_some(p)
+}
+
 /// The `checksum=…` word of jacobi's output.
 pub fn checksum(out: &str) -> Option<String> {
     out.split_whitespace()
