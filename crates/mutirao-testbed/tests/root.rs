@@ -460,8 +460,8 @@ fn pingpong_reps(
 
 /// Issue 11, item 4: a shaped link behaves like a link — a message's time is latency +
 /// size / rate at every size from 16 KiB to 4 MiB, after an idle spell (the token bucket full)
-/// and back to back (the bucket drained), within 5% (8% across the WAN: see below) + 0.1 ms + what the shaper passes at once
-/// after a pause (one frame; on links above `PEAKRATE_MAX_MBIT`, the bucket's three).
+/// and back to back (the bucket drained), within 5% + 0.1 ms + what the shaper passes at once
+/// after a pause (the token bucket: one frame and 60 µs of rate on slow links, see `plan::Tbf`).
 #[test]
 fn shaped_links_take_latency_plus_size_over_rate() {
     if !require_root() {
@@ -523,24 +523,16 @@ mbit = 30
                     100.0 * err
                 );
                 // 5%, plus 0.1 ms of timer slack, plus what the shaper lets through at once
-                // after a pause: one frame with a peak-rate bucket, the token bucket's few
-                // frames on links too fast for one (measured at 16 KiB after 150 ms idle:
-                // −6…−10% across 30 Mbit/s, −21…−25% at 200 Mbit/s; from 64 KiB within 5%).
+                // after a pause: the token bucket, one frame and 60 µs of rate on slow links,
+                // 0.2 ms of rate on fast ones (measured at 16 KiB after 150 ms idle: −8% across
+                // 30 Mbit/s, −21…−25% at 200 Mbit/s; from 64 KiB within 5%).
                 let tbf = mutirao_testbed::plan::Tbf::for_mbit(mbit);
-                let bucket_s = if tbf.peakrate_kbit.is_some() {
-                    // The peak-rate bucket's one frame.
-                    mutirao_testbed::plan::FRAME_BYTES as f64 * 8.0 / (mbit * 1e6)
-                } else {
-                    tbf.burst_bytes as f64 * 8.0 / (mbit * 1e6)
-                };
-                // Across the WAN the messages ran +4.4…+6.0% at 256 KiB–4 MiB on 2026-11-26,
-                // every run, idle or loaded (the site link within 3%), and +5.5…+7.3% in a
-                // clean-clone CI run on 2026-11-27 (4 MiB back to back: +7.3% after two
-                // re-measurements): the WAN path carries ~94–95% of its payload rate, cause not
-                // found (issue 11). Issue 11 asks 5%; the WAN is held to 8% here until that is
-                // understood, so that the test still catches a WAN shaped wrong without failing
-                // CI on the known offset.
-                let tol = if mbit < 100.0 { 0.08 } else { 0.05 };
+                let bucket_s = tbf.burst_bytes as f64 * 8.0 / (mbit * 1e6);
+                // Across the WAN the messages ran +4.4…+7.3% until 2026-11-27: the peak-rate
+                // bucket was 2% above the rate and the kernel's timer released each frame
+                // ~26 µs late, and that bucket cannot keep the tokens of a late release (see
+                // `plan::TIMER_LATE_US`); 5% on every link since.
+                let tol = 0.05;
                 if (t - want).abs() > tol * want + 1e-4 + bucket_s {
                     worst.push(format!(
                         "{src}->{dst} idle {idle} ms {m} B: {:+.1}%",
@@ -552,7 +544,7 @@ mbit = 30
     }
     assert!(
         worst.is_empty(),
-        "messages off latency + size/rate by more than 5% (8% across the WAN): {worst:?}"
+        "messages off latency + size/rate by more than 5%: {worst:?}"
     );
 }
 
