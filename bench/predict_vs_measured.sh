@@ -11,7 +11,10 @@
 #   mutirao schedule --algo A                 hlogp-heft, heft and round-robin for every graph
 #   mutirao simulate                          predicted makespan with contention (the default) and
 #                                             with --no-contention (the thesis's HLogP)
-#   mutirao exec-dag --testbed N              measured makespan, RUNS times (median)
+#   mutirao exec-dag --testbed N --model m.json   measured makespan, RUNS times (median); the
+#                                             reference kernel rate is the median over hosts of
+#                                             rate ÷ model speed, measured at the first run and
+#                                             passed to every later one
 #
 # A third prediction column simulates the same model without its push cost (the CPU a sender
 # spends moving rendezvous bytes after its send call), to show what that term changes.
@@ -25,9 +28,10 @@
 #        MUTIRAO=path/to/mutirao    (default: target/release/mutirao, built if missing)
 #        KEEP=dir                   keep calibration, model, graphs, schedules, runs in dir
 #
-# The testbed is always taken down on exit. exec-dag sizes each task's work with the kernel rate
-# of the fastest host (each host times the kernel in turn at start), as `fit` takes the fastest
-# host as speed 1.0. Both specs below keep the hosts' cpu under 1.6 cores of this 2-core
+# The testbed is always taken down on exit. exec-dag sizes each task's work with a reference
+# kernel rate consistent with the model: each host times the kernel in turn at start, and the
+# rate at speed 1.0 is the median of host rate ÷ model speed (the fastest host's one measurement
+# alone erred by up to ±10% run to run, and every task of the run inherited it). Both specs below keep the hosts' cpu under 1.6 cores of this 2-core
 # machine: a spec that adds up to more than the cores slows every host below its quota when
 # all are busy (an earlier 2.5-core spec ran 10–20% slow on its fastest host).
 set -euo pipefail
@@ -165,9 +169,12 @@ for g in "${G[@]}"; do
             --json | jq .makespan_s)
         : >"$W/$g.$algo.measured"
         for _ in $(seq "$RUNS"); do
-            out=$("$B" exec-dag --dag "$W/$g.json" --schedule "$s" --testbed "$NAME" \
+            out=$("$B" exec-dag --dag "$W/$g.json" --schedule "$s" --testbed "$NAME" --model "$W/model.json" \
                 ${RATE:+--rate "$RATE"} --json)
-            [[ -n $RATE ]] || RATE=$(jq .rate <<<"$out")
+            if [[ -z $RATE ]]; then
+                RATE=$(jq .rate <<<"$out")
+                jq -r '"reference rate \(.rate) iterations/s (\(.rate_from)); hosts: \([.host_rates[] | "\(.name) \(.rate)"] | join(", "))"' <<<"$out" >&2
+            fi
             jq .makespan_s <<<"$out" >>"$W/$g.$algo.measured"
         done
         med=$(median <"$W/$g.$algo.measured")

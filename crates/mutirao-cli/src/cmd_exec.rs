@@ -12,9 +12,11 @@ use std::time::{Duration, Instant};
 
 /// Execute a task graph for real and print the measured makespan.
 ///
-/// Every task computes for `work` seconds of the reference host (speed 1.0: the fastest host of
-/// the run, as `fit` takes it; each host times the kernel in turn at start), so slower hosts
-/// take longer by themselves, calling into the
+/// Every task computes for `work` seconds of the reference host (speed 1.0; each host times the
+/// kernel in turn at start: with --model, a task's work means on every host what the model
+/// says, the reference rate being the median over hosts of host rate ÷ model speed; without,
+/// the fastest host of the run, as `fit` takes it), so slower hosts take longer by themselves,
+/// calling into the
 /// runtime every millisecond so that messages already sent keep flowing; every edge
 /// between tasks on different hosts sends `bytes` bytes through the runtime (the payloads are
 /// made before the clock starts, as an application's data would already exist). Each distinct host
@@ -26,7 +28,7 @@ use std::time::{Duration, Instant};
 ///   mutirao dag gen diamond --k 5 --work 0.01 --bytes 65536 -o d.json
 ///   mutirao schedule --model m.json --dag d.json --algo hlogp-heft -o s.json
 ///   mutirao simulate --model m.json --dag d.json --schedule s.json      # predicted
-///   mutirao exec-dag --dag d.json --schedule s.json                     # measured
+///   mutirao exec-dag --dag d.json --schedule s.json --model m.json      # measured
 #[derive(clap::Args, Debug)]
 #[command(verbatim_doc_comment)]
 pub struct ExecArgs {
@@ -51,10 +53,18 @@ pub struct ExecArgs {
     #[arg(long)]
     pub json: bool,
     /// Kernel iterations per second of the reference host (default: measured at start on every
-    /// host in turn, the fastest taken, as `fit` takes the fastest host as speed 1.0). The
-    /// trace (`--json`) reports the rate used: pass it back to time several runs alike.
+    /// host in turn; see --model). The trace (`--json`) reports the rate used and every host's
+    /// measured rate: pass the rate back to time several runs alike.
     #[arg(long, value_name = "N")]
     pub rate: Option<f64>,
+    /// The calibrated model the prediction used (mutirao-model/1). The reference rate is then
+    /// the median over the hosts of (measured kernel rate ÷ the host's speed in the model), so
+    /// that a task takes on each host what the model says up to that host's own measurement
+    /// error, instead of every host inheriting the error of the fastest host's one measurement
+    /// (default without it: the fastest host's rate, as `fit` takes the fastest host as speed
+    /// 1.0). Every schedule host must be in the model.
+    #[arg(long, value_name = "FILE")]
+    pub model: Option<PathBuf>,
     /// End the run if it takes longer than S seconds.
     #[arg(long, value_name = "S", default_value_t = 600.0)]
     pub timeout: f64,
@@ -145,6 +155,12 @@ struct TaskRun {
 struct RankRun {
     /// The reference rate every rank used (kernel iterations per second at speed 1.0).
     rate: f64,
+    /// Each host's measured kernel rate, by rank (empty when the rate was given).
+    #[serde(default)]
+    host_rates: Vec<f64>,
+    /// How the reference rate was chosen.
+    #[serde(default)]
+    rate_from: String,
     tasks: Vec<TaskRun>,
     sends: Vec<(usize, f64)>,
     recvs: Vec<(usize, f64, f64)>,
@@ -179,10 +195,23 @@ struct TaskOut<'a> {
 }
 
 #[derive(Serialize)]
+struct HostRate<'a> {
+    name: &'a str,
+    /// Measured kernel iterations per second.
+    rate: f64,
+    /// Speed in the model (with --model).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    model_speed: Option<f64>,
+}
+
+#[derive(Serialize)]
 struct ExecOut<'a> {
     format: &'static str,
     makespan_s: f64,
     rate: f64,
+    /// "given", "fastest host" or "model speeds".
+    rate_from: &'a str,
+    host_rates: Vec<HostRate<'a>>,
     hosts: Vec<HostOut<'a>>,
     tasks: Vec<TaskOut<'a>>,
     messages: Vec<MessageOut<'a>>,
@@ -280,6 +309,47 @@ fn load(dag: &Path, schedule: &Path) -> anyhow::Result<Plan> {
     })
 }
 
+/// Each schedule host's speed in the model at `path`, in rank order.
+fn model_speeds(plan: &Plan, path: &Path) -> anyhow::Result<Vec<f64>> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read model {}", path.display()))?;
+    let m = mutirao_model::Model::from_json(&text)
+        .map_err(|e| anyhow::anyhow!("model {}: {e}", path.display()))?;
+    plan.hosts
+        .iter()
+        .map(|h| match m.hosts.iter().find(|x| x.name == *h) {
+            Some(x) if x.speed.is_finite() && x.speed > 0.0 => Ok(x.speed),
+            Some(x) => bail!("model {}: host {h:?} has speed {}", path.display(), x.speed),
+            None => bail!(
+                "the schedule's host {h:?} is not in the model {} (its hosts: {}); pass the model the schedule was made with",
+                path.display(),
+                m.hosts.iter().map(|x| x.name.as_str()).collect::<Vec<_>>().join(", ")
+            ),
+        })
+        .collect()
+}
+
+/// The reference rate (kernel iterations per second at speed 1.0) from every host's measured
+/// rate: the median of rate ÷ model speed with `speeds`, else the fastest host's rate.
+fn reference_rate(rates: &[f64], speeds: Option<&[f64]>) -> (f64, &'static str) {
+    match speeds {
+        Some(sp) => {
+            let mut r: Vec<f64> = rates.iter().zip(sp).map(|(r, s)| r / s).collect();
+            r.sort_by(f64::total_cmp);
+            let n = r.len();
+            let med = if n == 0 {
+                f64::NAN
+            } else if n % 2 == 1 {
+                r[n / 2]
+            } else {
+                (r[n / 2 - 1] + r[n / 2]) / 2.0
+            };
+            (med, "model speeds")
+        }
+        None => (rates.iter().copied().fold(0.0, f64::max), "fastest host"),
+    }
+}
+
 /// Host name → address pairs of a resource spec (domains with an `addr` property).
 fn spec_addresses(path: &Path) -> anyhow::Result<Vec<(String, String)>> {
     use mutirao_dir::meu::props::PropValue;
@@ -349,6 +419,11 @@ pub fn run(a: ExecArgs) -> anyhow::Result<ExitCode> {
         return worker(&a);
     }
     let plan = load(&a.dag, &a.schedule)?;
+    let speeds = a
+        .model
+        .as_ref()
+        .map(|m| model_speeds(&plan, m))
+        .transpose()?;
     if let Some(r) = a.rate {
         if !(r.is_finite() && r > 0.0) {
             bail!("--rate {r}: must be a positive number");
@@ -397,6 +472,9 @@ pub fn run(a: ExecArgs) -> anyhow::Result<ExitCode> {
     if let Some(r) = a.rate {
         command.extend(["--rate".into(), format!("{r}")]);
     }
+    if let Some(m) = &a.model {
+        command.extend(["--model".into(), abs(m)?.display().to_string()]);
+    }
     let code = cmd_run::run(RunArgs::job(
         plan.hosts.len(),
         ranks_file.clone(),
@@ -421,12 +499,26 @@ pub fn run(a: ExecArgs) -> anyhow::Result<ExitCode> {
             });
         }
     };
-    let rate = runs.first().map_or(f64::NAN, |r| r.rate);
-    report(&plan, rate, &runs, a.json)?;
+    report(&plan, &runs, speeds.as_deref(), a.json)?;
     Ok(code)
 }
 
-fn report(plan: &Plan, rate: f64, runs: &[RankRun], json: bool) -> anyhow::Result<()> {
+fn report(plan: &Plan, runs: &[RankRun], speeds: Option<&[f64]>, json: bool) -> anyhow::Result<()> {
+    let rate = runs.first().map_or(f64::NAN, |r| r.rate);
+    let rate_from = runs.first().map_or("", |r| r.rate_from.as_str());
+    let host_rates: Vec<HostRate> = runs
+        .first()
+        .map(|r| r.host_rates.as_slice())
+        .unwrap_or_default()
+        .iter()
+        .zip(&plan.hosts)
+        .enumerate()
+        .map(|(i, (r, h))| HostRate {
+            name: h,
+            rate: *r,
+            model_speed: speeds.and_then(|s| s.get(i).copied()),
+        })
+        .collect();
     let tasks = plan.dag.tasks();
     let edges = plan.dag.edges();
     let mut times = vec![(0.0f64, 0.0f64); tasks.len()];
@@ -461,6 +553,8 @@ fn report(plan: &Plan, rate: f64, runs: &[RankRun], json: bool) -> anyhow::Resul
             format: "mutirao-execution/1",
             makespan_s: makespan,
             rate,
+            rate_from,
+            host_rates,
             hosts: plan
                 .hosts
                 .iter()
@@ -498,7 +592,7 @@ fn report(plan: &Plan, rate: f64, runs: &[RankRun], json: bool) -> anyhow::Resul
         println!("{}", serde_json::to_string_pretty(&out)?);
     } else {
         println!(
-            "makespan_s {makespan:.6} (measured; {} tasks on {} hosts)",
+            "makespan_s {makespan:.6} (measured; {} tasks on {} hosts; rate {rate:.4e} iterations/s, {rate_from})",
             tasks.len(),
             plan.hosts.len()
         );
@@ -520,10 +614,16 @@ fn worker(a: &ExecArgs) -> anyhow::Result<ExitCode> {
             plan.hosts.len()
         );
     }
-    // The reference rate: given, or the fastest host's. Hosts time the kernel one after the
-    // other, so that none of them shares the machine's cores with another's measurement.
-    let rate = match a.rate {
-        Some(r) => r,
+    let speeds = a
+        .model
+        .as_ref()
+        .map(|m| model_speeds(&plan, m))
+        .transpose()?;
+    // The reference rate: given, or from every host's (`reference_rate`). Hosts time the
+    // kernel one after the other, so that none of them shares the machine's cores with
+    // another's measurement.
+    let (rate, host_rates, rate_from) = match a.rate {
+        Some(r) => (r, Vec::new(), "given"),
         None => {
             let mut mine = 0.0f64;
             for r in 0..world.size() {
@@ -532,11 +632,15 @@ fn worker(a: &ExecArgs) -> anyhow::Result<ExitCode> {
                     mine = measure_rate();
                 }
             }
-            let mut best = [0.0f64];
-            world.allreduce(&[mine], &mut best, &mutirao::op::Max)?;
-            best[0]
+            let mut all = vec![0.0f64; world.size()];
+            world.allgather(&[mine], &mut all)?;
+            let (r, from) = reference_rate(&all, speeds.as_deref());
+            (r, all, from)
         }
     };
+    if !(rate.is_finite() && rate > 0.0) {
+        bail!("no usable kernel rate (measured {host_rates:?}); pass --rate");
+    }
     let dag = &plan.dag;
     // The payloads exist before the clock starts, written once so that their pages are mapped:
     // the model charges a send for moving data, not for creating it.
@@ -567,6 +671,8 @@ fn worker(a: &ExecArgs) -> anyhow::Result<ExitCode> {
     let mut pending: Vec<mutirao::Request<u8>> = Vec::new();
     let mut runs = RankRun {
         rate,
+        host_rates,
+        rate_from: rate_from.into(),
         ..RankRun::default()
     };
     for &t in &plan.order[me] {
@@ -680,6 +786,33 @@ mod tests {
         assert!(
             msg.contains("\"a1\"") && msg.contains("10.213.0.3, 10.213.1.2"),
             "{msg}"
+        );
+    }
+}
+
+#[cfg(test)]
+mod rate_tests {
+    use super::reference_rate;
+
+    #[test]
+    fn with_model_speeds_the_reference_rate_is_the_median_of_rate_over_speed() {
+        // Host rates 300, 160, 140 at model speeds 1.0, 0.5, 0.5: per speed 1.0 they say 300,
+        // 320, 280 — the median, 300, not the fastest host's alone.
+        let (r, from) = reference_rate(&[300.0, 160.0, 140.0], Some(&[1.0, 0.5, 0.5]));
+        assert_eq!((r, from), (300.0, "model speeds"));
+        // The fastest host measured 20% high: the median of the others' holds.
+        let (r, _) = reference_rate(&[360.0, 150.0, 150.0], Some(&[1.0, 0.5, 0.5]));
+        assert_eq!(r, 300.0);
+        // Even count: the mean of the middle two.
+        let (r, _) = reference_rate(&[100.0, 200.0], Some(&[0.5, 1.0]));
+        assert_eq!(r, 200.0);
+    }
+
+    #[test]
+    fn without_a_model_the_reference_rate_is_the_fastest_hosts() {
+        assert_eq!(
+            reference_rate(&[300.0, 360.0, 150.0], None),
+            (360.0, "fastest host")
         );
     }
 }

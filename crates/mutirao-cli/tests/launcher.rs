@@ -993,6 +993,56 @@ fn tests() -> Vec<Trial> {
             if v["rate"].as_f64().is_none_or(|r| r <= 0.0) {
                 return Err(format!("no reference rate: {j}").into());
             }
+            if v["rate_from"] != "fastest host" {
+                return Err(format!("without a model the fastest host sets the rate: {j}").into());
+            }
+            // With the model, the reference rate is the median of each host's measured rate
+            // over its model speed (two hosts at speed 1.0: the mean of their two rates).
+            let out = run(&[
+                "exec-dag",
+                "--dag",
+                &path("d.json")?,
+                "--schedule",
+                &path("s.json")?,
+                "--model",
+                &path("m.json")?,
+                "--json",
+            ])?;
+            if !out.status.success() {
+                return Err(format!("exec-dag --model: {}", text(&out.stderr)).into());
+            }
+            let w: serde_json::Value =
+                serde_json::from_str(&text(&out.stdout)).map_err(|e| e.to_string())?;
+            let hr = w["host_rates"].as_array().ok_or("no host_rates")?;
+            let rates: Vec<f64> = hr.iter().filter_map(|h| h["rate"].as_f64()).collect();
+            let rate = w["rate"].as_f64().unwrap_or(f64::NAN);
+            if w["rate_from"] != "model speeds"
+                || rates.len() != 2
+                || hr.iter().any(|h| h["model_speed"].as_f64() != Some(1.0))
+                || (rate - (rates[0] + rates[1]) / 2.0).abs() > 1e-6 * rate
+            {
+                return Err(format!("rate from the model's speeds: {w}").into());
+            }
+            // A model without one of the schedule's hosts is refused before anything runs.
+            let partial = model.replace(r#""h2""#, r#""h9""#);
+            std::fs::write(d.join("m1.json"), partial).map_err(|e| e.to_string())?;
+            let out = run(&[
+                "exec-dag",
+                "--dag",
+                &path("d.json")?,
+                "--schedule",
+                &path("s.json")?,
+                "--model",
+                &path("m1.json")?,
+            ])?;
+            if out.status.success() || !text(&out.stderr).contains("is not in the model") {
+                return Err(format!(
+                    "a model missing a host: {:?} {}",
+                    out.status,
+                    text(&out.stderr)
+                )
+                .into());
+            }
             let makespan = v["makespan_s"].as_f64().ok_or("no makespan")?;
             if makespan < 0.002 * 5.0 {
                 return Err(format!(
