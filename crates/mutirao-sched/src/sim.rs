@@ -18,6 +18,12 @@
 //!   its end in HLogP's chain of receive overheads — and the task starts after the last; its
 //!   sender's CPU is busy for the model's push cost of those bytes after its sends (the
 //!   runtime moves them while the sender goes on; the message is not delayed by it);
+//! * a rendezvous transfer's clear-to-send is a small flow on the receiver's own connection to
+//!   the sender, so it waits behind the data the receiver already sends there (the runtime has
+//!   one FIFO stream per peer); the data moves once it has crossed (in L of a small message)
+//!   and not before the sender's burst of send calls and of posting its next task's receives
+//!   is over (a sender reads its connections only then, so the clear-to-sends of that burst go
+//!   ahead of the data its sends announced); those waits add to the receive;
 //! * contention only adds: for the same placement, no message arrives, no receive chain ends
 //!   and no task starts earlier than without it (`tests/contention_floor.rs`);
 //! * [`CommMode::LatencyOnly`] is the thesis's latency-model baseline: no CPU occupation,
@@ -33,6 +39,10 @@ use crate::platform::Platform;
 use serde::Serialize;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
+
+/// Bytes of a rendezvous clear-to-send on the wire (the runtime's control frame in a TCP
+/// segment): it matters only for what it waits behind.
+const CTS_BYTES: u64 = 64;
 
 /// A flow start event: (time, edge), ordered by time then edge.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -351,6 +361,22 @@ pub fn simulate_with_network<N: FlowNetwork>(
     } else {
         Vec::new()
     };
+    // What each rendezvous transfer's clear-to-send waited behind: it travels on the
+    // receiver's own connection to the sender (network key `n_edges + edge`), after the data
+    // the receiver already sends there (the runtime's one FIFO stream per peer).
+    let n_edges = edges.len();
+    let mut cts_delay: Vec<f64> = if rdv_flows {
+        vec![0.0; edges.len()]
+    } else {
+        Vec::new()
+    };
+    // When each task's host ended its send calls and went on to post its next task's
+    // receives: a sender queues a transfer's data only when it next reads its connections,
+    // after that burst of calls (so the clear-to-sends of those receives go ahead of it).
+    let mut burst_end: Vec<f64> = if rdv_flows { vec![0.0; n] } else { Vec::new() };
+    // When each host posted the receives of the task it is at: after the previous task's send
+    // calls, before their push (the runtime pushes the bytes while the program waits).
+    let mut host_posted: Vec<f64> = vec![0.0; platform.len()];
     let rdv_start = |ei: usize,
                      post: f64,
                      arrival: f64,
@@ -419,9 +445,11 @@ pub fn simulate_with_network<N: FlowNetwork>(
                         if d.is_nan() {
                             pending += 1;
                         } else {
-                            let end =
-                                (recv_post[ei] + platform.or_s(edges[ei].bytes, p, q) * f + d)
-                                    .max(t);
+                            let end = (recv_post[ei]
+                                + platform.or_s(edges[ei].bytes, p, q) * f
+                                + cts_delay[ei]
+                                + d)
+                                .max(t);
                             rdv_end = rdv_end.max(end);
                             if opts.record_messages {
                                 messages[ei].recv_end_s = end;
@@ -495,7 +523,7 @@ pub fn simulate_with_network<N: FlowNetwork>(
                     // Its receiver's host already waits at that task: the transfer starts now.
                     rdv_start(
                         ei,
-                        host_free[r],
+                        host_posted[r],
                         arrival[ei],
                         &mut rdv_started,
                         &mut recv_post,
@@ -517,6 +545,8 @@ pub fn simulate_with_network<N: FlowNetwork>(
             // calls returned, while the host goes on; that CPU time delays the host's next
             // activity, not the messages (whose transfers are the flows above).
             if rdv_flows {
+                burst_end[v] = t;
+                host_posted[q] = t;
                 for &(_, ei) in &sbuf {
                     let e = edges[ei];
                     let push = platform.push_s(e.bytes, q, placement.host[e.to]) * f;
@@ -542,7 +572,7 @@ pub fn simulate_with_network<N: FlowNetwork>(
                         {
                             rdv_start(
                                 ei,
-                                t,
+                                host_posted[q],
                                 arrival[ei],
                                 &mut rdv_started,
                                 &mut recv_post,
@@ -570,6 +600,21 @@ pub fn simulate_with_network<N: FlowNetwork>(
                 finished.clear();
                 net.finish_until(fin, &mut finished);
                 for d in &finished {
+                    if d.key >= n_edges {
+                        // A clear-to-send reached the sender: the transfer moves from now, or
+                        // once the sender's burst of calls is over. What the clear-to-send
+                        // waited behind, and that, add to the receive.
+                        let ei = d.key - n_edges;
+                        let e = edges[ei];
+                        let (p, r) = (placement.host[e.from], placement.host[e.to]);
+                        // It crosses in L of a small message (which Or already holds, as
+                        // it holds the whole handshake: only waits beyond it are added).
+                        let came = fin + platform.l_s(CTS_BYTES, r, p);
+                        let go = came.max(burst_end[e.from]);
+                        cts_delay[ei] = d.delay + (go - came);
+                        starts.push(Reverse(Start(go, n_edges + ei)));
+                        continue;
+                    }
                     let ei = d.key;
                     let e = edges[ei];
                     let (p, r) = (placement.host[e.from], placement.host[e.to]);
@@ -579,9 +624,11 @@ pub fn simulate_with_network<N: FlowNetwork>(
                         // before its end in the HLogP chain.
                         rdv_delay[ei] = d.delay;
                         if let Some(w) = parked.get_mut(&e.to) {
-                            let end =
-                                (recv_post[ei] + platform.or_s(e.bytes, p, r) * w.f + d.delay)
-                                    .max(rdv_floor[ei]);
+                            let end = (recv_post[ei]
+                                + platform.or_s(e.bytes, p, r) * w.f
+                                + cts_delay[ei]
+                                + d.delay)
+                                .max(rdv_floor[ei]);
                             w.t = w.t.max(end);
                             w.pending -= 1;
                             if opts.record_messages {
@@ -605,15 +652,31 @@ pub fn simulate_with_network<N: FlowNetwork>(
                 }
             }
             _ => {
-                if let Some(Reverse(Start(at, ei))) = starts.pop() {
+                if let Some(Reverse(Start(at, key))) = starts.pop() {
+                    // Keys below n_edges: a message (an eager one's flow, a rendezvous one's
+                    // clear-to-send); above: a rendezvous transfer's data.
+                    if key >= n_edges {
+                        let ei = key - n_edges;
+                        let e = edges[ei];
+                        net.start(
+                            ei,
+                            placement.host[e.from],
+                            placement.host[e.to],
+                            e.bytes,
+                            at,
+                        );
+                        continue;
+                    }
+                    let ei = key;
                     let e = edges[ei];
-                    net.start(
-                        ei,
-                        placement.host[e.from],
-                        placement.host[e.to],
-                        e.bytes,
-                        at,
-                    );
+                    let (p, r) = (placement.host[e.from], placement.host[e.to]);
+                    if rdv_flows && p != r && platform.rendezvous(e.bytes, p, r) {
+                        // The receiver's clear-to-send goes first, on its own connection to
+                        // the sender: behind whatever the receiver already sends there.
+                        net.start(n_edges + ei, r, p, CTS_BYTES, at);
+                    } else {
+                        net.start(ei, p, r, e.bytes, at);
+                    }
                 }
             }
         }

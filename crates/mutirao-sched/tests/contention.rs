@@ -524,6 +524,145 @@ fn an_early_rendezvous_input_moves_before_the_tasks_last_input_is_sent() {
     );
 }
 
+/// A rendezvous transfer moves only once its receiver's clear-to-send reaches the sender, and
+/// that small frame goes on the receiver's own connection to the sender, behind whatever the
+/// receiver is sending there. Here b0 sends 1 MiB to a0 and, right after, posts its receive
+/// for a0's 1 MiB: the two transfers go opposite ways and share nothing, yet a0's cannot start
+/// before b0's has left (on the testbed a 136 KB message across the WAN took 213 ms instead
+/// of 47 while its receiver pushed 700 KB the other way; the runtime has one stream per peer).
+#[test]
+fn a_clear_to_send_waits_behind_the_receivers_data_to_the_sender() {
+    let rdv = two_sites_rendezvous(1, 1, 400.0, 30.0);
+    let mb = 1 << 20;
+    // p1 (a0) → r2 (b0), r1 (b0) → p2 (a0); a0 runs p1 then p2, b0 runs r1, mid (50 ms), r2:
+    // b0 posts r2's receive while r1's megabyte is on its way to a0.
+    let tasks = ["p1", "p2", "r1", "mid", "r2"]
+        .iter()
+        .zip([0.01, 0.01, 0.02, 0.05, 0.01])
+        .map(|(id, work)| Task {
+            id: id.to_string(),
+            work,
+        })
+        .collect();
+    let edges = vec![
+        Edge {
+            from: 0,
+            to: 4,
+            bytes: mb,
+        },
+        Edge {
+            from: 2,
+            to: 1,
+            bytes: mb,
+        },
+    ];
+    let dag = Dag::new(tasks, edges).unwrap();
+    let pl = Placement {
+        host: vec![0, 0, 1, 1, 1],
+        start: vec![0.0, 0.01, 0.0, 0.02, 0.07],
+        seq: vec![0, 1, 2, 3, 4],
+    };
+    let p = Platform::from_model(&rdv).unwrap();
+    let o = SimOptions {
+        record_messages: true,
+        ..opts(true)
+    };
+    let with = simulate(&dag, &p, &pl, o).unwrap();
+    let wire = mb as f64 * 8.0 / 30e6;
+    // r1's megabyte reaches a0 one wire time after it left; only then does r2's clear-to-send,
+    // and p1's megabyte takes another wire time.
+    let r1_left = with.messages[1].recv_start_s;
+    let r1_in = with.messages[1].recv_end_s;
+    assert!(r1_in > r1_left + 0.99 * wire, "{:?}", with.messages[1]);
+    let p1_in = with.messages[0].recv_end_s;
+    assert!(
+        p1_in > r1_in + 0.95 * wire,
+        "p1 -> r2 received at {p1_in:.4} s, r1 -> p2 at {r1_in:.4} s: the clear-to-send cannot \
+         pass the megabyte ahead of it on b0's stream to a0"
+    );
+    // Without the megabyte ahead (no contention model) p1's moves as soon as b0 posts, while
+    // r1's is still crossing the other way.
+    let alone = simulate(
+        &dag,
+        &p,
+        &pl,
+        SimOptions {
+            contention: false,
+            ..o
+        },
+    )
+    .unwrap();
+    assert!(
+        alone.messages[0].recv_end_s < r1_in + 0.5 * wire,
+        "{:?}",
+        alone.messages[0]
+    );
+}
+
+/// A sender queues a transfer's data only when it next reads its connections: after its burst
+/// of send calls and of posting its next task's receives. So when b0 ends r1, sends its
+/// megabyte to a0 (already waiting) and at once posts r2's receive for a0's megabyte (whose
+/// request is in), r2's clear-to-send goes ahead of r1's data on b0's stream: the two
+/// megabytes cross the WAN at the same time, in opposite directions — even when b0's push of
+/// its bytes keeps it busy after the send (traced on the testbed: a 244 KB message's
+/// clear-to-send left before the 561 KB its receiver had just sent the same way).
+#[test]
+fn a_clear_to_send_posted_in_the_senders_burst_goes_ahead_of_its_data() {
+    use mutirao_model::PushCost;
+    let mut rdv = two_sites_rendezvous(1, 1, 400.0, 30.0);
+    rdv.push_cost = vec![PushCost {
+        host: "b0".into(),
+        us_per_byte: 0.01, // 10.5 ms per MiB
+    }];
+    rdv.validate().unwrap();
+    let mb = 1 << 20;
+    // p1 (a0) → r2 (b0), r1 (b0) → p2 (a0); a0 runs p1 then p2, b0 runs r1 (longer than p1,
+    // so p1's request is in when r1 ends), then r2 right away.
+    let tasks = ["p1", "p2", "r1", "r2"]
+        .iter()
+        .zip([0.01, 0.01, 0.03, 0.01])
+        .map(|(id, work)| Task {
+            id: id.to_string(),
+            work,
+        })
+        .collect();
+    let edges = vec![
+        Edge {
+            from: 0,
+            to: 3,
+            bytes: mb,
+        },
+        Edge {
+            from: 2,
+            to: 1,
+            bytes: mb,
+        },
+    ];
+    let dag = Dag::new(tasks, edges).unwrap();
+    let pl = Placement {
+        host: vec![0, 0, 1, 1],
+        start: vec![0.0, 0.01, 0.0, 0.03],
+        seq: vec![0, 1, 2, 3],
+    };
+    let p = Platform::from_model(&rdv).unwrap();
+    let o = SimOptions {
+        record_messages: true,
+        ..opts(true)
+    };
+    let s = simulate(&dag, &p, &pl, o).unwrap();
+    let wire = mb as f64 * 8.0 / 30e6;
+    let (p1, r1) = (s.messages[0], s.messages[1]);
+    // Both transfers take about one wire time from when r1 ended, not two in a row.
+    let r1_end = s.tasks[2].finish_s;
+    assert!(
+        p1.recv_end_s < r1_end + 1.5 * wire && r1.recv_end_s < r1_end + 1.5 * wire,
+        "r1 ended at {r1_end:.4} s; p1 -> r2 received at {:.4} s, r1 -> p2 at {:.4} s: the \
+         clear-to-send b0 queued with its sends went behind its own data",
+        p1.recv_end_s,
+        r1.recv_end_s
+    );
+}
+
 /// The model's push cost: the bytes of a rendezvous message cost its sender CPU after the send
 /// call (the runtime moves them while the sender computes its next task), so the sender's next
 /// task ends later by bytes × cost; the message itself and its receiver are not delayed, an
