@@ -1607,18 +1607,20 @@ impl Engine {
             Err(e) => return Err(e.into()),
         }
         let mut did = false;
-        let evs: Vec<(usize, bool, bool)> = self
+        let evs: Vec<(usize, bool, bool, bool)> = self
             .events
             .iter()
             .map(|e| {
+                let closed = e.is_read_closed() || e.is_error();
                 (
                     e.token().0,
-                    e.is_readable() || e.is_read_closed() || e.is_error(),
+                    e.is_readable() || closed,
+                    closed,
                     e.is_writable(),
                 )
             })
             .collect();
-        for (i, r, w) in evs {
+        for (i, r, closed, w) in evs {
             let Some(p) = self.peers.get_mut(i) else {
                 continue;
             };
@@ -1630,7 +1632,7 @@ impl Engine {
             }
             if r {
                 let shm = !t.socket_is_stream();
-                let alive = t.on_readable();
+                let alive = t.on_readable(closed);
                 // Whatever the stream still holds (maybe a BYE) counts before a close.
                 did |= self.read_peer(i);
                 did |= shm;
@@ -3415,6 +3417,49 @@ mod tests {
         assert!(matches!(
             recv_error(&mut e),
             Error::PeerFailed { rank: 1, .. }
+        ));
+    }
+
+    /// A whole message and the peer's close that reach the socket before the poller looks give
+    /// one readiness event (readable and peer-closed at once). The read that takes the message
+    /// is short, which normally means "drained, wait for the next edge"; here no edge will come,
+    /// so the close must still be seen: the message is delivered, then the next receive fails
+    /// instead of waiting forever.
+    #[test]
+    fn a_message_and_the_close_in_one_readiness_event_give_the_message_then_the_failure() {
+        let (mut e, mut raw) = engine_with_raw_peer();
+        let h = Header {
+            kind: Kind::Eager,
+            tag: 7,
+            ctx: 0,
+            len: 3,
+            id: 0,
+        };
+        raw.write_all(&h.encode()).unwrap();
+        raw.write_all(&[4u8, 5, 6]).unwrap();
+        drop(raw);
+        // Let the data and the FIN both arrive before the engine's first poll.
+        std::thread::sleep(Duration::from_millis(50));
+        let id = e
+            .post_recv(0, Some(1), None, Dest::Alloc(discard_alloc))
+            .unwrap();
+        e.wait_until(|e| e.recv_finished(id)).unwrap();
+        let (st, buf) = e.take_recv(id).unwrap();
+        assert_eq!((st.tag, st.bytes), (7, 3));
+        assert_eq!(buf.unwrap().bytes(), &[4, 5, 6]);
+        // Polled without blocking, with a bound, so a missed close fails the test, not hangs it.
+        let id = e
+            .post_recv(0, Some(1), None, Dest::Alloc(discard_alloc))
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !e.recv_finished(id) && Instant::now() < deadline {
+            e.poke().unwrap();
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(e.recv_finished(id), "the peer's close was never noticed");
+        assert!(matches!(
+            e.take_recv(id),
+            Err(Error::PeerFailed { rank: 1, .. })
         ));
     }
 
