@@ -3035,6 +3035,20 @@ mod tests {
         (e, raw)
     }
 
+    /// An eager frame of context 0: header and payload, as a peer writes it.
+    fn eager_frame(tag: i32, payload: &[u8]) -> Vec<u8> {
+        let h = Header {
+            kind: Kind::Eager,
+            tag,
+            ctx: 0,
+            len: payload.len() as u64,
+            id: 0,
+        };
+        let mut v = h.encode().to_vec();
+        v.extend_from_slice(payload);
+        v
+    }
+
     fn recv_error(e: &mut Engine) -> Error {
         let id = e
             .post_recv(0, Some(1), None, Dest::Alloc(discard_alloc))
@@ -3105,15 +3119,8 @@ mod tests {
             }
         }
         // The re-posted receive takes the peer's message into the saved buffer.
-        let h = Header {
-            kind: Kind::Eager,
-            tag: 3,
-            ctx: 0,
-            len: 8,
-            id: 0,
-        };
-        raw2.write_all(&h.encode()).unwrap();
-        raw2.write_all(&[1, 0, 0, 0, 2, 0, 0, 0]).unwrap();
+        raw2.write_all(&eager_frame(3, &[1, 0, 0, 0, 2, 0, 0, 0]))
+            .unwrap();
         e2.wait_until(|e| e.recv_finished(back[0].id)).unwrap();
         let (st, buf) = e2.take_recv(back[0].id).unwrap();
         assert_eq!((st.source, st.tag, st.bytes), (1, 3, 8));
@@ -3372,18 +3379,7 @@ mod tests {
     #[test]
     fn a_held_message_sent_again_keeps_its_place_before_later_ones() {
         let (mut e, mut raw) = engine_with_raw_peer();
-        let eager = |tag: i32, b: u8| {
-            let h = Header {
-                kind: Kind::Eager,
-                tag,
-                ctx: 0,
-                len: 4,
-                id: 0,
-            };
-            let mut v = h.encode().to_vec();
-            v.extend_from_slice(&[b; 4]);
-            v
-        };
+        let eager = |tag: i32, b: u8| eager_frame(tag, &[b; 4]);
         let rts = Header {
             kind: Kind::Rts,
             tag: 5,
@@ -3469,15 +3465,7 @@ mod tests {
     #[test]
     fn a_message_and_the_close_in_one_readiness_event_give_the_message_then_the_failure() {
         let (mut e, mut raw) = engine_with_raw_peer();
-        let h = Header {
-            kind: Kind::Eager,
-            tag: 7,
-            ctx: 0,
-            len: 3,
-            id: 0,
-        };
-        raw.write_all(&h.encode()).unwrap();
-        raw.write_all(&[4u8, 5, 6]).unwrap();
+        raw.write_all(&eager_frame(7, &[4, 5, 6])).unwrap();
         drop(raw);
         // Let the data and the FIN both arrive before the engine's first poll.
         std::thread::sleep(Duration::from_millis(50));
@@ -3515,15 +3503,7 @@ mod tests {
             .unwrap();
         let sender = std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(30));
-            let h = Header {
-                kind: Kind::Eager,
-                tag: 1,
-                ctx: 0,
-                len: 1,
-                id: 0,
-            };
-            raw.write_all(&h.encode()).unwrap();
-            raw.write_all(&[9]).unwrap();
+            raw.write_all(&eager_frame(1, &[9])).unwrap();
             raw
         });
         e.wait_until(|e| e.recv_finished(id)).unwrap();
