@@ -9,6 +9,8 @@
 #   REPS=1 SCALE=0.1 bash bench/compare_mpi.sh  # a quick check that every row has its numbers
 #   BIND=core REPS=3 LOAD=both bash bench/compare_mpi.sh  # mutirão ranks pinned (--bind-to core),
 #                                                         # as Open MPI pins 2 ranks by default
+#   ONLY="tcp shm" REPS=3 bash bench/compare_mpi.sh       # only these rows (shm tcp allreduce bcast
+#                                                         # alltoall; no launch row): a quick check
 #
 # Each round runs every configuration once, in turn:
 #   ping-pong  mutirao shared memory | Open MPI vader | MPICH (UCX shm)
@@ -33,6 +35,10 @@ LOAD="${LOAD:-0}"
 LOAD_PROCS="${LOAD_PROCS:-1}"
 SCALE="${SCALE:-1}"
 BIND="${BIND:-none}"
+FAMS="${ONLY:-shm tcp allreduce bcast alltoall}"
+for f in $FAMS; do
+    case "$f" in shm | tcp | allreduce | bcast | alltoall) ;; *) echo "ONLY=$ONLY: $f is not one of shm tcp allreduce bcast alltoall" >&2; exit 2 ;; esac
+done
 case "$BIND" in none | core) ;; *) echo "BIND=$BIND: expected none or core" >&2; exit 2 ;; esac
 TGT="${CARGO_TARGET_DIR:-target}"
 OUT="${OUT:-$TGT/bench-compare}"
@@ -96,8 +102,8 @@ run_cfg() {
     mpich-alltoall) "${MPICH[@]}" -np 4 "$OUT/bench_mpich" alltoall "$A2A_SIZES" ;;
     esac
 }
-CFGS=(mutirao-shm ompi-shm mpich-shm mutirao-tcp ompi-tcp mpich-tcp)
-for c in allreduce bcast alltoall; do CFGS+=("mutirao-$c" "ompi-$c" "mpich-$c"); done
+CFGS=()
+for c in $FAMS; do CFGS+=("mutirao-$c" "ompi-$c" "mpich-$c"); done
 case "$LOAD" in
 0) PASSES=(0) ;;
 1) PASSES=(1) ;;
@@ -179,18 +185,21 @@ for s in sizes:
 PY
 }
 
+declare -A TITLE=(
+    [shm]="ping-pong, shared memory|one-way latency in µs"
+    [tcp]="ping-pong, TCP|one-way latency in µs"
+    [allreduce]="allreduce (u64 sum), 4 ranks|latency in µs, slowest rank"
+    [bcast]="bcast from rank 0, 4 ranks|latency in µs, slowest rank"
+    [alltoall]="alltoall, bytes per rank pair, 4 ranks|latency in µs, slowest rank"
+)
 for pass in "${PASSES[@]}"; do
-    table "$pass" "ping-pong, shared memory" "one-way latency in µs" shm
-    table "$pass" "ping-pong, TCP" "one-way latency in µs" tcp
-    table "$pass" "allreduce (u64 sum), 4 ranks" "latency in µs, slowest rank" allreduce
-    table "$pass" "bcast from rank 0, 4 ranks" "latency in µs, slowest rank" bcast
-    table "$pass" "alltoall, bytes per rank pair, 4 ranks" "latency in µs, slowest rank" alltoall
+    for fam in $FAMS; do table "$pass" "${TITLE[$fam]%%|*}" "${TITLE[$fam]#*|}" "$fam"; done
 done
 if [ "$LOAD" = both ]; then
-    for fam in shm tcp allreduce bcast alltoall; do steadiness "$fam"; done
+    for fam in $FAMS; do steadiness "$fam"; done
 fi
 
-if command -v hyperfine >/dev/null; then
+if [ -z "${ONLY:-}" ] && command -v hyperfine >/dev/null; then
     [ "$LOAD" = 1 ] && load_start
     echo
     echo "## launch + init + finalize, 2 ranks (hyperfine, 20 runs each, interleaved by hyperfine's order)"

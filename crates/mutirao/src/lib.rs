@@ -45,6 +45,7 @@
 //! Threading: a communicator is used from one thread (it is `!Send`), like MPI at
 //! `MPI_THREAD_FUNNELED`.
 
+mod busy;
 pub mod ckpt;
 pub mod coll;
 mod comm;

@@ -27,8 +27,10 @@ pub(crate) trait Transport {
     fn close_socket(&mut self);
     /// Does the socket carry the data stream (TCP) or only wake-ups (shared memory)?
     fn socket_is_stream(&self) -> bool;
-    /// The poller saw the socket readable. `Err`: the peer is gone (EOF or error on the socket).
-    fn on_readable(&mut self) -> Result<(), String>;
+    /// The poller saw the socket readable; `closed`: it also reported the peer's end closed
+    /// (`EPOLLRDHUP`/`EPOLLHUP`) or an error, so the stream must be read until its end.
+    /// `Err`: the peer is gone (EOF or error on the socket).
+    fn on_readable(&mut self, closed: bool) -> Result<(), String>;
     /// The poller saw the socket writable.
     fn on_writable(&mut self);
     /// About to block in the poller: arrange to be woken; true if data arrived meanwhile.
@@ -73,10 +75,20 @@ fn io_err(e: std::io::Error) -> Outcome {
 }
 
 /// TCP (`TCP_NODELAY`, non-blocking, edge-triggered readiness).
+///
+/// A read that returns fewer bytes than asked for drained the socket's receive queue, so the
+/// transport stops reading until the poller reports it readable again: a message costs one
+/// `recvfrom`, not one plus a second that only says `EAGAIN`. Edge-triggered `epoll` reports
+/// every later arrival, data or the peer's FIN. The one case where that is not enough is a FIN
+/// that arrived with the last data before the poller looked: then no new event will come, so
+/// the poller's "peer closed" flag (`EPOLLRDHUP`) makes the transport read on until the
+/// zero-length read that says end of stream.
 pub(crate) struct TcpTransport {
     sock: Option<TcpStream>,
     readable: bool,
     writable: bool,
+    /// The poller reported the peer's end closed: read until EOF, never stop at a short read.
+    peer_closed: bool,
 }
 
 impl TcpTransport {
@@ -85,6 +97,7 @@ impl TcpTransport {
             sock: Some(sock),
             readable: true,
             writable: true,
+            peer_closed: false,
         }
     }
 }
@@ -103,7 +116,13 @@ impl Transport for TcpTransport {
         }
         match sock.read(buf) {
             Ok(0) => Err("connection closed".into()),
-            Ok(n) => Ok(n),
+            Ok(n) => {
+                if n < buf.len() && !self.peer_closed {
+                    // Drained: the next arrival (or the FIN) raises a new edge.
+                    self.readable = false;
+                }
+                Ok(n)
+            }
             Err(e) => match io_err(e) {
                 Outcome::Drained => {
                     self.readable = false;
@@ -147,8 +166,9 @@ impl Transport for TcpTransport {
         true
     }
 
-    fn on_readable(&mut self) -> Result<(), String> {
+    fn on_readable(&mut self, closed: bool) -> Result<(), String> {
         self.readable = true;
+        self.peer_closed |= closed;
         Ok(())
     }
 
@@ -253,7 +273,7 @@ impl Transport for ShmTransport {
         false
     }
 
-    fn on_readable(&mut self) -> Result<(), String> {
+    fn on_readable(&mut self, closed: bool) -> Result<(), String> {
         let Some(s) = self.bell.as_mut() else {
             return Err("connection closed".into());
         };
@@ -261,6 +281,9 @@ impl Transport for ShmTransport {
         loop {
             match s.read(&mut buf) {
                 Ok(0) => return Err("connection closed".into()),
+                // A short read drained the wake-up bytes (see `TcpTransport`); read on to the
+                // EOF only when the poller said the peer closed its end.
+                Ok(n) if n < buf.len() && !closed => return Ok(()),
                 Ok(_) => continue,
                 Err(e) => match io_err(e) {
                     Outcome::Drained => return Ok(()),
