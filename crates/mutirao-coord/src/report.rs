@@ -64,6 +64,8 @@ pub fn measure_with(
         owner: owner.state,
         owner_why: owner.why.clone(),
         props: props.clone(),
+        // The agent adds its rank journal's report (see `mutirao agent`).
+        jobs: Vec::new(),
     })
 }
 

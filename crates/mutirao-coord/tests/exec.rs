@@ -139,14 +139,17 @@ fn a_waiting_job_is_placed_run_logged_and_finished() {
     );
     assert_eq!(story[2], "order eligible hosts in order of preference: n1 (stays idle 0.25) (stays idle: probability of the owner staying away 2 h, from the usage history)");
     assert_eq!(story[3], "refused n2: its owner is active");
+    // The run agents label its ranks with (a restarted coordinator asks them about it).
+    assert_eq!(story[4], "run run 1: 3 ranks on n1×3");
+    assert_eq!(l.run, 1);
     assert!(
-        story[4].starts_with("start placed in ")
-            && story[4].contains(" ms, program read and checked in "),
+        story[5].starts_with("start placed in ")
+            && story[5].contains(" ms, program read and checked in "),
         "{}",
-        story[4]
+        story[5]
     );
-    assert_eq!(story[5], "state started on n1");
-    assert_eq!(story[6], "state exit 0");
+    assert_eq!(story[6], "state started on n1");
+    assert_eq!(story[7], "state exit 0");
     assert_eq!(d.running(), 0);
     let _ = std::fs::remove_dir_all(&dir);
 }
