@@ -446,6 +446,12 @@ pub fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
             ));
             let j = Arc::new(j);
             journal = Some(j.clone());
+            let usage_path = state.join("usage.json");
+            let usage = mutirao_coord::usage::AgentUsage::open(&usage_path)?;
+            log(&format!(
+                "keeping this host's usage history in {}",
+                usage_path.display()
+            ));
             let name = args.name.clone().unwrap_or_else(agent::host_name);
             let addr = bound.to_string();
             let mut props = match &args.resources {
@@ -476,6 +482,13 @@ pub fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
                         .unwrap_or_default();
                     let mut r = mutirao_coord::report::measure_with(&name, &addr, &owner, &props)?;
                     r.jobs = j.report();
+                    // One sample of the usage history per report: idle when the owner's
+                    // policy leaves the host to the grid.
+                    let (u, err) = usage.sample(!r.owner_busy());
+                    if let Some(e) = err {
+                        log(&e.to_string());
+                    }
+                    r.usage = Some(u);
                     Ok(r)
                 }),
                 nudge,

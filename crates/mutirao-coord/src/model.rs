@@ -189,6 +189,10 @@ pub struct HostReport {
     /// reconciles its jobs with.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub jobs: Vec<mutirao_launch::journal::JobRanks>,
+    /// Its agent's usage history ([`crate::usage`]): the whole of it at registration and at
+    /// the first report of each hour, this hour's bucket otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<crate::usage::UsageReport>,
 }
 
 /// Most job entries (and ranks per entry) a host report may carry.
@@ -352,6 +356,9 @@ impl HostReport {
                 "host {}: more than {MAX_REPORTED_JOBS} jobs or ranks reported",
                 self.name
             ));
+        }
+        if let Some(u) = &self.usage {
+            u.check().map_err(|e| format!("host {}: {e}", self.name))?;
         }
         if self.free_mem_mib > i64::MAX as u64 {
             return Err(format!(

@@ -436,32 +436,44 @@ fn checkpoint_waves_make_the_job_checkpointing_until_committed_and_an_owner_keep
 }
 
 #[test]
-fn the_usage_history_learnt_from_reports_orders_the_hosts() {
+fn placement_prefers_the_host_whose_agent_s_history_says_it_stays_idle() {
+    use mutirao_coord::usage::Keeper;
     let (c, s, d, dir) = setup("usage", true);
-    host(&c, "n1", 4.0, false);
-    host(&c, "n2", 2.0, false);
-    // n1's owner has been at it at this hour, n2's away.
+    host(&c, "n1", 2.0, false);
+    host(&c, "n2", 1.0, false);
+    // Without histories, the idler host wins.
+    let first = submit(&c, 1, "");
+    d.place_waiting().unwrap();
+    wait(&c, first, JobState::Finished);
+    assert_eq!(s.launches.lock().unwrap()[0].hosts[0].name, "n1");
+    // n1's agent: its owner is at work at this hour and the next; n2's owner is away. The
+    // hours are the agents' own (each sends its hour of the week).
+    let (mut busy, mut away) = (Keeper::default(), Keeper::default());
     for _ in 0..100 {
-        c.usage().record("n1", false);
-        c.usage().record("n2", true);
+        for h in [40, 41] {
+            busy.sample(h, false);
+            away.sample(h, true);
+        }
     }
-    let id = submit(&c, 1, "");
-    assert_eq!(d.place_waiting().unwrap(), 1);
-    wait(&c, id, JobState::Finished);
-    assert_eq!(s.launches.lock().unwrap()[0].hosts[0].name, "n2");
+    // A new hour: each sends its whole history, as at registration.
+    c.usage().reported("n1", &busy.sample(40, false));
+    c.usage().reported("n2", &away.sample(40, true));
+    let second = submit(&c, 1, "");
+    d.place_waiting().unwrap();
+    wait(&c, second, JobState::Finished);
+    assert_eq!(s.launches.lock().unwrap()[1].hosts[0].name, "n2");
     let order = c
         .store()
-        .events(id)
+        .events(second)
         .unwrap()
         .into_iter()
         .find(|e| e.kind == "order")
         .unwrap()
         .detail;
     assert!(
-        order.starts_with(
-            "eligible hosts in order of preference: n2 (stays idle 0.50), n1 (stays idle 0.00)"
-        ),
+        order.starts_with("eligible hosts in order of preference: n2 (stays idle 0.98"),
         "{order}"
     );
+    assert!(order.contains("n1 (stays idle 0.00"), "{order}");
     let _ = std::fs::remove_dir_all(&dir);
 }
