@@ -355,6 +355,19 @@ fn grid_with_agent_env(tag: &str, env: &[(&str, &str)]) -> (Agent, Coord, Scratc
     let tmp = Scratch::new(&format!("{tag}-agent"));
     // The agent's token file first (the coordinator starts ranks through the agent with it),
     // then the agent, which registers with the coordinator itself (`--coordinator`).
+    let agent_tok = gen_agent_token(&tmp);
+    let c = start_with_env(
+        tag,
+        &["--agent-token-file", agent_tok.to_str().unwrap()],
+        env,
+    );
+    let (agent, _) = start_agent(&tmp.0, Some((&c.url, N1)));
+    wait_registered(&c);
+    (agent, c, tmp)
+}
+
+/// A new agent token file in `tmp`.
+fn gen_agent_token(tmp: &Scratch) -> PathBuf {
     let agent_tok = tmp.0.join("agent.token");
     let o = Command::new(BIN)
         .args(["agent", "--gen-token"])
@@ -362,12 +375,11 @@ fn grid_with_agent_env(tag: &str, env: &[(&str, &str)]) -> (Agent, Coord, Scratc
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let c = start_with_env(
-        tag,
-        &["--agent-token-file", agent_tok.to_str().unwrap()],
-        env,
-    );
-    let (agent, _) = start_agent(&tmp.0, Some((&c.url, N1)));
+    agent_tok
+}
+
+/// Until agent n1 has registered with `c`.
+fn wait_registered(c: &Coord) {
     let ana = mutirao_coord::client::Client::new(&c.url, ANA).unwrap();
     let t0 = Instant::now();
     while !ana
@@ -381,7 +393,6 @@ fn grid_with_agent_env(tag: &str, env: &[(&str, &str)]) -> (Agent, Coord, Scratc
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    (agent, c, tmp)
 }
 
 /// The runtime's example `name`, built by `cargo test`/`nextest` for the workspace.
@@ -962,13 +973,7 @@ fn wait_journal(tmp: &Scratch, what: &str, f: impl Fn(&mutirao_launch::journal::
 /// it through the forwarder. Drop order: agent, coordinator, scratch.
 fn grid_behind_forward(tag: &str) -> (Agent, Coord, Forward, Scratch, Vec<String>) {
     let tmp = Scratch::new(&format!("{tag}-agent"));
-    let agent_tok = tmp.0.join("agent.token");
-    let o = Command::new(BIN)
-        .args(["agent", "--gen-token"])
-        .arg(&agent_tok)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let agent_tok = gen_agent_token(&tmp);
     let extra: Vec<String> = vec![
         "--agent-token-file".into(),
         agent_tok.display().to_string(),
@@ -979,19 +984,7 @@ fn grid_behind_forward(tag: &str) -> (Agent, Coord, Forward, Scratch, Vec<String
     let c = start_with(tag, &e);
     let fw = Forward::new(&c.url);
     let (agent, _) = start_agent(&tmp.0, Some((&fw.url, N1)));
-    let ana = mutirao_coord::client::Client::new(&c.url, ANA).unwrap();
-    let t0 = Instant::now();
-    while !ana
-        .hosts()
-        .map(|h| h.iter().any(|h| h.host.report.name == "n1"))
-        .unwrap_or(false)
-    {
-        assert!(
-            t0.elapsed() < Duration::from_secs(20),
-            "n1 did not register"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_registered(&c);
     (agent, c, fw, tmp, extra)
 }
 

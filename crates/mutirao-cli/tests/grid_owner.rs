@@ -240,6 +240,27 @@ fn setup(
     (g, url, agent_pid)
 }
 
+/// Until job `id` has committed an epoch (its checkpoint directory's `COMMITTED`), running
+/// all along.
+fn wait_committed(g: &Grid, url: &str, id: i64) {
+    let committed = g.dir.join(format!("coord.sqlite.jobs/{id}/ckpt/COMMITTED"));
+    let t0 = Instant::now();
+    while std::fs::read_to_string(&committed)
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok())
+        .is_none_or(|e| e < 1)
+    {
+        let v = job(url, id);
+        assert!(
+            t0.elapsed() < Duration::from_secs(60)
+                && (v["job"]["state"] == "running" || v["job"]["state"] == "checkpointing"),
+            "no epoch committed while the job ran: {:#?}",
+            story(&v)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 #[test]
 fn an_active_owner_suspends_the_job_there_then_vacates_it_to_the_other_host() {
     let (g, url, agent_pid) = setup("plain", 4.0, &[]);
@@ -429,22 +450,7 @@ fn a_vacated_job_with_checkpoints_resumes_elsewhere_from_its_last_committed_epoc
     let h = hosts_placed(&placed)[0].clone();
     let other = if h == "n1" { "n2" } else { "n1" };
     // Once an epoch is committed, the owner of the first host comes back for good.
-    let committed = g.dir.join(format!("coord.sqlite.jobs/{id}/ckpt/COMMITTED"));
-    let t0 = Instant::now();
-    while std::fs::read_to_string(&committed)
-        .ok()
-        .and_then(|s| s.trim().parse::<u64>().ok())
-        .is_none_or(|e| e < 1)
-    {
-        let v = job(&url, id);
-        assert!(
-            t0.elapsed() < Duration::from_secs(60)
-                && (v["job"]["state"] == "running" || v["job"]["state"] == "checkpointing"),
-            "no epoch committed while the job ran: {:#?}",
-            story(&v)
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_committed(&g, &url, id);
     std::fs::write(g.dir.join(format!("owner-{h}")), "").unwrap();
     let v = wait_for(&url, id, "finished", Duration::from_secs(120), |v| {
         let st = v["job"]["state"].as_str().unwrap_or("");
@@ -707,7 +713,7 @@ fn a_restart_within_the_run_shows_the_job_recovering_then_running_again() {
         );
         return;
     };
-    let args = ["--n", "64", "--iters", "10000"];
+    let args = ["--n", "64", "--iters", "5000"];
     let want = common::plain_checksum(&j, 4, &args);
     // Owners never active here: the policy's file is never created.
     let (mut g, url, agent_pid) = setup("inrun", 60.0, &[]);
@@ -730,20 +736,7 @@ fn a_restart_within_the_run_shows_the_job_recovering_then_running_again() {
         .unwrap();
     // Each host takes at most its idle cores (2 here) and at least one rank: both have ranks.
     assert_eq!(hosts_placed(&placed).len(), 2, "{placed}");
-    let committed = g.dir.join(format!("coord.sqlite.jobs/{id}/ckpt/COMMITTED"));
-    let t0 = Instant::now();
-    while std::fs::read_to_string(&committed)
-        .ok()
-        .and_then(|s| s.trim().parse::<u64>().ok())
-        .is_none_or(|e| e < 1)
-    {
-        assert!(
-            t0.elapsed() < Duration::from_secs(60),
-            "no epoch committed: {:#?}",
-            story(&job(&url, id))
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_committed(&g, &url, id);
     // n2's agent dies (SIGKILL): the launcher restarts every rank on n1 within the run.
     let pid = agent_pid["n2"];
     let a = g.procs.iter_mut().find(|c| c.id() == pid).unwrap();

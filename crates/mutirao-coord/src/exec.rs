@@ -587,35 +587,6 @@ impl Dispatcher {
         *self.calibrated.lock().unwrap_or_else(|p| p.into_inner()) = Some(m);
     }
 
-    /// Jobs a previous coordinator left started (its executions died with it, or can no
-    /// longer be followed): each is re-queued (or failed if it cannot be), journalled. Returns
-    /// how many. Call once, before serving.
-    pub fn requeue_orphans(&self) -> Result<usize> {
-        let store = self.c.store();
-        let mut n = 0;
-        for j in store.jobs_in(&[
-            JobState::Running,
-            JobState::Checkpointing,
-            JobState::Recovering,
-            JobState::Suspended,
-        ])? {
-            let why = "the coordinator restarted and lost track of this run; re-queued";
-            let r = match j.state {
-                JobState::Running | JobState::Checkpointing => self
-                    .c
-                    .transition(j.id, JobState::Recovering, "the coordinator restarted")
-                    .and_then(|_| self.c.transition(j.id, JobState::Waiting, why)),
-                JobState::Recovering | JobState::Suspended => {
-                    self.c.transition(j.id, JobState::Waiting, why)
-                }
-                _ => continue,
-            };
-            r?;
-            n += 1;
-        }
-        Ok(n)
-    }
-
     /// Try to place and start every waiting job, oldest first; returns how many started.
     pub fn place_waiting(&self) -> Result<usize> {
         let _one_at_a_time = self.placing.lock().unwrap_or_else(|p| p.into_inner());

@@ -210,11 +210,28 @@ fn cancel_reaches_the_execution_and_a_restart_requeues_orphans() {
     let c2 = Coordinator::new(c.store().clone(), Tokens::new(), c.repo().clone());
     let d2 =
         Dispatcher::install(c2.clone(), Arc::new(Script::default()), &dir.join("jobs")).unwrap();
-    assert_eq!(d2.requeue_orphans().unwrap(), 1);
-    assert_eq!(c.store().job(b).unwrap().state, JobState::Waiting);
+    assert_eq!(d2.reconcile_orphans().unwrap(), 1);
+    // n1's agent reports after the restart, remembering no rank of b's run: re-queued.
+    host(&c2, "n1", 2.0, false);
+    wait(&c, b, JobState::Waiting);
     assert_eq!(c.store().job(a).unwrap().state, JobState::Cancelled);
-    let last = c.store().events(b).unwrap().pop().unwrap().detail;
-    assert!(last.contains("re-queued"), "{last}");
+    let story: Vec<String> = c
+        .store()
+        .events(b)
+        .unwrap()
+        .into_iter()
+        .map(|e| e.detail)
+        .collect();
+    let n = story.len();
+    assert_eq!(
+        story[n - 2],
+        "no agent of n1 remembers a rank of run 1 (they keep exits for an hour)",
+        "{story:#?}"
+    );
+    assert!(
+        story[n - 1].starts_with("re-queued after the coordinator's restart"),
+        "{story:#?}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
