@@ -683,8 +683,8 @@ mod tests {
             log: Arc::new(|_| {}),
             store: None,
             procs: Procs::default(),
-            // A fetch of 1.5 s: three times the launcher's patience with a silent agent.
             journal: None,
+            // A fetch of 1.5 s: three times the launcher's patience with a silent agent.
             programs: Some(ProgramSource {
                 resolve: Arc::new(|_| {
                     std::thread::sleep(Duration::from_millis(1500));
