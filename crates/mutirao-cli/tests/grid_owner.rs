@@ -240,6 +240,26 @@ fn setup(
     (g, url, agent_pid)
 }
 
+/// `mutirao submit ARGS…` (`submit` included); waits until the job runs: its id and its
+/// `placement` event.
+fn submit_running(url: &str, submit: &[&str]) -> (i64, String) {
+    let o = mutirao(url, submit);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let id: i64 = String::from_utf8_lossy(&o.stdout).trim().parse().unwrap();
+    let v = wait_for(
+        url,
+        id,
+        "running",
+        Duration::from_secs(30),
+        state_is("running"),
+    );
+    let placed = story(&v)
+        .into_iter()
+        .find(|l| l.starts_with("placement "))
+        .unwrap();
+    (id, placed)
+}
+
 /// Until job `id` has committed an epoch (its checkpoint directory's `COMMITTED`), running
 /// all along.
 fn wait_committed(g: &Grid, url: &str, id: i64) {
@@ -433,20 +453,7 @@ fn a_vacated_job_with_checkpoints_resumes_elsewhere_from_its_last_committed_epoc
     ];
     submit.push(j.to_str().unwrap());
     submit.extend(args);
-    let o = mutirao(&url, &submit);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let id: i64 = String::from_utf8_lossy(&o.stdout).trim().parse().unwrap();
-    let v = wait_for(
-        &url,
-        id,
-        "running",
-        Duration::from_secs(30),
-        state_is("running"),
-    );
-    let placed = story(&v)
-        .into_iter()
-        .find(|l| l.starts_with("placement "))
-        .unwrap();
+    let (id, placed) = submit_running(&url, &submit);
     let h = hosts_placed(&placed)[0].clone();
     let other = if h == "n1" { "n2" } else { "n1" };
     // Once an epoch is committed, the owner of the first host comes back for good.
@@ -720,20 +727,7 @@ fn a_restart_within_the_run_shows_the_job_recovering_then_running_again() {
     let mut submit = vec!["submit", "-n", "4", "--checkpoint-interval", "0.2"];
     submit.push(j.to_str().unwrap());
     submit.extend(args);
-    let o = mutirao(&url, &submit);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let id: i64 = String::from_utf8_lossy(&o.stdout).trim().parse().unwrap();
-    let v = wait_for(
-        &url,
-        id,
-        "running",
-        Duration::from_secs(30),
-        state_is("running"),
-    );
-    let placed = story(&v)
-        .into_iter()
-        .find(|l| l.starts_with("placement "))
-        .unwrap();
+    let (id, placed) = submit_running(&url, &submit);
     // Each host takes at most its idle cores (2 here) and at least one rank: both have ranks.
     assert_eq!(hosts_placed(&placed).len(), 2, "{placed}");
     wait_committed(&g, &url, id);
