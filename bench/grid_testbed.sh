@@ -13,8 +13,13 @@
 #   2 kill    a host dies mid-job (every process of its cgroup SIGKILLed): with checkpoints the
 #             run recovers from the last committed epoch on the other hosts; without, the job is
 #             re-queued and runs again without that host
-#   3 coord   the coordinator is killed (SIGKILL) mid-job and restarted on its database: the job
-#             is re-queued and completes
+#   3 coord   the coordinator is killed (SIGKILL) mid-job and restarted on its database: it asks
+#             the agents (their rank journals, in their heartbeats) what became of the run — its
+#             ranks were killed with the launcher — and re-queues the job, which completes
+#   3b coorddone  the coordinator is frozen (SIGSTOP) once a short job's ranks have connected; they
+#             end (exit 0) while it cannot record it; it is killed and restarted: the agents
+#             report every rank exited 0 and the job is finished without running again
+#             (not in the default list: ask for it by name)
 #   4 owner   the owner of a host running the job becomes active: a busy loop started inside the
 #             host (its namespace and cgroup) loads it past the policy's max_load; the job is
 #             suspended, then (past the grace period) vacated and resumed on other hosts
@@ -308,12 +313,57 @@ scenario_coord() {
     start_coord
     s=$(wait_state "$id" "finished failed cancelled" 600) || true
     journal "$id"
+    local why
+    why=$(api "/jobs/$id" | jq -r '[.events[] | select(.to == "recovering" and (.detail | startswith("the agents report")))] | first | .detail // ""')
     if [[ $s == finished ]] && ok_result "$id" 4 "$NL" &&
-        api "/jobs/$id" | jq -e '[.events[] | select(.detail | contains("coordinator restarted"))] | length > 0' >/dev/null; then
-        verdict coord PASS "(re-queued at the restart, finished with a correct result)"
+        api "/jobs/$id" | jq -e '[.events[] | select(.kind == "reconcile" and (.detail | contains("coordinator restarted")))] | length > 0' >/dev/null &&
+        [[ -n $why ]]; then
+        verdict coord PASS "(reconciled with the agents at the restart: $why; re-queued, finished with a correct result)"
     else
         verdict coord FAIL "(state $s)"
         m logs "$id" | tail -5 | sed 's/^/    /'
+    fi
+}
+
+# Every rank of job $1 journalled by the agents (their state directories) has exited 0, and
+# there are $2 of them.
+ranks_exited_0() {
+    local n
+    n=$(cat "$W"/agent-*/programs/ranks.json 2>/dev/null |
+        jq -s --argjson id "$1" '[.[].entries[] | select(.label.job == $id)] | if all(.code == 0) then length else -1 end')
+    [[ $n == "$2" ]]
+}
+
+scenario_coorddone() {
+    say "3b coorddone: matmul $N -n 4; the coordinator is frozen once the ranks have connected, killed after they exited 0, restarted"
+    local id s t0
+    id=$(m submit -n 4 "$MM" "$N")
+    t0=$SECONDS
+    until api "/jobs/$id" | jq -e 'any(.events[]; .kind == "init")' >/dev/null; do
+        (( SECONDS - t0 < 60 )) || break
+        sleep 0.05
+    done
+    kill -STOP "$COORD_PID"
+    say "coordinator frozen; waiting for the agents to journal the ranks' exits"
+    t0=$SECONDS
+    until ranks_exited_0 "$id" 4; do
+        (( SECONDS - t0 < 120 )) || break
+        sleep 0.2
+    done
+    local exited=no
+    ranks_exited_0 "$id" 4 && exited=yes
+    kill -9 "$COORD_PID"; wait "$COORD_PID" 2>/dev/null || true
+    say "coordinator killed (ranks exited 0: $exited); restarting it on its database"
+    start_coord
+    s=$(wait_state "$id" "finished failed cancelled" 120) || true
+    journal "$id"
+    local runs fin
+    runs=$(api "/jobs/$id" | jq -r '[.events[] | select(.kind == "run")] | length')
+    fin=$(api "/jobs/$id" | jq -r '[.events[] | select(.to == "finished")] | last | .detail // ""')
+    if [[ $exited == yes && $s == finished && $runs == 1 && $fin == *"exited 0"* ]]; then
+        verdict coorddone PASS "(the agents reported every rank exited 0: finished without a second run)"
+    else
+        verdict coorddone FAIL "(ranks exited 0 before the kill: $exited; state $s; runs $runs; $fin)"
     fi
 }
 

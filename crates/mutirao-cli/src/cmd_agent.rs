@@ -95,6 +95,13 @@ pub struct AgentArgs {
     /// digest right before it runs; an altered copy is removed and the launch refused.
     #[arg(long, value_name = "DIR")]
     pub program_cache: Option<PathBuf>,
+    /// With --coordinator: where the agent keeps its state across restarts — the journal of
+    /// the grid ranks it runs (`ranks.json`: each rank's job and run, alive or how it ended,
+    /// kept an hour; reported in every heartbeat, so a restarted coordinator learns what became
+    /// of its jobs) and its host's usage history (`usage.json`). Default: the --program-cache
+    /// directory.
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
     /// Node number in the directory's resource ids (default: derived from the listen port).
     #[arg(long, value_name = "N")]
     pub dir_node: Option<u16>,
@@ -228,6 +235,32 @@ fn meu_props(
 /// Largest program an agent fetches from the coordinator (the coordinator's own default cap).
 const MAX_PROGRAM: u64 = 256 << 20;
 
+/// The --program-cache directory (default $TMPDIR/mutirao-agent-programs-IP-PORT).
+fn program_cache_dir(args: &AgentArgs, bound: SocketAddr) -> PathBuf {
+    args.program_cache.clone().unwrap_or_else(|| {
+        std::env::temp_dir().join(format!(
+            "mutirao-agent-programs-{}-{}",
+            bound.ip(),
+            bound.port()
+        ))
+    })
+}
+
+/// The --state-dir directory (default: the program cache's), created mode 0700.
+fn state_dir(args: &AgentArgs, bound: SocketAddr) -> anyhow::Result<PathBuf> {
+    use std::os::unix::fs::DirBuilderExt;
+    let dir = args
+        .state_dir
+        .clone()
+        .unwrap_or_else(|| program_cache_dir(args, bound));
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&dir)
+        .with_context(|| format!("cannot create the state directory {}", dir.display()))?;
+    Ok(dir)
+}
+
 /// Programs by digest from the coordinator's repository, cached in --program-cache; every
 /// fetch and refusal goes to the agent's log.
 fn program_source(
@@ -236,13 +269,7 @@ fn program_source(
     client: mutirao_coord::client::Client,
 ) -> anyhow::Result<agent::ProgramSource> {
     use mutirao_coord::fetch::{Fetched, ProgramCache};
-    let dir = args.program_cache.clone().unwrap_or_else(|| {
-        std::env::temp_dir().join(format!(
-            "mutirao-agent-programs-{}-{}",
-            bound.ip(),
-            bound.port()
-        ))
-    });
+    let dir = program_cache_dir(args, bound);
     let cache = ProgramCache::open(&dir, client, MAX_PROGRAM)?;
     let run_dir = dir.join("run");
     log(&format!(
@@ -385,6 +412,7 @@ pub fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
     };
     let owner_status = owner.as_ref().map(|w| w.shared());
     let mut programs = None;
+    let mut journal = None;
     // Kept alive while the agent serves: dropping it stops the heartbeats.
     let _heartbeat = match &args.coordinator {
         None => None,
@@ -402,6 +430,28 @@ pub fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
                 mutirao_coord::client::Client::new(url, &token)
                     .map_err(|e| anyhow::anyhow!("--coordinator {url}: {e}"))?,
             )?);
+            let state = state_dir(&args, bound)?;
+            let (j, orphaned) =
+                mutirao_launch::journal::RankJournal::open(&state.join("ranks.json"))?;
+            log(&format!(
+                "journalling grid ranks in {}{}",
+                state.join("ranks.json").display(),
+                if orphaned > 0 {
+                    format!(
+                        " ({orphaned} rank(s) a previous agent left alive recorded as ended, status unknown)"
+                    )
+                } else {
+                    String::new()
+                }
+            ));
+            let j = Arc::new(j);
+            journal = Some(j.clone());
+            let usage_path = state.join("usage.json");
+            let usage = mutirao_coord::usage::AgentUsage::open(&usage_path)?;
+            log(&format!(
+                "keeping this host's usage history in {}",
+                usage_path.display()
+            ));
             let name = args.name.clone().unwrap_or_else(agent::host_name);
             let addr = bound.to_string();
             let mut props = match &args.resources {
@@ -430,7 +480,16 @@ pub fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
                         .as_ref()
                         .map(|s| s.lock().unwrap_or_else(|p| p.into_inner()).clone())
                         .unwrap_or_default();
-                    mutirao_coord::report::measure_with(&name, &addr, &owner, &props)
+                    let mut r = mutirao_coord::report::measure_with(&name, &addr, &owner, &props)?;
+                    r.jobs = j.report();
+                    // One sample of the usage history per report: idle when the owner's
+                    // policy leaves the host to the grid.
+                    let (u, err) = usage.sample(!r.owner_busy());
+                    if let Some(e) = err {
+                        log(&e.to_string());
+                    }
+                    r.usage = Some(u);
+                    Ok(r)
                 }),
                 nudge,
             )
@@ -449,6 +508,7 @@ pub fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
             store,
             procs,
             programs,
+            journal,
         },
     );
     drop(owner);

@@ -166,9 +166,11 @@ pub fn run(a: CoordArgs) -> anyhow::Result<ExitCode> {
             }
         });
     }
-    let requeued = dispatcher.requeue_orphans()?;
-    if requeued > 0 {
-        eprintln!("mutirao coordinator: {requeued} job(s) left running by the previous coordinator re-queued");
+    // Jobs the previous coordinator left running: decided from what their agents report
+    // (finished, re-queued, or held until their ranks are gone), in the background.
+    let orphans = dispatcher.reconcile_orphans()?;
+    if orphans > 0 {
+        eprintln!("mutirao coordinator: {orphans} job(s) left running by the previous coordinator: reconciling with their agents");
     }
     // Hosts come and go: waiting jobs are placed again every 2 s (and at once on submission),
     // or every heartbeat period if shorter; the hosts' owners are followed as often.

@@ -237,6 +237,8 @@ impl RunArgs {
             Report::Notice(n) => eprintln!("mutirao run: {n}"),
             Report::Init(r) if self.init_timings => eprintln!("mutirao run: {r}"),
             Report::Init(_) => {}
+            // The restart's notices tell it already.
+            Report::Recovery(_) => {}
         }
     }
 }

@@ -355,6 +355,19 @@ fn grid_with_agent_env(tag: &str, env: &[(&str, &str)]) -> (Agent, Coord, Scratc
     let tmp = Scratch::new(&format!("{tag}-agent"));
     // The agent's token file first (the coordinator starts ranks through the agent with it),
     // then the agent, which registers with the coordinator itself (`--coordinator`).
+    let agent_tok = gen_agent_token(&tmp);
+    let c = start_with_env(
+        tag,
+        &["--agent-token-file", agent_tok.to_str().unwrap()],
+        env,
+    );
+    let (agent, _) = start_agent(&tmp.0, Some((&c.url, N1)));
+    wait_registered(&c);
+    (agent, c, tmp)
+}
+
+/// A new agent token file in `tmp`.
+fn gen_agent_token(tmp: &Scratch) -> PathBuf {
     let agent_tok = tmp.0.join("agent.token");
     let o = Command::new(BIN)
         .args(["agent", "--gen-token"])
@@ -362,12 +375,11 @@ fn grid_with_agent_env(tag: &str, env: &[(&str, &str)]) -> (Agent, Coord, Scratc
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let c = start_with_env(
-        tag,
-        &["--agent-token-file", agent_tok.to_str().unwrap()],
-        env,
-    );
-    let (agent, _) = start_agent(&tmp.0, Some((&c.url, N1)));
+    agent_tok
+}
+
+/// Until agent n1 has registered with `c`.
+fn wait_registered(c: &Coord) {
     let ana = mutirao_coord::client::Client::new(&c.url, ANA).unwrap();
     let t0 = Instant::now();
     while !ana
@@ -381,7 +393,6 @@ fn grid_with_agent_env(tag: &str, env: &[(&str, &str)]) -> (Agent, Coord, Scratc
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    (agent, c, tmp)
 }
 
 /// The runtime's example `name`, built by `cargo test`/`nextest` for the workspace.
@@ -860,4 +871,320 @@ fn a_coordinator_on_postgresql_keeps_jobs_across_a_crash() {
     assert!(ok(&mutirao(&c, ANA, &["jobs"])).contains("waiting"));
     let e = err(&mutirao(&c, BIA, &["job", &id.to_string()]));
     assert!(e.contains("403"), "{e}");
+}
+
+/// A TCP forwarder on a fixed loopback port to a coordinator that may move (restarted on
+/// another port): agents keep their `--coordinator` URL across the coordinator's restart.
+/// Retargeting (or cutting) closes every connection forwarded so far.
+struct Forward {
+    url: String,
+    target: std::sync::Arc<std::sync::Mutex<Option<String>>>,
+    conns: std::sync::Arc<std::sync::Mutex<Vec<std::net::TcpStream>>>,
+}
+
+impl Forward {
+    fn new(to: &str) -> Forward {
+        use std::sync::{Arc, Mutex};
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", l.local_addr().unwrap());
+        let target = Arc::new(Mutex::new(Some(
+            to.trim_start_matches("http://").to_string(),
+        )));
+        let conns: Arc<Mutex<Vec<std::net::TcpStream>>> = Arc::new(Mutex::new(Vec::new()));
+        let (t, cs) = (target.clone(), conns.clone());
+        std::thread::spawn(move || {
+            for c in l.incoming() {
+                let Ok(c) = c else { continue };
+                let Some(to) = t.lock().unwrap().clone() else {
+                    continue; // cut: dropped
+                };
+                let Ok(up) = std::net::TcpStream::connect(&to) else {
+                    continue;
+                };
+                let mut g = cs.lock().unwrap();
+                g.push(c.try_clone().unwrap());
+                g.push(up.try_clone().unwrap());
+                for (mut a, mut b) in [(c.try_clone().unwrap(), up.try_clone().unwrap()), (up, c)] {
+                    std::thread::spawn(move || {
+                        let _ = std::io::copy(&mut a, &mut b);
+                        let _ = b.shutdown(std::net::Shutdown::Both);
+                    });
+                }
+            }
+        });
+        Forward { url, target, conns }
+    }
+
+    /// Forward to `to` from now on (`None`: refuse), closing the connections made so far.
+    fn retarget(&self, to: Option<&str>) {
+        *self.target.lock().unwrap() = to.map(|u| u.trim_start_matches("http://").to_string());
+        for c in self.conns.lock().unwrap().drain(..) {
+            let _ = c.shutdown(std::net::Shutdown::Both);
+        }
+    }
+}
+
+/// `kill -SIG pid`.
+fn signal(child: &Child, sig: &str) {
+    let st = Command::new("kill")
+        .args([sig, &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success(), "kill {sig}");
+}
+
+/// The journal's events as (kind, detail).
+fn story(v: &serde_json::Value) -> Vec<(String, String)> {
+    v["events"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|e| {
+            (
+                e["kind"].as_str().unwrap_or("").to_string(),
+                e["detail"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect()
+}
+
+/// The agent's rank journal (`ranks.json` in its state directory, by default its program cache).
+fn agent_journal(tmp: &Scratch) -> mutirao_launch::journal::Journal {
+    std::fs::read(tmp.0.join("programs").join("ranks.json"))
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_default()
+}
+
+/// Wait until `f` holds of the agent's rank journal.
+fn wait_journal(tmp: &Scratch, what: &str, f: impl Fn(&mutirao_launch::journal::Journal) -> bool) {
+    let t0 = Instant::now();
+    while !f(&agent_journal(tmp)) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "the agent's journal never showed {what}: {:#?}",
+            agent_journal(tmp)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A coordinator (heartbeats every 0.5 s) behind a [`Forward`], and agent n1 registered with
+/// it through the forwarder. Drop order: agent, coordinator, scratch.
+fn grid_behind_forward(tag: &str) -> (Agent, Coord, Forward, Scratch, Vec<String>) {
+    let tmp = Scratch::new(&format!("{tag}-agent"));
+    let agent_tok = gen_agent_token(&tmp);
+    let extra: Vec<String> = vec![
+        "--agent-token-file".into(),
+        agent_tok.display().to_string(),
+        "--heartbeat-interval".into(),
+        "0.5".into(),
+    ];
+    let e: Vec<&str> = extra.iter().map(String::as_str).collect();
+    let c = start_with(tag, &e);
+    let fw = Forward::new(&c.url);
+    let (agent, _) = start_agent(&tmp.0, Some((&fw.url, N1)));
+    wait_registered(&c);
+    (agent, c, fw, tmp, extra)
+}
+
+/// Freeze coordinator `c` (SIGSTOP) with the agents cut off from it first (no write of theirs
+/// is left half done), start another on its files, and forward the agents to it. The frozen
+/// one is killed when the returned handle drops.
+fn freeze_and_replace(mut c: Coord, fw: &Forward, extra: &[String]) -> (Coord, Coord) {
+    fw.retarget(None);
+    std::thread::sleep(Duration::from_millis(300));
+    signal(&c.child, "-STOP");
+    let dir = std::mem::take(&mut c.dir);
+    let e: Vec<&str> = extra.iter().map(String::as_str).collect();
+    let fresh = spawn_coord(dir, &e);
+    (fresh, c)
+}
+
+#[test]
+fn a_restarted_coordinator_waits_for_the_old_ranks_to_be_gone_then_runs_the_job_once_more() {
+    let (_agent, c, fw, tmp, extra) = grid_behind_forward("reconcile-alive");
+    let prog = c.dir.join("long.sh");
+    let marks = tmp.0.join("marks");
+    std::fs::create_dir_all(&marks).unwrap();
+    // The first run sleeps long; the second (the marks exist) ends at once.
+    std::fs::write(
+        &prog,
+        format!(
+            "#!/bin/sh\nm={}/ran-$MUTIRAO_RANK\nif [ -e $m ]; then echo again $MUTIRAO_RANK; exit 0; fi\ntouch $m\necho begun $MUTIRAO_RANK\nsleep 120\n",
+            marks.display()
+        ),
+    )
+    .unwrap();
+    let id = submit_id(&c, &["-n", "2", prog.to_str().unwrap()]);
+    wait_state(&c, id, "running", Duration::from_secs(30));
+    wait_journal(&tmp, "two ranks alive", |j| {
+        j.entries.iter().filter(|e| e.ended_ms.is_none()).count() == 2
+    });
+    // The coordinator freezes: its launcher's sessions stay open, so the agent keeps the
+    // ranks until it finds the launcher silent (5 s); a new coordinator starts meanwhile.
+    let (c, frozen) = freeze_and_replace(c, &fw, &extra);
+    fw.retarget(Some(&c.url));
+    let v = wait_state(&c, id, "finished", Duration::from_secs(90));
+    drop(frozen);
+    let s = story(&v);
+    let pos = |f: &dyn Fn(&(String, String)) -> bool| {
+        s.iter()
+            .position(f)
+            .unwrap_or_else(|| panic!("not in the journal: {s:#?}"))
+    };
+    let began = pos(&|(k, d)| k == "reconcile" && d.contains("waiting up to"));
+    let alive = pos(&|(k, d)| {
+        k == "reconcile" && d.contains("still alive") && d.contains("n1 ranks [0, 1] of run 1")
+    });
+    let requeued = pos(&|(k, d)| {
+        k == "state"
+            && d.contains("the agents report that run 1 did not succeed")
+            && d.contains("signal 9")
+    });
+    let again = pos(&|(k, d)| k == "run" && d.starts_with("run 2:"));
+    assert!(
+        began < alive && alive < requeued && requeued < again,
+        "{s:#?}"
+    );
+    assert_eq!(
+        s.iter().filter(|(k, _)| k == "run").count(),
+        2,
+        "run once more: {s:#?}"
+    );
+    assert_eq!(s.last().unwrap().1, "exit 0", "{s:#?}");
+    // No two copies at once: the second run started after every first-run rank had ended.
+    let j = agent_journal(&tmp);
+    let first_end = j
+        .entries
+        .iter()
+        .filter(|e| e.label.run == 1)
+        .filter_map(|e| e.ended_ms)
+        .max()
+        .unwrap();
+    let second_start = j
+        .entries
+        .iter()
+        .filter(|e| e.label.run == 2)
+        .map(|e| e.started_ms)
+        .min()
+        .unwrap();
+    assert!(first_end <= second_start, "{j:#?}");
+    let log = ok(&mutirao(&c, ANA, &["logs", &id.to_string()]));
+    assert!(
+        log.contains("[0] again 0") && log.contains("[1] again 1"),
+        "{log}"
+    );
+}
+
+#[test]
+fn a_job_that_ended_while_the_coordinator_was_down_is_finished_without_running_again() {
+    let (_agent, c, fw, tmp, extra) = grid_behind_forward("reconcile-done");
+    let prog = c.dir.join("gated.sh");
+    let go = tmp.0.join("go");
+    let runs = tmp.0.join("runs");
+    std::fs::write(
+        &prog,
+        format!(
+            "#!/bin/sh\necho x >> {}\nwhile [ ! -e {} ]; do sleep 0.05; done\necho done $MUTIRAO_RANK\n",
+            runs.display(),
+            go.display()
+        ),
+    )
+    .unwrap();
+    let id = submit_id(&c, &["-n", "2", prog.to_str().unwrap()]);
+    wait_state(&c, id, "running", Duration::from_secs(30));
+    wait_journal(&tmp, "two ranks alive", |j| {
+        j.entries.iter().filter(|e| e.ended_ms.is_none()).count() == 2
+    });
+    // Frozen before the ranks end; they end (exit 0) while it cannot record it; then it dies.
+    fw.retarget(None);
+    std::thread::sleep(Duration::from_millis(300));
+    signal(&c.child, "-STOP");
+    std::fs::write(&go, "").unwrap();
+    wait_journal(&tmp, "both ranks exited 0", |j| {
+        j.entries.len() == 2 && j.entries.iter().all(|e| e.code == Some(0))
+    });
+    let c = c.crash_and_restart(&extra.iter().map(String::as_str).collect::<Vec<_>>());
+    fw.retarget(Some(&c.url));
+    let v = wait_state(&c, id, "finished", Duration::from_secs(60));
+    let s = story(&v);
+    let (_, last) = s.last().unwrap();
+    assert!(
+        last.contains("every rank of run 1 exited 0 (n1 ranks [0, 1])")
+            && last.contains("without running it again"),
+        "{s:#?}"
+    );
+    assert_eq!(s.iter().filter(|(k, _)| k == "run").count(), 1, "{s:#?}");
+    assert!(!s.iter().any(|(_, d)| d.contains("re-queued")), "{s:#?}");
+    // The program ran once per rank, not again.
+    assert_eq!(std::fs::read_to_string(&runs).unwrap().lines().count(), 2);
+}
+
+#[test]
+fn a_job_whose_agent_never_reports_after_a_restart_is_requeued_after_the_bound() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+    let tmp = Scratch::new("reconcile-silent-agent");
+    // An agent that does not report by itself: the test reports for it, and stops.
+    let (agent, agent_tok) = start_agent(&tmp.0, None);
+    let extra = [
+        "--agent-token-file",
+        agent_tok.to_str().unwrap(),
+        "--heartbeat-interval",
+        "0.5",
+    ];
+    let c = start_with("reconcile-silent", &extra);
+    let report = mutirao_coord::HostReport {
+        name: "n1".into(),
+        addr: agent.addr.clone(),
+        idle_cpu: 2.0,
+        free_mem_mib: 4096,
+        load: 0.1,
+        ..Default::default()
+    };
+    let url = Arc::new(Mutex::new(c.url.clone()));
+    let quiet = Arc::new(AtomicBool::new(false));
+    let stop = Arc::new(AtomicBool::new(false));
+    let beats = {
+        let (url, quiet, stop, report) = (url.clone(), quiet.clone(), stop.clone(), report.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::SeqCst) {
+                if !quiet.load(Ordering::SeqCst) {
+                    let cl = mutirao_coord::client::Client::new(&url.lock().unwrap(), N1).unwrap();
+                    let _ = cl.register(&report);
+                }
+                std::thread::sleep(Duration::from_millis(150));
+            }
+        })
+    };
+    let prog = c.dir.join("slow.sh");
+    std::fs::write(&prog, "#!/bin/sh\nsleep 1\necho done $MUTIRAO_RANK\n").unwrap();
+    let id = submit_id(&c, &["-n", "2", prog.to_str().unwrap()]);
+    wait_state(&c, id, "running", Duration::from_secs(30));
+    quiet.store(true, Ordering::SeqCst);
+    let c = c.crash_and_restart(&extra);
+    *url.lock().unwrap() = c.url.clone();
+    // n1 says nothing: after the bound (2 × 0.5 s + 5 s + 1 s) the job is re-queued.
+    let t0 = Instant::now();
+    let v = wait_state(&c, id, "waiting", Duration::from_secs(30));
+    let waited = t0.elapsed();
+    let s = story(&v);
+    assert!(
+        s.iter().any(|(k, d)| k == "state"
+            && d.starts_with("n1 did not report within 7.0 s of the coordinator's restart")),
+        "{s:#?}"
+    );
+    assert!(
+        waited >= Duration::from_secs(5),
+        "re-queued after {waited:?}: {s:#?}"
+    );
+    // Back: the job runs again to its end.
+    quiet.store(false, Ordering::SeqCst);
+    let v = wait_state(&c, id, "finished", Duration::from_secs(60));
+    stop.store(true, Ordering::SeqCst);
+    let _ = beats.join();
+    let s = story(&v);
+    assert_eq!(s.iter().filter(|(k, _)| k == "run").count(), 2, "{s:#?}");
+    assert_eq!(s.last().unwrap().1, "exit 0", "{s:#?}");
 }

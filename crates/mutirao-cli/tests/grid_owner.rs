@@ -240,6 +240,47 @@ fn setup(
     (g, url, agent_pid)
 }
 
+/// `mutirao submit ARGS…` (`submit` included); waits until the job runs: its id and its
+/// `placement` event.
+fn submit_running(url: &str, submit: &[&str]) -> (i64, String) {
+    let o = mutirao(url, submit);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let id: i64 = String::from_utf8_lossy(&o.stdout).trim().parse().unwrap();
+    let v = wait_for(
+        url,
+        id,
+        "running",
+        Duration::from_secs(30),
+        state_is("running"),
+    );
+    let placed = story(&v)
+        .into_iter()
+        .find(|l| l.starts_with("placement "))
+        .unwrap();
+    (id, placed)
+}
+
+/// Until job `id` has committed an epoch (its checkpoint directory's `COMMITTED`), running
+/// all along.
+fn wait_committed(g: &Grid, url: &str, id: i64) {
+    let committed = g.dir.join(format!("coord.sqlite.jobs/{id}/ckpt/COMMITTED"));
+    let t0 = Instant::now();
+    while std::fs::read_to_string(&committed)
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok())
+        .is_none_or(|e| e < 1)
+    {
+        let v = job(url, id);
+        assert!(
+            t0.elapsed() < Duration::from_secs(60)
+                && (v["job"]["state"] == "running" || v["job"]["state"] == "checkpointing"),
+            "no epoch committed while the job ran: {:#?}",
+            story(&v)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 #[test]
 fn an_active_owner_suspends_the_job_there_then_vacates_it_to_the_other_host() {
     let (g, url, agent_pid) = setup("plain", 4.0, &[]);
@@ -412,39 +453,11 @@ fn a_vacated_job_with_checkpoints_resumes_elsewhere_from_its_last_committed_epoc
     ];
     submit.push(j.to_str().unwrap());
     submit.extend(args);
-    let o = mutirao(&url, &submit);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let id: i64 = String::from_utf8_lossy(&o.stdout).trim().parse().unwrap();
-    let v = wait_for(
-        &url,
-        id,
-        "running",
-        Duration::from_secs(30),
-        state_is("running"),
-    );
-    let placed = story(&v)
-        .into_iter()
-        .find(|l| l.starts_with("placement "))
-        .unwrap();
+    let (id, placed) = submit_running(&url, &submit);
     let h = hosts_placed(&placed)[0].clone();
     let other = if h == "n1" { "n2" } else { "n1" };
     // Once an epoch is committed, the owner of the first host comes back for good.
-    let committed = g.dir.join(format!("coord.sqlite.jobs/{id}/ckpt/COMMITTED"));
-    let t0 = Instant::now();
-    while std::fs::read_to_string(&committed)
-        .ok()
-        .and_then(|s| s.trim().parse::<u64>().ok())
-        .is_none_or(|e| e < 1)
-    {
-        let v = job(&url, id);
-        assert!(
-            t0.elapsed() < Duration::from_secs(60)
-                && (v["job"]["state"] == "running" || v["job"]["state"] == "checkpointing"),
-            "no epoch committed while the job ran: {:#?}",
-            story(&v)
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_committed(&g, &url, id);
     std::fs::write(g.dir.join(format!("owner-{h}")), "").unwrap();
     let v = wait_for(&url, id, "finished", Duration::from_secs(120), |v| {
         let st = v["job"]["state"].as_str().unwrap_or("");
@@ -696,5 +709,85 @@ fn without_a_coordinator_an_agent_ends_its_ranks_when_the_owner_stays() {
         t0.elapsed() < Duration::from_secs(20),
         "the run took {:?} to end",
         t0.elapsed()
+    );
+}
+
+#[test]
+fn a_restart_within_the_run_shows_the_job_recovering_then_running_again() {
+    let Some(j) = common::jacobi() else {
+        println!(
+            "skipped: the jacobi example is not built (cargo build -p mutirao --example jacobi)"
+        );
+        return;
+    };
+    let args = ["--n", "64", "--iters", "5000"];
+    let want = common::plain_checksum(&j, 4, &args);
+    // Owners never active here: the policy's file is never created.
+    let (mut g, url, agent_pid) = setup("inrun", 60.0, &[]);
+    let mut submit = vec!["submit", "-n", "4", "--checkpoint-interval", "0.2"];
+    submit.push(j.to_str().unwrap());
+    submit.extend(args);
+    let (id, placed) = submit_running(&url, &submit);
+    // Each host takes at most its idle cores (2 here) and at least one rank: both have ranks.
+    assert_eq!(hosts_placed(&placed).len(), 2, "{placed}");
+    wait_committed(&g, &url, id);
+    // n2's agent dies (SIGKILL): the launcher restarts every rank on n1 within the run.
+    let pid = agent_pid["n2"];
+    let a = g.procs.iter_mut().find(|c| c.id() == pid).unwrap();
+    a.kill().unwrap();
+    let _ = a.wait();
+    let v = wait_for(&url, id, "finished", Duration::from_secs(120), |v| {
+        let st = v["job"]["state"].as_str().unwrap_or("");
+        st == "finished" || st == "failed" || st == "cancelled"
+    });
+    let moves: Vec<(String, String)> = v["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["kind"] == "state")
+        .map(|e| {
+            (
+                e["to"].as_str().unwrap_or("").to_string(),
+                e["detail"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        v["job"]["state"],
+        "finished",
+        "{moves:#?}\n{:#?}",
+        story(&v)
+    );
+    let rec = moves
+        .iter()
+        .position(|(to, d)| {
+            to == "recovering"
+                && d.starts_with("recovering within the run")
+                && d.contains("restart 1 of 3")
+        })
+        .unwrap_or_else(|| panic!("no recovering within the run: {moves:#?}"));
+    let (to, back) = &moves[rec + 1];
+    assert_eq!(to, "running", "{moves:#?}");
+    assert!(
+        back.starts_with("restart 1: every rank running again from committed epoch "),
+        "{moves:#?}"
+    );
+    assert_eq!(moves.last().unwrap().1, "exit 0", "{moves:#?}");
+    // One run of the coordinator's: the launcher recovered without leaving it.
+    assert_eq!(
+        story(&v)
+            .iter()
+            .filter(|l| l.starts_with("run run "))
+            .count(),
+        1,
+        "{:#?}",
+        story(&v)
+    );
+    let log =
+        String::from_utf8_lossy(&mutirao(&url, &["logs", &id.to_string()]).stdout).into_owned();
+    assert_eq!(
+        common::checksum(&log).as_deref(),
+        Some(want.as_str()),
+        "{log}"
     );
 }

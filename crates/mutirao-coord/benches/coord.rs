@@ -55,6 +55,27 @@ fn report(i: usize) -> HostReport {
         free_mem_mib: 4096,
         load: 0.25,
         owner_active: i % 17 == 0,
+        // What a busy agent's heartbeat carries besides: its rank journal (one job, two ranks
+        // alive, one exit) and this hour's usage bucket.
+        jobs: vec![mutirao_launch::journal::JobRanks {
+            job: i as i64,
+            run: 1,
+            alive: vec![0, 1],
+            exits: vec![mutirao_launch::journal::RankExit {
+                rank: 2,
+                code: Some(0),
+                ended_ms: 1_764_000_000_000,
+                ..Default::default()
+            }],
+        }],
+        usage: Some(mutirao_coord::usage::UsageReport {
+            hour: 10,
+            now: mutirao_coord::usage::Bucket {
+                samples: 120.0,
+                idle: 90.0,
+            },
+            history: Vec::new(),
+        }),
         ..Default::default()
     }
 }

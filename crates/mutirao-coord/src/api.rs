@@ -117,7 +117,7 @@ impl Coordinator {
         &self.store
     }
 
-    /// The hosts' usage history, learnt from their reports.
+    /// The hosts' usage histories, as their agents send them.
     pub fn usage(&self) -> &crate::usage::Usage {
         &self.usage
     }
@@ -639,7 +639,9 @@ async fn report(
         ));
     }
     r.validate().map_err(ApiError::bad)?;
-    let (name, idle) = (r.name.clone(), !r.owner_busy());
+    let mut r = r;
+    // The usage history goes to the coordinator's mirror, not into the stored report.
+    let (name, usage) = (r.name.clone(), r.usage.take());
     let store = c.store.clone();
     let host = blocking(move || {
         if register {
@@ -658,7 +660,9 @@ async fn report(
             ),
         ));
     };
-    c.usage.record(&name, idle);
+    if let Some(u) = &usage {
+        c.usage.reported(&name, u);
+    }
     Ok(Json(Registered {
         host,
         heartbeat_interval_s: c.heartbeat_interval.as_secs_f64(),
@@ -885,7 +889,26 @@ pub fn openapi() -> serde_json::Value {
                     "idle_cpu": { "type": "number", "minimum": 0 }, "free_mem_mib": { "type": "integer", "minimum": 0 },
                     "load": { "type": "number", "minimum": 0 }, "owner_active": { "type": "boolean" },
                     "owner": { "type": "string", "enum": ["available", "suspend", "vacate"], "description": "The owner policy's decision (default available)" },
-                    "owner_why": { "type": "string", "description": "Why, when not available" } } },
+                    "owner_why": { "type": "string", "description": "Why, when not available" },
+                    "props": { "type": "object", "additionalProperties": { "type": "string" }, "description": "Properties the agent declares (site, arch, …)" },
+                    "jobs": { "type": "array", "maxItems": crate::model::MAX_REPORTED_JOBS, "description": "Optional. The grid jobs whose ranks the agent runs or ran within the last hour, per job and run (its rank journal): a restarted coordinator reconciles its jobs with them",
+                        "items": { "$ref": "#/components/schemas/JobRanks" } },
+                    "usage": { "$ref": "#/components/schemas/UsageReport" } } },
+                "JobRanks": { "type": "object", "required": ["job", "run"], "properties": {
+                    "job": { "type": "integer", "format": "int64" }, "run": { "type": "integer", "minimum": 0 },
+                    "alive": { "type": "array", "items": { "type": "integer", "minimum": 0 }, "description": "ranks alive on the host" },
+                    "exits": { "type": "array", "items": { "$ref": "#/components/schemas/RankExit" }, "description": "ranks that ended within the last hour" } } },
+                "RankExit": { "type": "object", "required": ["rank"], "properties": {
+                    "rank": { "type": "integer", "minimum": 0 }, "incarnation": { "type": "integer", "minimum": 0 },
+                    "code": { "type": "integer", "nullable": true }, "signal": { "type": "integer", "nullable": true },
+                    "ended_ms": { "type": "integer" } } },
+                "UsageBucket": { "type": "object", "required": ["samples", "idle"], "properties": {
+                    "samples": { "type": "number", "minimum": 0 }, "idle": { "type": "number", "minimum": 0 } } },
+                "UsageReport": { "type": "object", "required": ["hour", "now"], "description": "Optional. The agent's usage history: the hour of the week in its local time (0 = Monday 00:00), that hour's bucket, and at registration and the first report of each hour all 168 buckets",
+                    "properties": {
+                        "hour": { "type": "integer", "minimum": 0, "maximum": crate::usage::HOURS - 1 },
+                        "now": { "$ref": "#/components/schemas/UsageBucket" },
+                        "history": { "type": "array", "minItems": crate::usage::HOURS, "maxItems": crate::usage::HOURS, "items": { "$ref": "#/components/schemas/UsageBucket" } } } },
                 "Host": { "type": "object", "properties": {
                     "report": { "$ref": "#/components/schemas/HostReport" }, "last_seen_ms": { "type": "integer" } } },
                 "HostView": { "type": "object", "properties": {

@@ -476,6 +476,9 @@ impl Runner {
                 addr,
                 ranks: 1,
             }],
+            // Tasks are not reconciled run by run: a restarted coordinator waits for their
+            // ranks to be gone and runs the unfinished tasks again.
+            run: 0,
         };
         let _ = self.c.store().note(
             self.job.id,
@@ -506,7 +509,12 @@ impl Runner {
             }
             // A task is a one-rank run: its start-up says nothing worth a journal line each.
             // Tasks take no checkpoints.
-            ExecEvent::Init(_) | ExecEvent::Wave(_) | ExecEvent::Committed(_) => {}
+            // Tasks run without checkpoints: no waves, no restarts within a run.
+            ExecEvent::Init(_)
+            | ExecEvent::Wave(_)
+            | ExecEvent::Committed(_)
+            | ExecEvent::Recovering(_)
+            | ExecEvent::Recovered(_) => {}
             ExecEvent::HostLost(h) => {
                 let _ = c.store().note(id, "host-lost", &h);
                 lost = true;

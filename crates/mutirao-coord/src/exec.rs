@@ -9,6 +9,10 @@
 
 #[path = "dagrun.rs"]
 pub mod dagrun;
+#[path = "reconcile.rs"]
+pub mod reconcile;
+
+use reconcile::run_detail;
 
 use crate::api::{Coordinator, JobHook};
 use crate::place::{place_with, Placement, Prefs, Requirement, Slot};
@@ -38,6 +42,11 @@ pub enum ExecEvent {
     Wave(u64),
     /// Every rank's checkpoint of the epoch is durable and the epoch committed.
     Committed(u64),
+    /// The launcher is restarting the job within its run, from its last committed epoch (a
+    /// rank or host failed): the job is `recovering` (the journal's text).
+    Recovering(String),
+    /// Every rank of the restart runs again: the job is `running` again (the journal's text).
+    Recovered(String),
     /// Every rank has started and connected: how long the start-up phases took (the text of
     /// a [`mutirao_launch::supervise::InitReport`]), journalled as an `init` event.
     Init(String),
@@ -61,6 +70,9 @@ pub struct Launch {
     pub work_dir: PathBuf,
     /// Where its ranks go.
     pub hosts: Vec<Slot>,
+    /// The coordinator's run of the job (1 for its first placement; journalled as a `run`
+    /// event): agents journal its ranks under the job's id and this number, and report them.
+    pub run: u32,
 }
 
 /// Where a job's events go; called from one thread at a time, in order.
@@ -230,6 +242,15 @@ impl Executor for LaunchExecutor {
                 spec.program.clone(),
             );
         }
+        // The label agents journal the ranks under (a restarted coordinator asks about it).
+        spec.env.insert(
+            mutirao_launch::journal::GRID_JOB_ENV.to_string(),
+            l.job.id.to_string(),
+        );
+        spec.env.insert(
+            mutirao_launch::journal::GRID_RUN_ENV.to_string(),
+            l.run.to_string(),
+        );
         let cancelled = Arc::new(AtomicBool::new(false));
         let watch = Watch {
             interrupted: cancelled.clone(),
@@ -263,6 +284,22 @@ impl Executor for LaunchExecutor {
                         Report::Init(r) => {
                             // The journal only: the log is the program's output.
                             events(ExecEvent::Init(r.to_string()));
+                            return;
+                        }
+                        Report::Recovery(step) => {
+                            use mutirao_launch::supervise::RecoveryStep;
+                            events(match step {
+                                RecoveryStep::Failed { incarnation, max } => ExecEvent::Recovering(format!(
+                                    "recovering within the run (the launcher event before says what failed): restart {incarnation} of {max}, every rank from the last committed epoch"
+                                )),
+                                RecoveryStep::Restarted { incarnation, epoch } => ExecEvent::Recovered(format!(
+                                    "restart {incarnation}: every rank running again from {}",
+                                    match epoch {
+                                        Some(e) => format!("committed epoch {e}"),
+                                        None => "the beginning (no epoch was committed)".to_string(),
+                                    }
+                                )),
+                            });
                             return;
                         }
                     };
@@ -550,35 +587,6 @@ impl Dispatcher {
         *self.calibrated.lock().unwrap_or_else(|p| p.into_inner()) = Some(m);
     }
 
-    /// Jobs a previous coordinator left started (its executions died with it, or can no
-    /// longer be followed): each is re-queued (or failed if it cannot be), journalled. Returns
-    /// how many. Call once, before serving.
-    pub fn requeue_orphans(&self) -> Result<usize> {
-        let store = self.c.store();
-        let mut n = 0;
-        for j in store.jobs_in(&[
-            JobState::Running,
-            JobState::Checkpointing,
-            JobState::Recovering,
-            JobState::Suspended,
-        ])? {
-            let why = "the coordinator restarted and lost track of this run; re-queued";
-            let r = match j.state {
-                JobState::Running | JobState::Checkpointing => self
-                    .c
-                    .transition(j.id, JobState::Recovering, "the coordinator restarted")
-                    .and_then(|_| self.c.transition(j.id, JobState::Waiting, why)),
-                JobState::Recovering | JobState::Suspended => {
-                    self.c.transition(j.id, JobState::Waiting, why)
-                }
-                _ => continue,
-            };
-            r?;
-            n += 1;
-        }
-        Ok(n)
-    }
-
     /// Try to place and start every waiting job, oldest first; returns how many started.
     pub fn place_waiting(&self) -> Result<usize> {
         let _one_at_a_time = self.placing.lock().unwrap_or_else(|p| p.into_inner());
@@ -694,8 +702,16 @@ impl Dispatcher {
         let timing = format!(
             "placed in {placed_ms:.1} ms, program read and checked in {read_ms:.1} ms, copied into the job's directory in {copy_ms:.1} ms"
         );
+        let run = store
+            .events(j.id)?
+            .iter()
+            .filter(|e| e.kind == "run")
+            .count() as u32
+            + 1;
+        let run_note = run_detail(run, j.spec.ranks, &p.chosen);
         let mut notes: Vec<(&str, &str)> = vec![("placement", &placement), ("order", &order)];
         notes.extend(refused.iter().map(|r| ("refused", r.as_str())));
+        notes.push(("run", &run_note));
         notes.push(("start", &timing));
         let names: Vec<&str> = p.chosen.iter().map(|s| s.name.as_str()).collect();
         // The decision and the start: one durable write.
@@ -710,6 +726,7 @@ impl Dispatcher {
             program,
             work_dir: dir,
             hosts: p.chosen,
+            run,
         };
         let (c, id, me) = (self.c.clone(), j.id, self.me.clone());
         let ckpt_dir = launch.work_dir.join("ckpt");
@@ -740,6 +757,23 @@ impl Dispatcher {
                 (JobState::Checkpointing, JobState::Running),
                 &format!("epoch {e} committed"),
             ),
+            ExecEvent::Recovering(why) => {
+                if let Err(e) = c.transition_if(
+                    id,
+                    &[JobState::Running, JobState::Checkpointing],
+                    JobState::Recovering,
+                    &why,
+                ) {
+                    eprintln!("mutirao coordinator: job {id}: cannot journal its recovery: {e}");
+                }
+            }
+            ExecEvent::Recovered(why) => {
+                if let Err(e) =
+                    c.transition_if(id, &[JobState::Recovering], JobState::Running, &why)
+                {
+                    eprintln!("mutirao coordinator: job {id}: cannot journal its recovery: {e}");
+                }
+            }
             ExecEvent::HostLost(h) => {
                 let _ = c.store().note(id, "host-lost", &h);
                 lost_here.insert(h);
@@ -977,8 +1011,15 @@ impl Dispatcher {
             }
             (None, _) => "no checkpoints: it runs again from the beginning".to_string(),
         };
-        self.c
-            .transition(id, JobState::Recovering, &format!("{what} ({ended})"))?;
+        if job.state == JobState::Recovering {
+            // Its launcher was restarting it within the run when the run ended.
+            self.c
+                .store()
+                .note(id, kind, &format!("{what} ({ended})"))?;
+        } else {
+            self.c
+                .transition(id, JobState::Recovering, &format!("{what} ({ended})"))?;
+        }
         let again = if lost {
             format!("re-queued (host loss {tries} of at most {MAX_HOST_LOSS_REQUEUES}): {from}, on hosts other than {names}")
         } else {

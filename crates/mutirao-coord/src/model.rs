@@ -184,7 +184,19 @@ pub struct HostReport {
     /// e.g. `site`, `arch`: requirements compare them (`site=north`).
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub props: std::collections::BTreeMap<String, String>,
+    /// The grid jobs whose ranks its agent runs or ran within the last hour (alive ranks and
+    /// exits, per job and run, from the agent's rank journal): what a restarted coordinator
+    /// reconciles its jobs with.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub jobs: Vec<mutirao_launch::journal::JobRanks>,
+    /// Its agent's usage history ([`crate::usage`]): the whole of it at registration and at
+    /// the first report of each hour, this hour's bucket otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<crate::usage::UsageReport>,
 }
+
+/// Most job entries (and ranks per entry) a host report may carry.
+pub const MAX_REPORTED_JOBS: usize = 4096;
 
 impl HostReport {
     /// The owner's policy keeps grid work off this host now (active owner, suspend, vacate).
@@ -333,6 +345,20 @@ impl HostReport {
                 "host {}: idle cpu {} and load {} must be non-negative numbers",
                 self.name, self.idle_cpu, self.load
             ));
+        }
+        if self.jobs.len() > MAX_REPORTED_JOBS
+            || self
+                .jobs
+                .iter()
+                .any(|j| j.alive.len() + j.exits.len() > MAX_REPORTED_JOBS)
+        {
+            return Err(format!(
+                "host {}: more than {MAX_REPORTED_JOBS} jobs or ranks reported",
+                self.name
+            ));
+        }
+        if let Some(u) = &self.usage {
+            u.check().map_err(|e| format!("host {}: {e}", self.name))?;
         }
         if self.free_mem_mib > i64::MAX as u64 {
             return Err(format!(

@@ -64,6 +64,9 @@ pub fn measure_with(
         owner: owner.state,
         owner_why: owner.why.clone(),
         props: props.clone(),
+        // The agent adds its rank journal's report and its usage history (see `mutirao agent`).
+        jobs: Vec::new(),
+        usage: None,
     })
 }
 

@@ -499,6 +499,37 @@ fn logs_are_appended_by_agents_and_read_from_an_offset_with_long_poll() {
 }
 
 #[test]
+fn an_agent_s_usage_history_reaches_the_coordinator_s_mirror_not_the_stored_report() {
+    use mutirao_coord::usage::Keeper;
+    let t = setup("usage");
+    let mut k = Keeper::default();
+    for _ in 0..9 {
+        k.sample(7, true);
+    }
+    let mut r: serde_json::Value = serde_json::from_str(&report("n1")).unwrap();
+    // The first report of an hour carries the whole history.
+    r["usage"] = serde_json::to_value(k.sample(8, false)).unwrap();
+    let a = t.call("POST", "/agents/register", Some(N1), r.to_string());
+    assert_eq!(a.status, StatusCode::OK, "{}", a.text());
+    // Then this hour's bucket only.
+    r["usage"] = serde_json::to_value(k.sample(8, false)).unwrap();
+    assert!(r["usage"].get("history").is_none());
+    let a = t.call("POST", "/agents/heartbeat", Some(N1), r.to_string());
+    assert_eq!(a.status, StatusCode::OK, "{}", a.text());
+    let h = t.c.usage().snapshot();
+    assert_eq!(h.hosts["n1"].buckets[7].samples, 9.0);
+    assert_eq!(h.hosts["n1"].buckets[8].samples, 2.0);
+    assert_eq!(h.hour["n1"], 8);
+    let stored = t.c.store().host("n1").unwrap().unwrap();
+    assert!(stored.report.usage.is_none(), "kept out of the database");
+    // A history that no agent could have kept is refused.
+    r["usage"]["hour"] = serde_json::json!(400);
+    let a = t.call("POST", "/agents/heartbeat", Some(N1), r.to_string());
+    assert_eq!(a.status, StatusCode::BAD_REQUEST);
+    assert!(a.text().contains("hour of the week"), "{}", a.text());
+}
+
+#[test]
 fn agents_register_then_heartbeat_and_hosts_are_listed_alive() {
     let t = setup("agents");
     let a = t.call("POST", "/agents/heartbeat", Some(N1), report("n1"));

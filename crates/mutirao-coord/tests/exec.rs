@@ -139,14 +139,17 @@ fn a_waiting_job_is_placed_run_logged_and_finished() {
     );
     assert_eq!(story[2], "order eligible hosts in order of preference: n1 (stays idle 0.25) (stays idle: probability of the owner staying away 2 h, from the usage history)");
     assert_eq!(story[3], "refused n2: its owner is active");
+    // The run agents label its ranks with (a restarted coordinator asks them about it).
+    assert_eq!(story[4], "run run 1: 3 ranks on n1×3");
+    assert_eq!(l.run, 1);
     assert!(
-        story[4].starts_with("start placed in ")
-            && story[4].contains(" ms, program read and checked in "),
+        story[5].starts_with("start placed in ")
+            && story[5].contains(" ms, program read and checked in "),
         "{}",
-        story[4]
+        story[5]
     );
-    assert_eq!(story[5], "state started on n1");
-    assert_eq!(story[6], "state exit 0");
+    assert_eq!(story[6], "state started on n1");
+    assert_eq!(story[7], "state exit 0");
     assert_eq!(d.running(), 0);
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -207,11 +210,28 @@ fn cancel_reaches_the_execution_and_a_restart_requeues_orphans() {
     let c2 = Coordinator::new(c.store().clone(), Tokens::new(), c.repo().clone());
     let d2 =
         Dispatcher::install(c2.clone(), Arc::new(Script::default()), &dir.join("jobs")).unwrap();
-    assert_eq!(d2.requeue_orphans().unwrap(), 1);
-    assert_eq!(c.store().job(b).unwrap().state, JobState::Waiting);
+    assert_eq!(d2.reconcile_orphans().unwrap(), 1);
+    // n1's agent reports after the restart, remembering no rank of b's run: re-queued.
+    host(&c2, "n1", 2.0, false);
+    wait(&c, b, JobState::Waiting);
     assert_eq!(c.store().job(a).unwrap().state, JobState::Cancelled);
-    let last = c.store().events(b).unwrap().pop().unwrap().detail;
-    assert!(last.contains("re-queued"), "{last}");
+    let story: Vec<String> = c
+        .store()
+        .events(b)
+        .unwrap()
+        .into_iter()
+        .map(|e| e.detail)
+        .collect();
+    let n = story.len();
+    assert_eq!(
+        story[n - 2],
+        "no agent of n1 remembers a rank of run 1 (they keep exits for an hour)",
+        "{story:#?}"
+    );
+    assert!(
+        story[n - 1].starts_with("re-queued after the coordinator's restart"),
+        "{story:#?}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -433,32 +453,44 @@ fn checkpoint_waves_make_the_job_checkpointing_until_committed_and_an_owner_keep
 }
 
 #[test]
-fn the_usage_history_learnt_from_reports_orders_the_hosts() {
+fn placement_prefers_the_host_whose_agent_s_history_says_it_stays_idle() {
+    use mutirao_coord::usage::Keeper;
     let (c, s, d, dir) = setup("usage", true);
-    host(&c, "n1", 4.0, false);
-    host(&c, "n2", 2.0, false);
-    // n1's owner has been at it at this hour, n2's away.
+    host(&c, "n1", 2.0, false);
+    host(&c, "n2", 1.0, false);
+    // Without histories, the idler host wins.
+    let first = submit(&c, 1, "");
+    d.place_waiting().unwrap();
+    wait(&c, first, JobState::Finished);
+    assert_eq!(s.launches.lock().unwrap()[0].hosts[0].name, "n1");
+    // n1's agent: its owner is at work at this hour and the next; n2's owner is away. The
+    // hours are the agents' own (each sends its hour of the week).
+    let (mut busy, mut away) = (Keeper::default(), Keeper::default());
     for _ in 0..100 {
-        c.usage().record("n1", false);
-        c.usage().record("n2", true);
+        for h in [40, 41] {
+            busy.sample(h, false);
+            away.sample(h, true);
+        }
     }
-    let id = submit(&c, 1, "");
-    assert_eq!(d.place_waiting().unwrap(), 1);
-    wait(&c, id, JobState::Finished);
-    assert_eq!(s.launches.lock().unwrap()[0].hosts[0].name, "n2");
+    // A new hour: each sends its whole history, as at registration.
+    c.usage().reported("n1", &busy.sample(40, false));
+    c.usage().reported("n2", &away.sample(40, true));
+    let second = submit(&c, 1, "");
+    d.place_waiting().unwrap();
+    wait(&c, second, JobState::Finished);
+    assert_eq!(s.launches.lock().unwrap()[1].hosts[0].name, "n2");
     let order = c
         .store()
-        .events(id)
+        .events(second)
         .unwrap()
         .into_iter()
         .find(|e| e.kind == "order")
         .unwrap()
         .detail;
     assert!(
-        order.starts_with(
-            "eligible hosts in order of preference: n2 (stays idle 0.50), n1 (stays idle 0.00)"
-        ),
+        order.starts_with("eligible hosts in order of preference: n2 (stays idle 0.98"),
         "{order}"
     );
+    assert!(order.contains("n1 (stays idle 0.00"), "{order}");
     let _ = std::fs::remove_dir_all(&dir);
 }

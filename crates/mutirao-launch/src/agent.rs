@@ -31,6 +31,9 @@ pub struct AgentConfig {
     /// Where programs named by digest come from (an agent of a grid coordinator fetches them
     /// from its repository); `None`: programs are run from the paths launchers name.
     pub programs: Option<ProgramSource>,
+    /// The journal of the grid ranks this agent runs (ranks a coordinator labelled with
+    /// [`crate::journal::GRID_JOB_ENV`]): alive, and how each ended; `None`: none is kept.
+    pub journal: Option<Arc<crate::journal::RankJournal>>,
 }
 
 /// Resolves a program digest (`sha256:<hex>`) to a local file whose content has just been
@@ -427,6 +430,9 @@ pub fn serve(conn: TcpStream, cfg: &AgentConfig) -> anyhow::Result<()> {
         };
         pids.push(child.id() as i32);
         cfg.procs.add(child.id() as i32);
+        if let (Some(j), Some(label)) = (&cfg.journal, crate::journal::Label::of_env(&spec.env)) {
+            j.started(label, spec.rank as u32, child.id() as i32);
+        }
         send(&Msg::Started {
             rank: spec.rank,
             pid: child.id(),
@@ -479,20 +485,32 @@ pub fn serve(conn: TcpStream, cfg: &AgentConfig) -> anyhow::Result<()> {
         }
         let w = w.clone();
         let procs = cfg.procs.clone();
+        let journal = cfg.journal.clone();
+        let jlog = cfg.log.clone();
         waiters.push(std::thread::spawn(move || {
             let st = child.wait();
             procs.remove(child.id() as i32);
-            for t in readers {
-                let _ = t.join();
-            }
             let (code, signal) = match st {
                 Ok(s) => (s.code(), s.signal()),
                 Err(_) => (None, None),
             };
+            if let Some(j) = &journal {
+                if let Err(e) = j.ended(child.id() as i32, code, signal) {
+                    jlog(&format!("cannot journal the end of rank {rank}: {e:#}"));
+                }
+            }
+            for t in readers {
+                let _ = t.join();
+            }
             if let Ok(mut g) = w.lock() {
                 let _ = proto::write_msg(&mut *g, &Msg::Exit { rank, code, signal });
             }
         }));
+    }
+    if let Some(j) = &cfg.journal {
+        if let Err(e) = j.save() {
+            log(&format!("{peer}: cannot journal the ranks started: {e:#}"));
+        }
     }
     // When every rank has ended, close the session (this also ends the read loop below).
     let closer = conn.try_clone()?;
@@ -665,6 +683,7 @@ mod tests {
             log: Arc::new(|_| {}),
             store: None,
             procs: Procs::default(),
+            journal: None,
             // A fetch of 1.5 s: three times the launcher's patience with a silent agent.
             programs: Some(ProgramSource {
                 resolve: Arc::new(|_| {

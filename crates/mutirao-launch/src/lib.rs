@@ -8,7 +8,7 @@
 //! - [`agent`]: the per-host agent's session server; [`proto`]: its authenticated protocol
 //!   (with heartbeats, so a host that vanishes silently is noticed);
 //! - [`hostfile`]: hostfile parsing and placement; [`ckpt_dir`]: checkpoints in a directory;
-//!   [`fsutil`]: atomic file writes.
+//!   [`fsutil`]: atomic file writes; [`journal`]: an agent's journal of the grid ranks it runs.
 //!
 //! Nothing here prints or installs signal handlers: callers get events and reports.
 //!
@@ -31,6 +31,7 @@ pub mod ckpt_dir;
 pub mod fsutil;
 pub mod hostfile;
 pub mod job;
+pub mod journal;
 pub mod proto;
 pub mod recovery;
 pub mod store;

@@ -6,7 +6,7 @@
 //! A failure during recovery is one more failure; at most `max_restarts` restarts.
 
 use crate::job::{Job, JobSpec};
-use crate::supervise::{supervise, Cause, Ended, Report, Watch};
+use crate::supervise::{supervise, Cause, Ended, RecoveryStep, Report, Watch};
 use mutirao::pmi::CheckpointSink;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -213,6 +213,10 @@ pub fn run_with_recovery(
                 )));
             }
             restarts.push(r);
+            on(Report::Recovery(RecoveryStep::Restarted {
+                incarnation,
+                epoch,
+            }));
         }
         let ended = supervise(&job, spec.n, &watch, on);
         // Before the next incarnation reads the last committed epoch: no commit of this one
@@ -240,6 +244,10 @@ pub fn run_with_recovery(
         }
         exclude = next_exclusion(&spec, &exclude, &ended);
         incarnation += 1;
+        on(Report::Recovery(RecoveryStep::Failed {
+            incarnation,
+            max: rec.max_restarts,
+        }));
         let cause = ended.cause.clone().unwrap_or(Cause::Interrupted);
         pending = Some((cause, ended.failed_at.unwrap_or_else(Instant::now)));
     }

@@ -53,6 +53,30 @@ pub enum Report {
     Notice(String),
     /// Every rank has started and connected: how long its start-up phases took.
     Init(InitReport),
+    /// A restart within the run (with checkpoints, [`crate::recovery`]): the state a
+    /// coordinator shows for the job (`recovering`, then `running` again).
+    Recovery(RecoveryStep),
+}
+
+/// A step of a restart within the run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RecoveryStep {
+    /// An incarnation failed (the notice before says how) and restart `incarnation` of `max`
+    /// follows.
+    Failed {
+        /// The restart to come (1 for the first).
+        incarnation: u32,
+        /// Restarts allowed.
+        max: u32,
+    },
+    /// Every rank of restart `incarnation` was started again, from committed epoch `epoch`
+    /// (`None`: from the beginning).
+    Restarted {
+        /// The restart (1 for the first).
+        incarnation: u32,
+        /// The epoch the ranks resume from.
+        epoch: Option<u64>,
+    },
 }
 
 /// The ranks' start-up, once every rank of an incarnation has reached the connection barrier.
