@@ -23,7 +23,7 @@
 # (min–max), measured/predicted and whether it is within 10%; then digest 000's check 11 on
 # measured times (overhead-aware HEFT ahead of latency HEFT, round-robin far behind).
 #
-# Usage: sudo bench/predict_vs_measured.sh [RUNS]           (default 3; ~10 min per spec)
+# Usage: sudo bench/predict_vs_measured.sh [RUNS]           (default 3; ~3 min per spec on an idle 2-core machine)
 # Env:   SPEC=wan|three|FILE.toml   the grid (default `wan`, below; `three`: three sites)
 #        MUTIRAO=path/to/mutirao    (default: target/release/mutirao, built if missing)
 #        KEEP=dir                   keep calibration, model, graphs, schedules, runs in dir
