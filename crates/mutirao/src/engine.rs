@@ -326,10 +326,6 @@ pub(crate) struct Peer {
 
 const STAGE: usize = 64 * 1024;
 
-/// How long a rank waiting on a TCP transfer in progress spins before sleeping (see
-/// `Engine::tcp_mid_transfer`), unless the machine is oversubscribed.
-const MID_TRANSFER_SPIN: Duration = Duration::from_millis(1);
-
 impl Peer {
     pub(crate) fn new(io: Option<Box<dyn Transport>>) -> Peer {
         let shm = io.as_ref().is_some_and(|t| !t.socket_is_stream());
@@ -1792,13 +1788,6 @@ impl Engine {
             let t0 = *start.get_or_insert_with(Instant::now);
             let spin = if self.n_sock == 0 {
                 self.tuning.spin_shm
-            } else if self.tcp_mid_transfer() {
-                // A message is half across a TCP link (still to write, or still arriving): the
-                // rest comes at the link's pace, so a sleep now pays a wake-up per socket-buffer
-                // refill (4 MiB one-way on loopback: 1.07–1.45 ms with a 50 µs spin, 0.98–1.13
-                // with 500 µs, interleaved). The busy check below still cuts the spin short
-                // on an oversubscribed machine.
-                self.tuning.spin.max(MID_TRANSFER_SPIN)
             } else {
                 self.tuning.spin
             };
@@ -1855,13 +1844,6 @@ impl Engine {
                 }
             }
         }
-    }
-
-    /// Whether a message is partly written to, or partly read from, a TCP peer.
-    fn tcp_mid_transfer(&self) -> bool {
-        self.peers.iter().any(|p| {
-            p.io.is_some() && !p.shm && (!p.txq.is_empty() || matches!(p.rx, Rx::Payload { .. }))
-        })
     }
 
     /// One non-blocking progress pass (for test/iprobe). Asks the kernel for socket events
@@ -3544,26 +3526,6 @@ mod tests {
         };
         assert!(yields_of_a_wait(busy) > 0, "busy: the spin never yielded");
         assert_eq!(yields_of_a_wait(quiet), 0, "quiet: the spin yielded");
-    }
-
-    /// A rank is "mid-transfer" on TCP (and so spins longer before sleeping) exactly while a
-    /// message is partly read from a TCP peer, and no longer once it is whole.
-    #[test]
-    fn a_message_half_read_from_a_tcp_peer_is_a_transfer_in_progress() {
-        let (mut e, mut raw) = engine_with_raw_peer();
-        assert!(!e.tcp_mid_transfer(), "nothing sent yet");
-        let frame = eager_frame(7, &[5u8; 4000]);
-        raw.write_all(&frame[..HEADER_LEN + 1000]).unwrap();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !e.tcp_mid_transfer() && Instant::now() < deadline {
-            e.progress_once(true).unwrap();
-        }
-        assert!(e.tcp_mid_transfer(), "header and 1000 of 4000 bytes read");
-        raw.write_all(&frame[HEADER_LEN + 1000..]).unwrap();
-        while e.tcp_mid_transfer() && Instant::now() < deadline {
-            e.progress_once(true).unwrap();
-        }
-        assert!(!e.tcp_mid_transfer(), "the whole message is in");
     }
 
     #[test]
