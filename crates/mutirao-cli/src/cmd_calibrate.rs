@@ -2219,7 +2219,8 @@ fn combine(m: &[(u64, Vec<MeasureRep>)], r: &[Vec<(f64, f64)>]) -> Vec<SizeSampl
 /// One size of a ping-pong sweep: bytes, warm-up repetitions done, samples.
 type SizeSamples = (u64, u32, Vec<PingPongSample>);
 
-fn median(xs: impl Iterator<Item = f64>) -> Option<f64> {
+/// The median of `xs` (the mean of the middle two for an even count); `None` when empty.
+pub(crate) fn median(xs: impl Iterator<Item = f64>) -> Option<f64> {
     let mut v: Vec<f64> = xs.collect();
     v.sort_by(f64::total_cmp);
     match v.len() {

@@ -333,19 +333,11 @@ fn model_speeds(plan: &Plan, path: &Path) -> anyhow::Result<Vec<f64>> {
 /// rate: the median of rate ÷ model speed with `speeds`, else the fastest host's rate.
 fn reference_rate(rates: &[f64], speeds: Option<&[f64]>) -> (f64, &'static str) {
     match speeds {
-        Some(sp) => {
-            let mut r: Vec<f64> = rates.iter().zip(sp).map(|(r, s)| r / s).collect();
-            r.sort_by(f64::total_cmp);
-            let n = r.len();
-            let med = if n == 0 {
-                f64::NAN
-            } else if n % 2 == 1 {
-                r[n / 2]
-            } else {
-                (r[n / 2 - 1] + r[n / 2]) / 2.0
-            };
-            (med, "model speeds")
-        }
+        Some(sp) => (
+            crate::cmd_calibrate::median(rates.iter().zip(sp).map(|(r, s)| r / s))
+                .unwrap_or(f64::NAN),
+            "model speeds",
+        ),
         None => (rates.iter().copied().fold(0.0, f64::max), "fastest host"),
     }
 }

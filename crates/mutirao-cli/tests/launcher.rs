@@ -909,14 +909,14 @@ fn tests() -> Vec<Trial> {
                     return Err(format!("{args:?}: {}", text(&out.stderr)).into());
                 }
             }
-            let out = run(&[
-                "exec-dag",
-                "--dag",
-                &path("d.json")?,
-                "--schedule",
-                &path("s.json")?,
-                "--json",
-            ])?;
+            // `mutirao exec-dag --dag d.json --schedule SCHEDULE EXTRA…`
+            let exec_dag = |schedule: &str, extra: &[&str]| -> Result<Output, Failed> {
+                let (d, s) = (path("d.json")?, path(schedule)?);
+                let mut args = vec!["exec-dag", "--dag", &d, "--schedule", &s];
+                args.extend_from_slice(extra);
+                run(&args)
+            };
+            let out = exec_dag("s.json", &["--json"])?;
             if !out.status.success() {
                 return Err(format!("exec-dag: {}", text(&out.stderr)).into());
             }
@@ -998,16 +998,7 @@ fn tests() -> Vec<Trial> {
             }
             // With the model, the reference rate is the median of each host's measured rate
             // over its model speed (two hosts at speed 1.0: the mean of their two rates).
-            let out = run(&[
-                "exec-dag",
-                "--dag",
-                &path("d.json")?,
-                "--schedule",
-                &path("s.json")?,
-                "--model",
-                &path("m.json")?,
-                "--json",
-            ])?;
+            let out = exec_dag("s.json", &["--model", &path("m.json")?, "--json"])?;
             if !out.status.success() {
                 return Err(format!("exec-dag --model: {}", text(&out.stderr)).into());
             }
@@ -1026,15 +1017,7 @@ fn tests() -> Vec<Trial> {
             // A model without one of the schedule's hosts is refused before anything runs.
             let partial = model.replace(r#""h2""#, r#""h9""#);
             std::fs::write(d.join("m1.json"), partial).map_err(|e| e.to_string())?;
-            let out = run(&[
-                "exec-dag",
-                "--dag",
-                &path("d.json")?,
-                "--schedule",
-                &path("s.json")?,
-                "--model",
-                &path("m1.json")?,
-            ])?;
+            let out = exec_dag("s.json", &["--model", &path("m1.json")?])?;
             if out.status.success() || !text(&out.stderr).contains("is not in the model") {
                 return Err(format!(
                     "a model missing a host: {:?} {}",
@@ -1056,13 +1039,7 @@ fn tests() -> Vec<Trial> {
                 serde_json::from_str(&sched).map_err(|e| e.to_string())?;
             sv["tasks"].as_array_mut().ok_or("tasks")?.pop();
             std::fs::write(d.join("bad.json"), sv.to_string()).map_err(|e| e.to_string())?;
-            let out = run(&[
-                "exec-dag",
-                "--dag",
-                &path("d.json")?,
-                "--schedule",
-                &path("bad.json")?,
-            ])?;
+            let out = exec_dag("bad.json", &[])?;
             if out.status.success() || !text(&out.stderr).contains("is not placed") {
                 return Err(format!(
                     "incomplete schedule: {:?} {}",

@@ -536,27 +536,16 @@ fn a_clear_to_send_waits_behind_the_receivers_data_to_the_sender() {
     let mb = 1 << 20;
     // p1 (a0) → r2 (b0), r1 (b0) → p2 (a0); a0 runs p1 then p2, b0 runs r1, mid (50 ms), r2:
     // b0 posts r2's receive while r1's megabyte is on its way to a0.
-    let tasks = ["p1", "p2", "r1", "mid", "r2"]
-        .iter()
-        .zip([0.01, 0.01, 0.02, 0.05, 0.01])
-        .map(|(id, work)| Task {
-            id: id.to_string(),
-            work,
-        })
-        .collect();
-    let edges = vec![
-        Edge {
-            from: 0,
-            to: 4,
-            bytes: mb,
-        },
-        Edge {
-            from: 2,
-            to: 1,
-            bytes: mb,
-        },
-    ];
-    let dag = Dag::new(tasks, edges).unwrap();
+    let dag = graph(
+        &[
+            ("p1", 0.01),
+            ("p2", 0.01),
+            ("r1", 0.02),
+            ("mid", 0.05),
+            ("r2", 0.01),
+        ],
+        &[(0, 4, mb), (2, 1, mb)],
+    );
     let pl = Placement {
         host: vec![0, 0, 1, 1, 1],
         start: vec![0.0, 0.01, 0.0, 0.02, 0.07],
@@ -618,27 +607,10 @@ fn a_clear_to_send_posted_in_the_senders_burst_goes_ahead_of_its_data() {
     let mb = 1 << 20;
     // p1 (a0) → r2 (b0), r1 (b0) → p2 (a0); a0 runs p1 then p2, b0 runs r1 (longer than p1,
     // so p1's request is in when r1 ends), then r2 right away.
-    let tasks = ["p1", "p2", "r1", "r2"]
-        .iter()
-        .zip([0.01, 0.01, 0.03, 0.01])
-        .map(|(id, work)| Task {
-            id: id.to_string(),
-            work,
-        })
-        .collect();
-    let edges = vec![
-        Edge {
-            from: 0,
-            to: 3,
-            bytes: mb,
-        },
-        Edge {
-            from: 2,
-            to: 1,
-            bytes: mb,
-        },
-    ];
-    let dag = Dag::new(tasks, edges).unwrap();
+    let dag = graph(
+        &[("p1", 0.01), ("p2", 0.01), ("r1", 0.03), ("r2", 0.01)],
+        &[(0, 3, mb), (2, 1, mb)],
+    );
     let pl = Placement {
         host: vec![0, 0, 1, 1],
         start: vec![0.0, 0.01, 0.0, 0.03],
