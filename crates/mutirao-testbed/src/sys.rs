@@ -4,9 +4,9 @@
 use crate::plan::prefix_of;
 use crate::Error;
 use rustix::process::{kill_process, Pid, Signal};
-use std::io::Read;
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// Where `ip netns` keeps its named network namespaces.
@@ -81,17 +81,61 @@ impl Runner {
         self.steps += 1;
         run(program, args)
     }
+
+    /// Run `program args…` with `input` on its standard input (e.g. `tc -batch -`).
+    pub fn run_input(
+        &mut self,
+        program: &str,
+        args: &[&str],
+        input: &str,
+    ) -> Result<String, Error> {
+        if self.fail_after == Some(self.steps) {
+            return Err(Error::Injected(self.steps));
+        }
+        self.steps += 1;
+        run_with(program, args, Some(input))
+    }
 }
 
 /// Run `program args…` once, returning stdout or [`Error::Command`] with stderr.
 pub fn run(program: &str, args: &[&str]) -> Result<String, Error> {
-    let out = Command::new(program)
-        .args(args)
-        .output()
-        .map_err(|source| Error::Spawn {
-            program: program.to_string(),
-            source,
-        })?;
+    run_with(program, args, None)
+}
+
+fn run_with(program: &str, args: &[&str], input: Option<&str>) -> Result<String, Error> {
+    let spawn_err = |source| Error::Spawn {
+        program: program.to_string(),
+        source,
+    };
+    let out = match input {
+        None => Command::new(program)
+            .args(args)
+            .output()
+            .map_err(spawn_err)?,
+        Some(text) => {
+            let mut child = Command::new(program)
+                .args(args)
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .map_err(spawn_err)?;
+            // Write on a thread: a long batch must not block on a full pipe while the child
+            // blocks on its full stdout.
+            let mut stdin = child
+                .stdin
+                .take()
+                .ok_or_else(|| spawn_err(std::io::Error::other("no standard input pipe")))?;
+            let text = text.to_string();
+            let writer = std::thread::spawn(move || stdin.write_all(text.as_bytes()));
+            let out = child.wait_with_output().map_err(spawn_err)?;
+            writer
+                .join()
+                .map_err(|_| spawn_err(std::io::Error::other("stdin writer panicked")))?
+                .map_err(spawn_err)?;
+            out
+        }
+    };
     if out.status.success() {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     } else {

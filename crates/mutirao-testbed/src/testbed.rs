@@ -402,8 +402,8 @@ impl Testbed {
                     &site.gateway.to_string(),
                 ],
             )?;
-            shape(r, hns, "eth0", &h.nic)?;
-            shape(r, sns, &h.port, &h.nic)?;
+            shape(r, hns, "eth0", &h.nic, &p.pairs_through(hns, "eth0"))?;
+            shape(r, sns, &h.port, &h.nic, &p.pairs_through(sns, &h.port))?;
             let cg = st.cgroup.join(&h.cgroup);
             std::fs::create_dir(&cg).map_err(|source| Error::Io {
                 what: "cannot create cgroup".into(),
@@ -468,8 +468,8 @@ impl Testbed {
             )?;
             r.run("ip", &["-n", na, "link", "set", ifn, "up"])?;
             r.run("ip", &["-n", nb, "link", "set", ifn, "up"])?;
-            shape(r, na, ifn, &wan.tbf)?;
-            shape(r, nb, ifn, &wan.tbf)?;
+            shape(r, na, ifn, &wan.tbf, &p.pairs_through(na, ifn))?;
+            shape(r, nb, ifn, &wan.tbf, &p.pairs_through(nb, ifn))?;
             st.wans.push(WanInfo {
                 sites: [p.sites[wan.a].name.clone(), p.sites[wan.b].name.clone()],
                 mbit: spec.wans[w].mbit,
@@ -684,7 +684,15 @@ impl Drop for Testbed {
     }
 }
 
-fn shape(r: &mut Runner, ns: &str, dev: &str, tbf: &Tbf) -> Result<(), Error> {
+/// Shape `dev` of namespace `ns`: the token bucket, acknowledgements first, and one queue per
+/// host pair of `pairs` (the pairs whose packets leave through it, `Plan::pairs_through`).
+fn shape(
+    r: &mut Runner,
+    ns: &str,
+    dev: &str,
+    tbf: &Tbf,
+    pairs: &[(Ipv4Addr, Ipv4Addr)],
+) -> Result<(), Error> {
     let mut gso = vec!["-n", ns, "link", "set", "dev", dev];
     gso.extend(plan::GSO_ARGS);
     r.run("ip", &gso)?;
@@ -712,7 +720,32 @@ fn shape(r: &mut Runner, ns: &str, dev: &str, tbf: &Tbf) -> Result<(), Error> {
                 "tc",
                 &["-n", ns, "qdisc", "del", "dev", dev, "parent", "1:1"],
             );
-            break;
+            return Ok(());
+        }
+    }
+    // One queue per host pair (see `plan::flow_queue_batch`). Without it the link still has
+    // its rate and acknowledgements first, but concurrent flows share it as TCP over one FIFO
+    // does: unevenly, and differently from run to run.
+    if pairs.len() > plan::MAX_FLOW_QUEUES {
+        eprintln!(
+            "mutirao-testbed: warning: {ns} {dev} carries {} host pairs, more than the {} it \
+             queues separately; its flows share one FIFO (unevenly, unlike the max-min fair \
+             model)",
+            pairs.len(),
+            plan::MAX_FLOW_QUEUES
+        );
+        return Ok(());
+    }
+    let batch = plan::flow_queue_batch(dev, pairs, tbf.limit_bytes);
+    if !batch.is_empty() {
+        if let Err(e) = r.run_input("tc", &["-n", ns, "-batch", "-"], &batch) {
+            if matches!(e, Error::Injected(_)) {
+                return Err(e);
+            }
+            eprintln!(
+                "mutirao-testbed: warning: {ns} {dev}: flows cannot have queues of their own \
+                 ({e}); concurrent flows will share the link unevenly"
+            );
         }
     }
     Ok(())
