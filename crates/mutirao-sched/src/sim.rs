@@ -377,9 +377,22 @@ pub fn simulate_with_network<N: FlowNetwork>(
     // When each host posted the receives of the task it is at: after the previous task's send
     // calls, before their push (the runtime pushes the bytes while the program waits).
     let mut host_posted: Vec<f64> = vec![0.0; platform.len()];
+    // When each rendezvous message's request reached its receiver: a small control message
+    // sent with the send call, ahead of the clear-to-sends of the receives its sender posts
+    // next on the same connection (so a receiver answers it before it starts pushing data
+    // those clear-to-sends ask for). Not HLogP's L of the message's size.
+    let mut rts_arrival: Vec<f64> = if rdv_flows {
+        vec![0.0; edges.len()]
+    } else {
+        Vec::new()
+    };
+    // The receive counts from its post or HLogP's arrival (so a lone transfer is HLogP's);
+    // the clear-to-send leaves when the request came, which orders it among the connection's
+    // other traffic.
     let rdv_start = |ei: usize,
                      post: f64,
                      arrival: f64,
+                     rts: f64,
                      started: &mut Vec<bool>,
                      recv_post: &mut Vec<f64>,
                      starts: &mut BinaryHeap<Reverse<Start>>,
@@ -387,7 +400,7 @@ pub fn simulate_with_network<N: FlowNetwork>(
         let ps = post.max(arrival);
         started[ei] = true;
         recv_post[ei] = ps;
-        starts.push(Reverse(Start(ps, ei)));
+        starts.push(Reverse(Start(post.max(rts), ei)));
         if opts.record_messages {
             messages[ei].recv_start_s = ps;
         }
@@ -519,12 +532,16 @@ pub fn simulate_with_network<N: FlowNetwork>(
                     messages[ei].arrival_s = arrival[ei];
                 }
                 let rdv = rdv_flows && platform.rendezvous(e.bytes, q, r);
+                if rdv {
+                    rts_arrival[ei] = send_end + platform.l_s(CTS_BYTES, q, r);
+                }
                 if rdv && host_next[r] == pos[e.to] {
                     // Its receiver's host already waits at that task: the transfer starts now.
                     rdv_start(
                         ei,
                         host_posted[r],
                         arrival[ei],
+                        rts_arrival[ei],
                         &mut rdv_started,
                         &mut recv_post,
                         &mut starts,
@@ -574,6 +591,7 @@ pub fn simulate_with_network<N: FlowNetwork>(
                                 ei,
                                 host_posted[q],
                                 arrival[ei],
+                                rts_arrival[ei],
                                 &mut rdv_started,
                                 &mut recv_post,
                                 &mut starts,

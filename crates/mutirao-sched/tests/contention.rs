@@ -597,12 +597,28 @@ fn a_clear_to_send_waits_behind_the_receivers_data_to_the_sender() {
 /// clear-to-send left before the 561 KB its receiver had just sent the same way).
 #[test]
 fn a_clear_to_send_posted_in_the_senders_burst_goes_ahead_of_its_data() {
+    // Whatever L the fit gives large messages: the request is a small control message, sent
+    // with the send call, so it reaches a0 before the clear-to-send b0 posts after it (with L
+    // of 1 MiB above L of 64 B, taking the request's arrival as HLogP's L of 1 MiB put a0's
+    // answer behind its own 1 MiB; traced on the testbed, a 508 KB transfer predicted to end
+    // 0.45 s late).
+    for large_l_us in [100.0, 400.0] {
+        clear_to_send_case(large_l_us);
+    }
+}
+
+fn clear_to_send_case(large_l_us: f64) {
     use mutirao_model::PushCost;
     let mut rdv = two_sites_rendezvous(1, 1, 400.0, 30.0);
     rdv.push_cost = vec![PushCost {
         host: "b0".into(),
         us_per_byte: 0.01, // 10.5 ms per MiB
     }];
+    for l in &mut rdv.links {
+        if let Some(seg) = l.l.0.last_mut() {
+            seg.base_us = large_l_us;
+        }
+    }
     rdv.validate().unwrap();
     let mb = 1 << 20;
     // p1 (a0) → r2 (b0), r1 (b0) → p2 (a0); a0 runs p1 then p2, b0 runs r1 (longer than p1,
@@ -628,8 +644,8 @@ fn a_clear_to_send_posted_in_the_senders_burst_goes_ahead_of_its_data() {
     let r1_end = s.tasks[2].finish_s;
     assert!(
         p1.recv_end_s < r1_end + 1.5 * wire && r1.recv_end_s < r1_end + 1.5 * wire,
-        "r1 ended at {r1_end:.4} s; p1 -> r2 received at {:.4} s, r1 -> p2 at {:.4} s: the \
-         clear-to-send b0 queued with its sends went behind its own data",
+        "L of large messages {large_l_us} us: r1 ended at {r1_end:.4} s; p1 -> r2 received at \
+         {:.4} s, r1 -> p2 at {:.4} s: the clear-to-send went behind its sender's own data",
         p1.recv_end_s,
         r1.recv_end_s
     );
