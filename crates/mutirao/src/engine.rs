@@ -326,6 +326,49 @@ pub(crate) struct Peer {
 
 const STAGE: usize = 64 * 1024;
 
+/// How long a rank waiting on a TCP transfer in progress spins after the last bytes moved,
+/// while its TCP links deliver fast (see [`LinkRate`]), unless the machine is oversubscribed.
+const MID_TRANSFER_SPIN: Duration = Duration::from_millis(1);
+
+/// A TCP link "delivers fast" while it moves at least this many bytes per µs (500 MB/s, 4
+/// Gbit/s): loopback moves 2.5–7 GB/s on the 2-core VM, the testbed's links 30 Mbit/s–1 Gbit/s.
+const FAST_LINK_BYTES_PER_US: u64 = 500;
+
+/// The rate of [`LinkRate`] is taken over the last one to two of these.
+const RATE_WINDOW: Duration = Duration::from_millis(1);
+
+/// The rate at which one wait's TCP links have moved bytes lately: bytes counted since a mark
+/// at most two [`RATE_WINDOW`]s old. It decides whether a quiet gap in a transfer is worth
+/// spinning through: on a fast link a gap is a peer's wake-up or a socket-buffer refill and
+/// the rest follows within microseconds, so a sleep adds a wake-up per gap; on a slow link
+/// (30 Mbit/s: a 1500-byte frame every 400 µs) the rest comes at the link's pace and a spin
+/// would burn the core through the whole transfer.
+#[derive(Clone, Copy, Debug)]
+struct LinkRate {
+    /// (time, bytes moved so far) at the start of the previous and of the current window.
+    marks: [(Instant, u64); 2],
+}
+
+impl LinkRate {
+    fn new(now: Instant, moved: u64) -> LinkRate {
+        LinkRate {
+            marks: [(now, moved); 2],
+        }
+    }
+
+    /// Whether the links moved at least [`FAST_LINK_BYTES_PER_US`] since the older mark, as of
+    /// `now` with `moved` bytes moved so far (a count that only grows).
+    fn fast(&mut self, now: Instant, moved: u64) -> bool {
+        if now.saturating_duration_since(self.marks[1].0) >= RATE_WINDOW {
+            self.marks = [self.marks[1], (now, moved)];
+        }
+        let (t, b) = self.marks[0];
+        let us = now.saturating_duration_since(t).as_micros().max(1);
+        let bytes = u128::from(moved.saturating_sub(b));
+        bytes > 0 && bytes >= u128::from(FAST_LINK_BYTES_PER_US) * us
+    }
+}
+
 impl Peer {
     pub(crate) fn new(io: Option<Box<dyn Transport>>) -> Peer {
         let shm = io.as_ref().is_some_and(|t| !t.socket_is_stream());
@@ -457,6 +500,10 @@ pub(crate) struct Engine {
     busy: crate::busy::BusyProbe,
     /// Times [`Engine::wait_until`] yielded its core (tests).
     yields: u64,
+    /// Times [`Engine::wait_until`] went to sleep in the kernel (tests).
+    sleeps: u64,
+    /// Bytes read from and written to TCP peers so far (see [`LinkRate`]).
+    tcp_moved: u64,
     /// A restore in progress: peers' held messages to collect first, frames to deliver after.
     restoring: Option<Restoring>,
 }
@@ -559,6 +606,8 @@ impl Engine {
             arrivals: 0,
             busy: crate::busy::BusyProbe::new(),
             yields: 0,
+            sleeps: 0,
+            tcp_moved: 0,
             restoring: None,
         })
     }
@@ -758,7 +807,12 @@ impl Engine {
         let mut written = 0;
         if p.txq.is_empty() {
             match raw_write(&mut p.io, &[IoSlice::new(&h), IoSlice::new(payload)]) {
-                Ok(n) => written = n,
+                Ok(n) => {
+                    written = n;
+                    if !p.shm {
+                        self.tcp_moved += n as u64;
+                    }
+                }
                 Err(why) => {
                     self.fail_peer(peer, why);
                     return self.check_peer(peer);
@@ -828,6 +882,9 @@ impl Engine {
                 Ok(0) => break,
                 Ok(n) => {
                     did = true;
+                    if !p.shm {
+                        self.tcp_moved += n as u64;
+                    }
                     out.pos += n;
                     if out.pos == total {
                         let out = p.txq.pop_front().expect("front exists");
@@ -1253,6 +1310,9 @@ impl Engine {
                     if n == 0 {
                         return Ok(false);
                     }
+                    if !p.shm {
+                        self.tcp_moved += n as u64;
+                    }
                     p.stage_end += n;
                     return Ok(true);
                 }
@@ -1451,11 +1511,17 @@ impl Engine {
             if got == 0 {
                 return Ok(false);
             }
+            if !p.shm {
+                self.tcp_moved += got as u64;
+            }
             return Ok(true);
         } else {
             let n = raw_read(&mut p.io, dst)?;
             if n == 0 {
                 return Ok(false);
+            }
+            if !p.shm {
+                self.tcp_moved += n as u64;
             }
             n
         };
@@ -1758,6 +1824,10 @@ impl Engine {
             BUSY_FIRST
         };
         let mut next_busy = busy_first;
+        // How fast the TCP links move bytes, counted from the wait's first quiet moment (the
+        // first clock read): bytes that were already queued when the wait began say nothing
+        // of the link's pace.
+        let mut rate: Option<LinkRate> = None;
         // TCP peers need the kernel's word on every pass (interleaved with the rings); peers on
         // shared memory only use their sockets for wake-ups and failure, so look rarely.
         let every = match (self.n_sock > 0, self.n_shm > 0) {
@@ -1785,13 +1855,28 @@ impl Engine {
                 std::hint::spin_loop();
                 continue;
             }
-            let t0 = *start.get_or_insert_with(Instant::now);
+            let now = Instant::now();
+            let t0 = *start.get_or_insert(now);
+            let waited = now.saturating_duration_since(t0);
+            let moved = self.tcp_moved;
+            let rate = rate.get_or_insert_with(|| LinkRate::new(now, moved));
             let spin = if self.n_sock == 0 {
                 self.tuning.spin_shm
+            } else if waited >= self.tuning.spin
+                && !self.tuning.spin.is_zero()
+                && self.tuning.spin < MID_TRANSFER_SPIN
+                && self.tcp_mid_transfer()
+                && rate.fast(now, moved)
+            {
+                // A message is half across a TCP link that delivers fast (loopback, a fast
+                // LAN): the quiet gap is a peer's wake-up or a socket-buffer refill, and a
+                // sleep now would add a wake-up per gap. On a slow link the rate test fails
+                // and the rank sleeps as usual. The busy check below still cuts the spin short
+                // on an oversubscribed machine.
+                MID_TRANSFER_SPIN
             } else {
                 self.tuning.spin
             };
-            let waited = t0.elapsed();
             if waited < spin && !cut && waited >= next_busy {
                 // More threads runnable than CPUs: our spin holds a core someone is queued
                 // for, maybe the rank we wait for. Yield instead for the rest of the spin: a
@@ -1836,6 +1921,7 @@ impl Engine {
                 }
             }
             if !woke {
+                self.sleeps = self.sleeps.wrapping_add(1);
                 self.poll_sockets(Some(Duration::from_millis(200)))?;
             }
             for p in &self.peers {
@@ -1844,6 +1930,13 @@ impl Engine {
                 }
             }
         }
+    }
+
+    /// Whether a message is partly written to, or partly read from, a TCP peer.
+    fn tcp_mid_transfer(&self) -> bool {
+        self.peers.iter().any(|p| {
+            p.io.is_some() && !p.shm && (!p.txq.is_empty() || matches!(p.rx, Rx::Payload { .. }))
+        })
     }
 
     /// One non-blocking progress pass (for test/iprobe). Asks the kernel for socket events
@@ -3526,6 +3619,100 @@ mod tests {
         };
         assert!(yields_of_a_wait(busy) > 0, "busy: the spin never yielded");
         assert_eq!(yields_of_a_wait(quiet), 0, "quiet: the spin yielded");
+    }
+
+    /// A rank is "mid-transfer" on TCP exactly while a message is partly read from a TCP
+    /// peer, and no longer once it is whole; the bytes read are counted for the link's rate.
+    #[test]
+    fn a_message_half_read_from_a_tcp_peer_is_a_transfer_in_progress() {
+        let (mut e, mut raw) = engine_with_raw_peer();
+        assert!(!e.tcp_mid_transfer(), "nothing sent yet");
+        let frame = eager_frame(7, &[5u8; 4000]);
+        raw.write_all(&frame[..HEADER_LEN + 1000]).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !e.tcp_mid_transfer() && Instant::now() < deadline {
+            e.progress_once(true).unwrap();
+        }
+        assert!(e.tcp_mid_transfer(), "header and 1000 of 4000 bytes read");
+        raw.write_all(&frame[HEADER_LEN + 1000..]).unwrap();
+        while e.tcp_mid_transfer() && Instant::now() < deadline {
+            e.progress_once(true).unwrap();
+        }
+        assert!(!e.tcp_mid_transfer(), "the whole message is in");
+        assert_eq!(
+            e.tcp_moved,
+            frame.len() as u64,
+            "bytes read from the TCP peer"
+        );
+    }
+
+    /// The link counts as fast at loopback's pace and not at a 30 Mbit/s link's or a 1 Gbit/s
+    /// LAN's; without new bytes the rate decays, so a spin through a gap ends.
+    #[test]
+    fn the_link_rate_tells_a_fast_link_from_a_slow_one() {
+        let t = Instant::now();
+        let us = |n: u64| t + Duration::from_micros(n);
+        // Loopback: 256 KiB in the first 100 µs (2.6 GB/s), then a quiet gap.
+        let mut r = LinkRate::new(t, 0);
+        assert!(r.fast(us(100), 256 << 10));
+        assert!(r.fast(us(400), 256 << 10), "a 300 µs gap after 2.6 GB/s");
+        assert!(
+            !r.fast(us(600), 256 << 10),
+            "no new bytes for 500 µs: 262 144 bytes over 600 µs is below 500 B/µs"
+        );
+        // 30 Mbit/s: a 1448-byte frame every ~390 µs.
+        let mut r = LinkRate::new(t, 0);
+        for i in 1..=20u64 {
+            assert!(!r.fast(us(390 * i + 50), 1448 * i), "frame {i}");
+        }
+        // 1 Gbit/s: 125 bytes a µs.
+        let mut r = LinkRate::new(t, 0);
+        for i in 1..=20u64 {
+            assert!(!r.fast(us(100 * i), 12_500 * i), "100 µs step {i}");
+        }
+        // No bytes at all is never fast, even at once.
+        let mut r = LinkRate::new(t, 7);
+        assert!(!r.fast(t, 7));
+        // The window moves: a fast first millisecond does not make a slow second one fast.
+        let mut r = LinkRate::new(t, 0);
+        assert!(r.fast(us(1000), 4 << 20));
+        assert!(r.fast(us(1500), 4 << 20), "the last 1.5 ms moved 4 MiB");
+        assert!(
+            !r.fast(us(2100), (4 << 20) + 1448),
+            "the last 1.1 ms moved one frame"
+        );
+    }
+
+    /// A message trickling in from a slow peer (the header, then 1448-byte pieces 600 µs
+    /// apart: ~2.4 MB/s, a 20 Mbit/s link) is waited for by sleeping between the pieces, not
+    /// by spinning through them, although each gap is shorter than the mid-transfer spin
+    /// (1 ms) that a fast link gets.
+    #[test]
+    fn a_wait_on_a_slow_tcp_transfer_sleeps_between_the_pieces() {
+        let (mut e, mut raw) = engine_with_raw_peer();
+        e.tuning.spin = Duration::from_micros(50);
+        let id = e
+            .post_recv(0, Some(1), None, Dest::Alloc(discard_alloc))
+            .unwrap();
+        let frame = eager_frame(1, &[3u8; 10 * 1448]);
+        let sender = std::thread::spawn(move || {
+            raw.write_all(&frame[..HEADER_LEN]).unwrap();
+            for piece in frame[HEADER_LEN..].chunks(1448) {
+                std::thread::sleep(Duration::from_micros(600));
+                raw.write_all(piece).unwrap();
+            }
+            raw
+        });
+        e.wait_until(|e| e.recv_finished(id)).unwrap();
+        let _raw = sender.join().unwrap();
+        assert_eq!(e.take_recv(id).unwrap().0.bytes, 10 * 1448);
+        // 10 gaps, 9 of them mid-transfer; a gap is lost only when the waiting thread is
+        // scheduled too late to see it.
+        assert!(
+            e.sleeps >= 3,
+            "slept {} times in 10 gaps of 600 µs",
+            e.sleeps
+        );
     }
 
     #[test]
