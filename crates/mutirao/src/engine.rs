@@ -521,9 +521,13 @@ pub(crate) struct Restoring {
 }
 
 /// A spinning rank first asks whether the machine is oversubscribed ([`crate::busy`]) after
-/// this long with TCP peers, then every [`BUSY_EVERY`]: a reply that comes sooner never pays
-/// for the look.
-const BUSY_FIRST: Duration = Duration::from_micros(5);
+/// this long with TCP peers, then every [`BUSY_EVERY`]: at once, i.e. at the first clock read
+/// (after 32 idle passes), since an answer is reused for 100 µs and a TCP reply takes several
+/// µs anyway. Beside one busy loop on 2 cores a first look at 5 µs left the pair spinning on
+/// one core until then: interleaved `pingpong` over TCP, 10 rounds, one-way 0 B–4 KiB median
+/// 15.3–16.4 µs with 5 µs, 9.7–10.2 µs at once, 32–35 µs at 20 µs (2026-11-27); quiet, the
+/// best rounds were the same (4.0–4.1 µs at 0–512 B).
+const BUSY_FIRST: Duration = Duration::ZERO;
 /// The same when every peer shares memory. Later: beside one busy loop on 2 cores, ring waits
 /// of tens of µs are common while both ranks still have a core (the loop takes one from time
 /// to time), and cutting those short cost more than it saved. Interleaved `pingpong` beside a
@@ -3611,8 +3615,12 @@ mod tests {
     /// Yields of a 30 ms wait for a message, with a spin budget of 10 ms and the machine
     /// counted busy or not.
     fn yields_of_a_wait(busy: crate::busy::BusyProbe) -> u64 {
+        yields_of_a_wait_with(busy, Duration::from_millis(10))
+    }
+
+    fn yields_of_a_wait_with(busy: crate::busy::BusyProbe, spin: Duration) -> u64 {
         let (mut e, mut raw) = engine_with_raw_peer();
-        e.tuning.spin = Duration::from_millis(10);
+        e.tuning.spin = spin;
         e.busy = busy;
         let id = e
             .post_recv(0, Some(1), None, Dest::Alloc(discard_alloc))
@@ -3681,6 +3689,20 @@ mod tests {
         };
         assert!(yields_of_a_wait(busy) > 0, "busy: the spin never yielded");
         assert_eq!(yields_of_a_wait(quiet), 0, "quiet: the spin yielded");
+    }
+
+    /// With TCP peers the first look at the machine comes with the spin's first clock read
+    /// (where the time waited is zero), so even a spin budget too short for a second clock
+    /// read (1 ns) turns into yields on a busy machine.
+    #[test]
+    fn a_tcp_wait_looks_at_the_machine_at_its_first_clock_read() {
+        let Some(busy) = crate::busy::BusyProbe::with_cpus(0) else {
+            return; // no procfs: the probe never says busy (its parse tests cover the rest)
+        };
+        assert!(
+            yields_of_a_wait_with(busy, Duration::from_nanos(1)) > 0,
+            "busy, 1 ns budget: never yielded"
+        );
     }
 
     /// A rank is "mid-transfer" on TCP exactly while a message is partly read from a TCP
