@@ -3619,21 +3619,26 @@ mod tests {
     }
 
     fn yields_of_a_wait_with(busy: crate::busy::BusyProbe, spin: Duration) -> u64 {
-        let (mut e, mut raw) = engine_with_raw_peer();
+        let (mut e, raw) = engine_with_raw_peer();
         e.tuning.spin = spin;
         e.busy = busy;
+        wait_for_a_late_message(&mut e, raw, Duration::from_millis(30));
+        e.yields
+    }
+
+    /// `e` waits for a 1-byte message that the raw peer sends after `delay`.
+    fn wait_for_a_late_message(e: &mut Engine, mut raw: StdStream, delay: Duration) {
         let id = e
             .post_recv(0, Some(1), None, Dest::Alloc(discard_alloc))
             .unwrap();
         let sender = std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_millis(30));
+            std::thread::sleep(delay);
             raw.write_all(&eager_frame(1, &[9])).unwrap();
             raw
         });
         e.wait_until(|e| e.recv_finished(id)).unwrap();
         let _raw = sender.join().unwrap();
         assert_eq!(e.take_recv(id).unwrap().0.bytes, 1);
-        e.yields
     }
 
     /// With TCP peers the sockets are read after every yield; with shared-memory peers only,
@@ -3652,20 +3657,10 @@ mod tests {
     #[test]
     fn a_rank_without_a_spin_budget_yields_at_once() {
         let wait = |spin: Duration| {
-            let (mut e, mut raw) = engine_with_raw_peer();
+            let (mut e, raw) = engine_with_raw_peer();
             e.tuning.spin = spin;
             e.tuning.yield_for = Duration::from_millis(2);
-            let id = e
-                .post_recv(0, Some(1), None, Dest::Alloc(discard_alloc))
-                .unwrap();
-            let sender = std::thread::spawn(move || {
-                std::thread::sleep(Duration::from_millis(5));
-                raw.write_all(&eager_frame(1, &[9])).unwrap();
-                raw
-            });
-            e.wait_until(|e| e.recv_finished(id)).unwrap();
-            let _raw = sender.join().unwrap();
-            assert_eq!(e.take_recv(id).unwrap().0.bytes, 1);
+            wait_for_a_late_message(&mut e, raw, Duration::from_millis(5));
             (e.spun, e.yields)
         };
         let (spun, yields) = wait(Duration::ZERO);
