@@ -326,6 +326,49 @@ pub(crate) struct Peer {
 
 const STAGE: usize = 64 * 1024;
 
+/// How long a rank waiting on a TCP transfer in progress spins after the last bytes moved,
+/// while its TCP links deliver fast (see [`LinkRate`]), unless the machine is oversubscribed.
+const MID_TRANSFER_SPIN: Duration = Duration::from_millis(1);
+
+/// A TCP link "delivers fast" while it moves at least this many bytes per µs (500 MB/s, 4
+/// Gbit/s): loopback moves 2.5–7 GB/s on the 2-core VM, the testbed's links 30 Mbit/s–1 Gbit/s.
+const FAST_LINK_BYTES_PER_US: u64 = 500;
+
+/// The rate of [`LinkRate`] is taken over the last one to two of these.
+const RATE_WINDOW: Duration = Duration::from_millis(1);
+
+/// The rate at which one wait's TCP links have moved bytes lately: bytes counted since a mark
+/// at most two [`RATE_WINDOW`]s old. It decides whether a quiet gap in a transfer is worth
+/// spinning through: on a fast link a gap is a peer's wake-up or a socket-buffer refill and
+/// the rest follows within microseconds, so a sleep adds a wake-up per gap; on a slow link
+/// (30 Mbit/s: a 1500-byte frame every 400 µs) the rest comes at the link's pace and a spin
+/// would burn the core through the whole transfer.
+#[derive(Clone, Copy, Debug)]
+struct LinkRate {
+    /// (time, bytes moved so far) at the start of the previous and of the current window.
+    marks: [(Instant, u64); 2],
+}
+
+impl LinkRate {
+    fn new(now: Instant, moved: u64) -> LinkRate {
+        LinkRate {
+            marks: [(now, moved); 2],
+        }
+    }
+
+    /// Whether the links moved at least [`FAST_LINK_BYTES_PER_US`] since the older mark, as of
+    /// `now` with `moved` bytes moved so far (a count that only grows).
+    fn fast(&mut self, now: Instant, moved: u64) -> bool {
+        if now.saturating_duration_since(self.marks[1].0) >= RATE_WINDOW {
+            self.marks = [self.marks[1], (now, moved)];
+        }
+        let (t, b) = self.marks[0];
+        let us = now.saturating_duration_since(t).as_micros().max(1);
+        let bytes = u128::from(moved.saturating_sub(b));
+        bytes > 0 && bytes >= u128::from(FAST_LINK_BYTES_PER_US) * us
+    }
+}
+
 impl Peer {
     pub(crate) fn new(io: Option<Box<dyn Transport>>) -> Peer {
         let shm = io.as_ref().is_some_and(|t| !t.socket_is_stream());
@@ -457,6 +500,12 @@ pub(crate) struct Engine {
     busy: crate::busy::BusyProbe,
     /// Times [`Engine::wait_until`] yielded its core (tests).
     yields: u64,
+    /// Times [`Engine::wait_until`] went to sleep in the kernel (tests).
+    sleeps: u64,
+    /// Idle passes [`Engine::wait_until`] spun without reading the clock (tests).
+    spun: u64,
+    /// Bytes read from and written to TCP peers so far (see [`LinkRate`]).
+    tcp_moved: u64,
     /// A restore in progress: peers' held messages to collect first, frames to deliver after.
     restoring: Option<Restoring>,
 }
@@ -472,9 +521,13 @@ pub(crate) struct Restoring {
 }
 
 /// A spinning rank first asks whether the machine is oversubscribed ([`crate::busy`]) after
-/// this long with TCP peers, then every [`BUSY_EVERY`]: a reply that comes sooner never pays
-/// for the look.
-const BUSY_FIRST: Duration = Duration::from_micros(5);
+/// this long with TCP peers, then every [`BUSY_EVERY`]: at once, i.e. at the first clock read
+/// (after 32 idle passes), since an answer is reused for 100 µs and a TCP reply takes several
+/// µs anyway. Beside one busy loop on 2 cores a first look at 5 µs left the pair spinning on
+/// one core until then: interleaved `pingpong` over TCP, 10 rounds, one-way 0 B–4 KiB median
+/// 15.3–16.4 µs with 5 µs, 9.7–10.2 µs at once, 32–35 µs at 20 µs (2026-11-27); quiet, the
+/// best rounds were the same (4.0–4.1 µs at 0–512 B).
+const BUSY_FIRST: Duration = Duration::ZERO;
 /// The same when every peer shares memory. Later: beside one busy loop on 2 cores, ring waits
 /// of tens of µs are common while both ranks still have a core (the loop takes one from time
 /// to time), and cutting those short cost more than it saved. Interleaved `pingpong` beside a
@@ -483,6 +536,16 @@ const BUSY_FIRST: Duration = Duration::from_micros(5);
 /// whose 500 µs spin the pair otherwise waits out on one core; 2026-11-27).
 const BUSY_FIRST_SHM: Duration = Duration::from_micros(200);
 const BUSY_EVERY: Duration = Duration::from_micros(20);
+
+/// Whether the pass after the `yields`-th yield of a wait asks the kernel for socket events.
+/// TCP peers need it after every yield (the yield phase advances the pass count in steps that
+/// would otherwise skip every socket poll when TCP and shared-memory peers mix); peers on
+/// shared memory use their sockets only for wake-ups (not needed while the rank yields: their
+/// rings are read on every pass) and failure notices, so every 32nd yield. An `epoll_wait`
+/// after each yield doubled the system calls of 4 ranks waiting on 2 cores.
+fn sockets_after_yield(tcp_peers: bool, yields: u64) -> bool {
+    tcp_peers || yields % 32 == 0
+}
 
 /// Passes of [`Engine::recv_fast`] over one ring before the general wait takes over (a few µs:
 /// a ping-pong reply comes well within it; a late one is waited for the usual way).
@@ -559,6 +622,9 @@ impl Engine {
             arrivals: 0,
             busy: crate::busy::BusyProbe::new(),
             yields: 0,
+            sleeps: 0,
+            spun: 0,
+            tcp_moved: 0,
             restoring: None,
         })
     }
@@ -758,7 +824,12 @@ impl Engine {
         let mut written = 0;
         if p.txq.is_empty() {
             match raw_write(&mut p.io, &[IoSlice::new(&h), IoSlice::new(payload)]) {
-                Ok(n) => written = n,
+                Ok(n) => {
+                    written = n;
+                    if !p.shm {
+                        self.tcp_moved += n as u64;
+                    }
+                }
                 Err(why) => {
                     self.fail_peer(peer, why);
                     return self.check_peer(peer);
@@ -828,6 +899,9 @@ impl Engine {
                 Ok(0) => break,
                 Ok(n) => {
                     did = true;
+                    if !p.shm {
+                        self.tcp_moved += n as u64;
+                    }
                     out.pos += n;
                     if out.pos == total {
                         let out = p.txq.pop_front().expect("front exists");
@@ -1253,6 +1327,9 @@ impl Engine {
                     if n == 0 {
                         return Ok(false);
                     }
+                    if !p.shm {
+                        self.tcp_moved += n as u64;
+                    }
                     p.stage_end += n;
                     return Ok(true);
                 }
@@ -1451,11 +1528,17 @@ impl Engine {
             if got == 0 {
                 return Ok(false);
             }
+            if !p.shm {
+                self.tcp_moved += got as u64;
+            }
             return Ok(true);
         } else {
             let n = raw_read(&mut p.io, dst)?;
             if n == 0 {
                 return Ok(false);
+            }
+            if !p.shm {
+                self.tcp_moved += n as u64;
             }
             n
         };
@@ -1758,12 +1841,25 @@ impl Engine {
             BUSY_FIRST
         };
         let mut next_busy = busy_first;
+        // How fast the TCP links move bytes, counted from the wait's first quiet moment (the
+        // first clock read): bytes that were already queued when the wait began say nothing
+        // of the link's pace.
+        let mut rate: Option<LinkRate> = None;
         // TCP peers need the kernel's word on every pass (interleaved with the rings); peers on
         // shared memory only use their sockets for wake-ups and failure, so look rarely.
         let every = match (self.n_sock > 0, self.n_shm > 0) {
             (true, false) => 1,
             (true, true) => 16,
             (false, _) => 1024,
+        };
+        // No spin budget (ranks outnumber cores): the first idle pass goes to the yield phase.
+        // Spinning 31 passes first (as with a budget, where the clock is read every 32nd
+        // pass) held the core for a microsecond or two that a rank queued behind us, often the
+        // one we wait for, needed: 4 ranks on 2 cores, allreduce 8 B 0.6x the time.
+        let no_spin = if self.n_sock == 0 {
+            self.tuning.spin_shm.is_zero()
+        } else {
+            self.tuning.spin.is_zero()
         };
         loop {
             if done(self) {
@@ -1781,17 +1877,33 @@ impl Engine {
                 continue;
             }
             spins = spins.wrapping_add(1);
-            if spins % 32 != 0 {
+            if spins % 32 != 0 && !no_spin {
+                self.spun = self.spun.wrapping_add(1);
                 std::hint::spin_loop();
                 continue;
             }
-            let t0 = *start.get_or_insert_with(Instant::now);
+            let now = Instant::now();
+            let t0 = *start.get_or_insert(now);
+            let waited = now.saturating_duration_since(t0);
+            let moved = self.tcp_moved;
+            let rate = rate.get_or_insert_with(|| LinkRate::new(now, moved));
             let spin = if self.n_sock == 0 {
                 self.tuning.spin_shm
+            } else if waited >= self.tuning.spin
+                && !self.tuning.spin.is_zero()
+                && self.tuning.spin < MID_TRANSFER_SPIN
+                && self.tcp_mid_transfer()
+                && rate.fast(now, moved)
+            {
+                // A message is half across a TCP link that delivers fast (loopback, a fast
+                // LAN): the quiet gap is a peer's wake-up or a socket-buffer refill, and a
+                // sleep now would add a wake-up per gap. On a slow link the rate test fails
+                // and the rank sleeps as usual. The busy check below still cuts the spin short
+                // on an oversubscribed machine.
+                MID_TRANSFER_SPIN
             } else {
                 self.tuning.spin
             };
-            let waited = t0.elapsed();
             if waited < spin && !cut && waited >= next_busy {
                 // More threads runnable than CPUs: our spin holds a core someone is queued
                 // for, maybe the rank we wait for. Yield instead for the rest of the spin: a
@@ -1819,7 +1931,7 @@ impl Engine {
                 self.yields = self.yields.wrapping_add(1);
                 std::thread::yield_now();
                 spins = spins.wrapping_add(31);
-                after_yield = true;
+                after_yield = sockets_after_yield(self.n_sock > 0, self.yields);
                 continue;
             }
             if self.poll.is_none() {
@@ -1836,6 +1948,7 @@ impl Engine {
                 }
             }
             if !woke {
+                self.sleeps = self.sleeps.wrapping_add(1);
                 self.poll_sockets(Some(Duration::from_millis(200)))?;
             }
             for p in &self.peers {
@@ -1844,6 +1957,13 @@ impl Engine {
                 }
             }
         }
+    }
+
+    /// Whether a message is partly written to, or partly read from, a TCP peer.
+    fn tcp_mid_transfer(&self) -> bool {
+        self.peers.iter().any(|p| {
+            p.io.is_some() && !p.shm && (!p.txq.is_empty() || matches!(p.rx, Rx::Payload { .. }))
+        })
     }
 
     /// One non-blocking progress pass (for test/iprobe). Asks the kernel for socket events
@@ -3495,21 +3615,59 @@ mod tests {
     /// Yields of a 30 ms wait for a message, with a spin budget of 10 ms and the machine
     /// counted busy or not.
     fn yields_of_a_wait(busy: crate::busy::BusyProbe) -> u64 {
-        let (mut e, mut raw) = engine_with_raw_peer();
-        e.tuning.spin = Duration::from_millis(10);
+        yields_of_a_wait_with(busy, Duration::from_millis(10))
+    }
+
+    fn yields_of_a_wait_with(busy: crate::busy::BusyProbe, spin: Duration) -> u64 {
+        let (mut e, raw) = engine_with_raw_peer();
+        e.tuning.spin = spin;
         e.busy = busy;
+        wait_for_a_late_message(&mut e, raw, Duration::from_millis(30));
+        e.yields
+    }
+
+    /// `e` waits for a 1-byte message that the raw peer sends after `delay`.
+    fn wait_for_a_late_message(e: &mut Engine, mut raw: StdStream, delay: Duration) {
         let id = e
             .post_recv(0, Some(1), None, Dest::Alloc(discard_alloc))
             .unwrap();
         let sender = std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_millis(30));
+            std::thread::sleep(delay);
             raw.write_all(&eager_frame(1, &[9])).unwrap();
             raw
         });
         e.wait_until(|e| e.recv_finished(id)).unwrap();
         let _raw = sender.join().unwrap();
         assert_eq!(e.take_recv(id).unwrap().0.bytes, 1);
-        e.yields
+    }
+
+    /// With TCP peers the sockets are read after every yield; with shared-memory peers only,
+    /// after one yield in 32.
+    #[test]
+    fn a_yielding_rank_reads_shared_memory_peers_sockets_once_in_32_yields() {
+        assert!((1..=64).all(|y| sockets_after_yield(true, y)));
+        let looks: Vec<u64> = (1..=96)
+            .filter(|&y| sockets_after_yield(false, y))
+            .collect();
+        assert_eq!(looks, [32, 64, 96]);
+    }
+
+    /// Without a spin budget (ranks outnumber cores) a waiting rank never spins: every idle
+    /// pass goes to the yield phase (and then to sleep). With a budget it spins first.
+    #[test]
+    fn a_rank_without_a_spin_budget_yields_at_once() {
+        let wait = |spin: Duration| {
+            let (mut e, raw) = engine_with_raw_peer();
+            e.tuning.spin = spin;
+            e.tuning.yield_for = Duration::from_millis(2);
+            wait_for_a_late_message(&mut e, raw, Duration::from_millis(5));
+            (e.spun, e.yields)
+        };
+        let (spun, yields) = wait(Duration::ZERO);
+        assert_eq!(spun, 0, "no budget: spun {spun} passes");
+        assert!(yields > 0, "no budget: never yielded");
+        let (spun, _) = wait(Duration::from_micros(200));
+        assert!(spun > 0, "a 200 µs budget: never spun");
     }
 
     /// On an oversubscribed machine a waiting rank stops spinning at its first look and yields
@@ -3526,6 +3684,114 @@ mod tests {
         };
         assert!(yields_of_a_wait(busy) > 0, "busy: the spin never yielded");
         assert_eq!(yields_of_a_wait(quiet), 0, "quiet: the spin yielded");
+    }
+
+    /// With TCP peers the first look at the machine comes with the spin's first clock read
+    /// (where the time waited is zero), so even a spin budget too short for a second clock
+    /// read (1 ns) turns into yields on a busy machine.
+    #[test]
+    fn a_tcp_wait_looks_at_the_machine_at_its_first_clock_read() {
+        let Some(busy) = crate::busy::BusyProbe::with_cpus(0) else {
+            return; // no procfs: the probe never says busy (its parse tests cover the rest)
+        };
+        assert!(
+            yields_of_a_wait_with(busy, Duration::from_nanos(1)) > 0,
+            "busy, 1 ns budget: never yielded"
+        );
+    }
+
+    /// A rank is "mid-transfer" on TCP exactly while a message is partly read from a TCP
+    /// peer, and no longer once it is whole; the bytes read are counted for the link's rate.
+    #[test]
+    fn a_message_half_read_from_a_tcp_peer_is_a_transfer_in_progress() {
+        let (mut e, mut raw) = engine_with_raw_peer();
+        assert!(!e.tcp_mid_transfer(), "nothing sent yet");
+        let frame = eager_frame(7, &[5u8; 4000]);
+        raw.write_all(&frame[..HEADER_LEN + 1000]).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !e.tcp_mid_transfer() && Instant::now() < deadline {
+            e.progress_once(true).unwrap();
+        }
+        assert!(e.tcp_mid_transfer(), "header and 1000 of 4000 bytes read");
+        raw.write_all(&frame[HEADER_LEN + 1000..]).unwrap();
+        while e.tcp_mid_transfer() && Instant::now() < deadline {
+            e.progress_once(true).unwrap();
+        }
+        assert!(!e.tcp_mid_transfer(), "the whole message is in");
+        assert_eq!(
+            e.tcp_moved,
+            frame.len() as u64,
+            "bytes read from the TCP peer"
+        );
+    }
+
+    /// The link counts as fast at loopback's pace and not at a 30 Mbit/s link's or a 1 Gbit/s
+    /// LAN's; without new bytes the rate decays, so a spin through a gap ends.
+    #[test]
+    fn the_link_rate_tells_a_fast_link_from_a_slow_one() {
+        let t = Instant::now();
+        let us = |n: u64| t + Duration::from_micros(n);
+        // Loopback: 256 KiB in the first 100 µs (2.6 GB/s), then a quiet gap.
+        let mut r = LinkRate::new(t, 0);
+        assert!(r.fast(us(100), 256 << 10));
+        assert!(r.fast(us(400), 256 << 10), "a 300 µs gap after 2.6 GB/s");
+        assert!(
+            !r.fast(us(600), 256 << 10),
+            "no new bytes for 500 µs: 262 144 bytes over 600 µs is below 500 B/µs"
+        );
+        // 30 Mbit/s: a 1448-byte frame every ~390 µs.
+        let mut r = LinkRate::new(t, 0);
+        for i in 1..=20u64 {
+            assert!(!r.fast(us(390 * i + 50), 1448 * i), "frame {i}");
+        }
+        // 1 Gbit/s: 125 bytes a µs.
+        let mut r = LinkRate::new(t, 0);
+        for i in 1..=20u64 {
+            assert!(!r.fast(us(100 * i), 12_500 * i), "100 µs step {i}");
+        }
+        // No bytes at all is never fast, even at once.
+        let mut r = LinkRate::new(t, 7);
+        assert!(!r.fast(t, 7));
+        // The window moves: a fast first millisecond does not make a slow second one fast.
+        let mut r = LinkRate::new(t, 0);
+        assert!(r.fast(us(1000), 4 << 20));
+        assert!(r.fast(us(1500), 4 << 20), "the last 1.5 ms moved 4 MiB");
+        assert!(
+            !r.fast(us(2100), (4 << 20) + 1448),
+            "the last 1.1 ms moved one frame"
+        );
+    }
+
+    /// A message trickling in from a slow peer (the header, then 1448-byte pieces 600 µs
+    /// apart: ~2.4 MB/s, a 20 Mbit/s link) is waited for by sleeping between the pieces, not
+    /// by spinning through them, although each gap is shorter than the mid-transfer spin
+    /// (1 ms) that a fast link gets.
+    #[test]
+    fn a_wait_on_a_slow_tcp_transfer_sleeps_between_the_pieces() {
+        let (mut e, mut raw) = engine_with_raw_peer();
+        e.tuning.spin = Duration::from_micros(50);
+        let id = e
+            .post_recv(0, Some(1), None, Dest::Alloc(discard_alloc))
+            .unwrap();
+        let frame = eager_frame(1, &[3u8; 10 * 1448]);
+        let sender = std::thread::spawn(move || {
+            raw.write_all(&frame[..HEADER_LEN]).unwrap();
+            for piece in frame[HEADER_LEN..].chunks(1448) {
+                std::thread::sleep(Duration::from_micros(600));
+                raw.write_all(piece).unwrap();
+            }
+            raw
+        });
+        e.wait_until(|e| e.recv_finished(id)).unwrap();
+        let _raw = sender.join().unwrap();
+        assert_eq!(e.take_recv(id).unwrap().0.bytes, 10 * 1448);
+        // 10 gaps, 9 of them mid-transfer; a gap is lost only when the waiting thread is
+        // scheduled too late to see it.
+        assert!(
+            e.sleeps >= 3,
+            "slept {} times in 10 gaps of 600 µs",
+            e.sleeps
+        );
     }
 
     #[test]
