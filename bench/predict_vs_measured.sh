@@ -114,6 +114,29 @@ EOF
     ;;
 esac
 
+# Other work on the machine slows the testbed's hosts below their calibrated speeds and moves
+# every measured row (a run beside another benchmark had the hosts' kernel rates 10-27% low and
+# rows up to 1.22). Runnable threads besides this script's own, sampled over a second.
+others_running() {
+    local sum=0 rt
+    for _ in 1 2 3 4 5 6 7 8 9 10; do
+        # Read by the shell itself (no process of ours but this one is running then).
+        read -r _ _ _ rt _ </proc/loadavg
+        sum=$((sum + ${rt%%/*} - 1))
+        sleep 0.1
+    done
+    awk -v s="$sum" 'BEGIN { printf "%.1f", s / 10 }'
+}
+BUSY=""
+busy_check() {
+    local n
+    n=$(others_running)
+    if awk -v n="$n" 'BEGIN { exit !(n >= 0.5) }'; then
+        echo "warning: $n other runnable threads on average $1: the testbed's hosts may run slower than calibrated, and measured times then do not match predictions; run on an idle machine" >&2
+        BUSY="${BUSY:+$BUSY; }$1: $n other runnable threads"
+    fi
+}
+busy_check "before the run"
 "$B" testbed up "$W/spec.toml" --name "$NAME" >&2
 UP=1
 t0=$(date +%s)
@@ -186,7 +209,12 @@ for g in "${G[@]}"; do
 done
 
 echo
+busy_check "after the last row (the testbed idle)"
 echo "spec \`$SPEC\`, calibration $((t1 - t0)) s, $RUNS runs each; ratio = measured / predicted"
+if [[ -n $BUSY ]]; then
+    echo
+    echo "**The machine was not idle** ($BUSY): measured times may be slower than the hosts' calibrated speeds allow."
+fi
 if [[ -n $POOR ]]; then
     echo
     echo "fit exited non-zero; model written with --allow-poor-fit. Its misses:"
