@@ -75,11 +75,7 @@ pub struct Runner {
 impl Runner {
     /// Run `program args…`, returning its stdout, or an error with its stderr.
     pub fn run(&mut self, program: &str, args: &[&str]) -> Result<String, Error> {
-        if self.fail_after == Some(self.steps) {
-            return Err(Error::Injected(self.steps));
-        }
-        self.steps += 1;
-        run(program, args)
+        self.step(program, args, None)
     }
 
     /// Run `program args…` with `input` on its standard input (e.g. `tc -batch -`).
@@ -89,11 +85,15 @@ impl Runner {
         args: &[&str],
         input: &str,
     ) -> Result<String, Error> {
+        self.step(program, args, Some(input))
+    }
+
+    fn step(&mut self, program: &str, args: &[&str], input: Option<&str>) -> Result<String, Error> {
         if self.fail_after == Some(self.steps) {
             return Err(Error::Injected(self.steps));
         }
         self.steps += 1;
-        run_with(program, args, Some(input))
+        run_with(program, args, input)
     }
 }
 

@@ -58,6 +58,28 @@ fn finish(child: std::process::Child, what: &str) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// Two sites of 200 Mbit/s NICs joined by a 30 Mbit/s WAN: host a1 (a core) in site a, the
+/// `b_hosts` (TOML inline tables) in site b.
+fn across_a_30_mbit_wan(b_hosts: &str) -> String {
+    format!(
+        r#"
+[[site]]
+name = "a"
+nic_mbit = 200
+hosts = [ {{ name = "a1", cpu = 1.0 }} ]
+
+[[site]]
+name = "b"
+nic_mbit = 200
+hosts = [ {b_hosts} ]
+
+[[wan]]
+sites = ["a", "b"]
+mbit = 30
+"#
+    )
+}
+
 /// `recv BYTES SECONDS` lines of a `serve` output.
 fn recvs(out: &str) -> Vec<(u64, f64)> {
     out.lines()
@@ -558,22 +580,11 @@ fn small_messages_go_ahead_of_bulk_data_on_a_busy_link() {
     if !require_root() {
         return;
     }
-    let links = r#"
-[[site]]
-name = "a"
-nic_mbit = 200
-hosts = [ { name = "a1", cpu = 1.0 } ]
-
-[[site]]
-name = "b"
-nic_mbit = 200
-hosts = [ { name = "b1", cpu = 1.0 } ]
-
-[[wan]]
-sites = ["a", "b"]
-mbit = 30
-"#;
-    let tb = Testbed::up(&spec(links), UpOptions::default()).expect("testbed up");
+    let tb = Testbed::up(
+        &spec(&across_a_30_mbit_wan(r#"{ name = "b1", cpu = 1.0 }"#)),
+        UpOptions::default(),
+    )
+    .expect("testbed up");
     // Bulk data from b1 to a1: three connections of 2 MB, over 1.5 s at 30 Mbit/s.
     let to_a = SocketAddr::from((tb.host("a1").expect("a1").addr, 5201)).to_string();
     let server = tb
@@ -621,22 +632,13 @@ fn concurrent_flows_share_a_link_max_min_fair() {
     if !require_root() {
         return;
     }
-    let links = r#"
-[[site]]
-name = "a"
-nic_mbit = 200
-hosts = [ { name = "a1", cpu = 1.0 } ]
-
-[[site]]
-name = "b"
-nic_mbit = 200
-hosts = [ { name = "b1", cpu = 0.5 }, { name = "b2", cpu = 0.5 } ]
-
-[[wan]]
-sites = ["a", "b"]
-mbit = 30
-"#;
-    let tb = Testbed::up(&spec(links), UpOptions::default()).expect("testbed up");
+    let tb = Testbed::up(
+        &spec(&across_a_30_mbit_wan(
+            r#"{ name = "b1", cpu = 0.5 }, { name = "b2", cpu = 0.5 }"#,
+        )),
+        UpOptions::default(),
+    )
+    .expect("testbed up");
     let bytes = 2_000_000u64;
     let to = |h: &str| SocketAddr::from((tb.host(h).expect("host").addr, 5301)).to_string();
     let servers: Vec<_> = ["b1", "b2"]
