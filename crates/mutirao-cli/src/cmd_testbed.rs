@@ -42,6 +42,13 @@ pub enum TestbedCommand {
         /// TCP port every agent listens on (each host has its own address).
         #[arg(long, default_value_t = DEFAULT_AGENT_PORT)]
         agent_port: u16,
+        /// Handle the links' packets in kernel threads (threaded NAPI at nice -20, needs
+        /// ethtool) instead of in softirq context, where the kernel charges that work to
+        /// whichever host's CPU quota it interrupts: hosts then pay for their own send and
+        /// receive calls only, as real ones do, not for their neighbours' traffic. Costs a few µs
+        /// per hop, more when the machine is busy (docs/testbed.md, "Packet work off the hosts").
+        #[arg(long)]
+        packet_threads: bool,
     },
     /// Show the testbeds that are up (or one), and leftovers of crashed ones.
     Status {
@@ -121,7 +128,15 @@ pub fn run(cmd: TestbedCommand) -> anyhow::Result<ExitCode> {
             state_dir,
             no_agents,
             agent_port,
-        } => up(&spec, name, &state_dir, no_agents, agent_port),
+            packet_threads,
+        } => up(
+            &spec,
+            name,
+            &state_dir,
+            no_agents,
+            agent_port,
+            packet_threads,
+        ),
         TestbedCommand::Status { name, state_dir } => status(name.as_deref(), &state_dir),
         TestbedCommand::Down {
             name,
@@ -179,6 +194,7 @@ fn up(
     dir: &Path,
     no_agents: bool,
     port: u16,
+    packet_threads: bool,
 ) -> anyhow::Result<ExitCode> {
     let text = std::fs::read_to_string(spec_path)
         .with_context(|| format!("cannot read testbed spec {}", spec_path.display()))?;
@@ -269,6 +285,7 @@ fn up(
             prefix: Some(prefix.clone()),
             agent,
             fail_after_steps: None,
+            packet_threads,
         };
         Ok(Testbed::up(&spec, opts)?)
     })();
@@ -365,6 +382,22 @@ fn print_hosts(state: &TestbedState) {
     }
     for w in &state.wans {
         println!("  wan {} <-> {}: {} Mbit/s", w.sites[0], w.sites[1], w.mbit);
+    }
+    if state.packet_threads.is_empty() {
+        println!(
+            "  packet work: on the hosts' CPU quotas (no threaded NAPI; see docs/testbed.md, \
+             \"Packet work off the hosts\")"
+        );
+    } else {
+        let alive = state
+            .packet_threads
+            .iter()
+            .filter(|p| alive(**p as u32))
+            .count();
+        println!(
+            "  packet work: {alive} of {} kernel threads running (threaded NAPI, nice -20)",
+            state.packet_threads.len()
+        );
     }
 }
 
@@ -535,7 +568,7 @@ mod tests {
         let spec = d.join("bad.toml");
         std::fs::write(&spec, "[[site]]\nname = \"a\"\nnic_mbit = -1\nhosts = []\n").expect("spec");
         let state = d.join("state");
-        let e = up(&spec, Some("t".into()), &state, true, 7207).expect_err("invalid spec");
+        let e = up(&spec, Some("t".into()), &state, true, 7207, false).expect_err("invalid spec");
         assert!(format!("{e:#}").contains("site[0].nic_mbit"), "{e:#}");
         assert!(!state.exists(), "no state directory for a bad spec");
         let _ = std::fs::remove_dir_all(&d);
@@ -564,7 +597,7 @@ mod tests {
             }
         }
         let _guard = Guard(state.clone());
-        up(&spec, Some("cyc".into()), &state, true, 7207).expect("up");
+        up(&spec, Some("cyc".into()), &state, true, 7207, false).expect("up");
         let st = load(&state.join("cyc.json")).expect("state file");
         assert_eq!(st.status, "up");
         let t = st.testbed.as_ref().expect("testbed recorded");
@@ -578,7 +611,7 @@ mod tests {
         assert_eq!(meu, tb::resource_spec("cyc", t));
         assert_eq!(tb::sys::namespaces_of(&st.prefix).len(), 2);
         assert!(
-            up(&spec, Some("cyc".into()), &state, true, 7207).is_err(),
+            up(&spec, Some("cyc".into()), &state, true, 7207, false).is_err(),
             "a second testbed with the same name is refused"
         );
         status(Some("cyc"), &state).expect("status");

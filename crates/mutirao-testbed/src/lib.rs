@@ -56,7 +56,8 @@ pub use resources::resource_spec;
 pub use spec::{HostSpec, SiteSpec, Spec, SpecError, WanSpec};
 pub use sys::{is_root, live_prefixes, require_root, teardown, Teardown};
 pub use testbed::{
-    AgentInfo, AgentLaunch, HostInfo, Testbed, TestbedState, UpOptions, WanInfo, STATE_FORMAT,
+    AgentInfo, AgentLaunch, HostInfo, Testbed, TestbedState, UpOptions, WanInfo, PACKET_NICE,
+    STATE_FORMAT,
 };
 
 use std::net::SocketAddr;

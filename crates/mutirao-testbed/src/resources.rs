@@ -115,6 +115,7 @@ mod tests {
             }],
             agents: vec![],
             hostfile: String::new(),
+            packet_threads: Vec::new(),
         }
     }
 

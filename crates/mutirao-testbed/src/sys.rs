@@ -63,6 +63,38 @@ pub fn random_prefix() -> Result<String, Error> {
     Ok(format!("mtb{:02x}{:02x}{:02x}", b[0], b[1], b[2]))
 }
 
+/// Process ids of the kernel's threaded-NAPI workers of devices named `dev` (`napi/<dev>-<id>`,
+/// children of kthreadd) now running. Unreadable entries (a process that just exited) are
+/// skipped.
+pub fn napi_threads(dev: &str) -> std::collections::BTreeSet<i32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Default::default();
+    };
+    dir.filter_map(|e| {
+        let e = e.ok()?;
+        let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+        let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
+        is_napi_thread(&stat, dev).then_some(pid)
+    })
+    .collect()
+}
+
+/// Is this `/proc/PID/stat` line a threaded-NAPI kernel thread's of a device named `dev` (name
+/// `napi/<dev>-<napi id>`, parent 2)?
+pub fn is_napi_thread(stat: &str, dev: &str) -> bool {
+    // "pid (comm) state ppid …"; comm may hold spaces and parentheses, so split at the last ')'.
+    let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
+        return false;
+    };
+    let comm = &stat[open + 1..close];
+    let ppid = stat[close + 1..].split_whitespace().nth(1);
+    let id = comm
+        .strip_prefix("napi/")
+        .and_then(|c| c.strip_prefix(dev))
+        .and_then(|c| c.strip_prefix('-'));
+    id.is_some_and(|i| !i.is_empty() && i.bytes().all(|b| b.is_ascii_digit())) && ppid == Some("2")
+}
+
 /// Runs setup commands, counting them so a test can inject a failure after a given step.
 #[derive(Debug, Default)]
 pub struct Runner {
@@ -348,4 +380,27 @@ pub fn leftovers(prefix: &str) -> Vec<String> {
         }
     }
     left
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_napi_thread;
+
+    #[test]
+    fn a_napi_worker_is_a_kernel_thread_named_napi() {
+        assert!(is_napi_thread(
+            "4242 (napi/eth0-258) S 2 0 0 0 -1 2129984",
+            "eth0"
+        ));
+        assert!(is_napi_thread("4243 (napi/w0-9) R 2 0 0 0", "w0"));
+        // Another device's, or a device whose name only starts the same.
+        assert!(!is_napi_thread("4243 (napi/w0-9) R 2 0 0 0", "eth0"));
+        assert!(!is_napi_thread("4245 (napi/eth01-7) S 2 0 0 0", "eth0"));
+        // A user process that calls itself napi/… is not one.
+        assert!(!is_napi_thread("4244 (napi/eth0-1) S 1234 4244 0", "eth0"));
+        assert!(!is_napi_thread("17 (ksoftirqd/1) S 2 0 0 0", "eth0"));
+        // A comm with spaces and a parenthesis does not confuse the parent's field.
+        assert!(!is_napi_thread("9 (napi/eth0-1) x (c) S 2 0", "eth0"));
+        assert!(!is_napi_thread("garbage", "eth0"));
+    }
 }

@@ -41,6 +41,9 @@ pub struct UpOptions {
     /// For tests of the cleanup path: fail as if a setup command had failed once this many
     /// setup commands have run.
     pub fail_after_steps: Option<usize>,
+    /// Run the links' packet work in kernel threads instead of on whichever host's CPU quota
+    /// the packets interrupt (see `PacketWork`).
+    pub packet_threads: bool,
 }
 
 /// A host of a running testbed.
@@ -106,6 +109,11 @@ pub struct TestbedState {
     pub agents: Vec<AgentInfo>,
     /// The hostfile text (see [`crate::plan::hostfile`]).
     pub hostfile: String,
+    /// Process ids of the kernel threads that do its links' packet work (threaded NAPI, see
+    /// `PacketWork`); empty where the kernel or system could not move that work off the hosts
+    /// (and in states saved before 2026-11-27).
+    #[serde(default)]
+    pub packet_threads: Vec<i32>,
 }
 
 /// Format tag of [`TestbedState`].
@@ -175,6 +183,7 @@ impl Testbed {
                 wans: Vec::new(),
                 agents: Vec::new(),
                 hostfile: String::new(),
+                packet_threads: Vec::new(),
             },
             agents: Vec::new(),
             active: true,
@@ -183,7 +192,7 @@ impl Testbed {
             steps: 0,
             fail_after: opts.fail_after_steps,
         };
-        tb.build(spec, &mut r)?;
+        tb.build(spec, &mut r, opts.packet_threads)?;
         if let Some(agent) = &opts.agent {
             tb.start_agents(agent)?;
         }
@@ -192,9 +201,13 @@ impl Testbed {
         Ok(tb)
     }
 
-    fn build(&mut self, spec: &Spec, r: &mut Runner) -> Result<(), Error> {
+    fn build(&mut self, spec: &Spec, r: &mut Runner, packet_threads: bool) -> Result<(), Error> {
         let prefix = self.state.prefix.clone();
         let st = &mut self.state;
+        let mut pw = PacketWork {
+            threaded: packet_threads,
+            threads: Vec::new(),
+        };
 
         // Site namespaces first: the address slot is claimed through site 0's control link.
         let site_ns: Vec<String> = (0..spec.sites.len())
@@ -402,8 +415,22 @@ impl Testbed {
                     &site.gateway.to_string(),
                 ],
             )?;
-            shape(r, hns, "eth0", &h.nic, &p.pairs_through(hns, "eth0"))?;
-            shape(r, sns, &h.port, &h.nic, &p.pairs_through(sns, &h.port))?;
+            shape(
+                r,
+                &mut pw,
+                hns,
+                "eth0",
+                &h.nic,
+                &p.pairs_through(hns, "eth0"),
+            )?;
+            shape(
+                r,
+                &mut pw,
+                sns,
+                &h.port,
+                &h.nic,
+                &p.pairs_through(sns, &h.port),
+            )?;
             let cg = st.cgroup.join(&h.cgroup);
             std::fs::create_dir(&cg).map_err(|source| Error::Io {
                 what: "cannot create cgroup".into(),
@@ -468,8 +495,8 @@ impl Testbed {
             )?;
             r.run("ip", &["-n", na, "link", "set", ifn, "up"])?;
             r.run("ip", &["-n", nb, "link", "set", ifn, "up"])?;
-            shape(r, na, ifn, &wan.tbf, &p.pairs_through(na, ifn))?;
-            shape(r, nb, ifn, &wan.tbf, &p.pairs_through(nb, ifn))?;
+            shape(r, &mut pw, na, ifn, &wan.tbf, &p.pairs_through(na, ifn))?;
+            shape(r, &mut pw, nb, ifn, &wan.tbf, &p.pairs_through(nb, ifn))?;
             st.wans.push(WanInfo {
                 sites: [p.sites[wan.a].name.clone(), p.sites[wan.b].name.clone()],
                 mbit: spec.wans[w].mbit,
@@ -492,6 +519,8 @@ impl Testbed {
                 ],
             )?;
         }
+        pw.prioritize();
+        st.packet_threads = pw.threads;
         Ok(())
     }
 
@@ -684,10 +713,120 @@ impl Drop for Testbed {
     }
 }
 
-/// Shape `dev` of namespace `ns`: the token bucket, acknowledgements first, and one queue per
-/// host pair of `pairs` (the pairs whose packets leave through it, `Plan::pairs_through`).
+/// Nice value of the testbed's packet threads (see [`PacketWork`]).
+pub const PACKET_NICE: i32 = -20;
+
+/// Where the kernel's packet work of the emulated network runs (`UpOptions::packet_threads`,
+/// `mutirao testbed up --packet-threads`; off by default).
+///
+/// By default, a packet crossing the testbed is processed in softirq context on whichever
+/// CPU it reaches — and the kernel (without `CONFIG_IRQ_TIME_ACCOUNTING`, as Debian's) charges
+/// that time to the task it interrupted. Every frame a shaped link releases from its timer
+/// (each frame of a throttled link), every hop through a site's bridge, and every receiver's
+/// TCP processing then ran on the CPU quota of whichever host happened to be computing: a host
+/// not involved in a 30 Mbit/s transfer was charged up to 0.07 s of system time in 3 s, and on
+/// the `wan` spec the tasks of a running DAG took a median 1.21× their time alone, against
+/// 1.08× with the work moved (docs/testbed.md, "Packet work off the hosts"). A real host pays
+/// for its own sends and receives, never for its neighbours' traffic or the switch's.
+///
+/// With `packet_threads`, every shaped veth gets threaded NAPI: TSO off and GRO on (veth then hands each frame to
+/// its peer's NAPI instead of the interrupted CPU's backlog; `gro_max_size` of one frame keeps
+/// frames unmerged, so the token buckets see the same packets as before), `threaded` on (the
+/// peer's receive work runs in a `napi/<dev>-<id>` kernel thread, outside every host's
+/// cgroup), and those threads at nice −20 ([`PACKET_NICE`]), so that a frame waits little
+/// behind busy hosts. Not real-time priority: a SCHED_FIFO thread is woken for each frame
+/// alone and spent 3–5× the CPU per frame (0.5–0.7 of a core for one 30 Mbit/s stream, against
+/// 0.1). What a host's own process does (its send and receive calls, its socket's transmit
+/// path) stays on its quota. A kernel or system without these (no `ethtool`, no `threaded`)
+/// gets a warning and the default behaviour.
+///
+/// Why not the default: a frame then waits for a kernel thread to be scheduled at every hop.
+/// On an idle machine that adds a few µs (a 64 B round trip 12.6 → 18.6 µs); beside other
+/// busy processes (load 4 on 2 cores) the 200 Mbit/s link's one-way times strayed 7–100 %
+/// from latency + size/rate, where softirq handling stayed within 5 %.
+struct PacketWork {
+    /// Still setting interfaces up (false after the first failure, which was warned about).
+    threaded: bool,
+    /// The threaded-NAPI workers made for this testbed's interfaces.
+    threads: Vec<i32>,
+}
+
+impl PacketWork {
+    /// Threaded NAPI for `dev` of `ns` (see [`PacketWork`]).
+    fn thread(&mut self, r: &mut Runner, ns: &str, dev: &str) -> Result<(), Error> {
+        if !self.threaded {
+            return Ok(());
+        }
+        let threaded = format!("/sys/class/net/{dev}/threaded");
+        let before = sys::napi_threads(dev);
+        let steps: [(&str, Vec<&str>, Option<&str>); 3] = [
+            (
+                "ip",
+                vec![
+                    "netns", "exec", ns, "ethtool", "-K", dev, "tso", "off", "gro", "on",
+                ],
+                None,
+            ),
+            (
+                "ip",
+                vec!["-n", ns, "link", "set", "dev", dev, "gro_max_size", "1500"],
+                None,
+            ),
+            (
+                "ip",
+                vec!["netns", "exec", ns, "tee", threaded.as_str()],
+                Some("1\n"),
+            ),
+        ];
+        for (program, args, input) in steps {
+            let done = match input {
+                Some(text) => r.run_input(program, &args, text),
+                None => r.run(program, &args),
+            };
+            if let Err(e) = done {
+                if matches!(e, Error::Injected(_)) {
+                    return Err(e);
+                }
+                self.threaded = false;
+                eprintln!(
+                    "mutirao-testbed: warning: {ns} {dev}: cannot move the emulated network's \
+                     packet work into kernel threads ({e}); it runs on whichever host's CPU \
+                     quota the packets interrupt, so hosts compute slower while traffic \
+                     flows. Install ethtool (apt install ethtool) on a kernel ≥ 5.19."
+                );
+                return Ok(());
+            }
+        }
+        // The workers that appeared for a device of this name (a testbed coming up at the same
+        // moment in another process could add its own; raising its priority too is harmless).
+        let after = sys::napi_threads(dev);
+        self.threads.extend(after.difference(&before));
+        Ok(())
+    }
+
+    /// The highest nice priority ([`PACKET_NICE`]) for the threaded-NAPI workers this testbed
+    /// made.
+    fn prioritize(&self) {
+        for &pid in &self.threads {
+            let set = rustix::process::Pid::from_raw(pid)
+                .ok_or(rustix::io::Errno::SRCH)
+                .and_then(|p| rustix::process::setpriority_process(Some(p), PACKET_NICE));
+            if let Err(e) = set {
+                eprintln!(
+                    "mutirao-testbed: warning: cannot raise the priority of packet thread {pid} \
+                     ({e}); frames may wait behind busy hosts"
+                );
+            }
+        }
+    }
+}
+
+/// Shape `dev` of namespace `ns`: packet work in kernel threads ([`PacketWork`]), the token
+/// bucket, acknowledgements first, and one queue per host pair of `pairs` (the pairs whose
+/// packets leave through it, `Plan::pairs_through`).
 fn shape(
     r: &mut Runner,
+    pw: &mut PacketWork,
     ns: &str,
     dev: &str,
     tbf: &Tbf,
@@ -696,6 +835,7 @@ fn shape(
     let mut gso = vec!["-n", ns, "link", "set", "dev", dev];
     gso.extend(plan::GSO_ARGS);
     r.run("ip", &gso)?;
+    pw.thread(r, ns, dev)?;
     let mut args: Vec<String> = ["-n", ns, "qdisc", "add", "dev", dev, "root", "handle", "1:"]
         .iter()
         .map(|s| s.to_string())

@@ -689,3 +689,74 @@ fn concurrent_flows_share_a_link_max_min_fair() {
         d1.min(d2)
     );
 }
+
+/// Scheduling policy and nice value of a thread (fields 41 and 19 of /proc/PID/stat).
+fn policy_and_nice(pid: i32) -> (u32, i32) {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("thread alive");
+    let after = &stat[stat.rfind(')').expect("comm") + 2..];
+    let f: Vec<&str> = after.split_whitespace().collect();
+    // `after` starts at field 3 (state): field N is f[N - 3].
+    (f[41 - 3].parse().unwrap(), f[19 - 3].parse().unwrap())
+}
+
+/// Nanoseconds a thread has run (first field of /proc/PID/schedstat).
+fn ran_ns(pid: i32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/schedstat"))
+        .expect("thread alive")
+        .split_whitespace()
+        .next()
+        .and_then(|v| v.parse().ok())
+        .expect("schedstat")
+}
+
+#[test]
+fn with_packet_threads_the_links_work_runs_in_kernel_threads_not_on_the_hosts() {
+    if !require_root() {
+        return;
+    }
+    if Command::new("ethtool").arg("--version").output().is_err() {
+        let msg =
+            "SKIPPED: needs ethtool (apt-get install ethtool) to switch the veths to threaded NAPI";
+        println!("{msg}");
+        eprintln!("{msg}");
+        return;
+    }
+    let tb = Testbed::up(
+        &spec(&across_a_30_mbit_wan(r#"{ name = "b1", cpu = 0.5 }"#)),
+        UpOptions {
+            packet_threads: true,
+            ..UpOptions::default()
+        },
+    )
+    .expect("testbed up");
+    let threads = tb.state().packet_threads.clone();
+    // Every shaped interface: two hosts' eth0, their two site ports, the WAN's two ends.
+    assert_eq!(
+        threads.len(),
+        6,
+        "one packet thread per shaped interface (is ethtool installed?): {threads:?}"
+    );
+    for &pid in &threads {
+        assert_eq!(
+            policy_and_nice(pid),
+            (0, mutirao_testbed::PACKET_NICE),
+            "packet thread {pid} should run SCHED_OTHER at nice {}",
+            mutirao_testbed::PACKET_NICE
+        );
+    }
+    let before: u64 = threads.iter().map(|&p| ran_ns(p)).sum();
+    let mbit = throughput(&tb, "a1", "b1", 2_000_000, 5401);
+    let ran_ms = (threads.iter().map(|&p| ran_ns(p)).sum::<u64>() - before) as f64 / 1e6;
+    println!("2 MB across the WAN at {mbit:.1} Mbit/s; packet threads ran {ran_ms:.2} ms");
+    // ~1400 frames, each handled by a thread at the site port, the WAN's far end and b1's
+    // eth0, and its acknowledgement on the way back: far more than a millisecond. Frames
+    // handled in softirq context (on whatever host's quota) would leave the threads idle.
+    assert!(
+        ran_ms > 1.0,
+        "the packet threads ran {ran_ms:.3} ms while 2 MB crossed: the frames were not handled \
+         by them"
+    );
+    let prefix = tb.prefix().to_string();
+    tb.down().expect("down");
+    assert_gone(&prefix);
+}
