@@ -225,6 +225,14 @@ impl ShmTransport {
         Fast::Took(hdr.tag, len)
     }
 
+    /// Publish that this rank runs on `cpu` (to the peer, in the ring it writes to us), and
+    /// tell whether the peer, awake, last said it runs on that CPU too: then it can only be
+    /// queued behind us (or have moved since), and spinning on the CPU delays it.
+    pub(crate) fn peer_on_cpu(&self, cpu: u32) -> bool {
+        self.rx.publish_reader_cpu(cpu);
+        self.tx.reader_awake_on() == Some(cpu)
+    }
+
     fn ring_bell(&mut self) {
         if let Some(s) = self.bell.as_mut() {
             // WouldBlock: wake-up bytes are already pending, the peer will wake anyway.
