@@ -33,6 +33,9 @@ pub(crate) trait Transport {
     fn on_readable(&mut self, closed: bool) -> Result<(), String>;
     /// The poller saw the socket writable.
     fn on_writable(&mut self);
+    /// The next `read` asks the socket itself, whatever the poller last said (a direct read:
+    /// see `Engine::progress_direct`). Streams only; a no-op elsewhere.
+    fn arm_read(&mut self) {}
     /// About to block in the poller: arrange to be woken; true if data arrived meanwhile.
     fn prepare_sleep(&self, _want_write: bool) -> bool {
         false
@@ -174,6 +177,10 @@ impl Transport for TcpTransport {
 
     fn on_writable(&mut self) {
         self.writable = true;
+    }
+
+    fn arm_read(&mut self) {
+        self.readable = true;
     }
 }
 
