@@ -1872,9 +1872,11 @@ impl Engine {
                 // while we poll. Move off the CPU (see `separate_from_peer`) and let the
                 // general path yield it (see `Engine::wait_until`). Asked after the first
                 // empty look and then every [`FAST_CPU_EVERY`] polls, so a message already
-                // there costs nothing more.
+                // there costs nothing more. Not when ranks outnumber cores (one look): the
+                // general path yields at once then, and moving ranks about was not measured.
                 Fast::Empty
-                    if i % FAST_CPU_EVERY == 0
+                    if polls > 1
+                        && i % FAST_CPU_EVERY == 0
                         && current_cpu().is_some_and(|c| t.peer_on_cpu(c)) =>
                 {
                     self.cpu_cuts = self.cpu_cuts.wrapping_add(1);
@@ -4093,9 +4095,10 @@ mod tests {
     /// for the whole fast path.
     #[test]
     fn the_fast_path_gives_up_at_once_when_the_sender_runs_on_our_cpu() {
-        let run = |same: bool| {
+        let run = |same: bool, spin: Duration| {
             on_one_cpu(move |cpu| {
                 let (mut e, ends) = engine_with_shm_peer(if same { "fsame" } else { "fother" });
+                e.tuning.spin_shm = spin;
                 ends.rx.publish_reader_cpu(if same { cpu } else { cpu + 1 });
                 let mut buf = [0u8; 8];
                 assert!(
@@ -4105,12 +4108,18 @@ mod tests {
                 (e.cpu_cuts, e.moves)
             })
         };
-        let Some((cuts, moves)) = run(true) else {
+        let spin = Duration::from_millis(20);
+        let Some((cuts, moves)) = run(true, spin) else {
             return; // the thread cannot be pinned here
         };
         assert_eq!(cuts, 1, "same CPU: one look, then the general path");
         assert_eq!(moves, 0, "pinned to one CPU: nowhere to move");
-        assert_eq!(run(false), Some((0, 0)), "a sender on another CPU");
+        assert_eq!(run(false, spin), Some((0, 0)), "a sender on another CPU");
+        assert_eq!(
+            run(true, Duration::ZERO),
+            Some((0, 0)),
+            "ranks outnumber cores: one look and no CPU check"
+        );
     }
 
     /// Moving off a CPU runs the thread elsewhere and gives it its affinity mask back; with a
