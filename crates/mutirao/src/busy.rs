@@ -66,6 +66,11 @@ impl BusyProbe {
         busy
     }
 
+    /// The last answer, however old, without reading again (false before the first read).
+    pub(crate) fn last_answer(&self) -> bool {
+        self.last.is_some_and(|(_, busy)| busy)
+    }
+
     fn read_now(&self) -> bool {
         let Some(f) = &self.file else {
             return false;

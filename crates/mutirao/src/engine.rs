@@ -502,6 +502,17 @@ pub(crate) struct Engine {
     yields: u64,
     /// Times [`Engine::wait_until`] went to sleep in the kernel (tests).
     sleeps: u64,
+    /// Times [`Engine::wait_until`] stopped spinning because a shared-memory peer, awake, ran
+    /// on this rank's CPU (tests).
+    cpu_cuts: u64,
+    /// When this rank last moved itself off a CPU it shared with a shared-memory peer (see
+    /// [`move_off_cpu`]), and how many times it did (tests).
+    last_move: Option<Instant>,
+    moves: u64,
+    /// Passes of [`Engine::wait_until`] that read TCP sockets directly, and that asked epoll
+    /// (tests).
+    direct_passes: u64,
+    epoll_passes: u64,
     /// Idle passes [`Engine::wait_until`] spun without reading the clock (tests).
     spun: u64,
     /// Bytes read from and written to TCP peers so far (see [`LinkRate`]).
@@ -547,9 +558,52 @@ fn sockets_after_yield(tcp_peers: bool, yields: u64) -> bool {
     tcp_peers || yields % 32 == 0
 }
 
+/// A wait reads its TCP peers' sockets directly ([`Engine::progress_direct`]) only with at
+/// most this many TCP peers: a read each per pass, where one `epoll_wait` covers them all.
+const DIRECT_MAX: usize = 4;
+/// Every this many passes a wait that reads its sockets directly asks epoll all the same (for
+/// writability, and to drain readiness it already acted on).
+const DIRECT_EPOLL_EVERY: u32 = 16;
+
 /// Passes of [`Engine::recv_fast`] over one ring before the general wait takes over (a few µs:
 /// a ping-pong reply comes well within it; a late one is waited for the usual way).
 const FAST_POLLS: u32 = 2048;
+/// Every this many empty polls [`Engine::recv_fast`] asks whether the sender runs on our CPU.
+const FAST_CPU_EVERY: u32 = 256;
+
+/// A rank that shares its CPU with a shared-memory peer moves off it at most this often (a
+/// move costs two system calls and a migration; the kernel may put the pair together again at
+/// the next wake-up).
+const MOVE_EVERY: Duration = Duration::from_millis(1);
+
+/// Move the calling thread off `cpu` to another CPU of its affinity mask, and give it its mask
+/// back (the kernel migrates a thread at once when its CPU leaves its mask, and does not move
+/// it back when the CPU returns); returns the CPU it ran on in between. `None`, and nothing
+/// changed, when the mask has no other CPU (`--bind-to core`, a one-CPU cpuset) or cannot be
+/// read or set.
+fn move_off_cpu(cpu: u32) -> Option<u32> {
+    use rustix::thread::{sched_getaffinity, sched_setaffinity, CpuSet};
+    let mask = sched_getaffinity(None).ok()?;
+    let cpu = cpu as usize;
+    if cpu >= CpuSet::MAX_CPU || !mask.is_set(cpu) || mask.count() < 2 {
+        return None;
+    }
+    let mut others = mask;
+    others.unset(cpu);
+    sched_setaffinity(None, &others).ok()?;
+    let now_on = current_cpu();
+    // Restoring can only fail if the mask changed meanwhile (a cpuset shrank); the thread
+    // then keeps the smaller mask the kernel allows.
+    let _ = sched_setaffinity(None, &mask);
+    now_on
+}
+
+/// The CPU the calling thread runs on now (`None` where the kernel cannot tell). A read of the
+/// thread's restartable-sequence area (glibc 2.35+) or the vDSO: a few nanoseconds.
+fn current_cpu() -> Option<u32> {
+    // SAFETY: sched_getcpu has no preconditions; it returns -1 where it cannot tell.
+    u32::try_from(unsafe { libc::sched_getcpu() }).ok()
+}
 
 /// Unexpected eager payloads from this size on get their buffer from the engine's pool.
 const SPARE_MIN: usize = 64 * 1024;
@@ -623,6 +677,11 @@ impl Engine {
             busy: crate::busy::BusyProbe::new(),
             yields: 0,
             sleeps: 0,
+            cpu_cuts: 0,
+            direct_passes: 0,
+            epoll_passes: 0,
+            last_move: None,
+            moves: 0,
             spun: 0,
             tcp_moved: 0,
             restoring: None,
@@ -1799,7 +1858,7 @@ impl Engine {
         } else {
             FAST_POLLS
         };
-        for _ in 0..polls {
+        for i in 0..polls {
             match t.recv_eager(ctx, tag, buf) {
                 Fast::Took(tag, bytes) => {
                     return Some(Status {
@@ -1809,6 +1868,21 @@ impl Engine {
                     })
                 }
                 Fast::Other => return None,
+                // Not there yet: if the sender, awake, last ran on our CPU, it cannot write
+                // while we poll. Move off the CPU (see `separate_from_peer`) and let the
+                // general path yield it (see `Engine::wait_until`). Asked after the first
+                // empty look and then every [`FAST_CPU_EVERY`] polls, so a message already
+                // there costs nothing more. Not when ranks outnumber cores (one look): the
+                // general path yields at once then, and moving ranks about was not measured.
+                Fast::Empty
+                    if polls > 1
+                        && i % FAST_CPU_EVERY == 0
+                        && current_cpu().is_some_and(|c| t.peer_on_cpu(c)) =>
+                {
+                    self.cpu_cuts = self.cpu_cuts.wrapping_add(1);
+                    self.separate_from_peer();
+                    return None;
+                }
                 Fast::Empty => std::hint::spin_loop(),
             }
         }
@@ -1866,8 +1940,16 @@ impl Engine {
                 return Ok(());
             }
             let sockets = self.n_sock + self.n_shm > 0 && (after_yield || spins % every == 0);
+            let direct = !after_yield && spins % DIRECT_EPOLL_EVERY != 0 && self.direct_reads();
             after_yield = false;
-            if self.progress_once(sockets)? {
+            let progressed = if direct {
+                self.direct_passes = self.direct_passes.wrapping_add(1);
+                self.progress_direct()
+            } else {
+                self.epoll_passes = self.epoll_passes.wrapping_add(u64::from(sockets));
+                self.progress_once(sockets)?
+            };
+            if progressed {
                 spins = 1;
                 // Keep spinning while data flows: sleeping mid-transfer costs a wake-up each time.
                 start = None;
@@ -1904,6 +1986,17 @@ impl Engine {
             } else {
                 self.tuning.spin
             };
+            if waited < spin && !cut && self.n_shm > 0 && self.shm_peer_on_our_cpu() {
+                // A shared-memory peer, awake, last ran on our CPU: it is queued behind us
+                // (most often: the kernel places a woken rank beside its waker, and beside a
+                // busy process the pair then stays on one core), so every microsecond of our
+                // spin delays it. Yield for the rest of the spin instead, without waiting for
+                // the machine-wide look below (the first one comes 200 µs into a spin on
+                // shared memory). Beside a busy loop, one-way 256 KiB 268 → 23 µs, 1 MiB 386
+                // → 85 µs (see docs/runtime.md).
+                cut = true;
+                self.cpu_cuts = self.cpu_cuts.wrapping_add(1);
+            }
             if waited < spin && !cut && waited >= next_busy {
                 // More threads runnable than CPUs: our spin holds a core someone is queued
                 // for, maybe the rank we wait for. Yield instead for the rest of the spin: a
@@ -1957,6 +2050,85 @@ impl Engine {
                 }
             }
         }
+    }
+
+    /// Publish the CPU this rank runs on to its shared-memory peers, and tell whether one of
+    /// them, awake, last said it runs there too. Asked every 32 idle passes of a spin (see
+    /// [`current_cpu`]); the store happens only when the CPU changed.
+    fn shm_peer_on_our_cpu(&mut self) -> bool {
+        let Some(cpu) = current_cpu() else {
+            return false;
+        };
+        let mut shared = false;
+        for p in &mut self.peers {
+            if !p.shm || p.state != PeerState::Alive {
+                continue;
+            }
+            if let Some(t) = p.io.as_mut().and_then(|t| t.as_shm()) {
+                shared |= t.peer_on_cpu(cpu);
+            }
+        }
+        shared
+    }
+
+    /// This rank, waiting for a small message (the fast path), shares its CPU with the
+    /// sender: move off it (at most once per [`MOVE_EVERY`]), so the pair runs on two CPUs
+    /// again. Yielding alone keeps the pair on one CPU for good beside a busy process: each
+    /// hands the CPU to the other, neither sleeps, so the kernel sees two runnable threads here
+    /// against one there and moves nobody (interleaved `pingpong` beside a busy loop, 4 rounds:
+    /// 0–4 KiB one-way 1.3–2.6 µs with yields alone, 0.20–1.28 µs moving off, as without the
+    /// CPU check). Only here, not in the general wait: moving apart on every wait, large
+    /// transfers included, made 4 MiB 1.4 ms against 0.4 ms (the rank left beside the busy
+    /// process stalled the pipeline for whole time slices).
+    fn separate_from_peer(&mut self) {
+        let now = Instant::now();
+        if self
+            .last_move
+            .is_some_and(|t| now.saturating_duration_since(t) < MOVE_EVERY)
+        {
+            return;
+        }
+        self.last_move = Some(now);
+        if current_cpu().and_then(move_off_cpu).is_some() {
+            self.moves = self.moves.wrapping_add(1);
+        }
+    }
+
+    /// Whether a wait pass may read its peers' sockets directly instead of asking epoll: only
+    /// TCP peers, at most [`DIRECT_MAX`] of them, nothing queued to write (a blocked write
+    /// learns that it may go on only from epoll), no checkpoint waves, and the busy probe's
+    /// last word was "not oversubscribed": beside a busy loop, direct reads measured slower
+    /// (interleaved `pingpong` over TCP, 10 rounds: 0–64 B one-way 14.0 against 10.1–10.2 µs;
+    /// not understood — maybe the socket lock that each `recvfrom` takes, which sends an
+    /// arriving segment to the backlog), and gated by the probe they measured even.
+    fn direct_reads(&self) -> bool {
+        self.n_shm == 0
+            && self.n_sock > 0
+            && self.n_sock <= DIRECT_MAX
+            && self.ckpt.is_none()
+            && !self.busy.last_answer()
+            && self.peers.iter().all(|p| p.txq.is_empty())
+    }
+
+    /// One pass that reads every live TCP peer's socket directly (one `recvfrom` each, as
+    /// MPICH polls its sockets) instead of an `epoll_wait` and then a `recvfrom` for the
+    /// socket it names: a message that arrives costs one system call, not two. Edge-triggered
+    /// readiness for bytes read this way is still reported later by epoll; it then costs one
+    /// empty read.
+    fn progress_direct(&mut self) -> bool {
+        let mut did = false;
+        for i in 0..self.peers.len() {
+            let p = &mut self.peers[i];
+            if p.state != PeerState::Alive || p.shm {
+                continue;
+            }
+            let Some(t) = p.io.as_mut() else {
+                continue;
+            };
+            t.arm_read();
+            did |= self.read_peer(i);
+        }
+        did
     }
 
     /// Whether a message is partly written to, or partly read from, a TCP peer.
@@ -3792,6 +3964,228 @@ mod tests {
             "slept {} times in 10 gaps of 600 µs",
             e.sleeps
         );
+    }
+
+    /// The far ends of a shared-memory peer: the ring it writes to us, the ring it reads from
+    /// us, and its doorbell socket.
+    struct ShmPeerEnds {
+        tx: crate::shm::Ring,
+        rx: crate::shm::Ring,
+        bell: StdStream,
+    }
+
+    /// An engine for rank 0 of 2 whose peer is on shared memory, its far ends held by the test.
+    fn engine_with_shm_peer(name: &str) -> (Engine, ShmPeerEnds) {
+        let dir = if std::path::Path::new("/dev/shm").is_dir() {
+            std::path::PathBuf::from("/dev/shm")
+        } else {
+            std::env::temp_dir()
+        };
+        let path =
+            |end: &str| dir.join(format!("mutirao-etest-{}-{name}-{end}", std::process::id()));
+        let (to_us, to_them) = (path("in"), path("out"));
+        let our_rx = crate::shm::Ring::create(&to_us, 16 << 10).unwrap();
+        let their_tx = crate::shm::Ring::open(&to_us).unwrap();
+        let their_rx = crate::shm::Ring::create(&to_them, 16 << 10).unwrap();
+        let our_tx = crate::shm::Ring::open(&to_them).unwrap();
+        std::fs::remove_file(&to_us).unwrap();
+        std::fs::remove_file(&to_them).unwrap();
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let bell = StdStream::connect(l.local_addr().unwrap()).unwrap();
+        let (ours, _) = l.accept().unwrap();
+        ours.set_nonblocking(true).unwrap();
+        let t = crate::transport::ShmTransport::new(our_tx, our_rx, TcpStream::from_std(ours));
+        let peers = vec![Peer::new(None), Peer::new(Some(Box::new(t)))];
+        let mut e = Engine::new(
+            0,
+            2,
+            peers,
+            Tuning {
+                eager_limit: 1024,
+                shm_eager_limit: 1024,
+                spin: Duration::from_micros(10),
+                spin_shm: Duration::from_millis(20),
+                yield_for: Duration::ZERO,
+                polite_yield: POLITE_YIELD,
+                cma: false,
+            },
+        )
+        .unwrap();
+        if let Some(quiet) = crate::busy::BusyProbe::with_cpus(usize::MAX) {
+            e.busy = quiet; // the machine never counts as busy: only the CPU check can cut
+        }
+        let ends = ShmPeerEnds {
+            tx: their_tx,
+            rx: their_rx,
+            bell,
+        };
+        (e, ends)
+    }
+
+    /// Runs `f` on a thread pinned to the CPU it starts on (given to `f`); `None` where the
+    /// thread cannot tell its CPU or be pinned.
+    fn on_one_cpu<T: std::marker::Send + 'static>(
+        f: impl FnOnce(u32) -> T + std::marker::Send + 'static,
+    ) -> Option<T> {
+        std::thread::spawn(move || {
+            use rustix::thread::{sched_setaffinity, CpuSet};
+            let cpu = current_cpu()?;
+            let mut one = CpuSet::new();
+            one.set(cpu as usize);
+            sched_setaffinity(None, &one).ok()?;
+            Some(f(cpu))
+        })
+        .join()
+        .unwrap()
+    }
+
+    /// A wait (spin budget 20 ms) for a message the shared-memory peer sends after 5 ms, the
+    /// peer having published `peer_cpu` (or the waiter's own CPU): (CPU cuts, yields).
+    fn cuts_of_a_shm_wait(same_cpu: bool) -> Option<(u64, u64)> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let waiter = std::thread::spawn(move || {
+            on_one_cpu(move |cpu| {
+                let (mut e, ends) = engine_with_shm_peer(if same_cpu { "same" } else { "other" });
+                ends.rx
+                    .publish_reader_cpu(if same_cpu { cpu } else { cpu + 1 });
+                let id = e
+                    .post_recv(0, Some(1), None, Dest::Alloc(discard_alloc))
+                    .unwrap();
+                tx.send(ends).unwrap();
+                e.wait_until(|e| e.recv_finished(id)).unwrap();
+                assert_eq!(e.take_recv(id).unwrap().0.bytes, 1);
+                (e.cpu_cuts, e.yields)
+            })
+        });
+        // The sender runs unpinned, so it never waits for the pinned waiter's CPU.
+        let mut ends = rx.recv().ok();
+        if let Some(ends) = ends.as_mut() {
+            std::thread::sleep(Duration::from_millis(5));
+            let (n, wake) = ends
+                .tx
+                .write_vectored(&[std::io::IoSlice::new(&eager_frame(1, &[9]))]);
+            assert!(n > 0, "the ring has room");
+            if wake {
+                ends.bell.write_all(&[1]).unwrap();
+            }
+        }
+        let got = waiter.join().unwrap();
+        drop(ends);
+        got
+    }
+
+    /// A waiting rank whose shared-memory peer, awake, last ran on the waiter's CPU yields the
+    /// CPU instead of spinning (on a machine the busy probe calls quiet); a peer on another
+    /// CPU leaves the spin alone.
+    #[test]
+    fn a_wait_yields_at_once_when_the_shm_peer_runs_on_our_cpu() {
+        let Some((cuts, yields)) = cuts_of_a_shm_wait(true) else {
+            return; // the thread cannot be pinned here
+        };
+        assert!(cuts > 0, "the shared CPU was never noticed");
+        assert!(yields > 0, "the spin never yielded");
+        let Some((cuts, yields)) = cuts_of_a_shm_wait(false) else {
+            return;
+        };
+        assert_eq!((cuts, yields), (0, 0), "a peer on another CPU: spun");
+    }
+
+    /// The fast path stops polling at its first empty look when the sender shares our CPU
+    /// (and, the thread pinned to one CPU, has nowhere to move); a sender elsewhere is polled
+    /// for the whole fast path.
+    #[test]
+    fn the_fast_path_gives_up_at_once_when_the_sender_runs_on_our_cpu() {
+        let run = |same: bool, spin: Duration| {
+            on_one_cpu(move |cpu| {
+                let (mut e, ends) = engine_with_shm_peer(if same { "fsame" } else { "fother" });
+                e.tuning.spin_shm = spin;
+                ends.rx.publish_reader_cpu(if same { cpu } else { cpu + 1 });
+                let mut buf = [0u8; 8];
+                assert!(
+                    e.recv_fast(0, Some(1), None, &mut buf).is_none(),
+                    "nothing sent"
+                );
+                (e.cpu_cuts, e.moves)
+            })
+        };
+        let spin = Duration::from_millis(20);
+        let Some((cuts, moves)) = run(true, spin) else {
+            return; // the thread cannot be pinned here
+        };
+        assert_eq!(cuts, 1, "same CPU: one look, then the general path");
+        assert_eq!(moves, 0, "pinned to one CPU: nowhere to move");
+        assert_eq!(run(false, spin), Some((0, 0)), "a sender on another CPU");
+        assert_eq!(
+            run(true, Duration::ZERO),
+            Some((0, 0)),
+            "ranks outnumber cores: one look and no CPU check"
+        );
+    }
+
+    /// Moving off a CPU runs the thread elsewhere and gives it its affinity mask back; with a
+    /// one-CPU mask nothing moves and nothing changes.
+    #[test]
+    fn moving_off_a_cpu_runs_elsewhere_and_keeps_the_mask() {
+        use rustix::thread::sched_getaffinity;
+        std::thread::spawn(|| {
+            let Some(cpu) = current_cpu() else {
+                return;
+            };
+            let before = sched_getaffinity(None).unwrap();
+            match move_off_cpu(cpu) {
+                Some(other) => {
+                    assert!(before.count() >= 2);
+                    assert_ne!(other, cpu, "still on CPU {cpu}");
+                    assert!(
+                        before.is_set(other as usize),
+                        "CPU {other} is outside the mask"
+                    );
+                }
+                None => assert_eq!(before.count(), 1, "a mask of several CPUs, yet no move"),
+            }
+            assert!(
+                sched_getaffinity(None).unwrap() == before,
+                "the mask changed"
+            );
+        })
+        .join()
+        .unwrap();
+        let pinned = on_one_cpu(|cpu| (move_off_cpu(cpu), current_cpu()));
+        if let Some((moved, now)) = pinned {
+            assert_eq!(moved, None, "a one-CPU mask cannot move");
+            assert!(now.is_some());
+        }
+    }
+
+    /// A spinning wait on one TCP peer, the machine quiet, reads the socket directly and asks
+    /// epoll once in [`DIRECT_EPOLL_EVERY`] passes; the machine busy (the probe's last word),
+    /// it asks epoll on every pass, as before.
+    #[test]
+    fn a_quiet_tcp_wait_reads_its_socket_directly() {
+        let (Some(quiet), Some(mut busy)) = (
+            crate::busy::BusyProbe::with_cpus(usize::MAX),
+            crate::busy::BusyProbe::with_cpus(0),
+        ) else {
+            return; // no procfs: the probe never says busy (its parse tests cover the rest)
+        };
+        assert!(busy.oversubscribed(), "a probe with 0 CPUs says busy"); // its last word
+        let (mut e, raw) = engine_with_raw_peer();
+        e.tuning.spin = Duration::from_millis(20);
+        e.busy = quiet;
+        wait_for_a_late_message(&mut e, raw, Duration::from_millis(5));
+        assert!(e.direct_passes > 100, "direct passes {}", e.direct_passes);
+        assert!(
+            e.epoll_passes <= e.direct_passes / (u64::from(DIRECT_EPOLL_EVERY) - 1) + 2,
+            "epoll asked {} times in {} direct passes",
+            e.epoll_passes,
+            e.direct_passes
+        );
+        let (mut e, raw) = engine_with_raw_peer();
+        e.tuning.spin = Duration::from_millis(20);
+        e.busy = busy;
+        wait_for_a_late_message(&mut e, raw, Duration::from_millis(5));
+        assert_eq!(e.direct_passes, 0, "busy: read directly");
+        assert!(e.epoll_passes > 0);
     }
 
     #[test]

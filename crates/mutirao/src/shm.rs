@@ -10,7 +10,11 @@
 //! - `head` (offset 0): where the reader has consumed up to, written only by the reader, and only
 //!   now and then (see below);
 //! - `reader_sleeping` (offset 256): set by a reader about to block;
-//! - `writer_sleeping` (offset 512): set by a writer blocked on a full ring.
+//! - `writer_sleeping` (offset 512): set by a writer blocked on a full ring;
+//! - `reader_cpu` (offset 768): the CPU the reader last found itself on while waiting, plus one
+//!   (0: not known), written only by the reader and only when it changes. Each rank reads its
+//!   peer's from the ring it writes: a waiting rank whose awake peer last ran on its own CPU
+//!   yields instead of spinning (see `Engine::wait_until`).
 //!
 //! (Each in its own pair of cache lines, see [`SLOT`].)
 //!
@@ -237,6 +241,9 @@ impl Ring {
     }
     fn writer_sleeping(&self) -> &AtomicU32 {
         self.flag(512)
+    }
+    fn reader_cpu(&self) -> &AtomicU32 {
+        self.flag(768)
     }
 
     fn data(&self) -> *mut u8 {
@@ -502,6 +509,27 @@ impl Ring {
     pub fn clear_reader_sleep(&self) {
         self.reader_sleeping().store(0, Ordering::Relaxed);
     }
+
+    /// Reader: say that this process runs on `cpu` now. Stores only when it changed, so a
+    /// rank that stays on its CPU writes the shared line once.
+    pub fn publish_reader_cpu(&self, cpu: u32) {
+        let v = cpu.saturating_add(1);
+        let f = self.reader_cpu();
+        if f.load(Ordering::Relaxed) != v {
+            f.store(v, Ordering::Relaxed);
+        }
+    }
+
+    // ------------------------------------------------------------ writer side, about the reader
+
+    /// Writer: the CPU the reader last said it runs on, unless it has announced that it
+    /// sleeps (then it competes for no CPU) or never said (an older peer, or not yet).
+    pub fn reader_awake_on(&self) -> Option<u32> {
+        if self.reader_sleeping().load(Ordering::Relaxed) != 0 {
+            return None;
+        }
+        self.reader_cpu().load(Ordering::Relaxed).checked_sub(1)
+    }
 }
 
 #[cfg(test)]
@@ -744,6 +772,22 @@ mod tests {
             tx.write_vectored(&[IoSlice::new(&vec![1u8; 4096])]).0,
             4096 - 2 * SLOT - SLOT - STAMP
         );
+    }
+
+    /// The writer sees the CPU the reader published, but not while the reader sleeps, and
+    /// nothing before the reader said anything.
+    #[test]
+    fn the_writer_sees_the_readers_cpu_while_it_is_awake() {
+        let (rx, tx) = pair("cpu", 4096);
+        assert_eq!(tx.reader_awake_on(), None, "nothing published yet");
+        rx.publish_reader_cpu(0);
+        assert_eq!(tx.reader_awake_on(), Some(0));
+        rx.publish_reader_cpu(3);
+        assert_eq!(tx.reader_awake_on(), Some(3));
+        assert!(!rx.prepare_reader_sleep());
+        assert_eq!(tx.reader_awake_on(), None, "a sleeping reader holds no CPU");
+        rx.clear_reader_sleep();
+        assert_eq!(tx.reader_awake_on(), Some(3), "awake again on its last CPU");
     }
 
     #[test]

@@ -33,6 +33,9 @@ pub(crate) trait Transport {
     fn on_readable(&mut self, closed: bool) -> Result<(), String>;
     /// The poller saw the socket writable.
     fn on_writable(&mut self);
+    /// The next `read` asks the socket itself, whatever the poller last said (a direct read:
+    /// see `Engine::progress_direct`). Streams only; a no-op elsewhere.
+    fn arm_read(&mut self) {}
     /// About to block in the poller: arrange to be woken; true if data arrived meanwhile.
     fn prepare_sleep(&self, _want_write: bool) -> bool {
         false
@@ -175,6 +178,10 @@ impl Transport for TcpTransport {
     fn on_writable(&mut self) {
         self.writable = true;
     }
+
+    fn arm_read(&mut self) {
+        self.readable = true;
+    }
 }
 
 /// Shared-memory rings (one per direction) plus the TCP connection as doorbell and liveness
@@ -223,6 +230,14 @@ impl ShmTransport {
             self.ring_bell();
         }
         Fast::Took(hdr.tag, len)
+    }
+
+    /// Publish that this rank runs on `cpu` (to the peer, in the ring it writes to us), and
+    /// tell whether the peer, awake, last said it runs on that CPU too: then it can only be
+    /// queued behind us (or have moved since), and spinning on the CPU delays it.
+    pub(crate) fn peer_on_cpu(&self, cpu: u32) -> bool {
+        self.rx.publish_reader_cpu(cpu);
+        self.tx.reader_awake_on() == Some(cpu)
     }
 
     fn ring_bell(&mut self) {
