@@ -27,8 +27,9 @@
 # Env:   SPEC=wan|three|FILE.toml   the grid (default `wan`, below; `three`: three sites)
 #        MUTIRAO=path/to/mutirao    (default: target/release/mutirao, built if missing)
 #        KEEP=dir                   keep calibration, model, graphs, schedules, runs in dir
-#        PACKET_THREADS=1           bring the testbed up with --packet-threads (the links' packet
-#                                   work in kernel threads, not on the hosts' CPU quotas)
+#        PACKET_THREADS=0           bring the testbed up with --no-packet-threads (the links'
+#                                   packet work charged to whichever host it interrupts, as before
+#                                   2026-11-27; default: in kernel threads, docs/testbed.md)
 #
 # The testbed is always taken down on exit. exec-dag sizes each task's work with a reference
 # kernel rate consistent with the model: each host times the kernel in turn at start, and the
@@ -139,7 +140,9 @@ busy_check() {
     fi
 }
 busy_check "before the run"
-"$B" testbed up "$W/spec.toml" --name "$NAME" ${PACKET_THREADS:+--packet-threads} >&2
+NOPT=""
+[[ ${PACKET_THREADS:-1} == 0 ]] && NOPT=--no-packet-threads
+"$B" testbed up "$W/spec.toml" --name "$NAME" $NOPT >&2
 UP=1
 t0=$(date +%s)
 "$B" calibrate --testbed "$NAME" -o "$W/calib.json" >&2
@@ -212,7 +215,7 @@ done
 
 echo
 busy_check "after the last row (the testbed idle)"
-echo "spec \`$SPEC\`${PACKET_THREADS:+ (--packet-threads)}, calibration $((t1 - t0)) s, $RUNS runs each; ratio = measured / predicted"
+echo "spec \`$SPEC\`${NOPT:+ ($NOPT)}, calibration $((t1 - t0)) s, $RUNS runs each; ratio = measured / predicted"
 if [[ -n $BUSY ]]; then
     echo
     echo "**The machine was not idle** ($BUSY): measured times may be slower than the hosts' calibrated speeds allow."

@@ -42,13 +42,14 @@ pub enum TestbedCommand {
         /// TCP port every agent listens on (each host has its own address).
         #[arg(long, default_value_t = DEFAULT_AGENT_PORT)]
         agent_port: u16,
-        /// Handle the links' packets in kernel threads (threaded NAPI at nice -20, needs
-        /// ethtool) instead of in softirq context, where the kernel charges that work to
-        /// whichever host's CPU quota it interrupts: hosts then pay for their own send and
-        /// receive calls only, as real ones do, not for their neighbours' traffic. Costs a few µs
-        /// per hop, more when the machine is busy (docs/testbed.md, "Packet work off the hosts").
+        /// Handle the links' packets in softirq context, where the kernel charges that work to
+        /// whichever host's CPU quota it interrupts, instead of the default: kernel threads
+        /// (threaded NAPI at nice -20; needs ethtool, else this is what you get, with a
+        /// warning), so that hosts pay for their own send and receive calls only, as real ones
+        /// do, not for their neighbours' traffic. The threads add a few µs per hop, more when
+        /// other work keeps the machine busy (docs/testbed.md, "Packet work off the hosts").
         #[arg(long)]
-        packet_threads: bool,
+        no_packet_threads: bool,
     },
     /// Show the testbeds that are up (or one), and leftovers of crashed ones.
     Status {
@@ -128,14 +129,14 @@ pub fn run(cmd: TestbedCommand) -> anyhow::Result<ExitCode> {
             state_dir,
             no_agents,
             agent_port,
-            packet_threads,
+            no_packet_threads,
         } => up(
             &spec,
             name,
             &state_dir,
             no_agents,
             agent_port,
-            packet_threads,
+            !no_packet_threads,
         ),
         TestbedCommand::Status { name, state_dir } => status(name.as_deref(), &state_dir),
         TestbedCommand::Down {
