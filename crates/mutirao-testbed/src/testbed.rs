@@ -781,7 +781,7 @@ impl PacketWork {
                 Some("1\n"),
             ),
         ];
-        for (program, args, input) in steps {
+        for (i, (program, args, input)) in steps.into_iter().enumerate() {
             let done = match input {
                 Some(text) => r.run_input(program, &args, text),
                 None => r.run(program, &args),
@@ -797,6 +797,22 @@ impl PacketWork {
                      quota the packets interrupt, so hosts compute slower while traffic \
                      flows. Install ethtool (apt install ethtool) on a kernel ≥ 5.19."
                 );
+                if i > 0 {
+                    // GRO on without `gro_max_size` would merge frames into super-packets that
+                    // the next token bucket passes whole: put the interface back as it was.
+                    let undo = [
+                        "netns", "exec", ns, "ethtool", "-K", dev, "gro", "off", "tso", "on",
+                    ];
+                    if let Err(e) = r.run("ip", &undo) {
+                        if matches!(e, Error::Injected(_)) {
+                            return Err(e);
+                        }
+                        eprintln!(
+                            "mutirao-testbed: warning: {ns} {dev}: cannot turn GRO off again \
+                             ({e}); frames merged on it may pass the next link's bucket whole"
+                        );
+                    }
+                }
                 return Ok(());
             }
         }

@@ -431,10 +431,16 @@ pub fn poll(run: &mut Running, mut f: impl FnMut() -> bool) -> bool {
     false
 }
 
+/// Why a test that builds testbeds cannot run here (not root), or `None` when it can.
+pub fn root_skip_reason() -> Option<&'static str> {
+    (!mutirao_testbed::sys::is_root())
+        .then_some("needs root (the testbed creates network namespaces, veth links and cgroups)")
+}
+
 /// The reason printed when a testbed test cannot run here, or `None` when it can.
 pub fn testbed_skip_reason() -> Option<&'static str> {
-    if !mutirao_testbed::sys::is_root() {
-        return Some("needs root (the testbed creates network namespaces, veth links and cgroups)");
+    if let Some(why) = root_skip_reason() {
+        return Some(why);
     }
     if jacobi().is_none() {
         return Some("the jacobi example is not built (cargo build -p mutirao --examples)");
