@@ -719,34 +719,18 @@ pub const PACKET_NICE: i32 = -20;
 /// Where the kernel's packet work of the emulated network runs (`UpOptions::packet_threads`:
 /// off by default here, on in `mutirao testbed up` unless `--no-packet-threads`).
 ///
-/// Left alone, a packet crossing the testbed is processed in softirq context on whichever
-/// CPU it reaches — and the kernel (without `CONFIG_IRQ_TIME_ACCOUNTING`, as Debian's) charges
-/// that time to the task it interrupted. Every frame a shaped link releases from its timer
-/// (each frame of a throttled link), every hop through a site's bridge, and every receiver's
-/// TCP processing then ran on the CPU quota of whichever host happened to be computing: a host
-/// not involved in a 30 Mbit/s transfer was charged up to 0.07 s of system time in 3 s, and on
-/// the `wan` spec the tasks of a running DAG took a median 1.21× their time alone, against
-/// 1.08× with the work moved (docs/testbed.md, "Packet work off the hosts"). A real host pays
-/// for its own sends and receives, never for its neighbours' traffic or the switch's.
-///
-/// With `packet_threads`, every shaped veth gets threaded NAPI: TSO off and GRO on (veth then hands each frame to
-/// its peer's NAPI instead of the interrupted CPU's backlog; `gro_max_size` of one frame keeps
-/// frames unmerged, so the token buckets see the same packets as before), `threaded` on (the
-/// peer's receive work runs in a `napi/<dev>-<id>` kernel thread, outside every host's
-/// cgroup), and those threads at nice −20 ([`PACKET_NICE`]), so that a frame waits little
-/// behind busy hosts. Not real-time priority: a SCHED_FIFO thread is woken for each frame
-/// alone and spent 3–5× the CPU per frame (0.5–0.7 of a core for one 30 Mbit/s stream, against
-/// 0.1). What a host's own process does (its send and receive calls, its socket's transmit
-/// path) stays on its quota. A kernel or system without these (no `ethtool`, no `threaded`)
-/// gets a warning and the default behaviour.
-///
-/// Why not the library's default: a frame then waits for a kernel thread to be scheduled at
-/// every hop. On an idle machine that adds a few µs (a 64 B round trip 12.6 → 18.6 µs); beside
-/// other busy processes (load 4 on 2 cores) the 200 Mbit/s link's one-way times strayed
-/// 7–100 % from latency + size/rate, where softirq handling stayed within 5 % — and the root
-/// tests time links while other tests load the machine. On an idle machine it is what makes
-/// predictions hold (docs/testbed.md: `wan` 18/18 within 10 %, mean error 1.7 %, against 17/18
-/// and 4.6 % with softirq handling).
+/// Left alone, a packet crossing the testbed is processed in softirq context on whichever CPU
+/// it reaches, and the kernel (without `CONFIG_IRQ_TIME_ACCOUNTING`, as Debian's) charges that
+/// time to the task it interrupted: link timers, bridge hops and receivers' TCP work land on the
+/// CPU quota of whichever host happens to be computing. With `packet_threads`, every shaped
+/// veth gets TSO off and GRO on (veth then hands each frame to its peer's NAPI),
+/// `gro_max_size` of one frame (frames stay unmerged, so the token buckets see the same
+/// packets), and threaded NAPI: the receive work runs in a `napi/<dev>-<id>` kernel thread
+/// outside every host's cgroup, at nice [`PACKET_NICE`] (not real-time: SCHED_FIFO cost 3–5×
+/// the CPU per frame). A system without these (no `ethtool`, an old kernel) gets one warning
+/// and softirq handling. The library keeps it off because a frame then waits for a thread at
+/// every hop, which makes link timings stray when other work loads the machine (the root tests
+/// time links beside other tests). Measurements: docs/testbed.md, "Packet work off the hosts".
 struct PacketWork {
     /// Still setting interfaces up (false after the first failure, which was warned about).
     threaded: bool,
@@ -760,61 +744,43 @@ impl PacketWork {
         if !self.threaded {
             return Ok(());
         }
-        let threaded = format!("/sys/class/net/{dev}/threaded");
         let before = sys::napi_threads(dev);
-        let steps: [(&str, Vec<&str>, Option<&str>); 3] = [
-            (
-                "ip",
-                vec![
-                    "netns", "exec", ns, "ethtool", "-K", dev, "tso", "off", "gro", "on",
-                ],
-                None,
-            ),
-            (
-                "ip",
-                vec!["-n", ns, "link", "set", "dev", dev, "gro_max_size", "1500"],
-                None,
-            ),
-            (
-                "ip",
-                vec!["netns", "exec", ns, "tee", threaded.as_str()],
-                Some("1\n"),
-            ),
+        let gro_on = [
+            "netns", "exec", ns, "ethtool", "-K", dev, "tso", "off", "gro", "on",
         ];
-        for (i, (program, args, input)) in steps.into_iter().enumerate() {
-            let done = match input {
-                Some(text) => r.run_input(program, &args, text),
-                None => r.run(program, &args),
-            };
-            if let Err(e) = done {
-                if matches!(e, Error::Injected(_)) {
-                    return Err(e);
+        let gro_max = ["-n", ns, "link", "set", "dev", dev, "gro_max_size", "1500"];
+        let threaded = format!("/sys/class/net/{dev}/threaded");
+        let tee = ["netns", "exec", ns, "tee", threaded.as_str()];
+        // (what failed, whether GRO was already on)
+        let mut failed = optional(r.run("ip", &gro_on))?.map(|e| (e, false));
+        if failed.is_none() {
+            failed = optional(r.run("ip", &gro_max))?.map(|e| (e, true));
+        }
+        if failed.is_none() {
+            failed = optional(r.run_input("ip", &tee, "1\n"))?.map(|e| (e, true));
+        }
+        if let Some((e, gro_is_on)) = failed {
+            self.threaded = false;
+            eprintln!(
+                "mutirao-testbed: warning: {ns} {dev}: cannot move the emulated network's \
+                 packet work into kernel threads ({e}); it runs on whichever host's CPU \
+                 quota the packets interrupt, so hosts compute slower while traffic \
+                 flows. Install ethtool (apt install ethtool) on a kernel ≥ 5.19."
+            );
+            if gro_is_on {
+                // GRO on without `gro_max_size` would merge frames into super-packets that
+                // the next token bucket passes whole: put the interface back as it was.
+                let undo = [
+                    "netns", "exec", ns, "ethtool", "-K", dev, "gro", "off", "tso", "on",
+                ];
+                if let Some(e) = optional(r.run("ip", &undo))? {
+                    eprintln!(
+                        "mutirao-testbed: warning: {ns} {dev}: cannot turn GRO off again \
+                         ({e}); frames merged on it may pass the next link's bucket whole"
+                    );
                 }
-                self.threaded = false;
-                eprintln!(
-                    "mutirao-testbed: warning: {ns} {dev}: cannot move the emulated network's \
-                     packet work into kernel threads ({e}); it runs on whichever host's CPU \
-                     quota the packets interrupt, so hosts compute slower while traffic \
-                     flows. Install ethtool (apt install ethtool) on a kernel ≥ 5.19."
-                );
-                if i > 0 {
-                    // GRO on without `gro_max_size` would merge frames into super-packets that
-                    // the next token bucket passes whole: put the interface back as it was.
-                    let undo = [
-                        "netns", "exec", ns, "ethtool", "-K", dev, "gro", "off", "tso", "on",
-                    ];
-                    if let Err(e) = r.run("ip", &undo) {
-                        if matches!(e, Error::Injected(_)) {
-                            return Err(e);
-                        }
-                        eprintln!(
-                            "mutirao-testbed: warning: {ns} {dev}: cannot turn GRO off again \
-                             ({e}); frames merged on it may pass the next link's bucket whole"
-                        );
-                    }
-                }
-                return Ok(());
             }
+            return Ok(());
         }
         // The workers that appeared for a device of this name (a testbed coming up at the same
         // moment in another process could add its own; raising its priority too is harmless).
@@ -837,6 +803,17 @@ impl PacketWork {
                 );
             }
         }
+    }
+}
+
+/// The outcome of a setup step the testbed can do without: `Ok(None)` done, `Ok(Some(e))`
+/// failed (the caller warns and goes on), `Err` a test's injected failure, which must stop the
+/// bring-up like any other step's.
+fn optional(done: Result<String, Error>) -> Result<Option<Error>, Error> {
+    match done {
+        Ok(_) => Ok(None),
+        Err(e @ Error::Injected(_)) => Err(e),
+        Err(e) => Ok(Some(e)),
     }
 }
 
@@ -867,10 +844,7 @@ fn shape(
     for cmd in tbf.ack_first_args(dev) {
         let mut a = vec!["-n", ns];
         a.extend(cmd.iter().map(String::as_str));
-        if let Err(e) = r.run("tc", &a) {
-            if matches!(e, Error::Injected(_)) {
-                return Err(e); // a test's injected failure must stop the bring-up
-            }
+        if let Some(e) = optional(r.run("tc", &a))? {
             eprintln!(
                 "mutirao-testbed: warning: {ns} {dev}: small packets cannot go ahead of bulk \
                  data ({e}); traffic in one direction will slow acknowledgements of the other"
@@ -897,10 +871,7 @@ fn shape(
     }
     let batch = plan::flow_queue_batch(dev, pairs, tbf.limit_bytes);
     if !batch.is_empty() {
-        if let Err(e) = r.run_input("tc", &["-n", ns, "-batch", "-"], &batch) {
-            if matches!(e, Error::Injected(_)) {
-                return Err(e);
-            }
+        if let Some(e) = optional(r.run_input("tc", &["-n", ns, "-batch", "-"], &batch))? {
             eprintln!(
                 "mutirao-testbed: warning: {ns} {dev}: flows cannot have queues of their own \
                  ({e}); concurrent flows will share the link unevenly"
