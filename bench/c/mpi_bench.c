@@ -5,7 +5,8 @@
  *   mpi_bench bcast [B,..]        -> "BYTES LATENCY_US" per size (root 0)
  *   mpi_bench alltoall [B,..]     -> "BYTES LATENCY_US" per size (B bytes to every rank)
  *   mpi_bench init                -> MPI_Init + MPI_Finalize only
- * Timing: median over batches after a warm-up, as in pingpong.rs; a collective reports the
+ * Timing: median over batches after a warm-up, as in pingpong.rs; collectives first settle
+ * (0.5 s of untimed 8-byte allreduces, BENCH_WARM_S), then a collective reports the
  * slowest rank's median. Collective batches follow collbench.rs's rule exactly: at most
  * 20000 / (1 + bytes/1024) operations, fewer if one batch would take more than 20 ms (measured
  * on 5 operations): MPICH 4.0 (ch4:ucx) busy-polls without ever yielding, so with 4 ranks on
@@ -78,8 +79,27 @@ static void coll_op(enum coll c, long bytes, uint64_t *a, uint64_t *b, int nrank
     (void)nranks;
 }
 
+/* Settle: 8-byte allreduces for BENCH_WARM_S seconds (default 0.5, rank 0's clock), untimed,
+ * before anything is measured. With more ranks than cores the kernel needs about a second to
+ * settle where the ranks run; until then the same operation took 1.3-1.6x its steady time, on
+ * both sides. collbench.rs does exactly the same. */
+static void settle(void) {
+    const char *w = getenv("BENCH_WARM_S");
+    double warm = w ? atof(w) : 0.5, t0 = MPI_Wtime();
+    uint64_t x = 1, y;
+    for (long k = 1;; k++) {
+        MPI_Allreduce(&x, &y, 1, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
+        if (k % 16 == 0) {
+            int more = MPI_Wtime() - t0 < warm;
+            MPI_Bcast(&more, 1, MPI_INT, 0, MPI_COMM_WORLD);
+            if (!more) break;
+        }
+    }
+}
+
 static void collective(enum coll c, const char *list, int rank, int nranks) {
     if (rank == 0) printf("# ranks=%d BYTES LATENCY_US\n", nranks);
+    settle();
     char *sizes = strdup(list);
     for (char *tok = strtok(sizes, ","); tok; tok = strtok(NULL, ",")) {
         long bytes = atol(tok);

@@ -1,6 +1,7 @@
 //! Collective latency per message size on all ranks, the mutirão side of
 //! `bench/compare_mpi.sh` (its MPI twin is `bench/c/mpi_bench.c`): one line `BYTES LATENCY_US`
-//! per size, the slowest rank's median over 21 batches.
+//! per size, the slowest rank's median over 21 batches, after 0.5 s of untimed 8-byte
+//! allreduces (`BENCH_WARM_S`) that let the kernel settle where the ranks run.
 //!
 //!     mutirao run -n 4 target/release/examples/collbench -- allreduce 8,65536,4194304
 //!     mutirao run -n 4 target/release/examples/collbench -- bcast 1048576
@@ -30,6 +31,30 @@ fn one(w: &mutirao::Comm, c: Coll, a: &mut [u64], b: &mut [u64]) -> Result<(), m
     }
 }
 
+/// Settle: 8-byte allreduces for `BENCH_WARM_S` seconds (default 0.5, rank 0's clock), untimed,
+/// before anything is measured. With more ranks than cores the kernel needs about a second to
+/// settle where the ranks run; until then the same operation took 1.3–1.6× its steady time, for
+/// Open MPI as for mutirão. `mpi_bench.c` does exactly the same.
+fn settle(w: &mutirao::Comm) -> Result<(), mutirao::Error> {
+    let warm: f64 = std::env::var("BENCH_WARM_S")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.5);
+    let t0 = Instant::now();
+    let (x, mut y) = ([1u64], [0u64]);
+    for k in 1u64.. {
+        w.allreduce(&x, &mut y, &op::Sum)?;
+        if k % 16 == 0 {
+            let mut more = [u8::from(t0.elapsed().as_secs_f64() < warm)];
+            w.bcast(&mut more, 0)?;
+            if more[0] == 0 {
+                break;
+            }
+        }
+    }
+    Ok(())
+}
+
 fn main() -> Result<(), mutirao::Error> {
     let world = mutirao::init()?;
     let args: Vec<String> = std::env::args().skip(1).filter(|a| a != "--").collect();
@@ -50,6 +75,7 @@ fn main() -> Result<(), mutirao::Error> {
     if rank == 0 {
         println!("# ranks={n} BYTES LATENCY_US");
     }
+    settle(&world)?;
     for &bytes in &sizes {
         let count = (bytes / 8).max(1);
         let elems = if coll == Coll::Alltoall {

@@ -72,6 +72,20 @@ const SCRATCH_KEEP: usize = 64 << 20;
 
 /// Run `f` on a scratch slice of `len` elements of `T` (contents unspecified), reusing the
 /// thread's buffer when it is free and `T`'s alignment allows.
+/// A collective step whose messages are all at most this size (and eager) sends each at once
+/// and then receives each in turn ([`Comm::step`]); larger ones post every receive first, so the
+/// data lands in place.
+const SMALL_STEP: usize = 16 * 1024;
+
+fn check_step_len(source: usize, got: usize, want: usize) -> Result<(), Error> {
+    if got != want {
+        return Err(Error::Invalid(format!(
+            "collective mismatch: rank {source} sent {got} bytes where {want} were expected (do all ranks pass the same count and root?)"
+        )));
+    }
+    Ok(())
+}
+
 fn with_scratch<T: Pod, R>(
     len: usize,
     f: impl FnOnce(&mut [T]) -> Result<R, Error>,
@@ -117,6 +131,21 @@ impl Comm {
         sends: &[(usize, &[u8])],
         recvs: &mut [(usize, &mut [u8])],
     ) -> Result<(), Error> {
+        if self.small_step(sends, recvs)? {
+            // Every message small and eager: send each (complete at once, written or queued),
+            // then receive each with the blocking receive, whose fast path takes a message
+            // straight from a shared-memory ring. No request, no allocation: with 4 ranks on 2
+            // cores a step's CPU time is its latency (see docs/runtime.md, "small steps").
+            for (d, b) in sends {
+                self.raw_send(self.cctx(), b, *d, tag)?;
+            }
+            for (src, buf) in recvs.iter_mut() {
+                let want = buf.len();
+                let got = self.raw_recv(self.cctx(), buf, Some(self.peer(*src)?), Some(tag))?;
+                check_step_len(got.source, got.bytes, want)?;
+            }
+            return Ok(());
+        }
         let s: Vec<(usize, i32, &[u8])> = sends.iter().map(|(d, b)| (*d, tag, *b)).collect();
         let mut r: Vec<(Option<usize>, Option<i32>, &mut [u8])> = Vec::with_capacity(recvs.len());
         for (src, buf) in recvs.iter_mut() {
@@ -124,16 +153,29 @@ impl Comm {
         }
         let st = self.raw_exchange(self.cctx(), &s, &mut r)?;
         for (got, (_, _, buf)) in st.iter().zip(r.iter()) {
-            if got.bytes != buf.len() {
-                return Err(Error::Invalid(format!(
-                    "collective mismatch: rank {} sent {} bytes where {} were expected (do all ranks pass the same count and root?)",
-                    got.source,
-                    got.bytes,
-                    buf.len()
-                )));
-            }
+            check_step_len(got.source, got.bytes, buf.len())?;
         }
         Ok(())
+    }
+
+    /// Whether every message of a step is at most [`SMALL_STEP`] bytes and eager with its
+    /// peer, so its sends complete without the receivers and the step needs no requests.
+    fn small_step(
+        &self,
+        sends: &[(usize, &[u8])],
+        recvs: &[(usize, &mut [u8])],
+    ) -> Result<bool, Error> {
+        let eng = self.inner.eng.borrow();
+        for (r, len) in sends
+            .iter()
+            .map(|(d, b)| (*d, b.len()))
+            .chain(recvs.iter().map(|(s, b)| (*s, b.len())))
+        {
+            if len > SMALL_STEP || !eng.eager_with(self.peer(r)?, len) {
+                return Ok(false);
+            }
+        }
+        Ok(true)
     }
 
     fn check_root(&self, root: usize) -> Result<(), Error> {
@@ -339,10 +381,19 @@ impl Comm {
     }
 
     fn allreduce_rd<T: Pod, O: Op<T>>(&self, acc: &mut [T], op: &O) -> Result<(), Error> {
+        with_scratch::<T, _>(acc.len(), |tmp| self.allreduce_rd_in(acc, tmp, op))
+    }
+
+    /// [`Comm::allreduce_rd`] with `tmp` (as long as `acc`) for the partners' halves.
+    fn allreduce_rd_in<T: Pod, O: Op<T>>(
+        &self,
+        acc: &mut [T],
+        tmp: &mut [T],
+        op: &O,
+    ) -> Result<(), Error> {
         let (n, r) = (self.size(), self.rank());
         let pof2 = 1usize << (usize::BITS - 1 - n.leading_zeros());
         let rem = n - pof2;
-        let mut tmp = acc.to_vec();
         let newrank = if r < 2 * rem {
             if r % 2 == 0 {
                 self.step(T_ALLREDUCE, &[(r + 1, bytemuck::cast_slice(acc))], &mut [])?;
@@ -351,9 +402,9 @@ impl Comm {
                 self.step(
                     T_ALLREDUCE,
                     &[],
-                    &mut [(r - 1, bytemuck::cast_slice_mut(&mut tmp))],
+                    &mut [(r - 1, bytemuck::cast_slice_mut(tmp))],
                 )?;
-                op.combine(&tmp, acc);
+                op.combine(tmp, acc);
                 Some(r / 2)
             }
         } else {
@@ -367,13 +418,13 @@ impl Comm {
                 self.step(
                     T_ALLREDUCE,
                     &[(partner, bytemuck::cast_slice(acc))],
-                    &mut [(partner, bytemuck::cast_slice_mut(&mut tmp))],
+                    &mut [(partner, bytemuck::cast_slice_mut(tmp))],
                 )?;
                 if partner < r {
-                    op.combine(&tmp, acc);
+                    op.combine(tmp, acc);
                 } else {
-                    op.combine(acc, &mut tmp);
-                    acc.copy_from_slice(&tmp);
+                    op.combine(acc, tmp);
+                    acc.copy_from_slice(tmp);
                 }
                 mask <<= 1;
             }

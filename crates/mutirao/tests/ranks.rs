@@ -418,6 +418,20 @@ fn kill_mid_collective(w: &Comm) -> R {
     Err("the collective never failed".into())
 }
 
+/// Rank 0 passes 2 elements to an allreduce, the others 1: every rank must get an error that
+/// says so (exit 3, the message on stderr), none may hang or return a wrong sum.
+fn mismatch(w: &Comm) -> R {
+    let count = if w.rank() == 0 { 2 } else { 1 };
+    let mut out = vec![0u64; count];
+    match w.allreduce(&vec![1u64; count], &mut out, &op::Sum) {
+        Ok(()) => Err(format!("allreduce of mismatched counts returned {out:?}")),
+        Err(err) => {
+            eprintln!("rank {} error: {err}", w.rank());
+            std::process::exit(3)
+        }
+    }
+}
+
 unsafe fn libc_kill_self() {
     extern "C" {
         fn kill(pid: i32, sig: i32) -> i32;
@@ -492,6 +506,7 @@ fn run_scenario(name: &str) -> ! {
         "nonblocking" => nonblocking(&w),
         "collectives" => collectives(&w),
         "kill" => kill_mid_collective(&w),
+        "mismatch" => mismatch(&w),
         "mixed_pingpong" => mixed_pingpong(&w),
         "init_timings" => init_timings(&w),
         other => Err(format!("unknown scenario {other}")),
@@ -604,6 +619,26 @@ fn main() {
                 }
                 if o.elapsed > Duration::from_secs(5) {
                     return Err(format!("survivors took {:?} to notice", o.elapsed).into());
+                }
+                Ok(())
+            },
+        ));
+    }
+    for transport in ["auto", "tcp"] {
+        trials.push(Trial::test(
+            format!("an_allreduce_of_mismatched_counts_fails_on_every_rank_{transport}"),
+            move || {
+                let o = launch("mismatch", 2, transport, Duration::from_secs(30))?;
+                if !o.codes.iter().all(|c| *c == Some(3)) {
+                    return Err(format!(
+                        "every rank should report the mismatch (exit 3): {:?}\n{}",
+                        o.codes,
+                        o.stderr.join("\n")
+                    )
+                    .into());
+                }
+                if !o.stderr[0].contains("collective mismatch: rank 1 sent 8 bytes where 16") {
+                    return Err(format!("rank 0 said: {}", o.stderr[0]).into());
                 }
                 Ok(())
             },
