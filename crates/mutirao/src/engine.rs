@@ -1993,7 +1993,7 @@ impl Engine {
                 next_busy = busy_first;
                 continue;
             }
-            if spins == 1 && self.n_sock > 0 && !cut && self.busy.oversubscribed() {
+            if spins == 1 && self.n_sock > 0 && !no_spin && !cut && self.busy.oversubscribed() {
                 // With TCP peers on a busy machine, sleep at the first idle pass: a spin holds
                 // a core the peer (or its kernel-side send) may be queued for, and a yield
                 // hands it to the busy process for the rest of its slice, while a rank asleep
@@ -3831,18 +3831,14 @@ mod tests {
         ));
     }
 
-    /// Yields of a 30 ms wait for a message, with a spin budget of 10 ms and the machine
-    /// counted busy or not.
-    fn yields_of_a_wait(busy: crate::busy::BusyProbe) -> u64 {
-        yields_of_a_wait_with(busy, Duration::from_millis(10))
-    }
-
-    fn yields_of_a_wait_with(busy: crate::busy::BusyProbe, spin: Duration) -> u64 {
+    /// (spun passes, yields, sleeps) of a 30 ms wait for a message from a TCP peer, with a spin
+    /// budget of `spin` and the machine counted busy or not.
+    fn tcp_wait_with(busy: crate::busy::BusyProbe, spin: Duration) -> (u64, u64, u64) {
         let (mut e, raw) = engine_with_raw_peer();
         e.tuning.spin = spin;
         e.busy = busy;
         wait_for_a_late_message(&mut e, raw, Duration::from_millis(30));
-        e.yields
+        (e.spun, e.yields, e.sleeps)
     }
 
     /// `e` waits for a 1-byte message that the raw peer sends after `delay`.
@@ -3879,6 +3875,9 @@ mod tests {
             let (mut e, raw) = engine_with_raw_peer();
             e.tuning.spin = spin;
             e.tuning.yield_for = Duration::from_millis(2);
+            if let Some(quiet) = crate::busy::BusyProbe::with_cpus(usize::MAX) {
+                e.busy = quiet; // whatever else runs now, the machine counts as not busy
+            }
             wait_for_a_late_message(&mut e, raw, Duration::from_millis(5));
             (e.spun, e.yields)
         };
@@ -3889,33 +3888,58 @@ mod tests {
         assert!(spun > 0, "a 200 µs budget: never spun");
     }
 
-    /// On an oversubscribed machine a waiting rank stops spinning at its first look and yields
-    /// its core for the rest of its spin (the spin would hold a core someone is queued for);
-    /// on a machine that is not, it spins and then sleeps without yielding (no yield phase
-    /// when ranks do not outnumber cores).
+    /// With TCP peers on an oversubscribed machine a waiting rank sleeps at its first idle pass:
+    /// no spin, no yield (a yield would hand the core to the busy process for the rest of its
+    /// slice; asleep, the data wakes it at once). On a machine that is not busy it spins and
+    /// then sleeps, without yielding (no yield phase when ranks do not outnumber cores).
     #[test]
-    fn a_busy_machine_turns_the_spin_into_yields_and_a_quiet_one_does_not() {
+    fn a_tcp_wait_on_a_busy_machine_sleeps_at_its_first_idle_pass() {
         let (Some(busy), Some(quiet)) = (
             crate::busy::BusyProbe::with_cpus(0),
             crate::busy::BusyProbe::with_cpus(usize::MAX),
         ) else {
             return; // no procfs: the probe never says busy (its parse tests cover the rest)
         };
-        assert!(yields_of_a_wait(busy) > 0, "busy: the spin never yielded");
-        assert_eq!(yields_of_a_wait(quiet), 0, "quiet: the spin yielded");
+        let (spun, yields, sleeps) = tcp_wait_with(busy, Duration::from_millis(10));
+        assert_eq!((spun, yields), (0, 0), "busy: spun or yielded");
+        assert!(sleeps > 0, "busy: never slept");
+        let (spun, yields, sleeps) = tcp_wait_with(quiet, Duration::from_millis(10));
+        assert!(spun > 0, "quiet: never spun");
+        assert_eq!(yields, 0, "quiet: the spin yielded");
+        assert!(
+            sleeps > 0,
+            "quiet: a 10 ms spin in a 30 ms wait, yet never slept"
+        );
     }
 
-    /// With TCP peers the first look at the machine comes with the spin's first clock read
-    /// (where the time waited is zero), so even a spin budget too short for a second clock
-    /// read (1 ns) turns into yields on a busy machine.
+    /// With shared-memory peers only, an oversubscribed machine turns the rest of the spin into
+    /// yields (the machine's first look comes [`BUSY_FIRST_SHM`] into it): the message, written
+    /// to the ring 5 ms into a 20 ms spin, is found between yields, without a sleep.
     #[test]
-    fn a_tcp_wait_looks_at_the_machine_at_its_first_clock_read() {
+    fn a_shared_memory_wait_on_a_busy_machine_yields_for_the_rest_of_its_spin() {
         let Some(busy) = crate::busy::BusyProbe::with_cpus(0) else {
             return; // no procfs: the probe never says busy (its parse tests cover the rest)
         };
-        assert!(
-            yields_of_a_wait_with(busy, Duration::from_nanos(1)) > 0,
-            "busy, 1 ns budget: never yielded"
+        let (mut e, mut ends) = engine_with_shm_peer("busyyield");
+        e.busy = busy;
+        let id = e
+            .post_recv(0, Some(1), None, Dest::Alloc(discard_alloc))
+            .unwrap();
+        let writer = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(5));
+            let (n, _) = ends
+                .tx
+                .write_vectored(&[IoSlice::new(&eager_frame(1, &[9]))]);
+            assert_eq!(n, HEADER_LEN + 1);
+            ends
+        });
+        e.wait_until(|e| e.recv_finished(id)).unwrap();
+        let _ends = writer.join().unwrap();
+        assert_eq!(e.take_recv(id).unwrap().0.bytes, 1);
+        assert!(e.yields > 0, "busy: the spin never yielded");
+        assert_eq!(
+            e.sleeps, 0,
+            "the message came within the spin, yet the rank slept"
         );
     }
 
