@@ -83,7 +83,9 @@ pub struct RunArgs {
     /// cores, ranks 0–3 share the first core. Neighbouring ranks, which often talk most, then
     /// share a core. When ranks outnumber cores, this keeps a waiting rank's turn for the rank
     /// it waits for (4 ping-pong pairs on 2 cores: 1.5× one pair's round trip instead of
-    /// 2.5–4×).
+    /// 2.5–4×). Not on a machine others use: pinned ranks cannot move away from a busy
+    /// process, and a yielding rank then waits out its time slices (4 ranks on 2 cores beside
+    /// one busy loop: an 8-byte allreduce took 2.5–2.7 ms pinned, 7.5–10 µs unpinned).
     #[arg(long, value_enum, default_value = "none", value_name = "WHAT")]
     pub bind_to: BindTo,
     /// End the job (exit status 124) if it runs longer than S seconds.

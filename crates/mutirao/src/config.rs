@@ -4,7 +4,7 @@
 //! |---|---|---|
 //! | `MUTIRAO_EAGER_LIMIT` | 65536 | messages to TCP peers up to this many bytes are sent at once; larger ones by rendezvous (set explicitly, it applies to shared-memory peers too unless `MUTIRAO_SHM_EAGER_LIMIT` is set) |
 //! | `MUTIRAO_SHM_EAGER_LIMIT` | the ring size (`MUTIRAO_SHM_RING`, 2 MiB) | the same for shared-memory peers: streaming through the ring beat the single-copy rendezvous (`MUTIRAO_CMA`) at every size up to 2 MiB on the development VM (one-way 1 MiB 49–54 µs against 101–126 µs) |
-//! | `MUTIRAO_SPIN_US` | 50 with TCP peers, 500 when every peer shares memory, 0 when ranks outnumber cores | how long a waiting rank polls before sleeping |
+//! | `MUTIRAO_SPIN_US` | 50 with TCP peers, 500 when every peer shares memory, 0 when ranks outnumber cores | how long a waiting rank polls before sleeping (with TCP peers on a busy machine, more threads runnable than CPUs, it sleeps at once) |
 //! | `MUTIRAO_YIELD_US` | 1000 when ranks outnumber cores, else 0 | after spinning, how long a waiting rank keeps yielding its core (cheap hand-over to a co-located rank) before sleeping |
 //! | `MUTIRAO_POLITE_YIELD_US` | 0 | while spinning, offer the core (`sched_yield`) this often; 0: never (see `engine::POLITE_YIELD`) |
 //! | `MUTIRAO_TRANSPORT` | `auto` | `auto`: shared memory to ranks of the same host, TCP otherwise; `tcp`: TCP only |
