@@ -1871,27 +1871,14 @@ impl Engine {
         let t = p.io.as_mut()?.as_shm()?;
         // Ranks outnumber cores (no spinning): a look, then the core goes to a co-located
         // rank (likely the sender), [`FAST_YIELDS`] times, before the general path waits.
-        if self.tuning.spin_shm.is_zero() {
-            for i in 0..=FAST_YIELDS {
-                match t.recv_eager(ctx, tag, buf) {
-                    Fast::Took(tag, bytes) => {
-                        return Some(Status {
-                            source: s,
-                            tag,
-                            bytes,
-                        })
-                    }
-                    Fast::Other => return None,
-                    Fast::Empty if i < FAST_YIELDS => {
-                        self.yields = self.yields.wrapping_add(1);
-                        std::thread::yield_now();
-                    }
-                    Fast::Empty => {}
-                }
-            }
-            return None;
-        }
-        for i in 0..FAST_POLLS {
+        // Otherwise: spin for up to [`FAST_POLLS`] looks.
+        let yielding = self.tuning.spin_shm.is_zero();
+        let looks = if yielding {
+            FAST_YIELDS + 1
+        } else {
+            FAST_POLLS
+        };
+        for i in 0..looks {
             match t.recv_eager(ctx, tag, buf) {
                 Fast::Took(tag, bytes) => {
                     return Some(Status {
@@ -1901,12 +1888,18 @@ impl Engine {
                     })
                 }
                 Fast::Other => return None,
+                Fast::Empty if yielding => {
+                    if i < FAST_YIELDS {
+                        self.yields = self.yields.wrapping_add(1);
+                        std::thread::yield_now();
+                    }
+                }
                 // Not there yet: if the sender, awake, last ran on our CPU, it cannot write
                 // while we poll. Move off the CPU (see `separate_from_peer`) and let the
                 // general path yield it (see `Engine::wait_until`). Asked after the first
                 // empty look and then every [`FAST_CPU_EVERY`] polls, so a message already
-                // there costs nothing more. Not when ranks outnumber cores (one look): the
-                // general path yields at once then, and moving ranks about was not measured.
+                // there costs nothing more. Not when ranks outnumber cores (the arm above):
+                // moving ranks about was not measured there.
                 Fast::Empty
                     if i % FAST_CPU_EVERY == 0
                         && current_cpu().is_some_and(|c| t.peer_on_cpu(c)) =>
