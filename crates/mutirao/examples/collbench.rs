@@ -36,10 +36,16 @@ fn one(w: &mutirao::Comm, c: Coll, a: &mut [u64], b: &mut [u64]) -> Result<(), m
 /// settle where the ranks run; until then the same operation took 1.3–1.6× its steady time, for
 /// Open MPI as for mutirão. `mpi_bench.c` does exactly the same.
 fn settle(w: &mutirao::Comm) -> Result<(), mutirao::Error> {
-    let warm: f64 = std::env::var("BENCH_WARM_S")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0.5);
+    let warm: f64 = match std::env::var("BENCH_WARM_S") {
+        Err(_) => 0.5,
+        Ok(v) => match v.trim().parse::<f64>() {
+            Ok(s) if s >= 0.0 => s,
+            _ => {
+                eprintln!("collbench: BENCH_WARM_S={v:?} is not a number of seconds (e.g. 0.5)");
+                std::process::exit(2);
+            }
+        },
+    };
     let t0 = Instant::now();
     let (x, mut y) = ([1u64], [0u64]);
     for k in 1u64.. {
