@@ -5,7 +5,7 @@
 //! | barrier | dissemination (⌈log₂ n⌉ rounds) |
 //! | bcast | binomial tree; scatter + ring allgather (van de Geijn) from 512 KiB on ≥ 8 ranks (as MPICH) |
 //! | reduce | binomial tree (rank order kept for non-commutative operators) |
-//! | allreduce | recursive doubling with folding for non-powers of two; ring reduce-scatter + allgather from 64 KiB for commutative operators |
+//! | allreduce | recursive doubling with folding for non-powers of two; for commutative operators from 64 KiB, recursive halving + doubling (Rabenseifner, folding as well; not on 3 ranks) up to 1 MiB on shared memory or while half the vector is eager over TCP, ring reduce-scatter + allgather above |
 //! | gather / scatter | binomial tree |
 //! | gatherv / scatterv | direct (as MPICH), one message per rank |
 //! | allgather | recursive doubling for powers of two below 64 KiB, ring otherwise |
@@ -70,11 +70,15 @@ thread_local! {
 /// Scratch buffers above this size are given back after the call instead of kept.
 const SCRATCH_KEEP: usize = 64 << 20;
 
-/// A large allreduce on a power-of-two number of ranks below this size uses recursive halving
-/// and doubling ([`Comm::allreduce_halving`]: 2·log₂ n steps); from it on, the ring (2(n − 1)
-/// steps that each move less). Interleaved `collbench`, 3 rounds on the 2-core VM (µs):
-/// 4 ranks 64 KiB 62–65 → 36–45, 256 KiB 195–262 → 122–186, 1 MiB the same, 4 MiB
-/// 2517–2758 → 2860–4148; 8 ranks 64 KiB 198–278 → 93–120; 2 ranks 4 MiB 1130 → 1280.
+/// A large allreduce below this size uses recursive halving and doubling
+/// ([`Comm::allreduce_halving`]: 2·⌊log₂ n⌋ steps, two more when n is not a power of two) when
+/// every rank is reached through shared memory; from it on, the ring (2(n − 1) steps that each
+/// move less). Interleaved `collbench`, 3 rounds on the 2-core VM (µs): 4 ranks 64 KiB 62–65 →
+/// 36–45, 256 KiB 195–262 → 122–186, 1 MiB the same, 4 MiB 2517–2758 → 2860–4148; 8 ranks
+/// 64 KiB 198–278 → 93–120; 2 ranks 4 MiB 1130 → 1280. Without a power of two (folding):
+/// 6 ranks 64 KiB 107–158 → 71–89, 100 000 B 154–163 → 116–121, 256 KiB 329–412 → 278–327;
+/// 5 ranks 100 000 B 119–125 → 84–94; 7 ranks 256 KiB 554–559 → 378–415; 1 MiB the same.
+/// Over TCP the cut is lower (see [`Comm::halving_below`]).
 const HALVING_BELOW: usize = 1 << 20;
 
 /// A collective step whose messages are all at most this size (and eager) sends each at once
@@ -383,13 +387,47 @@ impl Comm {
             return Ok(());
         }
         if std::mem::size_of_val(send) >= LARGE_REDUCE && op.commutative() && send.len() >= n {
-            if n.is_power_of_two() && std::mem::size_of_val(send) < HALVING_BELOW {
+            // Three ranks fold to two, whose halving is one exchange: the ring's four steps
+            // measured the same or better (256 KiB 122–126 against 139–146 µs).
+            if (n.is_power_of_two() || n >= 5)
+                && std::mem::size_of_val(send) < self.halving_below()?
+            {
                 return self.allreduce_halving(recv, op);
             }
             self.allreduce_ring(recv, op)
         } else {
             self.allreduce_rd(recv, op)
         }
+    }
+
+    /// The size below which a large allreduce takes recursive halving: [`HALVING_BELOW`] when
+    /// every rank of the communicator is a shared-memory peer of every other; with TCP peers,
+    /// only while the first halving step (half the vector) is eager. A rendezvous exchange over
+    /// TCP waits a round trip for its handshake, while the ring's blocks (1/n of the vector)
+    /// still go eagerly: 6 ranks over loopback TCP, 256 KiB 402–517 µs by the ring against
+    /// 585–772 by halving, 8 ranks 608–972 against 1020–1221 (interleaved, 4 rounds); at 128 KiB
+    /// halving won or tied (4 ranks 121–156 against 156–223).
+    ///
+    /// Every rank must choose the same algorithm, so the ranks agree on the smallest of their
+    /// answers, once per communicator (an 8-byte allreduce on the first large one).
+    fn halving_below(&self) -> Result<usize, Error> {
+        if let Some(cut) = self.inner.halving_below.get() {
+            return Ok(cut);
+        }
+        let mine = match self
+            .inner
+            .eng
+            .borrow()
+            .tcp_eager_limit_among(&self.inner.group)
+        {
+            None => HALVING_BELOW,
+            Some(eager) => HALVING_BELOW.min(eager.saturating_mul(2).saturating_add(1)),
+        };
+        let mut agreed = [mine as u64];
+        self.allreduce_rd(&mut agreed, &crate::op::Min)?;
+        let cut = usize::try_from(agreed[0]).unwrap_or(HALVING_BELOW);
+        self.inner.halving_below.set(Some(cut));
+        Ok(cut)
     }
 
     fn allreduce_rd<T: Pod, O: Op<T>>(&self, acc: &mut [T], op: &O) -> Result<(), Error> {
@@ -456,21 +494,47 @@ impl Comm {
     }
 
     /// Recursive halving (reduce-scatter) then recursive doubling (allgather), for a
-    /// power-of-two number of ranks and a commutative op (Rabenseifner's algorithm): 2·log₂ n
-    /// dependent steps instead of the ring's 2(n − 1), moving the same bytes. Each element's
-    /// result is computed by one rank and copied to the others, so every rank gets the same bits.
+    /// commutative op (Rabenseifner's algorithm, as MPICH): 2·log₂ p dependent steps, p the
+    /// largest power of two ≤ n, instead of the ring's 2(n − 1), moving the same bytes. With
+    /// n − p = e > 0 extra ranks, the first 2e ranks fold in pairs first (the even one hands its
+    /// vector to the odd one and sits out) and get the result back at the end: two more
+    /// whole-vector steps. Each element's result is computed by one rank and copied to the
+    /// others, so every rank gets the same bits.
     fn allreduce_halving<T: Pod, O: Op<T>>(&self, acc: &mut [T], op: &O) -> Result<(), Error> {
         let (n, r) = (self.size(), self.rank());
         let count = acc.len();
-        with_scratch::<T, _>(count.div_ceil(2), |tmp| {
+        let pof2 = 1usize << (usize::BITS - 1 - n.leading_zeros());
+        let rem = n - pof2;
+        let scratch = if rem > 0 { count } else { count.div_ceil(2) };
+        with_scratch::<T, _>(scratch, |tmp| {
+            if r < 2 * rem && r % 2 == 0 {
+                self.step(T_ALLREDUCE, &[(r + 1, bytemuck::cast_slice(acc))], &mut [])?;
+                return self.step(
+                    T_ALLREDUCE,
+                    &[],
+                    &mut [(r + 1, bytemuck::cast_slice_mut(acc))],
+                );
+            }
+            if r < 2 * rem {
+                let got = &mut tmp[..count];
+                self.step(
+                    T_ALLREDUCE,
+                    &[],
+                    &mut [(r - 1, bytemuck::cast_slice_mut(got))],
+                )?;
+                op.combine(got, acc);
+            }
+            // Rank among the p that take part, and back.
+            let nr = if r < 2 * rem { r / 2 } else { r - rem };
+            let real = |v: usize| if v < rem { v * 2 + 1 } else { v + rem };
             // Per level: the range split, its midpoint, and whether this rank kept the lower half.
             let mut levels: Vec<(usize, usize, usize, bool)> = Vec::new();
             let (mut lo, mut hi) = (0, count);
-            let mut mask = n / 2;
+            let mut mask = pof2 / 2;
             while mask >= 1 {
-                let partner = r ^ mask;
+                let partner = real(nr ^ mask);
                 let mid = lo + (hi - lo) / 2;
-                let lower = r & mask == 0;
+                let lower = nr & mask == 0;
                 let (keep, give) = if lower {
                     (lo..mid, mid..hi)
                 } else {
@@ -494,7 +558,7 @@ impl Comm {
             }
             mask = 1;
             while let Some((plo, phi, mid, lower)) = levels.pop() {
-                let partner = r ^ mask;
+                let partner = real(nr ^ mask);
                 let (low, high) = acc[plo..phi].split_at_mut(mid - plo);
                 let (mine, theirs) = if lower { (low, high) } else { (high, low) };
                 self.step(
@@ -503,6 +567,9 @@ impl Comm {
                     &mut [(partner, bytemuck::cast_slice_mut(theirs))],
                 )?;
                 mask *= 2;
+            }
+            if r < 2 * rem {
+                self.step(T_ALLREDUCE, &[(r - 1, bytemuck::cast_slice(acc))], &mut [])?;
             }
             Ok(())
         })

@@ -1823,6 +1823,15 @@ impl Engine {
         }
     }
 
+    /// The eager limit towards TCP peers if any rank of `group` (world ranks) other than this
+    /// one is reached over TCP; `None` when all of them are shared-memory peers.
+    pub(crate) fn tcp_eager_limit_among(&self, group: &[usize]) -> Option<usize> {
+        group
+            .iter()
+            .any(|&w| w != self.rank && self.peers.get(w).is_some_and(|p| !p.shm))
+            .then_some(self.tuning.eager_limit)
+    }
+
     /// Whether a message of `len` bytes to or from world rank `peer` goes eagerly (its send
     /// completes without the receiver: written to the link or queued, copied).
     pub(crate) fn eager_with(&self, peer: usize, len: usize) -> bool {

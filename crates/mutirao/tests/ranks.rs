@@ -357,6 +357,22 @@ fn collectives(w: &Comm) -> R {
             }
         }
     }
+    // Allreduce on each side of every size where the algorithm changes: recursive doubling
+    // below 64 KiB, recursive halving from it (up to 128 KiB over TCP, 1 MiB on shared
+    // memory), the ring above.
+    for (k, count) in [8191usize, 8192, 12_500, 16_384, 16_385, 131_071, 131_072]
+        .into_iter()
+        .enumerate()
+    {
+        let salt = k as u64 * 977;
+        let mine: Vec<u64> = (0..count).map(|i| val(r, i, salt)).collect();
+        let mut out = vec![0u64; count];
+        w.allreduce(&mine, &mut out, &op::Sum).map_err(e)?;
+        check!(
+            (0..count).all(|i| out[i] == (0..n).fold(0u64, |a, q| a.wrapping_add(val(q, i, salt)))),
+            "allreduce of {count} elements"
+        );
+    }
     w.barrier().map_err(e)?;
     // split and dup: parity groups reduce separately, keys reverse the order.
     let sub = w
@@ -430,6 +446,23 @@ fn mismatch(w: &Comm) -> R {
             std::process::exit(3)
         }
     }
+}
+
+/// Allreduces of 100 000 and 120 000 bytes, sizes where the algorithm depends on the eager
+/// limit towards TCP peers; the test gives one rank a lower limit than the others.
+fn uneven_eager(w: &Comm) -> R {
+    let (r, n) = (w.rank() as u64, w.size() as u64);
+    for count in [12_500usize, 15_000, 12_500] {
+        let mine: Vec<u64> = (0..count as u64).map(|i| i * 7 + r).collect();
+        let mut out = vec![0u64; count];
+        w.allreduce(&mine, &mut out, &op::Sum).map_err(e)?;
+        let want = |i: u64| i * 7 * n + n * (n - 1) / 2;
+        check!(
+            (0..count).all(|i| out[i] == want(i as u64)),
+            "allreduce of {count} with uneven eager limits"
+        );
+    }
+    Ok(())
 }
 
 unsafe fn libc_kill_self() {
@@ -507,6 +540,7 @@ fn run_scenario(name: &str) -> ! {
         "collectives" => collectives(&w),
         "kill" => kill_mid_collective(&w),
         "mismatch" => mismatch(&w),
+        "uneven_eager" => uneven_eager(&w),
         "mixed_pingpong" => mixed_pingpong(&w),
         "init_timings" => init_timings(&w),
         other => Err(format!("unknown scenario {other}")),
@@ -599,6 +633,8 @@ fn main() {
             trials.push(expect_all_ok("collectives", n, transport));
         }
     }
+    // 6 ranks: two folded pairs before recursive halving; 8: a power of two above 4.
+    trials.push(expect_all_ok("collectives", 6, "auto"));
     trials.push(expect_all_ok("collectives", 8, "auto"));
     for transport in ["auto", "tcp"] {
         trials.push(Trial::test(
@@ -644,6 +680,24 @@ fn main() {
             },
         ));
     }
+    trials.push(Trial::test(
+        "ranks_with_different_eager_limits_agree_on_the_allreduce_algorithm",
+        || {
+            // Rank 0 alone would take the ring for these sizes, the others recursive halving.
+            let o = launch_env("uneven_eager", 4, "tcp", Duration::from_secs(20), &|r| {
+                if r == 0 {
+                    vec![("MUTIRAO_EAGER_LIMIT", "16384".to_string())]
+                } else {
+                    Vec::new()
+                }
+            })?;
+            if o.codes.iter().all(|c| *c == Some(0)) {
+                Ok(())
+            } else {
+                Err(format!("exit codes {:?}\n{}", o.codes, o.stderr.join("\n")).into())
+            }
+        },
+    ));
     for transport in ["auto", "tcp"] {
         trials.push(Trial::test(
             format!("init_timings_are_reported_by_every_rank_and_reach_the_launcher_{transport}"),
