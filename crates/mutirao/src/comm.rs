@@ -319,6 +319,18 @@ impl Comm {
         sends: &[(usize, i32, &[u8])],
         recvs: &mut [(Option<usize>, Option<i32>, &mut [u8])],
     ) -> Result<Vec<Status>, Error> {
+        self.raw_exchange_capped(ctx, sends, recvs, usize::MAX)
+    }
+
+    /// [`Comm::raw_exchange`] whose sends above `eager_cap` bytes go by rendezvous, whatever
+    /// the eager limit (see [`Engine::start_send_capped`]).
+    pub(crate) fn raw_exchange_capped(
+        &self,
+        ctx: u64,
+        sends: &[(usize, i32, &[u8])],
+        recvs: &mut [(Option<usize>, Option<i32>, &mut [u8])],
+        eager_cap: usize,
+    ) -> Result<Vec<Status>, Error> {
         let peers: Vec<usize> = sends
             .iter()
             .map(|(d, _, _)| self.peer(*d))
@@ -338,11 +350,12 @@ impl Comm {
         }
         if res.is_ok() {
             for ((_, tag, buf), peer) in sends.iter().zip(&peers) {
-                match e.start_send(
+                match e.start_send_capped(
                     *peer,
                     ctx,
                     *tag,
                     SendData::Borrowed(buf.as_ptr(), buf.len()),
+                    eager_cap,
                 ) {
                     Ok(id) => sids.push(id),
                     Err(err) => {

@@ -48,6 +48,9 @@ pub struct Config {
     /// Touch every ring page at start-up (`MUTIRAO_SHM_PREFAULT`).
     pub shm_prefault: bool,
     pub connect_timeout: Duration,
+    /// More ranks on this host than cores: a copy made by one rank is a copy no other rank
+    /// makes meanwhile, so single copies (cross-memory) beat streaming through a ring.
+    pub outnumbered: bool,
 }
 
 impl Config {
@@ -101,6 +104,7 @@ impl Config {
             connect_timeout: Duration::from_secs(
                 env_usize("MUTIRAO_CONNECT_TIMEOUT_S")?.unwrap_or(60) as u64,
             ),
+            outnumbered: oversubscribed,
         })
     }
 }

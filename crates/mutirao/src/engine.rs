@@ -436,6 +436,9 @@ pub(crate) struct Tuning {
     pub polite_yield: Duration,
     pub cma: bool,
     pub spin: Duration,
+    /// Ranks outnumber the host's cores and cross-memory copies are allowed: collectives that
+    /// can choose send large blocks to same-host peers by single copy (see `Comm::alltoall`).
+    pub single_copy: bool,
 }
 
 pub(crate) struct Engine {
@@ -783,8 +786,28 @@ impl Engine {
         tag: i32,
         data: SendData,
     ) -> Result<u64, Error> {
-        self.send_inner(peer, ctx, tag, data, true, true)
+        self.send_inner(peer, ctx, tag, data, true, true, usize::MAX)
             .map(|id| id.unwrap_or(0))
+    }
+
+    /// [`Engine::start_send`] with the eager limit lowered to `eager_cap`: a larger message
+    /// goes by rendezvous (a single cross-memory copy to a same-host peer).
+    pub(crate) fn start_send_capped(
+        &mut self,
+        peer: usize,
+        ctx: u64,
+        tag: i32,
+        data: SendData,
+        eager_cap: usize,
+    ) -> Result<u64, Error> {
+        self.send_inner(peer, ctx, tag, data, true, true, eager_cap)
+            .map(|id| id.unwrap_or(0))
+    }
+
+    /// Whether the collectives should prefer single copies to shared-memory peers: ranks
+    /// outnumber the cores and cross-memory copies are allowed.
+    pub(crate) fn prefers_single_copy(&self) -> bool {
+        self.tuning.single_copy && self.cma
     }
 
     /// Start the send of a blocking call: `None` when it is already complete (a small message
@@ -796,7 +819,7 @@ impl Engine {
         tag: i32,
         data: SendData,
     ) -> Result<Option<u64>, Error> {
-        self.send_inner(peer, ctx, tag, data, false, true)
+        self.send_inner(peer, ctx, tag, data, false, true, usize::MAX)
     }
 
     fn send_inner(
@@ -807,6 +830,7 @@ impl Engine {
         data: SendData,
         track_eager: bool,
         cma_ok: bool,
+        eager_cap: usize,
     ) -> Result<Option<u64>, Error> {
         if self.finalized {
             return Err(Error::Invalid("send after finalize".into()));
@@ -831,7 +855,8 @@ impl Engine {
             self.tuning.shm_eager_limit
         } else {
             self.tuning.eager_limit
-        };
+        }
+        .min(eager_cap);
         if len <= eager_limit {
             let hdr = Header {
                 kind: Kind::Eager,
@@ -3060,6 +3085,7 @@ impl Engine {
                         SendData::Owned(Box::new(buf.clone())),
                         true,
                         false,
+                        usize::MAX,
                     )?
                     .unwrap_or(0);
                 if let Some(s) = self.sends.get_mut(&id) {
@@ -3370,6 +3396,7 @@ mod tests {
                 yield_for: Duration::ZERO,
                 polite_yield: POLITE_YIELD,
                 cma: false,
+                single_copy: false,
             },
         )
         .unwrap();
@@ -3512,6 +3539,27 @@ mod tests {
         let mut h = [0u8; HEADER_LEN];
         raw.read_exact(&mut h).unwrap();
         Header::decode(&h).unwrap()
+    }
+
+    /// A capped send goes by rendezvous above its cap although it is under the eager limit;
+    /// at or under the cap it stays eager.
+    #[test]
+    fn a_send_above_its_cap_goes_by_rendezvous_under_the_eager_limit() {
+        let (mut e, mut raw) = engine_with_raw_peer();
+        let eager = e
+            .start_send_capped(1, 0, 1, SendData::Owned(Box::new(vec![1u8; 100])), 100)
+            .unwrap();
+        let h = read_header(&mut raw);
+        assert_eq!((h.kind, h.len), (Kind::Eager, 100));
+        assert!(e.send_finished(eager));
+        let mut body = [0u8; 100];
+        std::io::Read::read_exact(&mut raw, &mut body).unwrap();
+        let rdv = e
+            .start_send_capped(1, 0, 2, SendData::Owned(Box::new(vec![2u8; 101])), 100)
+            .unwrap();
+        let h = read_header(&mut raw);
+        assert_eq!((h.kind, h.tag, h.len), (Kind::Rts, 2, 101));
+        assert!(!e.send_finished(rdv), "a rendezvous waits for the receiver");
     }
 
     /// A large isend its receiver has not matched at a checkpoint point is held: saved with
@@ -4081,6 +4129,7 @@ mod tests {
                 yield_for: Duration::ZERO,
                 polite_yield: POLITE_YIELD,
                 cma: false,
+                single_copy: false,
             },
         )
         .unwrap();

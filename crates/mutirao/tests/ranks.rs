@@ -373,6 +373,20 @@ fn collectives(w: &Comm) -> R {
             "allreduce of {count} elements"
         );
     }
+    // Alltoall on each side of 32 KiB per block: above it, with ranks outnumbering the cores,
+    // every block goes at once by single copy.
+    for (k, c) in [4096usize, 4097, 9000].into_iter().enumerate() {
+        let salt = 31 + k as u64;
+        let send: Vec<u64> = (0..n * c).map(|x| val(r, x, salt)).collect();
+        let mut out = vec![0u64; n * c];
+        w.alltoall(&send, &mut out).map_err(e)?;
+        for q in 0..n {
+            check!(
+                (0..c).all(|i| out[q * c + i] == val(q, r * c + i, salt)),
+                "alltoall of {c} elements per block, block from {q}"
+            );
+        }
+    }
     w.barrier().map_err(e)?;
     // split and dup: parity groups reduce separately, keys reverse the order.
     let sub = w
