@@ -786,7 +786,7 @@ impl Engine {
         tag: i32,
         data: SendData,
     ) -> Result<u64, Error> {
-        self.send_inner(peer, ctx, tag, data, true, true, usize::MAX)
+        self.send_inner(peer, ctx, tag, data, SendOpts::REQUEST)
             .map(|id| id.unwrap_or(0))
     }
 
@@ -800,8 +800,17 @@ impl Engine {
         data: SendData,
         eager_cap: usize,
     ) -> Result<u64, Error> {
-        self.send_inner(peer, ctx, tag, data, true, true, eager_cap)
-            .map(|id| id.unwrap_or(0))
+        self.send_inner(
+            peer,
+            ctx,
+            tag,
+            data,
+            SendOpts {
+                eager_cap,
+                ..SendOpts::REQUEST
+            },
+        )
+        .map(|id| id.unwrap_or(0))
     }
 
     /// Whether the collectives should prefer single copies to shared-memory peers: ranks
@@ -819,7 +828,16 @@ impl Engine {
         tag: i32,
         data: SendData,
     ) -> Result<Option<u64>, Error> {
-        self.send_inner(peer, ctx, tag, data, false, true, usize::MAX)
+        self.send_inner(
+            peer,
+            ctx,
+            tag,
+            data,
+            SendOpts {
+                track_eager: false,
+                ..SendOpts::REQUEST
+            },
+        )
     }
 
     fn send_inner(
@@ -828,10 +846,13 @@ impl Engine {
         ctx: u64,
         tag: i32,
         data: SendData,
-        track_eager: bool,
-        cma_ok: bool,
-        eager_cap: usize,
+        opts: SendOpts,
     ) -> Result<Option<u64>, Error> {
+        let SendOpts {
+            track_eager,
+            cma_ok,
+            eager_cap,
+        } = opts;
         if self.finalized {
             return Err(Error::Invalid("send after finalize".into()));
         }
@@ -2415,6 +2436,26 @@ impl Engine {
     }
 }
 
+/// How [`Engine::send_inner`] sends.
+#[derive(Clone, Copy)]
+struct SendOpts {
+    /// Give an eager send a request id too (else `None`: nothing to wait for).
+    track_eager: bool,
+    /// A rendezvous to a same-host peer may offer a cross-memory copy (not for the held sends
+    /// a restore issues again: the program may retype, so replace, their buffer).
+    cma_ok: bool,
+    /// Lower the eager limit to this many bytes.
+    eager_cap: usize,
+}
+
+impl SendOpts {
+    const REQUEST: SendOpts = SendOpts {
+        track_eager: true,
+        cma_ok: true,
+        eager_cap: usize::MAX,
+    };
+}
+
 fn done_send(peer: usize, data: SendData) -> Send {
     Send {
         peer,
@@ -3083,9 +3124,10 @@ impl Engine {
                         q.ctx,
                         *tag,
                         SendData::Owned(Box::new(buf.clone())),
-                        true,
-                        false,
-                        usize::MAX,
+                        SendOpts {
+                            cma_ok: false,
+                            ..SendOpts::REQUEST
+                        },
                     )?
                     .unwrap_or(0);
                 if let Some(s) = self.sends.get_mut(&id) {
