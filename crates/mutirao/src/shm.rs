@@ -24,9 +24,10 @@
 //! polls the line the data arrives in, not a separate `tail` word: a small message (header and up
 //! to 24 payload bytes) crosses between the cores as one cache line. Stale bytes of the previous
 //! lap can never pass for a stamp: before publishing a record, the writer has zeroed the first
-//! word of every line up to the one where the next record will start (a kilobyte of lines at a
-//! time, inside its free space: one slot of the ring is always left free), so the word at the
-//! writer's position is always 0. A record may wrap around the
+//! word of every line up to the one where the next record will start (a kilobyte of lines
+//! ahead, inside its free space: one slot of the ring is always left free; done after each
+//! publication, so a small record's stores never wait behind it), so the word at the writer's
+//! position is always 0. A record may wrap around the
 //! end of the data region; a stamp, on a line boundary, never does.
 //!
 //! The reader publishes `head` only after at least `cap / 8` consumed bytes (or at once when the
@@ -308,23 +309,16 @@ impl Ring {
         if n == 0 {
             return (0, false);
         }
-        // The next record's stamp must read 0 until that record is published: zero the first
-        // word of the lines ahead, [`ZERO_AHEAD`] bytes at a time (ordered before our stamp by
-        // its release). Done before the body is written, so that these (cold) misses are taken
-        // before this record's line is: the body and the stamp then reach the reader's poll in
-        // one transfer, and a small message costs no extra line.
+        // The next record's stamp must read 0 until that record is published. Normally the
+        // previous write zeroed it, after its own stamp (below); a record longer than what is
+        // zeroed ahead zeroes the rest here, before its body (ordered before our stamp by its
+        // release), so that these (cold) misses are taken before this record's line is.
         let next = self.pos + record_size(n) as u64;
         if next + ZERO_AHEAD > self.populated && self.populated < self.cap as u64 {
             self.populate_ahead(memmap2::Advice::PopulateWrite);
         }
         if next >= self.zeroed {
-            let end = (next + ZERO_AHEAD).min(self.seen_head + self.cap as u64);
-            let mut line = next;
-            while line < end {
-                self.stamp(line).store(0, Ordering::Relaxed);
-                line += SLOT as u64;
-            }
-            self.zeroed = end;
+            self.zero_ahead(next);
         }
         // The bytes past the stamp's cache line first, that line last: the reader polls that
         // line, so its body bytes and the stamp leave the store buffer together and the line
@@ -339,7 +333,26 @@ impl Ring {
         // its flag.
         let wake = self.reader_sleeping().load(Ordering::SeqCst) != 0
             && self.reader_sleeping().swap(0, Ordering::SeqCst) != 0;
+        // Zero the stamps ahead now, after publishing, while the reader takes the record: the
+        // next record then finds its lines zeroed, and its stores are not ordered behind the
+        // misses of zeroing (x86 makes stores visible in program order). One-way 512 B
+        // 0.634 → 0.556 µs, 0 B 0.19 → 0.17, 4 KiB and up unchanged (interleaved, 4 rounds).
+        if self.pos + ZERO_AHEAD > self.zeroed {
+            self.zero_ahead(self.zeroed.max(self.pos));
+        }
         (n, wake)
+    }
+
+    /// Zero the stamp word of every slot from `from` (a slot boundary) up to [`ZERO_AHEAD`]
+    /// bytes on, inside the free space (short of the reader's head as last seen, one lap on).
+    fn zero_ahead(&mut self, from: u64) {
+        let end = (from + ZERO_AHEAD).min(self.seen_head + self.cap as u64);
+        let mut line = from;
+        while line < end {
+            self.stamp(line).store(0, Ordering::Relaxed);
+            line += SLOT as u64;
+        }
+        self.zeroed = self.zeroed.max(end);
     }
 
     /// Copy bytes [`skip + lo`, `skip + hi`) of the concatenation of `bufs` into the body of
