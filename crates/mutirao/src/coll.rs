@@ -3,7 +3,7 @@
 //! | operation | algorithm |
 //! |---|---|
 //! | barrier | dissemination (⌈log₂ n⌉ rounds) |
-//! | bcast | binomial tree; scatter + ring allgather (van de Geijn) from 512 KiB on ≥ 8 ranks (as MPICH) |
+//! | bcast | binomial tree; scatter + ring allgather (van de Geijn) from 512 KiB on ≥ 8 ranks when they span hosts (as MPICH) |
 //! | reduce | binomial tree (rank order kept for non-commutative operators) |
 //! | allreduce | recursive doubling with folding for non-powers of two; for commutative operators from 64 KiB, recursive halving + doubling (Rabenseifner, folding as well; not on 3 ranks) up to 1 MiB on shared memory or while half the vector is eager over TCP, ring reduce-scatter + allgather above |
 //! | gather / scatter | binomial tree |
@@ -34,7 +34,12 @@ const T_ALLTOALL: i32 = 8;
 pub const LARGE_BCAST: usize = 512 * 1024;
 /// Bcast uses scatter + allgather only from this many ranks on (MPICH's
 /// `MPIR_CVAR_BCAST_MIN_PROCS`): below it the binomial tree's ⌈log₂ n⌉ whole-message steps
-/// beat the scatter's and the allgather's n − 1 + ⌈log₂ n⌉ dependent ones.
+/// beat the scatter's and the allgather's n − 1 + ⌈log₂ n⌉ dependent ones. And only when some
+/// ranks are on other hosts: on one host every copy shares one memory bus, and scatter +
+/// allgather copies about (n − 1 + ½·log₂ n)/n·len per rank, more than the tree's len per
+/// receiver. 8 ranks on the 2-core VM, interleaved, 3 rounds: 1 MiB 796–876 µs against 545–639
+/// by the tree, 4 MiB 2562–3006 against 2058–2272 (loopback TCP 1 MiB 2352–2383 against
+/// 1078–1417; Open MPI on shared memory 518–583).
 pub const BCAST_MIN_PROCS: usize = 8;
 /// Alltoall blocks up to this size go all at once (MPICH's `ALLTOALL_MEDIUM_MSG`); larger
 /// ones pairwise, one exchange at a time — except when ranks outnumber the cores of their one
@@ -83,7 +88,7 @@ const SCRATCH_KEEP: usize = 64 << 20;
 /// 64 KiB 198–278 → 93–120; 2 ranks 4 MiB 1130 → 1280. Without a power of two (folding):
 /// 6 ranks 64 KiB 107–158 → 71–89, 100 000 B 154–163 → 116–121, 256 KiB 329–412 → 278–327;
 /// 5 ranks 100 000 B 119–125 → 84–94; 7 ranks 256 KiB 554–559 → 378–415; 1 MiB the same.
-/// Over TCP the cut is lower (see [`Comm::halving_below`]).
+/// Over TCP the cut is lower (see [`Comm::agreed`]).
 const HALVING_BELOW: usize = 1 << 20;
 
 /// A collective step whose messages are all at most this size (and eager) sends each at once
@@ -92,6 +97,16 @@ const HALVING_BELOW: usize = 1 << 20;
 /// alltoall 20 000 B per pair 15.4 → 10.7 µs, 60 000 B 46 → 30 µs; 4 ranks, allreduce 32 KiB
 /// 35 → 26 µs; over TCP the same (2026-11-27).
 const SMALL_STEP: usize = 64 * 1024;
+
+/// What every rank of a communicator agreed on, to choose the same collective algorithms.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Agreed {
+    /// Every rank reaches every other through shared memory: one host, where the copies of a
+    /// collective share one memory bus.
+    pub all_shm: bool,
+    /// A large allreduce below this size takes recursive halving (see [`HALVING_BELOW`]).
+    pub halving_below: usize,
+}
 
 fn check_step_len(source: usize, got: usize, want: usize) -> Result<(), Error> {
     if got != want {
@@ -241,7 +256,7 @@ impl Comm {
             return Ok(());
         }
         let bytes: &mut [u8] = bytemuck::cast_slice_mut(buf);
-        if bytes.len() >= LARGE_BCAST && n >= BCAST_MIN_PROCS {
+        if bytes.len() >= LARGE_BCAST && n >= BCAST_MIN_PROCS && !self.agreed()?.all_shm {
             self.bcast_scatter_allgather(bytes, root)
         } else {
             self.bcast_binomial(bytes, root)
@@ -407,7 +422,7 @@ impl Comm {
             // Three ranks fold to two, whose halving is one exchange: the ring's four steps
             // measured the same or better (256 KiB 122–126 against 139–146 µs).
             if (n.is_power_of_two() || n >= 5)
-                && std::mem::size_of_val(send) < self.halving_below()?
+                && std::mem::size_of_val(send) < self.agreed()?.halving_below
             {
                 return self.allreduce_halving(recv, op);
             }
@@ -417,34 +432,37 @@ impl Comm {
         }
     }
 
-    /// The size below which a large allreduce takes recursive halving: [`HALVING_BELOW`] when
-    /// every rank of the communicator is a shared-memory peer of every other; with TCP peers,
-    /// only while the first halving step (half the vector) is eager. A rendezvous exchange over
-    /// TCP waits a round trip for its handshake, while the ring's blocks (1/n of the vector)
-    /// still go eagerly: 6 ranks over loopback TCP, 256 KiB 402–517 µs by the ring against
-    /// 585–772 by halving, 8 ranks 608–972 against 1020–1221 (interleaved, 4 rounds); at 128 KiB
-    /// halving won or tied (4 ranks 121–156 against 156–223).
-    ///
-    /// Every rank must choose the same algorithm, so the ranks agree on the smallest of their
-    /// answers, once per communicator (an 8-byte allreduce on the first large one).
-    fn halving_below(&self) -> Result<usize, Error> {
-        if let Some(cut) = self.inner.halving_below.get() {
-            return Ok(cut);
+    /// What the ranks agree on to choose algorithms, asked for once per communicator (an
+    /// allreduce of two words, on the first collective that needs it). Every rank must choose
+    /// the same algorithm, and each one's view could differ: a rank whose shared-memory ring to
+    /// one peer failed, or whose `MUTIRAO_EAGER_LIMIT` differs, would otherwise pick another.
+    fn agreed(&self) -> Result<Agreed, Error> {
+        if let Some(a) = self.inner.agreed.get() {
+            return Ok(a);
         }
-        let mine = match self
+        let tcp = self
             .inner
             .eng
             .borrow()
-            .tcp_eager_limit_among(&self.inner.group)
-        {
+            .tcp_eager_limit_among(&self.inner.group);
+        // Over TCP, halving only while its first step (half the vector) is eager: a
+        // rendezvous exchange waits a round trip for its handshake, while the ring's blocks
+        // (1/n of the vector) still go eagerly. 6 ranks over loopback TCP, 256 KiB 402–517 µs
+        // by the ring against 585–772 by halving, 8 ranks 608–972 against 1020–1221
+        // (interleaved, 4 rounds); at 128 KiB halving won or tied (4 ranks 121–156 against
+        // 156–223).
+        let cut = match tcp {
             None => HALVING_BELOW,
             Some(eager) => HALVING_BELOW.min(eager.saturating_mul(2).saturating_add(1)),
         };
-        let mut agreed = [mine as u64];
-        self.allreduce_rd(&mut agreed, &crate::op::Min)?;
-        let cut = usize::try_from(agreed[0]).unwrap_or(HALVING_BELOW);
-        self.inner.halving_below.set(Some(cut));
-        Ok(cut)
+        let mut words = [u64::from(tcp.is_none()), cut as u64];
+        self.allreduce_rd(&mut words, &crate::op::Min)?;
+        let a = Agreed {
+            all_shm: words[0] == 1,
+            halving_below: usize::try_from(words[1]).unwrap_or(HALVING_BELOW),
+        };
+        self.inner.agreed.set(Some(a));
+        Ok(a)
     }
 
     fn allreduce_rd<T: Pod, O: Op<T>>(&self, acc: &mut [T], op: &O) -> Result<(), Error> {

@@ -17,10 +17,9 @@ pub(crate) struct CommInner {
     /// World rank → communicator rank.
     pub(crate) index: std::collections::HashMap<usize, usize>,
     pub(crate) rank: usize,
-    /// The size (bytes, exclusive) below which a large allreduce on this communicator uses
-    /// recursive halving, agreed by every rank on the first such call (see
-    /// `Comm::halving_below`).
-    pub(crate) halving_below: std::cell::Cell<Option<usize>>,
+    /// What every rank of this communicator agreed on for choosing collective algorithms, on
+    /// the first call that needed it (see `Comm::agreed`).
+    pub(crate) agreed: std::cell::Cell<Option<crate::coll::Agreed>>,
 }
 
 /// A restart: the committed epoch the job was restored from, and how many recoveries so far.
@@ -76,7 +75,7 @@ impl Comm {
                 group: (0..size).collect(),
                 index: (0..size).map(|i| (i, i)).collect(),
                 rank,
-                halving_below: std::cell::Cell::new(None),
+                agreed: std::cell::Cell::new(None),
             }),
         }
     }
@@ -104,7 +103,7 @@ impl Comm {
                 index: group.iter().enumerate().map(|(i, w)| (*w, i)).collect(),
                 group,
                 rank,
-                halving_below: std::cell::Cell::new(None),
+                agreed: std::cell::Cell::new(None),
             }),
         };
         // Whether the program still holds it decides if a checkpoint hands it back.

@@ -373,6 +373,22 @@ fn collectives(w: &Comm) -> R {
             "allreduce of {count} elements"
         );
     }
+    // Bcast on each side of 512 KiB from a rank other than 0: from 8 ranks on other hosts
+    // (here: TCP peers), scatter + allgather.
+    for (k, count) in [65_535usize, 65_536, 70_001].into_iter().enumerate() {
+        let salt = 77 + k as u64;
+        let from = (k + 1) % n;
+        let mut b: Vec<u64> = if r == from {
+            (0..count).map(|i| val(from, i, salt)).collect()
+        } else {
+            vec![0u64; count]
+        };
+        w.bcast(&mut b, from).map_err(e)?;
+        check!(
+            (0..count).all(|i| b[i] == val(from, i, salt)),
+            "bcast of {count} elements from {from}"
+        );
+    }
     // Alltoall on each side of 32 KiB per block: above it, with ranks outnumbering the cores,
     // every block goes at once by single copy.
     for (k, c) in [4096usize, 4097, 9000].into_iter().enumerate() {
@@ -650,6 +666,8 @@ fn main() {
     // 6 ranks: two folded pairs before recursive halving; 8: a power of two above 4.
     trials.push(expect_all_ok("collectives", 6, "auto"));
     trials.push(expect_all_ok("collectives", 8, "auto"));
+    // Over TCP, 8 ranks take scatter + allgather for a large bcast.
+    trials.push(expect_all_ok("collectives", 8, "tcp"));
     for transport in ["auto", "tcp"] {
         trials.push(Trial::test(
             format!("kill9_mid_collective_others_get_errors_{transport}"),
