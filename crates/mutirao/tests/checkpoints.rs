@@ -805,8 +805,18 @@ fn example_restarts(name: &str, args: &[&str], resume_note: Option<&str>) -> Res
     let limit = Duration::from_secs(60);
     let plain = launch_prog(&prog, args, N, &sink, &out, &[], limit)?;
     all_ok(&plain, &format!("{name} without checkpoints"))?;
+    // Waves every 20 ms, or often enough for several in the run: an optimized build of the
+    // example runs 400 Jacobi iterations in ~5 ms, inside the first interval.
+    let elapsed: f64 = plain.stdout[0]
+        .lines()
+        .find(|l| l.starts_with(name))
+        .and_then(|l| l.split("elapsed_s=").nth(1))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| format!("{name} printed no elapsed_s: {:?}", plain.stdout))?;
+    let interval = (elapsed / 5.0).clamp(0.0005, 0.02);
     let env = vec![
-        ("MUTIRAO_CKPT_INTERVAL", "0.02".to_string()),
+        ("MUTIRAO_CKPT_INTERVAL", format!("{interval:.4}")),
         ("MUTIRAO_CKPT_TIMEOUT", "5".to_string()),
     ];
     let waves = launch_prog(&prog, args, N, &sink, &out, &env, limit)?;
