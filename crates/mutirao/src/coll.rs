@@ -101,9 +101,9 @@ const SMALL_STEP: usize = 64 * 1024;
 /// What every rank of a communicator agreed on, to choose the same collective algorithms.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Agreed {
-    /// Every rank reaches every other through shared memory: one host, where the copies of a
-    /// collective share one memory bus.
-    pub all_shm: bool,
+    /// Every rank runs on one host, where the copies of a collective share one memory bus
+    /// (whatever the transport: shared memory, or TCP when asked for).
+    pub one_host: bool,
     /// A large allreduce below this size takes recursive halving (see [`HALVING_BELOW`]).
     pub halving_below: usize,
 }
@@ -256,7 +256,7 @@ impl Comm {
             return Ok(());
         }
         let bytes: &mut [u8] = bytemuck::cast_slice_mut(buf);
-        if bytes.len() >= LARGE_BCAST && n >= BCAST_MIN_PROCS && !self.agreed()?.all_shm {
+        if bytes.len() >= LARGE_BCAST && n >= BCAST_MIN_PROCS && !self.agreed()?.one_host {
             self.bcast_scatter_allgather(bytes, root)
         } else {
             self.bcast_binomial(bytes, root)
@@ -440,11 +440,13 @@ impl Comm {
         if let Some(a) = self.inner.agreed.get() {
             return Ok(a);
         }
-        let tcp = self
-            .inner
-            .eng
-            .borrow()
-            .tcp_eager_limit_among(&self.inner.group);
+        let (tcp, one_host) = {
+            let eng = self.inner.eng.borrow();
+            (
+                eng.tcp_eager_limit_among(&self.inner.group),
+                eng.all_on_this_host(&self.inner.group),
+            )
+        };
         // Over TCP, halving only while its first step (half the vector) is eager: a
         // rendezvous exchange waits a round trip for its handshake, while the ring's blocks
         // (1/n of the vector) still go eagerly. 6 ranks over loopback TCP, 256 KiB 402–517 µs
@@ -455,10 +457,10 @@ impl Comm {
             None => HALVING_BELOW,
             Some(eager) => HALVING_BELOW.min(eager.saturating_mul(2).saturating_add(1)),
         };
-        let mut words = [u64::from(tcp.is_none()), cut as u64];
+        let mut words = [u64::from(one_host), cut as u64];
         self.allreduce_rd(&mut words, &crate::op::Min)?;
         let a = Agreed {
-            all_shm: words[0] == 1,
+            one_host: words[0] == 1,
             halving_below: usize::try_from(words[1]).unwrap_or(HALVING_BELOW),
         };
         self.inner.agreed.set(Some(a));

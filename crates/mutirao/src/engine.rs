@@ -322,6 +322,9 @@ pub(crate) struct Peer {
     bye_sent: bool,
     /// Same-host peer whose socket only carries wake-ups (cached `is_shm`).
     shm: bool,
+    /// The peer said, at start-up, that it runs on this rank's host (same host identity), over
+    /// whichever transport. False when not known (spawned ranks).
+    pub(crate) same_host: bool,
 }
 
 const STAGE: usize = 64 * 1024;
@@ -382,6 +385,7 @@ impl Peer {
             stage_end: 0,
             txq: VecDeque::new(),
             bye_sent: false,
+            same_host: false,
         }
     }
 
@@ -399,6 +403,7 @@ impl Peer {
             txq: VecDeque::new(),
             bye_sent: false,
             shm: false,
+            same_host: false,
         }
     }
 
@@ -1876,6 +1881,14 @@ impl Engine {
             .iter()
             .any(|&w| w != self.rank && self.peers.get(w).is_some_and(|p| !p.shm))
             .then_some(self.tuning.eager_limit)
+    }
+
+    /// Whether every rank of `group` (world ranks) other than this one said at start-up that
+    /// it runs on this rank's host.
+    pub(crate) fn all_on_this_host(&self, group: &[usize]) -> bool {
+        group
+            .iter()
+            .all(|&w| w == self.rank || self.peers.get(w).is_some_and(|p| p.same_host))
     }
 
     /// Whether a message of `len` bytes to or from world rank `peer` goes eagerly (its send

@@ -416,6 +416,8 @@ pub(crate) struct Channels {
     pub created: Vec<PathBuf>,
     /// Per member, when its connection was authenticated (`None` for this process).
     pub connected_at: Vec<Option<Instant>>,
+    /// Per member: it gave this process's host identity (false for this process itself).
+    pub same_host: Vec<bool>,
 }
 
 /// Create inbound rings for same-host members, connect to every lower member and accept every
@@ -429,12 +431,13 @@ pub(crate) fn build_channels(
 ) -> Result<Channels, Error> {
     let n = m.members.len();
     let my_world = m.members[m.me];
-    let local: Vec<bool> = m
+    let same_host: Vec<bool> = m
         .all
         .iter()
         .enumerate()
-        .map(|(i, k)| i != m.me && cfg.shm && k.get("host").map(String::as_str) == Some(m.host))
+        .map(|(i, k)| i != m.me && k.get("host").map(String::as_str) == Some(m.host))
         .collect();
+    let local: Vec<bool> = same_host.iter().map(|&h| h && cfg.shm).collect();
 
     // Inbound rings from local peers exist before anyone connects to us.
     let mut inbound: Vec<Option<Ring>> = (0..n).map(|_| None).collect();
@@ -503,6 +506,7 @@ pub(crate) fn build_channels(
         io,
         created,
         connected_at,
+        same_host,
     })
 }
 
@@ -590,8 +594,9 @@ pub fn init_with(env: &JobEnv) -> Result<Comm, Error> {
     )?;
     let width = members.iter().copied().max().unwrap_or(0) + 1;
     let mut peers: Vec<Peer> = (0..width).map(|_| Peer::unconnected()).collect();
-    for (w, io) in members.iter().zip(ch.io) {
+    for ((w, io), same_host) in members.iter().zip(ch.io).zip(ch.same_host) {
         peers[*w] = Peer::new(io.map(Link::into_transport));
+        peers[*w].same_host = same_host;
     }
     let connect = t_connect.elapsed();
     let mut timings = InitTimings {
