@@ -441,9 +441,10 @@ pub(crate) struct Tuning {
     pub polite_yield: Duration,
     pub cma: bool,
     pub spin: Duration,
-    /// Ranks outnumber the host's cores and cross-memory copies are allowed: collectives that
-    /// can choose send large blocks to same-host peers by single copy (see `Comm::alltoall`).
-    pub single_copy: bool,
+    /// Ranks outnumber the host's cores: collectives that can choose send large blocks to
+    /// same-host peers by single copy, when cross-memory copies are allowed (see
+    /// `Comm::alltoall`).
+    pub outnumbered: bool,
 }
 
 pub(crate) struct Engine {
@@ -791,8 +792,7 @@ impl Engine {
         tag: i32,
         data: SendData,
     ) -> Result<u64, Error> {
-        self.send_inner(peer, ctx, tag, data, SendOpts::REQUEST)
-            .map(|id| id.unwrap_or(0))
+        self.start_send_capped(peer, ctx, tag, data, usize::MAX)
     }
 
     /// [`Engine::start_send`] with the eager limit lowered to `eager_cap`: a larger message
@@ -821,7 +821,7 @@ impl Engine {
     /// Whether the collectives should prefer single copies to shared-memory peers: ranks
     /// outnumber the cores and cross-memory copies are allowed.
     pub(crate) fn prefers_single_copy(&self) -> bool {
-        self.tuning.single_copy && self.cma
+        self.tuning.outnumbered && self.cma
     }
 
     /// Start the send of a blocking call: `None` when it is already complete (a small message
@@ -3451,7 +3451,7 @@ mod tests {
                 yield_for: Duration::ZERO,
                 polite_yield: POLITE_YIELD,
                 cma: false,
-                single_copy: false,
+                outnumbered: false,
             },
         )
         .unwrap();
@@ -4184,7 +4184,7 @@ mod tests {
                 yield_for: Duration::ZERO,
                 polite_yield: POLITE_YIELD,
                 cma: false,
-                single_copy: false,
+                outnumbered: false,
             },
         )
         .unwrap();

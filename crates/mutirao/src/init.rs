@@ -366,7 +366,7 @@ pub(crate) fn tuning(cfg: &Config) -> Tuning {
         yield_for: cfg.yield_for,
         polite_yield: cfg.polite_yield,
         cma: cfg.cma,
-        single_copy: cfg.cma && cfg.outnumbered,
+        outnumbered: cfg.outnumbered,
     }
 }
 
