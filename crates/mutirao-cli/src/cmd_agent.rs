@@ -5,6 +5,7 @@ use crate::fsutil::write_atomic_mode;
 use anyhow::{bail, Context};
 use mutirao_launch::agent::{self, AgentConfig};
 use mutirao_launch::proto;
+use mutirao_launch::sandbox::{private_dir, RunAs, Sandbox};
 use std::io::Write;
 use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
@@ -18,10 +19,17 @@ use std::time::Duration;
 /// challenge–response; the token never crosses the network). It listens on loopback unless told
 /// otherwise.
 ///
+/// Jobs get nothing of the agent's: a clean environment (the launch's variables, PATH, HOME,
+/// TMPDIR), a private directory, and — when the agent runs as root — a uid of their own per
+/// job (from --job-uids), so they can read neither the agent's files nor each other's. Give
+/// --run-as USER to run every job as one account instead (--run-as root: as root, like the
+/// agent; every token holder is then root here).
+///
 /// Examples:
 ///   mutirao agent --gen-token ~/.mutirao/agent.token     # once, then copy the file to every host
 ///   mutirao agent --listen 127.0.0.1:7207
 ///   mutirao agent --listen 10.1.0.5:7207 --token-file /etc/mutirao/agent.token
+///   sudo mutirao agent --coordinator http://10.1.0.1:7210 --coord-token-file /etc/mutirao/coord.token
 #[derive(clap::Args, Debug)]
 #[command(verbatim_doc_comment)]
 pub struct AgentArgs {
@@ -60,9 +68,31 @@ pub struct AgentArgs {
     pub no_store: bool,
     /// Register with this grid coordinator (`mutirao coordinator`) and send it resource
     /// reports (idle CPU, memory, load) at the period it asks for; its dispatcher then places
-    /// submitted jobs here. The agent's coordinator token comes from $MUTIRAO_COORD_TOKEN.
+    /// submitted jobs here. A coordinator that is not up yet, or goes away, is tried again
+    /// with backoff (1 s up to 30 s): start agents and coordinator in any order. The agent's
+    /// coordinator token comes from --coord-token-file (else $MUTIRAO_COORD_TOKEN).
     #[arg(long, value_name = "URL")]
     pub coordinator: Option<String>,
+    /// File holding this agent's coordinator token (an `agent` line's token of the
+    /// coordinator's token file), mode 0600. Without it the token is taken from
+    /// $MUTIRAO_COORD_TOKEN, which the agent then removes from its environment.
+    #[arg(long, value_name = "FILE")]
+    pub coord_token_file: Option<PathBuf>,
+    /// Run every job as this user (the agent must run as root, unless USER is its own).
+    /// Default for a root agent: a uid of its own per job (--job-uids); for any other agent:
+    /// its own user (it says so at start: jobs can then read its files).
+    #[arg(long, value_name = "USER")]
+    pub run_as: Option<String>,
+    /// The uids a root agent gives its jobs, one per running job, FIRST-LAST (uids of existing
+    /// accounts are skipped; agents of one machine share the range through lock files in
+    /// /run/mutirao/job-uids).
+    #[arg(long, value_name = "FIRST-LAST", default_value = "60000-60999", value_parser = parse_uid_range)]
+    pub job_uids: (u32, u32),
+    /// Where jobs get their private directories (their HOME, TMPDIR and, on a grid, working
+    /// directory; each removed when its job ends): default $TMPDIR/mutirao-agent-jobs-IP-PORT,
+    /// mode 0711. Job uids must be able to reach it.
+    #[arg(long, value_name = "DIR")]
+    pub jobs_dir: Option<PathBuf>,
     /// The name this host registers under (default: its host name).
     #[arg(long, value_name = "NAME")]
     pub name: Option<String>,
@@ -165,6 +195,49 @@ fn log(msg: &str) {
     eprintln!("mutirao agent: {msg}");
 }
 
+/// `FIRST-LAST` of `--job-uids`.
+fn parse_uid_range(s: &str) -> Result<(u32, u32), String> {
+    let bad = || format!("{s:?}: expected FIRST-LAST, e.g. 60000-60999");
+    let (a, b) = s.split_once('-').ok_or_else(bad)?;
+    let first: u32 = a.trim().parse().map_err(|_| bad())?;
+    let last: u32 = b.trim().parse().map_err(|_| bad())?;
+    if first < 1000 || first > last || last >= 65_534 {
+        return Err(format!(
+            "{s:?}: give 1000 <= FIRST <= LAST < 65534 (below 1000 are system accounts, 65534 is nobody)"
+        ));
+    }
+    Ok((first, last))
+}
+
+/// The agent's coordinator token: from `--coord-token-file`, else `$MUTIRAO_COORD_TOKEN`
+/// (removed from this process's environment once read).
+fn coord_token(args: &AgentArgs) -> anyhow::Result<String> {
+    if let Some(path) = &args.coord_token_file {
+        if let Some(w) = proto::token_file_warning(path) {
+            log(&w);
+        }
+        let text = std::fs::read_to_string(path).with_context(|| {
+            format!("cannot read the coordinator token file {}", path.display())
+        })?;
+        let t = text.trim();
+        if t.is_empty() {
+            bail!(
+                "the coordinator token file {} is empty: put this agent's token (its `agent` line in the coordinator's token file) in it",
+                path.display()
+            );
+        }
+        return Ok(t.to_string());
+    }
+    let token = std::env::var("MUTIRAO_COORD_TOKEN").map_err(|_| {
+        anyhow::anyhow!(
+            "--coordinator needs this agent's coordinator token: --coord-token-file FILE (or $MUTIRAO_COORD_TOKEN), the token of an `agent` line of the coordinator's token file"
+        )
+    })?;
+    // Read once, at start, before any other thread runs: nothing started later can see it.
+    std::env::remove_var("MUTIRAO_COORD_TOKEN");
+    Ok(token)
+}
+
 /// `KEY=VALUE` of `--prop`: a key of letters, digits, `_ - .` (what requirements can name).
 fn parse_prop(s: &str) -> Result<(String, String), String> {
     let (k, v) = s
@@ -246,18 +319,14 @@ fn program_cache_dir(args: &AgentArgs, bound: SocketAddr) -> PathBuf {
     })
 }
 
-/// The --state-dir directory (default: the program cache's), created mode 0700.
+/// The --state-dir directory (default: the program cache's), created mode 0700 (or refused
+/// if it exists and is not this agent's alone).
 fn state_dir(args: &AgentArgs, bound: SocketAddr) -> anyhow::Result<PathBuf> {
-    use std::os::unix::fs::DirBuilderExt;
     let dir = args
         .state_dir
         .clone()
         .unwrap_or_else(|| program_cache_dir(args, bound));
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(&dir)
-        .with_context(|| format!("cannot create the state directory {}", dir.display()))?;
+    private_dir(&dir, 0o700, "the agent's state", "--state-dir")?;
     Ok(dir)
 }
 
@@ -270,8 +339,8 @@ fn program_source(
 ) -> anyhow::Result<agent::ProgramSource> {
     use mutirao_coord::fetch::{Fetched, ProgramCache};
     let dir = program_cache_dir(args, bound);
+    private_dir(&dir, 0o700, "cached programs", "--program-cache")?;
     let cache = ProgramCache::open(&dir, client, MAX_PROGRAM)?;
-    let run_dir = dir.join("run");
     log(&format!(
         "caching programs from the coordinator in {}",
         dir.display()
@@ -297,7 +366,6 @@ fn program_source(
                 Err(e.to_string())
             }
         }),
-        run_dir,
     })
 }
 
@@ -313,6 +381,15 @@ pub fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
         .clone()
         .unwrap_or_else(proto::default_token_path);
     let secret = Arc::new(proto::read_token_file(&token_path).map_err(anyhow::Error::msg)?);
+    if let Some(w) = proto::token_file_warning(&token_path) {
+        log(&w);
+    }
+    // Before anything else runs: the token leaves the environment before any thread starts.
+    let coord_token = match &args.coordinator {
+        Some(_) => Some(coord_token(&args)?),
+        None => None,
+    };
+    let run_as = RunAs::choose(args.run_as.as_deref(), args.job_uids)?;
     let addr: SocketAddr = args
         .listen
         .parse()
@@ -339,14 +416,7 @@ pub fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
                 bound.port()
             ))
         });
-        {
-            use std::os::unix::fs::DirBuilderExt;
-            std::fs::DirBuilder::new()
-                .recursive(true)
-                .mode(0o700)
-                .create(&dir)
-                .with_context(|| format!("cannot create the store directory {}", dir.display()))?;
-        }
+        private_dir(&dir, 0o700, "checkpoint replicas", "--store-dir")?;
         let s = mutirao_ckpt::DirStore::open(&dir)
             .map_err(|e| anyhow::anyhow!("checkpoint store {}: {e}", dir.display()))?;
         log(&format!("keeping checkpoint replicas in {}", dir.display()));
@@ -417,11 +487,7 @@ pub fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
     let _heartbeat = match &args.coordinator {
         None => None,
         Some(url) => {
-            let token = std::env::var("MUTIRAO_COORD_TOKEN").map_err(|_| {
-                anyhow::anyhow!(
-                    "--coordinator needs this agent's coordinator token in $MUTIRAO_COORD_TOKEN (an `agent` line of the coordinator's token file)"
-                )
-            })?;
+            let token = coord_token.clone().unwrap_or_default();
             let client = mutirao_coord::client::Client::new(url, &token)
                 .map_err(|e| anyhow::anyhow!("--coordinator {url}: {e}"))?;
             programs = Some(program_source(
@@ -473,7 +539,7 @@ pub fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
             if let Some(site) = &args.site {
                 props.insert("site".into(), site.clone());
             }
-            let hb = mutirao_coord::report::spawn_heartbeat_nudged(
+            let hb = mutirao_coord::report::spawn_heartbeat_retrying(
                 client,
                 Box::new(move || {
                     let owner = owner_status
@@ -492,12 +558,21 @@ pub fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
                     Ok(r)
                 }),
                 nudge,
+                Box::new(log),
             )
-            .map_err(|e| anyhow::anyhow!("cannot register with the coordinator at {url}: {e}"))?;
-            log(&format!("registered with the coordinator at {url}"));
+            .map_err(|e| anyhow::anyhow!("cannot measure this host for the coordinator: {e}"))?;
             Some(hb)
         }
     };
+    let jobs_dir = args.jobs_dir.clone().unwrap_or_else(|| {
+        std::env::temp_dir().join(format!(
+            "mutirao-agent-jobs-{}-{}",
+            bound.ip(),
+            bound.port()
+        ))
+    });
+    let sandbox = Arc::new(Sandbox::new(run_as, &jobs_dir)?);
+    log(&sandbox.run_as().describe());
     log(&format!("listening on {bound}"));
     agent::serve_forever(
         listener,
@@ -509,6 +584,8 @@ pub fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
             procs,
             programs,
             journal,
+            sandbox,
+            limits: agent::Limits::default(),
         },
     );
     drop(owner);

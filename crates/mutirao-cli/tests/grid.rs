@@ -498,7 +498,7 @@ fn submit_env_reaches_the_ranks_and_a_reserved_name_is_refused_before_anything_i
 
 #[test]
 fn a_submitted_job_runs_through_a_registered_agent_to_finished() {
-    let (_agent, c, tmp) = grid_with_agent("run");
+    let (_agent, c, _tmp) = grid_with_agent("run");
     let prog = c.dir.join("hello.sh");
     std::fs::write(
         &prog,
@@ -623,10 +623,11 @@ fn a_submitted_job_runs_through_a_registered_agent_to_finished() {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
-    // The agent runs its own copy, fetched from the repository by digest.
+    // The agent runs its own copy, fetched from the repository by digest (a root agent runs
+    // a copy of it in the job's own directory, owned by the job's uid).
     let digest = mutirao_coord::repo::digest_of(&std::fs::read(&slow).unwrap());
-    let program = tmp.0.join("programs").join(digest.replace(':', "-"));
-    let program = program.to_str().unwrap();
+    let program = digest.replace(':', "-");
+    let program = program.as_str();
     let ps = || {
         let o = Command::new("ps").args(["-eo", "args"]).output().unwrap();
         String::from_utf8_lossy(&o.stdout).into_owned()
@@ -714,8 +715,12 @@ fn an_agent_runs_the_program_it_fetched_by_digest_and_refuses_an_altered_copy() 
     let id = submit();
     let v = wait_state(&c, id, "finished", Duration::from_secs(30));
     let out = ok(&mutirao(&c, ANA, &["logs", &id.to_string()]));
+    // The agent's copy: its cached file, or (a root agent) a copy of it in the job's own
+    // directory, named by the same digest.
+    let copy = cached.file_name().unwrap().to_str().unwrap();
     assert!(
-        out.contains(&format!("[0] from {}", cached.display())),
+        out.contains(&format!("[0] from {}", cached.display()))
+            || (out.contains("[0] from /") && out.contains(&format!("/{copy} in /"))),
         "the rank did not run the agent's copy: {out:?} {v:#}"
     );
     assert!(cached.exists());
@@ -758,7 +763,8 @@ fn an_agent_runs_the_program_it_fetched_by_digest_and_refuses_an_altered_copy() 
     let out = ok(&mutirao(&c, ANA, &["logs", &id.to_string()]));
     assert!(!out.contains("evil"), "the altered copy ran: {out}");
     assert!(
-        out.contains(&format!("[0] from {}", cached.display())),
+        out.contains(&format!("[0] from {}", cached.display()))
+            || (out.contains("[0] from /") && out.contains(&format!("/{copy} in /"))),
         "{out}"
     );
     assert_eq!(
@@ -1007,6 +1013,8 @@ fn a_restarted_coordinator_waits_for_the_old_ranks_to_be_gone_then_runs_the_job_
     let prog = c.dir.join("long.sh");
     let marks = tmp.0.join("marks");
     std::fs::create_dir_all(&marks).unwrap();
+    // The job may run as a uid of its own (a root agent): it must be able to leave marks here.
+    std::fs::set_permissions(&marks, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
     // The first run sleeps long; the second (the marks exist) ends at once.
     std::fs::write(
         &prog,
@@ -1083,6 +1091,9 @@ fn a_job_that_ended_while_the_coordinator_was_down_is_finished_without_running_a
     let prog = c.dir.join("gated.sh");
     let go = tmp.0.join("go");
     let runs = tmp.0.join("runs");
+    // The job may run as a uid of its own (a root agent): it must be able to append here.
+    std::fs::write(&runs, "").unwrap();
+    std::fs::set_permissions(&runs, std::os::unix::fs::PermissionsExt::from_mode(0o666)).unwrap();
     std::fs::write(
         &prog,
         format!(

@@ -419,6 +419,13 @@ fn a_cancelled_graph_stops_its_running_task() {
 fn a_coordinator_restarted_mid_graph_keeps_the_finished_tasks() {
     let mut g = grid("restart", &[("n1", "north")], &[]);
     let counter = g.dir.join("a-ran");
+    // The task may run as a uid of its own (a root agent): it must be able to append here.
+    std::fs::write(&counter, "").unwrap();
+    std::fs::set_permissions(
+        &counter,
+        std::os::unix::fs::PermissionsExt::from_mode(0o666),
+    )
+    .unwrap();
     let graph = write(
         &g.dir,
         "restart.json",

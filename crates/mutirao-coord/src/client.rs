@@ -46,6 +46,11 @@ fn remote(e: ureq::Error, what: &str) -> Error {
 }
 
 impl Client {
+    /// The coordinator's address, as given.
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
     /// A client of the coordinator at `base` (`http://127.0.0.1:7210`), using `token`.
     pub fn new(base: &str, token: &str) -> Result<Client> {
         let base = base.trim_end_matches('/').to_string();

@@ -133,6 +133,115 @@ pub fn spawn_heartbeat_nudged(
     Ok(Heartbeat { stop, th: Some(th) })
 }
 
+/// What a retrying heartbeat says when its state changes (for the agent's log).
+pub type OnChange = Box<dyn Fn(&str) + Send>;
+
+/// First wait between two registration attempts; doubled after each failure up to
+/// [`RETRY_MAX`].
+pub const RETRY_FIRST: Duration = Duration::from_secs(1);
+/// Longest wait between two registration attempts.
+pub const RETRY_MAX: Duration = Duration::from_secs(30);
+
+/// Like [`spawn_heartbeat_nudged`], but never gives up on the coordinator: a coordinator not
+/// up yet, gone, or refusing is tried again with backoff ([`RETRY_FIRST`] doubling to
+/// [`RETRY_MAX`]), and every change of state (registered, lost, refused) is told once through
+/// `on_change`. Machines boot in any order; an agent does not exit for it. Only a report
+/// that cannot be measured at all is an error.
+pub fn spawn_heartbeat_retrying(
+    client: Client,
+    mut measure: Measure,
+    nudge: Arc<AtomicBool>,
+    on_change: OnChange,
+) -> Result<Heartbeat> {
+    // Measuring is local: its failure is a real error of this host, said at once.
+    measure()?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let s = stop.clone();
+    let th = std::thread::spawn(move || {
+        let mut registered = false;
+        let mut said: Option<String> = None;
+        let mut backoff = RETRY_FIRST;
+        let mut wait = Duration::ZERO;
+        loop {
+            let t0 = Instant::now();
+            while t0.elapsed() < wait {
+                if s.load(Ordering::SeqCst) {
+                    return;
+                }
+                if registered && nudge.swap(false, Ordering::SeqCst) {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20).min(wait));
+            }
+            if s.load(Ordering::SeqCst) {
+                return;
+            }
+            let r = measure().and_then(|r| {
+                if registered {
+                    match client.heartbeat(&r) {
+                        Err(Error::Remote { status: 404, .. }) => client.register(&r),
+                        other => other,
+                    }
+                } else {
+                    client.register(&r)
+                }
+            });
+            match r {
+                Ok(reg) => {
+                    if !registered {
+                        on_change(&format!(
+                            "registered with the coordinator at {}",
+                            client.base()
+                        ));
+                    }
+                    registered = true;
+                    said = None;
+                    backoff = RETRY_FIRST;
+                    wait = Duration::from_secs_f64(reg.heartbeat_interval_s.clamp(0.05, 3600.0));
+                }
+                Err(e) => {
+                    let what = match &e {
+                        Error::Remote { status: 401 | 403, .. } => format!(
+                            "the coordinator at {} refuses this agent's token ({e}): check the agent's --coord-token-file against the coordinator's token file; trying again every {} s",
+                            client.base(),
+                            RETRY_MAX.as_secs()
+                        ),
+                        _ if registered => format!(
+                            "lost the coordinator at {} ({e}); trying again with backoff up to {} s",
+                            client.base(),
+                            RETRY_MAX.as_secs()
+                        ),
+                        _ => format!(
+                            "the coordinator at {} is not reachable yet ({e}); trying again with backoff up to {} s",
+                            client.base(),
+                            RETRY_MAX.as_secs()
+                        ),
+                    };
+                    // Once per state, not once per attempt.
+                    let kind = what.split(" (").next().unwrap_or("").to_string();
+                    if said.as_deref() != Some(kind.as_str()) {
+                        on_change(&what);
+                        said = Some(kind);
+                    }
+                    if matches!(
+                        e,
+                        Error::Remote {
+                            status: 401 | 403,
+                            ..
+                        }
+                    ) {
+                        backoff = RETRY_MAX;
+                    }
+                    registered = false;
+                    wait = backoff;
+                    backoff = (backoff * 2).min(RETRY_MAX);
+                }
+            }
+        }
+    });
+    Ok(Heartbeat { stop, th: Some(th) })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -10,7 +10,7 @@ use std::net::{Shutdown, TcpListener, TcpStream};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -34,6 +34,52 @@ pub struct AgentConfig {
     /// The journal of the grid ranks this agent runs (ranks a coordinator labelled with
     /// [`crate::journal::GRID_JOB_ENV`]): alive, and how each ended; `None`: none is kept.
     pub journal: Option<Arc<crate::journal::RankJournal>>,
+    /// Who the ranks run as, in which directory, with what environment.
+    pub sandbox: Arc<crate::sandbox::Sandbox>,
+    /// How many connections it serves at once.
+    pub limits: Limits,
+}
+
+/// How many connections an agent serves at once, and how long a handshake may take.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Connections that have not yet proved they hold the token: more are closed at once.
+    pub handshaking: usize,
+    /// Sessions at once (launches and checkpoint sessions), authenticated or not.
+    pub sessions: usize,
+    /// Time for the whole handshake.
+    pub handshake: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            handshaking: 64,
+            sessions: 512,
+            handshake: proto::HANDSHAKE_DEADLINE,
+        }
+    }
+}
+
+/// One unit of a counted limit, given back when dropped.
+struct Slot(Arc<AtomicUsize>);
+
+impl Slot {
+    /// A unit of `count` if fewer than `max` are taken.
+    fn take(count: &Arc<AtomicUsize>, max: usize) -> Option<Slot> {
+        count
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| Slot(count.clone()))
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// Resolves a program digest (`sha256:<hex>`) to a local file whose content has just been
@@ -45,9 +91,6 @@ pub type Resolve = Arc<dyn Fn(&str) -> Result<PathBuf, String> + Send + Sync>;
 pub struct ProgramSource {
     /// Digest → checked local file.
     pub resolve: Resolve,
-    /// Ranks whose launch names a working directory this host does not have run in a
-    /// directory of their own under this one (one per launcher directory, kept between runs).
-    pub run_dir: PathBuf,
 }
 
 /// The digest a launch names its program by, if any: the program itself given as
@@ -73,16 +116,6 @@ pub fn program_digest(program: &str, env: Option<&BTreeMap<String, String>>) -> 
     let name = Path::new(program).file_name()?.to_str()?;
     let d = name.replacen('-', ":", 1);
     is_digest(&d).then_some(d)
-}
-
-/// The directory a rank runs in on an agent with a [`ProgramSource`] when the launcher's
-/// `cwd` does not exist here: `run_dir/<16 hex of the launcher directory's digest>`.
-fn own_run_dir(run_dir: &Path, cwd: Option<&str>) -> std::io::Result<PathBuf> {
-    use sha2::{Digest, Sha256};
-    let h = Sha256::digest(cwd.unwrap_or("").as_bytes());
-    let d = run_dir.join(&mutirao::pmi::hex(&h)[..16]);
-    std::fs::create_dir_all(&d)?;
-    Ok(d)
 }
 
 /// The process groups an agent runs for launchers, so that the host owner's policy can stop
@@ -153,25 +186,47 @@ impl Procs {
     }
 }
 
-/// Accept launchers on `listener` forever, one thread per session.
+/// Accept launchers on `listener` forever, one thread per session, within [`Limits`]: a
+/// connection over a limit is closed at once (and said once in the log, until the count is
+/// under the limit again).
 pub fn serve_forever(listener: TcpListener, cfg: AgentConfig) {
+    let handshaking = Arc::new(AtomicUsize::new(0));
+    let sessions = Arc::new(AtomicUsize::new(0));
+    let mut refusing = false;
     for conn in listener.incoming() {
         let conn = match conn {
             Ok(c) => c,
             Err(e) => {
                 (cfg.log)(&format!("accept failed: {e}"));
+                // Out of descriptors, say: give the sessions a moment to end.
+                std::thread::sleep(Duration::from_millis(10));
                 continue;
             }
         };
+        let peer = conn
+            .peer_addr()
+            .map(|a| a.to_string())
+            .unwrap_or_else(|_| "?".into());
+        let slots = Slot::take(&sessions, cfg.limits.sessions)
+            .and_then(|s| Slot::take(&handshaking, cfg.limits.handshaking).map(|h| (s, h)));
+        let Some((session_slot, handshake_slot)) = slots else {
+            if !refusing {
+                (cfg.log)(&format!(
+                    "refusing connections (from {peer} on): {} sessions or {} handshakes at once already",
+                    cfg.limits.sessions, cfg.limits.handshaking
+                ));
+                refusing = true;
+            }
+            drop(conn);
+            continue;
+        };
+        refusing = false;
         let session = cfg.clone();
         let spawned = std::thread::Builder::new()
             .name("agent-conn".into())
             .spawn(move || {
-                let peer = conn
-                    .peer_addr()
-                    .map(|a| a.to_string())
-                    .unwrap_or_else(|_| "?".into());
-                if let Err(e) = serve(conn, &session) {
+                let _session = session_slot;
+                if let Err(e) = serve_counted(conn, &session, Some(handshake_slot)) {
                     (session.log)(&format!("session with {peer}: {e:#}"));
                 }
             });
@@ -193,12 +248,26 @@ pub fn host_name() -> String {
 /// (its socket closes, or — with heartbeats — it stays silent for [`proto::HEARTBEAT_MISSES`]
 /// periods).
 pub fn serve(conn: TcpStream, cfg: &AgentConfig) -> anyhow::Result<()> {
+    serve_counted(conn, cfg, None)
+}
+
+/// [`serve`], giving `handshaking` back once the launcher is authenticated.
+fn serve_counted(
+    conn: TcpStream,
+    cfg: &AgentConfig,
+    handshaking: Option<Slot>,
+) -> anyhow::Result<()> {
     let secret: &[u8] = &cfg.secret;
     let dir_socket = cfg.dir_socket.as_ref();
     let peer = conn.peer_addr()?;
     conn.set_nodelay(true).ok();
-    conn.set_read_timeout(Some(Duration::from_secs(10)))?;
-    let mut r = BufReader::new(conn.try_clone()?);
+    // A peer that reads nothing cannot hold a writer for long either.
+    conn.set_write_timeout(Some(Duration::from_secs(30)))?;
+    // The whole handshake within the deadline, however slowly the peer sends it.
+    let mut r = BufReader::new(proto::DeadlineReader::new(
+        conn.try_clone()?,
+        Some(std::time::Instant::now() + cfg.limits.handshake),
+    ));
     let w = Arc::new(Mutex::new(conn.try_clone()?));
     let send = |m: &Msg| -> anyhow::Result<()> {
         let mut g = w.lock().map_err(|_| anyhow::anyhow!("writer poisoned"))?;
@@ -211,7 +280,7 @@ pub fn serve(conn: TcpStream, cfg: &AgentConfig) -> anyhow::Result<()> {
         version: proto::AGENT_PROTOCOL,
         nonce: nonce.clone(),
     })?;
-    let client_nonce = match proto::read_msg(&mut r) {
+    let client_nonce = match proto::read_msg_max(&mut r, proto::MAX_PRE_AUTH_LINE) {
         Ok(Some(Msg::Auth { mac, nonce: cn }))
             if proto::verify(secret, proto::CLIENT_LABEL, &nonce, &mac) =>
         {
@@ -249,7 +318,11 @@ pub fn serve(conn: TcpStream, cfg: &AgentConfig) -> anyhow::Result<()> {
             .map(|n| n.get())
             .unwrap_or(1),
     })?;
+    // Authenticated: the session's own timeouts from now on.
+    drop(handshaking);
+    r.get_mut().set_deadline(None);
     r.get_ref()
+        .get_ref()
         .set_read_timeout(Some(Duration::from_secs(60)))?;
     // The job.
     let (program, args, cwd, ranks, heartbeat_ms) = match proto::read_msg(&mut r) {
@@ -348,12 +421,32 @@ pub fn serve(conn: TcpStream, cfg: &AgentConfig) -> anyhow::Result<()> {
     // here, on the host that runs it, before anything starts.
     // Only for the program it names (a rank may spawn another program with its environment).
     let named = program_digest(&program, ranks.first().map(|r| &r.env));
+    // Where and as whom this job's ranks run (shared with its other sessions here).
+    let lease = match cfg
+        .sandbox
+        .lease(crate::sandbox::job_key(ranks.first().map(|r| &r.env)))
+    {
+        Ok(l) => l,
+        Err(e) => {
+            let msg = format!("cannot prepare the job's directory or user: {e}");
+            let _ = send(&Msg::Error { msg: msg.clone() });
+            bail!("{peer}: {msg}");
+        }
+    };
     let mut program = program;
     let mut cwd = cwd;
     match (&cfg.programs, named) {
         (Some(src), Some(want)) => {
-            // From the coordinator's repository (or this agent's cache), checked just now.
-            match (src.resolve)(&want) {
+            // From the coordinator's repository (or this agent's cache), checked just now;
+            // a job running as another user gets a copy of its own.
+            let resolved = (src.resolve)(&want).and_then(|p| {
+                if lease.account.is_some() {
+                    lease.install_program(&p).map_err(|e| e.to_string())
+                } else {
+                    Ok(p)
+                }
+            });
+            match resolved {
                 Ok(p) => {
                     log(&format!(
                         "{peer}: {program:?} is {want}, run from {}",
@@ -367,19 +460,8 @@ pub fn serve(conn: TcpStream, cfg: &AgentConfig) -> anyhow::Result<()> {
                     bail!("{peer}: refused the launch: {msg}");
                 }
             }
-            if !cwd.as_deref().is_some_and(|d| Path::new(d).is_dir()) {
-                match own_run_dir(&src.run_dir, cwd.as_deref()) {
-                    Ok(d) => cwd = Some(d.display().to_string()),
-                    Err(e) => {
-                        let msg = format!(
-                            "cannot create a working directory under {}: {e}",
-                            src.run_dir.display()
-                        );
-                        let _ = send(&Msg::Error { msg: msg.clone() });
-                        bail!("{peer}: {msg}");
-                    }
-                }
-            }
+            // No shared file system on a grid: the job's own directory.
+            cwd = Some(lease.dir.display().to_string());
         }
         (None, Some(want)) if program.starts_with("sha256:") => {
             let msg = format!(
@@ -404,7 +486,9 @@ pub fn serve(conn: TcpStream, cfg: &AgentConfig) -> anyhow::Result<()> {
     let mut waiters = Vec::new();
     for spec in &ranks {
         let mut cmd = Command::new(&program);
-        cmd.args(&args).envs(&spec.env);
+        cmd.args(&args);
+        // Nothing of the agent's environment: the launch's variables, PATH, HOME, TMPDIR.
+        lease.prepare(&mut cmd, &spec.env);
         if let Some(sock) = dir_socket {
             // This host's directory, whatever the launcher's environment said.
             cmd.env("MUTIRAO_DIR_SOCKET", sock);
@@ -418,12 +502,19 @@ pub fn serve(conn: TcpStream, cfg: &AgentConfig) -> anyhow::Result<()> {
                 cmd.current_dir(d);
             }
         }
-        let mut child = match cmd.spawn() {
+        let mut child = match crate::child::spawn(cmd) {
             Ok(c) => c,
             Err(e) => {
                 kill_all(&pids, libc::SIGKILL);
+                let who = match cfg.sandbox.run_as() {
+                    crate::sandbox::RunAs::Agent => String::new(),
+                    other => format!(
+                        " (this agent runs jobs as another user — {}; that user must be able to run the program and enter its directory, or start the agent with --run-as)",
+                        other.describe()
+                    ),
+                };
                 let _ = send(&Msg::Error {
-                    msg: format!("cannot start {program:?} for rank {}: {e}", spec.rank),
+                    msg: format!("cannot start {program:?} for rank {}: {e}{who}", spec.rank),
                 });
                 bail!("{peer}: cannot start {program:?}: {e}");
             }
@@ -462,7 +553,11 @@ pub fn serve(conn: TcpStream, cfg: &AgentConfig) -> anyhow::Result<()> {
                 let mut buf = Vec::new();
                 loop {
                     buf.clear();
-                    match br.read_until(b'\n', &mut buf) {
+                    // A long line goes as several pieces, never as one message too long for
+                    // the launcher to take.
+                    match std::io::Read::take(&mut br, proto::MAX_OUTPUT_PIECE)
+                        .read_until(b'\n', &mut buf)
+                    {
                         Ok(0) | Err(_) => break,
                         Ok(_) => {
                             if buf.last() == Some(&b'\n') {
@@ -515,16 +610,19 @@ pub fn serve(conn: TcpStream, cfg: &AgentConfig) -> anyhow::Result<()> {
     // When every rank has ended, close the session (this also ends the read loop below).
     let closer = conn.try_clone()?;
     let ended_w = ended.clone();
+    let job = lease.clone();
     std::thread::spawn(move || {
         for t in waiters {
             let _ = t.join();
         }
+        // The job's last session here: what its ranks left running ends, its directory goes.
+        drop(job);
         ended_w.store(true, Ordering::SeqCst);
         let _ = closer.shutdown(Shutdown::Both);
     });
     // The launcher's heartbeats awaited for HEARTBEAT_MISSES periods.
     // Listen for kill requests; a vanished launcher ends everything it started.
-    r.get_ref().set_read_timeout(silence)?;
+    r.get_ref().get_ref().set_read_timeout(silence)?;
     loop {
         match proto::read_msg(&mut r) {
             Ok(Some(Msg::Kill { signal })) => {
@@ -669,6 +767,223 @@ mod tests {
         let _ = std::fs::remove_dir_all(&d);
     }
 
+    /// An agent's configuration for tests: ranks run as the test's user, in job directories
+    /// under `dir`.
+    fn config(secret: &[u8], dir: &Path) -> AgentConfig {
+        use crate::sandbox::{RunAs, Sandbox};
+        AgentConfig {
+            secret: Arc::new(secret.to_vec()),
+            dir_socket: None,
+            log: Arc::new(|_| {}),
+            store: None,
+            procs: Procs::default(),
+            journal: None,
+            programs: None,
+            sandbox: Arc::new(Sandbox::new(RunAs::Agent, &dir.join("jobs")).unwrap()),
+            limits: Limits::default(),
+        }
+    }
+
+    /// Serve `cfg` on a loopback listener; returns its port.
+    fn serve_on_loopback(cfg: AgentConfig) -> u16 {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        std::thread::spawn(move || serve_forever(listener, cfg));
+        port
+    }
+
+    /// Run `sh -c script` as one rank through an agent on `port`; its output lines and exit.
+    fn run_through(port: u16, secret: &[u8], script: &str) -> (Vec<String>, Option<Option<i32>>) {
+        use crate::job::{Event, Job, JobSpec};
+        let mut spec = JobSpec::local(1, "/bin/sh", vec!["-c".into(), script.into()]);
+        spec.hosts = Some(vec![crate::hostfile::HostEntry {
+            host: "127.0.0.1".into(),
+            slots: 1,
+            port,
+        }]);
+        spec.secret = Some(secret.to_vec());
+        spec.env.insert("FROM_LAUNCH".into(), "yes".into());
+        let job = Job::start(&spec).unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        let (mut out, mut exit) = (Vec::new(), None);
+        while exit.is_none() && std::time::Instant::now() < deadline {
+            match job.recv_timeout(Duration::from_millis(100)) {
+                Ok(Event::Output { line, .. }) => out.push(line),
+                Ok(Event::Exit { code, .. }) => exit = Some(code),
+                Ok(Event::Started { .. }) => {}
+                Ok(other) => out.push(format!("{other:?}")),
+                Err(_) => {}
+            }
+        }
+        (out, exit)
+    }
+
+    fn scratch(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("mutirao-agent-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    #[test]
+    fn a_rank_gets_none_of_the_agent_s_environment() {
+        let dir = scratch("env");
+        let secret = [3u8; 32];
+        let port = serve_on_loopback(config(&secret, &dir));
+        let (out, exit) = run_through(port, &secret, "env; pwd");
+        assert_eq!(exit, Some(Some(0)), "{out:#?}");
+        let pwd = out.last().cloned().unwrap_or_default();
+        let names: Vec<&str> = out[..out.len() - 1]
+            .iter()
+            .filter_map(|l| l.split('=').next())
+            .collect();
+        for n in &names {
+            assert!(
+                ["PATH", "HOME", "TMPDIR", "FROM_LAUNCH"].contains(n)
+                    || n.starts_with("MUTIRAO_")
+                    || n.starts_with("OMPI_")
+                    || n.starts_with("PMI_")
+                    // The shell's own.
+                    || ["PWD", "SHLVL", "_", "OLDPWD"].contains(n),
+                "the rank inherited {n} from the agent: {out:#?}"
+            );
+        }
+        assert!(names.contains(&"FROM_LAUNCH"), "{out:#?}");
+        // The test process (the agent here) has CARGO_* variables; the rank must not.
+        assert!(std::env::vars().any(|(k, _)| k.starts_with("CARGO")));
+        let home = out
+            .iter()
+            .find_map(|l| l.strip_prefix("HOME="))
+            .unwrap_or_default()
+            .to_string();
+        assert!(home.contains("/jobs/job-"), "{home}");
+        assert!(
+            !Path::new(&home).exists(),
+            "the job's directory outlived it"
+        );
+        assert!(!pwd.is_empty());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_rank_printing_10_mb_without_a_newline_still_exits_0() {
+        let dir = scratch("longline");
+        let secret = [4u8; 32];
+        let port = serve_on_loopback(config(&secret, &dir));
+        let (out, exit) = run_through(
+            port,
+            &secret,
+            "head -c 10000000 /dev/zero | tr '\\0' x; head -c 800000 /dev/zero | tr '\\0' '\\001'",
+        );
+        assert_eq!(
+            exit,
+            Some(Some(0)),
+            "{:?}",
+            out.iter().filter(|l| l.len() < 200).collect::<Vec<_>>()
+        );
+        let xs: usize = out
+            .iter()
+            .map(|l| l.bytes().filter(|b| *b == b'x').count())
+            .sum();
+        let ctl: usize = out
+            .iter()
+            .map(|l| l.bytes().filter(|b| *b == 1).count())
+            .sum();
+        assert_eq!((xs, ctl), (10_000_000, 800_000));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_handshake_sent_a_byte_at_a_time_is_cut_at_the_deadline() {
+        use std::io::{Read, Write};
+        let dir = scratch("slowloris");
+        let port = serve_on_loopback(config(&[5u8; 32], &dir));
+        let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        s.set_read_timeout(Some(Duration::from_millis(900)))
+            .unwrap();
+        let t0 = std::time::Instant::now();
+        let mut buf = [0u8; 4096];
+        let mut closed = false;
+        // One byte a second, for at most 12 s; the agent must close within its 5 s.
+        for _ in 0..12 {
+            if s.write_all(b"{").is_err() {
+                closed = true;
+                break;
+            }
+            match s.read(&mut buf) {
+                Ok(0) => {
+                    closed = true;
+                    break;
+                }
+                Err(e)
+                    if e.kind() != std::io::ErrorKind::WouldBlock
+                        && e.kind() != std::io::ErrorKind::TimedOut =>
+                {
+                    closed = true;
+                    break;
+                }
+                _ => {}
+            }
+        }
+        let took = t0.elapsed();
+        assert!(closed, "still open after {took:?}");
+        assert!(took < Duration::from_secs(7), "closed only after {took:?}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn an_unauthenticated_line_over_4_kib_is_refused_at_once() {
+        use std::io::{Read, Write};
+        let dir = scratch("bigline");
+        let port = serve_on_loopback(config(&[6u8; 32], &dir));
+        let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(4))).unwrap();
+        let mut r = BufReader::new(s.try_clone().unwrap());
+        let mut challenge = String::new();
+        r.read_line(&mut challenge).unwrap();
+        assert!(challenge.contains("challenge"), "{challenge}");
+        let t0 = std::time::Instant::now();
+        // 8 KiB of one unended line: refused without waiting for more.
+        let _ = s.write_all(&[b'a'; 8192]);
+        let mut rest = String::new();
+        let _ = r.read_to_string(&mut rest);
+        assert!(rest.contains("malformed request"), "{rest:?}");
+        assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn connections_over_the_handshake_cap_are_closed_and_a_launcher_still_gets_in_later() {
+        use std::io::Read;
+        let dir = scratch("cap");
+        let secret = [8u8; 32];
+        let mut cfg = config(&secret, &dir);
+        cfg.limits = Limits {
+            handshaking: 4,
+            sessions: 16,
+            handshake: Duration::from_secs(2),
+        };
+        let port = serve_on_loopback(cfg);
+        let idle: Vec<TcpStream> = (0..4)
+            .map(|_| TcpStream::connect(("127.0.0.1", port)).unwrap())
+            .collect();
+        std::thread::sleep(Duration::from_millis(200));
+        let mut over = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        over.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
+        let mut buf = [0u8; 256];
+        assert_eq!(
+            over.read(&mut buf).map_err(|e| e.kind()),
+            Ok(0),
+            "a fifth handshake at once must be closed without a challenge"
+        );
+        // The idle ones are cut at their deadline; then launches work again.
+        std::thread::sleep(Duration::from_millis(2500));
+        drop(idle);
+        let (out, exit) = run_through(port, &secret, "echo in");
+        assert_eq!(exit, Some(Some(0)), "{out:#?}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     #[test]
     fn an_agent_fetching_its_program_longer_than_the_heartbeat_silence_is_not_lost() {
         use crate::job::{Event, Job, JobSpec};
@@ -677,22 +992,14 @@ mod tests {
         let port = listener.local_addr().unwrap().port();
         let run_dir =
             std::env::temp_dir().join(format!("mutirao-agent-slowfetch-{}", std::process::id()));
-        let cfg = AgentConfig {
-            secret: Arc::new(secret.clone()),
-            dir_socket: None,
-            log: Arc::new(|_| {}),
-            store: None,
-            procs: Procs::default(),
-            journal: None,
-            // A fetch of 1.5 s: three times the launcher's patience with a silent agent.
-            programs: Some(ProgramSource {
-                resolve: Arc::new(|_| {
-                    std::thread::sleep(Duration::from_millis(1500));
-                    Ok(PathBuf::from("/bin/sh"))
-                }),
-                run_dir: run_dir.clone(),
+        let mut cfg = config(&secret, &run_dir);
+        // A fetch of 1.5 s: three times the launcher's patience with a silent agent.
+        cfg.programs = Some(ProgramSource {
+            resolve: Arc::new(|_| {
+                std::thread::sleep(Duration::from_millis(1500));
+                Ok(PathBuf::from("/bin/sh"))
             }),
-        };
+        });
         std::thread::spawn(move || {
             if let Ok((conn, _)) = listener.accept() {
                 let _ = serve(conn, &cfg);

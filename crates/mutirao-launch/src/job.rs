@@ -570,7 +570,9 @@ fn forward(rank: usize, stream: Stream, r: impl std::io::Read + Send + 'static, 
         let mut buf = Vec::new();
         loop {
             buf.clear();
-            match br.read_until(b'\n', &mut buf) {
+            // Long lines as pieces, as agents send them: memory stays bounded.
+            match std::io::Read::take(&mut br, proto::MAX_OUTPUT_PIECE).read_until(b'\n', &mut buf)
+            {
                 Ok(0) | Err(_) => break,
                 Ok(_) => {
                     if buf.last() == Some(&b'\n') {
@@ -619,7 +621,8 @@ fn start_one_local(
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0);
-    let mut child = cmd.spawn().map_err(|e| {
+    // Tied to this process: a launcher that dies, even by SIGKILL, takes its ranks with it.
+    let mut child = crate::child::spawn(cmd).map_err(|e| {
         anyhow::anyhow!(
             "cannot start {program:?} for rank {rank}: {e} (is the path right and the file executable?)"
         )

@@ -27,6 +27,7 @@
 //! ```
 
 pub mod agent;
+pub mod child;
 pub mod ckpt_dir;
 pub mod fsutil;
 pub mod hostfile;
@@ -34,5 +35,6 @@ pub mod job;
 pub mod journal;
 pub mod proto;
 pub mod recovery;
+pub mod sandbox;
 pub mod store;
 pub mod supervise;

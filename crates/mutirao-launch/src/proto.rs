@@ -97,20 +97,76 @@ pub struct RankSpec {
     pub env: BTreeMap<String, String>,
 }
 
+/// Longest line an agent reads before the launcher has proved it holds the token.
+pub const MAX_PRE_AUTH_LINE: u64 = 4 << 10;
+/// Longest piece of a rank's output line sent as one [`Msg::Output`]: longer lines go as
+/// several (escaped for JSON, a piece stays far below [`MAX_LINE`]).
+pub const MAX_OUTPUT_PIECE: u64 = 64 << 10;
+/// Time an agent gives a connection to complete the whole handshake.
+pub const HANDSHAKE_DEADLINE: std::time::Duration = std::time::Duration::from_secs(5);
+
 pub fn read_msg(r: &mut impl BufRead) -> Result<Option<Msg>, String> {
+    read_msg_max(r, MAX_LINE)
+}
+
+/// [`read_msg`] of a line of at most `max` bytes.
+pub fn read_msg_max(r: &mut impl BufRead, max: u64) -> Result<Option<Msg>, String> {
     let mut line = Vec::new();
-    let n = std::io::Read::take(&mut *r, MAX_LINE + 1)
+    let n = std::io::Read::take(&mut *r, max + 1)
         .read_until(b'\n', &mut line)
         .map_err(|e| format!("read failed: {e}"))?;
     if n == 0 {
         return Ok(None);
     }
-    if line.len() as u64 > MAX_LINE {
-        return Err(format!("message longer than {MAX_LINE} bytes"));
+    if line.len() as u64 > max {
+        return Err(format!("message longer than {max} bytes"));
     }
     serde_json::from_slice(&line)
         .map(Some)
         .map_err(|e| format!("malformed message: {e}"))
+}
+
+/// A socket reader with a deadline for everything read through it (while one is set): each
+/// read waits at most until the deadline, so a peer trickling a byte at a time cannot hold a
+/// handshake open past it.
+#[derive(Debug)]
+pub struct DeadlineReader {
+    sock: std::net::TcpStream,
+    deadline: Option<std::time::Instant>,
+}
+
+impl DeadlineReader {
+    /// Reads of `sock`, ended at `deadline` (none: the socket's own read timeout applies).
+    pub fn new(sock: std::net::TcpStream, deadline: Option<std::time::Instant>) -> Self {
+        DeadlineReader { sock, deadline }
+    }
+
+    /// Set or clear the deadline (clearing it leaves the socket's read timeout as it was set
+    /// last: set the one wanted after it).
+    pub fn set_deadline(&mut self, deadline: Option<std::time::Instant>) {
+        self.deadline = deadline;
+    }
+
+    /// The socket.
+    pub fn get_ref(&self) -> &std::net::TcpStream {
+        &self.sock
+    }
+}
+
+impl std::io::Read for DeadlineReader {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if let Some(d) = self.deadline {
+            let left = d.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "the handshake took too long",
+                ));
+            }
+            self.sock.set_read_timeout(Some(left))?;
+        }
+        self.sock.read(buf)
+    }
 }
 
 pub fn write_msg(w: &mut impl Write, m: &Msg) -> std::io::Result<()> {
@@ -155,6 +211,20 @@ pub fn read_token_file(path: &std::path::Path) -> Result<Vec<u8>, String> {
         ));
     }
     Ok(t.as_bytes().to_vec())
+}
+
+/// A warning when the token file at `path` may be read by users other than its owner (its
+/// group or others have read bits), or `None`.
+pub fn token_file_warning(path: &std::path::Path) -> Option<String> {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(path).ok()?.permissions().mode() & 0o777;
+    (mode & 0o044 != 0).then(|| {
+        format!(
+            "the token file {} has mode {mode:o}: other users of this host may read it; make it private with `chmod 600 {}`",
+            path.display(),
+            path.display()
+        )
+    })
 }
 
 /// Where the token lives unless `--token-file` says otherwise: `$MUTIRAO_AGENT_TOKEN_FILE`, else

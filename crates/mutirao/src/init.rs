@@ -340,7 +340,9 @@ pub(crate) fn init_alone() -> Result<Comm, Error> {
 }
 
 /// An identity that is equal exactly for processes that can share memory *and* are meant to be
-/// on the same host: same kernel boot, same network namespace (testbed hosts differ), same name.
+/// on the same host: same kernel boot, same network namespace (testbed hosts differ), same name,
+/// same user (an agent running as root gives each job's ranks a uid of their own there, and
+/// processes of two users can open neither each other's rings nor each other's memory).
 /// `MUTIRAO_HOST_ID`, when set, is appended: it can split one machine into several "hosts" (ranks
 /// with different values talk TCP), never join processes that cannot share memory.
 pub(crate) fn host_identity() -> String {
@@ -349,8 +351,9 @@ pub(crate) fn host_identity() -> String {
         .map(|p| p.display().to_string())
         .unwrap_or_default();
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let uid = rustix::process::geteuid().as_raw();
     let extra = std::env::var("MUTIRAO_HOST_ID").unwrap_or_default();
-    format!("{}|{}|{}|{}", boot.trim(), netns, host.trim(), extra)
+    format!("{}|{}|{}|{uid}|{}", boot.trim(), netns, host.trim(), extra)
 }
 
 fn ring_path(job: &str, src: usize, dst: usize) -> PathBuf {
