@@ -276,6 +276,12 @@ fn up(
                     "{addr}".into(),
                     "--token-file".into(),
                     token.display().to_string(),
+                    // The testbed emulates one developer's hosts on their own machine: its
+                    // agents run jobs as the user who brought it up (root), as `mutirao run`
+                    // does locally, so programs and files under that user's directories work.
+                    // A grid agent started by hand as root gives each job a uid of its own.
+                    "--run-as".into(),
+                    "root".into(),
                 ],
                 port,
                 log_dir: Some(dir.to_path_buf()),

@@ -74,7 +74,10 @@ fn spawn_coord_env(dir: PathBuf, extra: &[&str], env: &[(&str, &str)]) -> Coord 
     let tokens = dir.join("grid.tokens");
     let mut cmd = Command::new(BIN);
     cmd.envs(env.iter().copied());
-    cmd.args(["coordinator", "--listen", "127.0.0.1:0"]);
+    cmd.arg("coordinator");
+    if !extra.contains(&"--listen") {
+        cmd.args(["--listen", "127.0.0.1:0"]);
+    }
     if extra.contains(&"--postgres") {
         cmd.arg("--repo")
             .arg(dir.join("repo"))
@@ -309,9 +312,20 @@ fn start_agent(dir: &std::path::Path, coord: Option<(&str, &str)>) -> (Agent, Pa
 }
 
 fn wait_state(c: &Coord, id: i64, want: &str, limit: Duration) -> serde_json::Value {
+    wait_state_as(c, ANA, id, want, limit)
+}
+
+/// [`wait_state`] of a job of the user whose token is `token`.
+fn wait_state_as(
+    c: &Coord,
+    token: &str,
+    id: i64,
+    want: &str,
+    limit: Duration,
+) -> serde_json::Value {
     let t0 = Instant::now();
     loop {
-        let o = mutirao(c, ANA, &["job", "--json", &id.to_string()]);
+        let o = mutirao(c, token, &["job", "--json", &id.to_string()]);
         let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
         if v["job"]["state"] == want {
             return v;
@@ -1198,4 +1212,128 @@ fn a_job_whose_agent_never_reports_after_a_restart_is_requeued_after_the_bound()
     let s = story(&v);
     assert_eq!(s.iter().filter(|(k, _)| k == "run").count(), 2, "{s:#?}");
     assert_eq!(s.last().unwrap().1, "exit 0", "{s:#?}");
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid(2) has no preconditions and cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
+#[test]
+fn a_grid_job_finds_neither_the_agent_s_tokens_nor_another_user_s_secrets() {
+    if !is_root() {
+        println!("skipped: needs root (a root agent gives each job a uid of its own)");
+        return;
+    }
+    let (_agent, c, tmp) = grid_with_agent("secrets");
+    // The operator's token file is private, as it should be (a readable one is warned about).
+    let tokens = c.dir.join("grid.tokens");
+    std::fs::set_permissions(&tokens, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let agent_tok = tmp.0.join("agent.token");
+    let agent_secret = std::fs::read_to_string(&agent_tok)
+        .unwrap()
+        .trim()
+        .to_string();
+    // bia's job holds a secret in its environment while ana's job looks for it.
+    let nap = c.dir.join("nap.sh");
+    std::fs::write(
+        &nap,
+        "#!/bin/sh
+echo napping
+sleep 30
+",
+    )
+    .unwrap();
+    let out = ok(&common::grid_client(
+        &c.url,
+        BIA,
+        &[
+            "submit",
+            "-n",
+            "1",
+            "--env",
+            "BIA_SECRET=bia-secret-0123456789",
+            nap.to_str().unwrap(),
+        ],
+    ));
+    let bia_job: i64 = out.trim().parse().unwrap();
+    wait_state_as(&c, BIA, bia_job, "running", Duration::from_secs(30));
+    let snoop = c.dir.join("snoop.sh");
+    std::fs::write(
+        &snoop,
+        r#"#!/bin/sh
+id
+env
+for f in /proc/[0-9]*/environ /proc/[0-9]*/cmdline; do tr '\0' '\n' < "$f"; done 2>/dev/null
+cat "$@" 2>/dev/null
+find /tmp /root /etc /var /run -xdev -type f \( -name '*token*' -o -name '*.sqlite*' \) -exec cat {} + 2>/dev/null | head -c 2000000
+echo snooped
+"#,
+    )
+    .unwrap();
+    let id = submit_id(
+        &c,
+        &[
+            "-n",
+            "1",
+            "--",
+            snoop.to_str().unwrap(),
+            agent_tok.to_str().unwrap(),
+            tokens.to_str().unwrap(),
+        ],
+    );
+    wait_state(&c, id, "finished", Duration::from_secs(60));
+    let log = ok(&mutirao(&c, ANA, &["logs", &id.to_string()]));
+    assert!(log.contains("snooped"), "{log}");
+    assert!(!log.contains("uid=0("), "the job ran as root: {log}");
+    assert!(!log.contains(&agent_secret), "the job read the agent token");
+    assert!(
+        !log.contains(N1),
+        "the job read the agent's coordinator token"
+    );
+    assert!(
+        !log.contains("bia-secret-0123456789"),
+        "the job read another user's secret"
+    );
+    assert!(!log.contains(BIA), "the job read a user's token");
+    ok(&common::grid_client(
+        &c.url,
+        BIA,
+        &["cancel", &bia_job.to_string()],
+    ));
+}
+
+#[test]
+fn an_agent_started_before_its_coordinator_registers_once_the_coordinator_is_up() {
+    let tmp = Scratch::new("early-agent");
+    let agent_tok = gen_agent_token(&tmp);
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("http://127.0.0.1:{port}");
+    let (mut agent, _) = start_agent(&tmp.0, Some((&url, N1)));
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(
+        agent.child.try_wait().unwrap().is_none(),
+        "the agent exited while its coordinator was not up"
+    );
+    let listen = format!("127.0.0.1:{port}");
+    let c = start_with(
+        "early",
+        &[
+            "--listen",
+            &listen,
+            "--agent-token-file",
+            agent_tok.to_str().unwrap(),
+        ],
+    );
+    let t0 = Instant::now();
+    wait_registered(&c);
+    assert!(
+        t0.elapsed() < Duration::from_secs(5),
+        "registered {:?} after the coordinator started",
+        t0.elapsed()
+    );
 }

@@ -566,6 +566,28 @@ fn tests() -> Vec<Trial> {
             }
             no_rank_left(&mark)
         }),
+        Trial::test("sigkill_of_the_launcher_leaves_no_rank_a_second_later", || {
+            let mark = tmpdir("sigkill");
+            let mut cmd = mutirao_run(&["-n", "3"], "sleep", Some(&mark));
+            let mut child = cmd
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .map_err(|e| e.to_string())?;
+            let t0 = Instant::now();
+            while std::fs::read_dir(&mark).map(|d| d.count()).unwrap_or(0) < 3 {
+                if t0.elapsed() > Duration::from_secs(20) {
+                    let _ = child.kill();
+                    return Err("ranks never started".into());
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            // SIGKILL: the launcher cannot clean up; its ranks must go with it all the same.
+            child.kill().map_err(|e| e.to_string())?;
+            let _ = child.wait();
+            std::thread::sleep(Duration::from_secs(1));
+            no_rank_left(&mark)
+        }),
         Trial::test("run_reports_a_missing_program_clearly", || {
             let out = Command::new(MUTIRAO)
                 .args(["run", "-n", "2", "/nonexistent/prog"])

@@ -262,13 +262,12 @@ impl Executor for LaunchExecutor {
         let handle = cancelled.clone();
         // Hostfile index → the host's name (the hostfile holds addresses).
         let names: Vec<String> = l.hosts.iter().map(|s| s.name.clone()).collect();
-        // The launcher names hosts by address; the journal by the names the agents registered.
-        let by_addr: Vec<(String, String)> = spec
-            .hosts
-            .iter()
-            .flatten()
-            .zip(&names)
-            .map(|(h, n)| (h.host.clone(), n.clone()))
+        // The launcher names hosts by agent (address, or address:port where agents share
+        // one); the journal by the names the agents registered.
+        let agents = spec.hosts.clone().unwrap_or_default();
+        let by_addr: Vec<(String, String)> = (0..agents.len())
+            .map(|i| mutirao_launch::hostfile::agent_name(&agents, i))
+            .zip(names.iter().cloned())
             .collect();
         std::thread::Builder::new()
             .name(format!("job-{job_id}"))
@@ -1115,6 +1114,30 @@ mod name_tests {
         assert_eq!(
             super::name_hosts("x110.0.0.1 10.0.0.100", &by),
             "x110.0.0.1 10.0.0.100"
+        );
+    }
+
+    #[test]
+    fn three_agents_on_one_address_are_three_hosts_in_the_journal() {
+        use mutirao_launch::hostfile::{agent_name, HostEntry};
+        let agents: Vec<HostEntry> = [7207, 7208, 7209]
+            .iter()
+            .map(|&port| HostEntry {
+                host: "127.0.0.1".into(),
+                slots: 1,
+                port,
+            })
+            .collect();
+        let by: Vec<(String, String)> = (0..3)
+            .map(|i| (agent_name(&agents, i), format!("n{}", i + 1)))
+            .collect();
+        assert_eq!(by[1].0, "127.0.0.1:7208");
+        assert_eq!(
+            super::name_hosts(
+                "rank 1 on 127.0.0.1:7208 was killed by signal 9; restarted every rank; not on 127.0.0.1:7208",
+                &by
+            ),
+            "rank 1 on n2 was killed by signal 9; restarted every rank; not on n2"
         );
     }
 }

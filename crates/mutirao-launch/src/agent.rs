@@ -985,6 +985,43 @@ mod tests {
     }
 
     #[test]
+    fn two_agents_on_one_address_are_two_hosts_to_the_launcher() {
+        use crate::job::{Event, Job, JobSpec};
+        let dir = scratch("twohosts");
+        let secret = [9u8; 32];
+        let ports = [
+            serve_on_loopback(config(&secret, &dir.join("a"))),
+            serve_on_loopback(config(&secret, &dir.join("b"))),
+        ];
+        let mut spec = JobSpec::local(2, "/bin/true", vec![]);
+        spec.hosts = Some(
+            ports
+                .iter()
+                .map(|&port| crate::hostfile::HostEntry {
+                    host: "127.0.0.1".into(),
+                    slots: 1,
+                    port,
+                })
+                .collect(),
+        );
+        spec.secret = Some(secret.to_vec());
+        let job = Job::start(&spec).unwrap();
+        assert_eq!(
+            job.hosts_of(),
+            ports.map(|p| format!("127.0.0.1:{p}")).as_slice()
+        );
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        let mut exits = 0;
+        while exits < 2 && std::time::Instant::now() < deadline {
+            if let Ok(Event::Exit { .. }) = job.recv_timeout(Duration::from_millis(100)) {
+                exits += 1;
+            }
+        }
+        assert_eq!(exits, 2);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
     fn an_agent_fetching_its_program_longer_than_the_heartbeat_silence_is_not_lost() {
         use crate::job::{Event, Job, JobSpec};
         let secret = vec![7u8; 32];

@@ -17,6 +17,19 @@ pub struct HostEntry {
     pub port: u16,
 }
 
+/// The name of hostfile entry `i` among `hosts`, as the launcher, its reports and the journal
+/// call that host: its host, or `host:port` when several agents share a host name (agents on
+/// one machine, or containers behind one address): a host is an agent, not an address.
+pub fn agent_name(hosts: &[HostEntry], i: usize) -> String {
+    let h = &hosts[i];
+    let shared = hosts.iter().any(|o| o.host == h.host && o.port != h.port);
+    if shared {
+        format!("{}:{}", h.host, h.port)
+    } else {
+        h.host.clone()
+    }
+}
+
 /// Parse a hostfile; errors name the line.
 pub fn parse(text: &str) -> Result<Vec<HostEntry>, String> {
     let mut out = Vec::new();

@@ -850,7 +850,7 @@ fn start_remote(
             .iter()
             .enumerate()
             .map(|(local_rank, &rank)| {
-                hosts_of[rank] = hosts[i].host.clone();
+                hosts_of[rank] = hostfile::agent_name(hosts, i);
                 let mut env = spec.env.clone();
                 env.extend(rank_env(
                     rank,
@@ -878,7 +878,7 @@ fn start_remote(
         if let Err(e) = run_session(
             (w, r),
             i,
-            &hosts[i].host,
+            &hostfile::agent_name(hosts, i),
             launch,
             mine,
             false,
@@ -1081,7 +1081,7 @@ impl JobSpawner {
                         run_session(
                             (w, r),
                             h,
-                            &hosts[h].host,
+                            &hostfile::agent_name(hosts, h),
                             launch,
                             idx.iter().map(|&i| req.ranks[i] as usize).collect(),
                             true,
@@ -1091,7 +1091,7 @@ impl JobSpawner {
                         .map_err(|e| format!("{e:#}"))?;
                         started.push(Member::Remote(Arc::new(Mutex::new(writer))));
                         for &i in &idx {
-                            procs.push((req.ranks[i], h, hosts[h].host.clone()));
+                            procs.push((req.ranks[i], h, hostfile::agent_name(hosts, h)));
                         }
                     }
                 }

@@ -191,8 +191,8 @@ pub fn run_with_recovery(
                         .filter_map(|&h| {
                             spec.hosts
                                 .as_ref()
-                                .and_then(|hs| hs.get(h))
-                                .map(|h| h.host.clone())
+                                .filter(|hs| h < hs.len())
+                                .map(|hs| crate::hostfile::agent_name(hs, h))
                         })
                         .collect();
                     format!("; not on {}", names.join(", "))

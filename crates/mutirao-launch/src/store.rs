@@ -103,17 +103,7 @@ pub fn connect_store(
     Ok(Box::new(w))
 }
 
-/// The name of hostfile entry `i` among `hosts`: its host, or `host:port` when several agents
-/// share a host name (agents on one machine).
-pub fn agent_name(hosts: &[HostEntry], i: usize) -> String {
-    let h = &hosts[i];
-    let shared = hosts.iter().any(|o| o.host == h.host && o.port != h.port);
-    if shared {
-        format!("{}:{}", h.host, h.port)
-    } else {
-        h.host.clone()
-    }
-}
+pub use crate::hostfile::agent_name;
 
 /// Which agent ([`agent_name`]) holds each rank now (updated at every incarnation), for keeping
 /// a rank's replicas off its own host.
