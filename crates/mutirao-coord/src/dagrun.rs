@@ -396,6 +396,10 @@ impl Runner {
                 .repo()
                 .put(&bytes)
                 .map_err(|e| format!("cannot keep its output {name}: {e}"))?;
+            // The job's owner may download it (kept for them, counted in their quota).
+            self.c
+                .own_blob(&self.job.spec.owner, &d, bytes.len() as u64)
+                .map_err(|e| format!("cannot record its output {name}: {e}"))?;
             outputs.insert(name, d);
         }
         let rec = TaskDone {

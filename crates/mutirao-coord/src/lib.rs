@@ -97,6 +97,28 @@ pub enum Error {
         /// The limit.
         max: u64,
     },
+    /// A user's uploads would take more than their quota.
+    #[error("{user}'s uploads take {used} bytes of their {quota}-byte quota; {size} bytes more would exceed it (ask the coordinator's operator to raise --upload-quota-mib)")]
+    Quota {
+        /// The user.
+        user: String,
+        /// Bytes their uploads take now.
+        used: u64,
+        /// Bytes refused.
+        size: u64,
+        /// The quota.
+        quota: u64,
+    },
+    /// An agent reported an address other than the one its host registered at.
+    #[error("host {host} registered at {registered:?}; a report from {reported:?} is refused: the agent must register again to move")]
+    Moved {
+        /// The host.
+        host: String,
+        /// Where it registered.
+        registered: String,
+        /// Where the refused report says it is.
+        reported: String,
+    },
     /// A file-system failure.
     #[error("{0}")]
     Io(String),
