@@ -37,6 +37,7 @@ pub mod auth;
 pub mod client;
 pub mod exec;
 pub mod fetch;
+pub mod logbatch;
 mod model;
 pub mod owner;
 mod pg;
