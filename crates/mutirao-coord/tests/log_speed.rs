@@ -56,8 +56,23 @@ fn bare_run(program: &std::path::Path, port: u16, secret: &[u8]) -> (Duration, u
     (t0.elapsed(), lines)
 }
 
+/// ana's job of one rank of `program`.
+fn one_rank(program: &str) -> NewJob {
+    NewJob {
+        owner: "ana".into(),
+        ranks: 1,
+        program: program.into(),
+        args: Vec::new(),
+        require: None,
+        checkpoint_interval_s: None,
+        dag: false,
+        env: Default::default(),
+    }
+}
+
 #[test]
-fn a_5000_line_job_through_the_coordinator_takes_at_most_twice_the_bare_run_and_keeps_every_line() {
+fn a_5000_line_job_through_the_coordinator_takes_at_most_twice_the_bare_run_and_keeps_every_line_even_one_of_1_mib(
+) {
     let dir = std::env::temp_dir().join(format!("mutirao-logspeed-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
@@ -110,19 +125,7 @@ fn a_5000_line_job_through_the_coordinator_takes_at_most_twice_the_bare_run_and_
         // The agent's report, fresh (a host silent for three heartbeats is not placed on).
         store.report_host(&agent_host).unwrap();
         let t0 = Instant::now();
-        let id = store
-            .create_job(&NewJob {
-                owner: "ana".into(),
-                ranks: 1,
-                program: digest.clone(),
-                args: Vec::new(),
-                require: None,
-                checkpoint_interval_s: None,
-                dag: false,
-                env: Default::default(),
-            })
-            .unwrap()
-            .id;
+        let id = store.create_job(&one_rank(&digest)).unwrap().id;
         assert_eq!(d.place_waiting().unwrap(), 1);
         loop {
             let s = store.job(id).unwrap().state;
@@ -161,6 +164,33 @@ fn a_5000_line_job_through_the_coordinator_takes_at_most_twice_the_bare_run_and_
     assert!(
         coord <= bare * 2 + Duration::from_millis(500),
         "through the coordinator {coord:?} against {bare:?} through the agent alone"
+    );
+
+    // A line of 1 MiB is stored whole (in rows of 64 KiB), and the job finishes on its host.
+    let long = c
+        .repo()
+        .put(b"#!/bin/sh\nhead -c 1048576 /dev/zero | tr '\\0' x; echo; echo after\n")
+        .unwrap();
+    store.report_host(&agent_host).unwrap();
+    let id = store.create_job(&one_rank(&long)).unwrap().id;
+    assert_eq!(d.place_waiting().unwrap(), 1);
+    let t0 = Instant::now();
+    while !store.job(id).unwrap().state.is_final() {
+        assert!(t0.elapsed() < Duration::from_secs(60), "still running");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(
+        store.job(id).unwrap().state,
+        JobState::Finished,
+        "{:#?}",
+        store.events(id).unwrap()
+    );
+    let log = store.read_log(id, 0, 4 << 20).unwrap().data;
+    let want = format!("[0] {}\n[0] after\n", "x".repeat(1 << 20));
+    assert!(
+        log == want.as_bytes(),
+        "{} bytes, not the long line and the next",
+        log.len()
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
