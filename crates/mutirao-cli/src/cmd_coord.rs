@@ -85,6 +85,20 @@ pub struct CoordArgs {
     /// $MUTIRAO_AGENT_TOKEN_FILE or ~/.mutirao/agent.token, as `mutirao run`).
     #[arg(long, value_name = "FILE")]
     agent_token_file: Option<PathBuf>,
+    /// Seconds a client has to send a request's whole header (an idle kept-alive connection
+    /// too); then its connection is closed.
+    #[arg(long, default_value_t = 10.0, value_name = "SECS")]
+    header_timeout: f64,
+    /// Connections served at once; one more is answered 503 and closed at once.
+    #[arg(long, default_value_t = mutirao_coord::api::DEFAULT_MAX_CONNECTIONS, value_name = "N")]
+    max_connections: usize,
+    /// Content each user may have uploaded to the repository, in MiB (507 past it).
+    #[arg(long, default_value_t = 4096, value_name = "MIB")]
+    upload_quota_mib: u64,
+    /// Output a job's log keeps, in MiB; past it the log gets one notice and further output
+    /// is dropped (the job's journal says how much).
+    #[arg(long, default_value_t = 64, value_name = "MIB")]
+    log_cap_mib: u64,
 }
 
 pub fn run(a: CoordArgs) -> anyhow::Result<ExitCode> {
@@ -126,11 +140,27 @@ pub fn run(a: CoordArgs) -> anyhow::Result<ExitCode> {
             a.heartbeat_interval
         );
     }
-    let c = Coordinator::with_heartbeat(
+    if !(a.header_timeout.is_finite() && (0.1..=3600.0).contains(&a.header_timeout)) {
+        bail!(
+            "--header-timeout {}: expected seconds between 0.1 and 3600",
+            a.header_timeout
+        );
+    }
+    if a.max_connections == 0 {
+        bail!("--max-connections 0 would refuse every client; expected at least 1");
+    }
+    let limits = mutirao_coord::api::Limits {
+        header_read_timeout: Duration::from_secs_f64(a.header_timeout),
+        max_connections: a.max_connections,
+        upload_quota: a.upload_quota_mib.saturating_mul(1 << 20),
+        log_cap: a.log_cap_mib.saturating_mul(1 << 20),
+    };
+    let c = Coordinator::with_limits(
         store,
         tokens,
         repo,
         Duration::from_secs_f64(a.heartbeat_interval),
+        limits,
     );
     let exec = LaunchExecutor {
         agent_token_file: a

@@ -1,6 +1,6 @@
 //! `mutirao coordinator` as a process on loopback, driven by the client commands: submit
 //! (uploads, then queues), jobs, job, logs, cancel; an unknown token (401) and another user's
-//! job (403) refused with a message, changing nothing; and a job run end to end through a
+//! job (404, as if it did not exist) refused with a message, changing nothing; and a job run end to end through a
 //! registered agent on this machine (submit → running → finished, its output in its log).
 
 use std::io::{BufRead, BufReader};
@@ -187,7 +187,8 @@ fn submit_jobs_job_logs_cancel_through_a_coordinator_process() {
     assert!(why.contains("no host has registered"), "{why}");
     assert_eq!(ok(&mutirao(&c, ANA, &["logs", &id.to_string()])), "");
 
-    // 401: an unknown token; 403: bia cancelling ana's job. Neither changes anything.
+    // 401: an unknown token; 404: bia cancelling ana's job, answered as a job that does not
+    // exist. Neither changes anything.
     let e = err(&mutirao(
         &c,
         "not-a-token-of-this-grid",
@@ -195,9 +196,12 @@ fn submit_jobs_job_logs_cancel_through_a_coordinator_process() {
     ));
     assert!(e.contains("401") && e.contains("unknown token"), "{e}");
     let e = err(&mutirao(&c, BIA, &["cancel", &id.to_string()]));
-    assert!(e.contains("403") && e.contains("not yours"), "{e}");
+    assert!(
+        e.contains("404") && e.contains(&format!("job {id} does not exist")),
+        "{e}"
+    );
     let e = err(&mutirao(&c, BIA, &["logs", &id.to_string()]));
-    assert!(e.contains("403"), "{e}");
+    assert!(e.contains("404"), "{e}");
     assert!(ok(&mutirao(&c, ANA, &["jobs"])).contains("waiting"));
 
     let out = ok(&mutirao(&c, ANA, &["cancel", &id.to_string()]));
@@ -890,7 +894,7 @@ fn a_coordinator_on_postgresql_keeps_jobs_across_a_crash() {
     assert_eq!(v["events"][0]["detail"], "submitted");
     assert!(ok(&mutirao(&c, ANA, &["jobs"])).contains("waiting"));
     let e = err(&mutirao(&c, BIA, &["job", &id.to_string()]));
-    assert!(e.contains("403"), "{e}");
+    assert!(e.contains("404"), "{e}");
 }
 
 /// A TCP forwarder on a fixed loopback port to a coordinator that may move (restarted on

@@ -2,8 +2,16 @@
 //!
 //! Every route but `/openapi.json` needs `Authorization: Bearer <token>` of a known principal
 //! ([`Tokens`]): none or an unknown one is 401; a user calling an agent's route, an agent
-//! calling a user's, a user touching another user's job or an agent reporting another host is
-//! 403. Every refusal is logged (stderr and [`Coordinator::audit`]) and changes nothing.
+//! calling a user's or an agent reporting another host is 403. The token and the principal's
+//! kind are checked by a middleware before any handler runs, so a refused request's body is
+//! never read (an unauthenticated 150 MiB upload costs the headers). Another user's job or blob
+//! is answered exactly as one that does not exist (404), so ids and digests reveal nothing.
+//! Every refusal is logged (stderr and [`Coordinator::audit`]) and changes nothing.
+//!
+//! [`serve`] closes a connection whose request header is not complete within
+//! [`Limits::header_read_timeout`], and serves at most [`Limits::max_connections`] at once
+//! (more are answered 503 and closed at once); each user's stored uploads are bounded by
+//! [`Limits::upload_quota`] and each job's log by [`Limits::log_cap`].
 //! Malformed requests are 4xx with a message; 5xx means the coordinator itself failed
 //! (its database or disk). The routes are [`ROUTES`]; [`openapi`] describes each.
 //!
@@ -12,15 +20,16 @@
 
 use crate::auth::{Kind, Principal, Tokens};
 use crate::repo::{check_digest, Repo};
-use crate::{Error, Event, Host, HostReport, Job, JobState, NewJob, Store};
+use crate::{BlobAdd, Error, Event, Host, HostReport, Job, JobState, NewJob, Store};
 use axum::body::{Body, Bytes};
-use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::extract::{DefaultBodyLimit, Extension, MatchedPath, Path, Query, Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode, Uri};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{get, post, MethodRouter};
 use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -49,6 +58,42 @@ pub const MAX_BODY: usize = 1 << 20;
 /// Audit lines kept in memory.
 const AUDIT_KEPT: usize = 1000;
 
+/// What a client may cost the coordinator (issue 29): every limit has a default and a flag of
+/// `mutirao coordinator`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Limits {
+    /// A request's whole header must arrive within this after the connection starts waiting
+    /// for it (an idle kept-alive connection too), else the connection is closed.
+    pub header_read_timeout: Duration,
+    /// Connections served at once; one more is answered 503 and closed at once.
+    pub max_connections: usize,
+    /// Bytes of uploaded content each user may have in the repository (507 past it).
+    pub upload_quota: u64,
+    /// Bytes of output a job's log keeps; past it the log gets one notice and further output
+    /// is dropped (and counted in the job's journal).
+    pub log_cap: u64,
+}
+
+/// Default [`Limits::header_read_timeout`].
+pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default [`Limits::max_connections`].
+pub const DEFAULT_MAX_CONNECTIONS: usize = 512;
+/// Default [`Limits::upload_quota`]: 4 GiB.
+pub const DEFAULT_UPLOAD_QUOTA: u64 = 4 << 30;
+/// Default [`Limits::log_cap`]: 64 MiB.
+pub const DEFAULT_LOG_CAP: u64 = 64 << 20;
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            header_read_timeout: DEFAULT_HEADER_READ_TIMEOUT,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            upload_quota: DEFAULT_UPLOAD_QUOTA,
+            log_cap: DEFAULT_LOG_CAP,
+        }
+    }
+}
+
 /// Something the coordinator is told when a job is submitted or cancelled (the executor that
 /// places and runs jobs). Called on tokio's blocking pool; must not block for long.
 pub trait JobHook: Send + Sync {
@@ -72,6 +117,9 @@ pub struct Coordinator {
     audit: Mutex<VecDeque<String>>,
     hook: Mutex<Option<Arc<dyn JobHook>>>,
     usage: crate::usage::Usage,
+    limits: Limits,
+    /// Each host's agent address as it registered (a heartbeat naming another is refused).
+    pinned: Mutex<HashMap<String, String>>,
     /// How often agents are asked to heartbeat.
     pub heartbeat_interval: Duration,
 }
@@ -90,6 +138,17 @@ impl Coordinator {
         repo: Repo,
         heartbeat_interval: Duration,
     ) -> Arc<Coordinator> {
+        Self::with_limits(store, tokens, repo, heartbeat_interval, Limits::default())
+    }
+
+    /// The same, with `limits` instead of the defaults.
+    pub fn with_limits(
+        store: Arc<dyn Store>,
+        tokens: Tokens,
+        repo: Repo,
+        heartbeat_interval: Duration,
+        limits: Limits,
+    ) -> Arc<Coordinator> {
         Arc::new(Coordinator {
             store,
             tokens,
@@ -99,8 +158,15 @@ impl Coordinator {
             audit: Mutex::new(VecDeque::new()),
             hook: Mutex::new(None),
             usage: crate::usage::Usage::default(),
+            limits,
+            pinned: Mutex::new(HashMap::new()),
             heartbeat_interval,
         })
+    }
+
+    /// Its limits.
+    pub fn limits(&self) -> &Limits {
+        &self.limits
     }
 
     /// Install what is told of submissions and cancellations (replaces any earlier one).
@@ -146,11 +212,20 @@ impl Coordinator {
         a.push_back(line);
     }
 
-    /// Append a job's output and wake the log followers (for executors in this process).
-    pub fn append_log(&self, id: i64, data: &[u8]) -> crate::Result<u64> {
-        let n = self.store.append_log(id, data)?;
+    /// Append a job's output, within the log's cap ([`Limits::log_cap`]), and wake the log
+    /// followers (for executors in this process).
+    pub fn append_log(&self, id: i64, data: &[u8]) -> crate::Result<crate::Appended> {
+        let a = self
+            .store
+            .append_log_capped(id, data, self.limits.log_cap)?;
         self.changed.notify_waiters();
-        Ok(n)
+        Ok(a)
+    }
+
+    /// Record that `owner` has `digest` (`size` bytes) in the repository, e.g. a task graph's
+    /// output kept for its job (counted in the owner's quota, never refused).
+    pub fn own_blob(&self, owner: &str, digest: &str, size: u64) -> crate::Result<()> {
+        self.store.add_blob(owner, digest, size, u64::MAX).map(drop)
     }
 
     /// Move a job through the state machine and wake the log followers.
@@ -230,33 +305,73 @@ impl Coordinator {
         ))
     }
 
-    /// Load a job `p` may see: its owner's, or any for an agent when `agents_too`.
+    /// Load a job of user `p`'s. Another user's job is answered as one that does not exist
+    /// (the same 404 and message), so a job id tells nothing of other users' jobs.
     async fn owned_job(
         self: &Arc<Self>,
         p: &Principal,
         id: i64,
         what: &str,
-        agents_too: bool,
     ) -> Result<Job, ApiError> {
         let store = self.store.clone();
         let job = blocking(move || store.job(id)).await?;
-        let allowed = match p.kind {
-            Kind::User => job.spec.owner == p.name,
-            Kind::Agent => agents_too,
-        };
-        if !allowed {
+        if p.kind != Kind::User || job.spec.owner != p.name {
             self.log_refusal(format!(
-                "403 {what}: {p} may not touch job {id} ({}'s)",
+                "404 {what}: {p} may not touch job {id} ({}'s)",
                 job.spec.owner
             ));
-            return Err(ApiError::new(
-                StatusCode::FORBIDDEN,
-                format!("job {id} is not yours"),
-            ));
+            return Err(Error::NoJob(id).into());
         }
         Ok(job)
     }
 }
+
+/// Who may call a route.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Who {
+    User,
+    Agent,
+    Anyone,
+}
+
+/// Authenticate a request and check its principal's kind for the route before the handler
+/// runs: a refused request's body is never read (hyper closes the connection instead of
+/// reading the rest of it). The principal goes to the handler as an extension.
+async fn gate(
+    c: Arc<Coordinator>,
+    who: Who,
+    mut req: Request,
+    next: Next,
+) -> Result<Response, ApiError> {
+    let path = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|m| m.as_str().to_string())
+        .unwrap_or_else(|| req.uri().path().to_string());
+    let what = format!("{} {path}", req.method());
+    let p = c.authenticate(req.headers(), &what)?;
+    match who {
+        Who::User => c.require(&p, Kind::User, &what)?,
+        Who::Agent => c.require(&p, Kind::Agent, &what)?,
+        Who::Anyone => {}
+    }
+    req.extensions_mut().insert(p);
+    Ok(next.run(req).await)
+}
+
+async fn users_only(State(c): C, req: Request, next: Next) -> Result<Response, ApiError> {
+    gate(c, Who::User, req, next).await
+}
+
+async fn agents_only(State(c): C, req: Request, next: Next) -> Result<Response, ApiError> {
+    gate(c, Who::Agent, req, next).await
+}
+
+async fn anyone(State(c): C, req: Request, next: Next) -> Result<Response, ApiError> {
+    gate(c, Who::Anyone, req, next).await
+}
+
+type P = Extension<Principal>;
 
 /// An error answer: a status and a message, sent as `{"error": "..."}`.
 #[derive(Debug)]
@@ -284,6 +399,8 @@ impl From<Error> for ApiError {
             Error::Transition { .. } => StatusCode::CONFLICT,
             Error::Invalid(_) => StatusCode::BAD_REQUEST,
             Error::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Error::Quota { .. } => StatusCode::INSUFFICIENT_STORAGE,
+            Error::Moved { .. } => StatusCode::CONFLICT,
             Error::Tampered { .. } | Error::Db(_) | Error::Io(_) => {
                 StatusCode::INTERNAL_SERVER_ERROR
             }
@@ -411,10 +528,14 @@ struct UploadQuery {
 
 type C = State<Arc<Coordinator>>;
 
-async fn submit(State(c): C, h: HeaderMap, body: Bytes) -> Result<Response, ApiError> {
-    const WHAT: &str = "POST /jobs";
-    let p = c.authenticate(&h, WHAT)?;
-    c.require(&p, Kind::User, WHAT)?;
+/// Whether `user` may use `digest`: content they uploaded (or their jobs' kept outputs).
+/// Content of other users' is answered as absent.
+async fn has_blob(c: &Coordinator, user: &str, digest: &str) -> Result<bool, ApiError> {
+    let (store, user, digest) = (c.store.clone(), user.to_string(), digest.to_string());
+    blocking(move || store.has_blob(&user, &digest)).await
+}
+
+async fn submit(State(c): C, Extension(p): P, body: Bytes) -> Result<Response, ApiError> {
     let r: SubmitRequest = parse_json(&body, "submission")?;
     check_digest(&r.program).map_err(|e| {
         ApiError::bad(format!(
@@ -436,7 +557,7 @@ async fn submit(State(c): C, h: HeaderMap, body: Bytes) -> Result<Response, ApiE
         crate::place::Requirement::parse(r)
             .map_err(|e| ApiError::bad(format!("requirement: {e}")))?;
     }
-    if !c.repo.contains(&nj.program)? {
+    if !c.repo.contains(&nj.program)? || !has_blob(&c, &p.name, &nj.program).await? {
         return Err(ApiError::bad(format!(
             "program {} is not in the application repository; upload it to POST /blobs first",
             nj.program
@@ -459,7 +580,7 @@ async fn submit(State(c): C, h: HeaderMap, body: Bytes) -> Result<Response, ApiE
         crate::taskgraph::algorithm(&nj.args).map_err(ApiError::bad)?;
         for t in &g.tasks {
             for (f, d) in &t.files {
-                if !c.repo.contains(d)? {
+                if !c.repo.contains(d)? || !has_blob(&c, &p.name, d).await? {
                     return Err(ApiError::bad(format!(
                         "task {:?}: file {f:?} ({d}) is not in the application repository; upload it to POST /blobs first",
                         t.id
@@ -490,12 +611,9 @@ struct ListQuery {
 
 async fn list_jobs(
     State(c): C,
-    h: HeaderMap,
+    Extension(p): P,
     Query(q): Query<ListQuery>,
 ) -> Result<Json<Vec<Job>>, ApiError> {
-    const WHAT: &str = "GET /jobs";
-    let p = c.authenticate(&h, WHAT)?;
-    c.require(&p, Kind::User, WHAT)?;
     if q.limit == Some(0) {
         return Err(ApiError::bad("limit must be at least 1"));
     }
@@ -508,23 +626,17 @@ async fn list_jobs(
 
 async fn one_job(
     State(c): C,
-    h: HeaderMap,
+    Extension(p): P,
     Path(id): Path<i64>,
 ) -> Result<Json<JobView>, ApiError> {
-    const WHAT: &str = "GET /jobs/{id}";
-    let p = c.authenticate(&h, WHAT)?;
-    c.require(&p, Kind::User, WHAT)?;
-    let job = c.owned_job(&p, id, WHAT, false).await?;
+    let job = c.owned_job(&p, id, "GET /jobs/{id}").await?;
     let store = c.store.clone();
     let events = blocking(move || store.events(id)).await?;
     Ok(Json(JobView { job, events }))
 }
 
-async fn cancel(State(c): C, h: HeaderMap, Path(id): Path<i64>) -> Result<Json<Job>, ApiError> {
-    const WHAT: &str = "POST /jobs/{id}/cancel";
-    let p = c.authenticate(&h, WHAT)?;
-    c.require(&p, Kind::User, WHAT)?;
-    c.owned_job(&p, id, WHAT, false).await?;
+async fn cancel(State(c): C, Extension(p): P, Path(id): Path<i64>) -> Result<Json<Job>, ApiError> {
+    c.owned_job(&p, id, "POST /jobs/{id}/cancel").await?;
     let c2 = c.clone();
     let detail = format!("cancelled by {}", p.name);
     let job = blocking(move || c2.transition(id, JobState::Cancelled, &detail)).await?;
@@ -537,14 +649,11 @@ async fn cancel(State(c): C, h: HeaderMap, Path(id): Path<i64>) -> Result<Json<J
 
 async fn read_logs(
     State(c): C,
-    h: HeaderMap,
+    Extension(p): P,
     Path(id): Path<i64>,
     Query(q): Query<LogQuery>,
 ) -> Result<Response, ApiError> {
-    const WHAT: &str = "GET /jobs/{id}/logs";
-    let p = c.authenticate(&h, WHAT)?;
-    c.require(&p, Kind::User, WHAT)?;
-    c.owned_job(&p, id, WHAT, false).await?;
+    c.owned_job(&p, id, "GET /jobs/{id}/logs").await?;
     let max = q.max.unwrap_or(MAX_LOG_READ).clamp(1, MAX_LOG_READ);
     let wait = Duration::from_millis(q.wait_ms.min(MAX_WAIT_MS));
     let deadline = tokio::time::Instant::now() + wait;
@@ -586,13 +695,11 @@ async fn read_logs(
 
 async fn append_logs(
     State(c): C,
-    h: HeaderMap,
+    Extension(p): P,
     Path(id): Path<i64>,
     body: Bytes,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     const WHAT: &str = "POST /jobs/{id}/logs";
-    let p = c.authenticate(&h, WHAT)?;
-    c.require(&p, Kind::Agent, WHAT)?;
     // An agent writes only the output of a job running on its own host.
     let store = c.store.clone();
     blocking(move || store.job(id)).await?;
@@ -611,12 +718,12 @@ async fn append_logs(
     }
     let c2 = c.clone();
     let n = blocking(move || c2.append_log(id, &body)).await?;
-    Ok(Json(serde_json::json!({ "length": n })))
+    Ok(Json(serde_json::json!({ "length": n.length })))
 }
 
 async fn report(
     c: Arc<Coordinator>,
-    h: HeaderMap,
+    p: Principal,
     body: Bytes,
     register: bool,
 ) -> Result<Json<Registered>, ApiError> {
@@ -625,8 +732,6 @@ async fn report(
     } else {
         "POST /agents/heartbeat"
     };
-    let p = c.authenticate(&h, what)?;
-    c.require(&p, Kind::Agent, what)?;
     let r: HostReport = parse_json(&body, "host report")?;
     if r.name != p.name {
         c.log_refusal(format!("403 {what}: {p} reported for host {:?}", r.name));
@@ -642,15 +747,52 @@ async fn report(
     let mut r = r;
     // The usage history goes to the coordinator's mirror, not into the stored report.
     let (name, usage) = (r.name.clone(), r.usage.take());
+    let addr = r.addr.clone();
+    let pinned = c
+        .pinned
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get(&name)
+        .cloned();
     let store = c.store.clone();
-    let host = blocking(move || {
+    // The address the host registered at: pinned in memory, else (a restarted coordinator)
+    // the stored report's.
+    let (before, host) = blocking(move || {
+        let before = match pinned {
+            Some(a) => Some(a),
+            None => store.host(&r.name)?.map(|h| h.report.addr),
+        };
         if register {
-            store.report_host(&r).map(Some)
-        } else {
-            store.heartbeat_host(&r)
+            return Ok((before, store.report_host(&r).map(Some)?));
         }
+        if before.as_deref().is_some_and(|b| b != r.addr) {
+            // Refused before anything is stored.
+            return Ok((before, None));
+        }
+        Ok((before, store.heartbeat_host(&r)?))
     })
     .await?;
+    if register {
+        if let Some(b) = before.as_deref().filter(|b| *b != addr) {
+            c.log_refusal(format!(
+                "{what}: {p} registered again, at {addr:?} (was {b:?}): its address is now pinned there"
+            ));
+        }
+    } else if let Some(b) = before.as_deref().filter(|b| *b != addr) {
+        c.log_refusal(format!(
+            "409 {what}: {p} reported address {addr:?} but registered at {b:?}: refused until it registers again"
+        ));
+        c.pinned
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(name.clone(), b.to_string());
+        return Err(Error::Moved {
+            host: name,
+            registered: b.to_string(),
+            reported: addr,
+        }
+        .into());
+    }
     let Some(host) = host else {
         return Err(ApiError::new(
             StatusCode::NOT_FOUND,
@@ -660,6 +802,10 @@ async fn report(
             ),
         ));
     };
+    c.pinned
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(name.clone(), addr);
     if let Some(u) = &usage {
         c.usage.reported(&name, u);
     }
@@ -669,12 +815,16 @@ async fn report(
     }))
 }
 
-async fn register(State(c): C, h: HeaderMap, body: Bytes) -> Result<Json<Registered>, ApiError> {
-    report(c, h, body, true).await
+async fn register(State(c): C, Extension(p): P, body: Bytes) -> Result<Json<Registered>, ApiError> {
+    report(c, p, body, true).await
 }
 
-async fn heartbeat(State(c): C, h: HeaderMap, body: Bytes) -> Result<Json<Registered>, ApiError> {
-    report(c, h, body, false).await
+async fn heartbeat(
+    State(c): C,
+    Extension(p): P,
+    body: Bytes,
+) -> Result<Json<Registered>, ApiError> {
+    report(c, p, body, false).await
 }
 
 fn now_ms() -> i64 {
@@ -684,8 +834,7 @@ fn now_ms() -> i64 {
         .unwrap_or(0)
 }
 
-async fn hosts(State(c): C, h: HeaderMap) -> Result<Json<Vec<HostView>>, ApiError> {
-    c.authenticate(&h, "GET /hosts")?;
+async fn hosts(State(c): C) -> Result<Json<Vec<HostView>>, ApiError> {
     let store = c.store.clone();
     let hosts = blocking(move || store.hosts()).await?;
     let lost_after = 3 * c.heartbeat_interval.as_millis() as i64;
@@ -701,44 +850,155 @@ async fn hosts(State(c): C, h: HeaderMap) -> Result<Json<Vec<HostView>>, ApiErro
     ))
 }
 
+/// The `Content-Length` a request declares, if any.
+fn content_length(h: &HeaderMap) -> Option<u64> {
+    h.get(header::CONTENT_LENGTH)?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
 async fn upload(
     State(c): C,
+    Extension(p): P,
     h: HeaderMap,
     Query(q): Query<UploadQuery>,
-    body: Bytes,
+    body: Body,
 ) -> Result<Response, ApiError> {
-    const WHAT: &str = "POST /blobs";
-    let p = c.authenticate(&h, WHAT)?;
-    c.require(&p, Kind::User, WHAT)?;
+    let max = c.repo.max_bytes();
+    let quota = c.limits.upload_quota;
+    let (store, user) = (c.store.clone(), p.name.clone());
+    let used = blocking(move || store.blob_usage(&user)).await?;
+    let room = quota.saturating_sub(used);
+    let over_quota = |size: u64| Error::Quota {
+        user: p.name.clone(),
+        used,
+        size,
+        quota,
+    };
+    // Content the user has already (the client names its digest): not counted again, not
+    // stored again; its body is checked against the digest as it comes, and dropped.
+    if let Some(d) = q.digest.as_deref().filter(|d| check_digest(d).is_ok()) {
+        if c.repo.contains(d)? && has_blob(&c, &p.name, d).await? {
+            let size = check_stream(body, d, max).await?;
+            let digest = d.to_string();
+            return Ok((StatusCode::CREATED, Json(Uploaded { digest, size })).into_response());
+        }
+    }
+    // A declared length over a limit is refused before a byte of the body is read.
+    if let Some(n) = content_length(&h) {
+        if n > max {
+            return Err(Error::TooLarge { size: n, max }.into());
+        }
+        if n > room {
+            return Err(over_quota(n).into());
+        }
+    }
+    let limit = max.min(room);
+    let body = axum::body::to_bytes(body, usize::try_from(limit).unwrap_or(usize::MAX))
+        .await
+        .map_err(|e| {
+            let over = std::error::Error::source(&e)
+                .is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
+            match () {
+                _ if !over => ApiError::bad(format!("cannot read the upload: {e}")),
+                _ if limit == max => ApiError::from(Error::TooLarge {
+                    size: max.saturating_add(1),
+                    max,
+                }),
+                _ => ApiError::from(over_quota(room.saturating_add(1))),
+            }
+        })?;
     let repo = c.repo.clone();
+    let store = c.store.clone();
     let size = body.len() as u64;
+    let owner = p.name.clone();
     // Hashing up to the repository's limit is CPU work: off the async workers.
-    let digest = blocking(move || {
+    let stored = blocking(move || {
         if let Some(d) = &q.digest {
             if let Err(e) = crate::repo::verify(d, &body) {
                 return Ok(Err(e));
             }
         }
-        repo.put(&body).map(Ok)
+        let digest = match repo.put(&body) {
+            Ok(d) => d,
+            Err(e) => return Ok(Err(e)),
+        };
+        // The quota is checked again with the upload's record, in one store change.
+        Ok(Ok((store.add_blob(&owner, &digest, size, quota)?, digest)))
     })
     .await?
     .map_err(|e| {
         let status = match e {
             Error::Invalid(_) => StatusCode::BAD_REQUEST,
+            Error::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             _ => StatusCode::UNPROCESSABLE_ENTITY,
         };
         ApiError::new(status, format!("upload refused: {e}"))
     })?;
+    let digest = match stored {
+        (BlobAdd::OverQuota { used }, _) => {
+            return Err(Error::Quota {
+                user: p.name,
+                used,
+                size,
+                quota,
+            }
+            .into())
+        }
+        (_, d) => d,
+    };
     Ok((StatusCode::CREATED, Json(Uploaded { digest, size })).into_response())
+}
+
+/// Read `body` to its end, keeping nothing, and check it is the content named `digest`;
+/// its length (at most `max` bytes, else 413; another content is 422).
+async fn check_stream(body: Body, digest: &str, max: u64) -> Result<u64, ApiError> {
+    use http_body_util::BodyExt;
+    use sha2::Digest;
+    let mut body = body;
+    let mut n = 0u64;
+    let mut h = sha2::Sha256::new();
+    while let Some(f) = body.frame().await {
+        let f = f.map_err(|e| ApiError::bad(format!("cannot read the upload: {e}")))?;
+        if let Some(b) = f.data_ref() {
+            n += b.len() as u64;
+            if n > max {
+                return Err(Error::TooLarge { size: n, max }.into());
+            }
+            h.update(b);
+        }
+    }
+    let actual = crate::repo::hex_digest(&h.finalize());
+    if actual != digest {
+        let e = Error::Tampered {
+            expected: digest.to_string(),
+            actual,
+        };
+        return Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            format!("upload refused: {e}"),
+        ));
+    }
+    Ok(n)
 }
 
 async fn download(
     State(c): C,
-    h: HeaderMap,
+    Extension(p): P,
     Path(digest): Path<String>,
 ) -> Result<Response, ApiError> {
-    c.authenticate(&h, "GET /blobs/{digest}")?;
     check_digest(&digest)?;
+    // Agents fetch programs of any job; a user reads only content of theirs, and another
+    // user's is answered as absent.
+    if p.kind == Kind::User && !has_blob(&c, &p.name, &digest).await? {
+        c.log_refusal(format!(
+            "404 GET /blobs/{{digest}}: {p} may not read {digest}: not uploaded by them nor kept for their jobs"
+        ));
+        return Err(Error::NoBlob(digest).into());
+    }
     let repo = c.repo.clone();
     let bytes = blocking(move || repo.get(&digest)).await?;
     let mut r = Response::new(Body::from(bytes));
@@ -763,25 +1023,32 @@ async fn no_route(method: Method, uri: Uri) -> ApiError {
     )
 }
 
-/// The API's routes over `c`.
+/// The API's routes over `c`. Each route's principals are checked by a middleware before
+/// its handler (and so before its body is read).
 pub fn router(c: Arc<Coordinator>) -> Router {
-    let upload_limit = usize::try_from(c.repo.max_bytes())
-        .unwrap_or(usize::MAX)
-        .saturating_add(1);
+    use axum::middleware::from_fn_with_state;
+    let users = |m: MethodRouter<Arc<Coordinator>>| {
+        m.route_layer(from_fn_with_state(c.clone(), users_only))
+    };
+    let agents = |m: MethodRouter<Arc<Coordinator>>| {
+        m.route_layer(from_fn_with_state(c.clone(), agents_only))
+    };
+    let all =
+        |m: MethodRouter<Arc<Coordinator>>| m.route_layer(from_fn_with_state(c.clone(), anyone));
     Router::new()
         .route("/openapi.json", get(openapi_doc))
-        .route("/jobs", post(submit).get(list_jobs))
-        .route("/jobs/{id}", get(one_job))
-        .route("/jobs/{id}/cancel", post(cancel))
-        .route("/jobs/{id}/logs", get(read_logs).post(append_logs))
-        .route("/agents/register", post(register))
-        .route("/agents/heartbeat", post(heartbeat))
-        .route("/hosts", get(hosts))
+        .route("/jobs", users(post(submit).get(list_jobs)))
+        .route("/jobs/{id}", users(get(one_job)))
+        .route("/jobs/{id}/cancel", users(post(cancel)))
         .route(
-            "/blobs",
-            post(upload).layer(DefaultBodyLimit::max(upload_limit)),
+            "/jobs/{id}/logs",
+            users(get(read_logs)).merge(agents(post(append_logs))),
         )
-        .route("/blobs/{digest}", get(download))
+        .route("/agents/register", agents(post(register)))
+        .route("/agents/heartbeat", agents(post(heartbeat)))
+        .route("/hosts", all(get(hosts)))
+        .route("/blobs", users(post(upload)))
+        .route("/blobs/{digest}", all(get(download)))
         .fallback(no_route)
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .layer(axum::middleware::map_response(json_errors))
@@ -823,15 +1090,74 @@ async fn json_errors(resp: Response) -> Response {
     out
 }
 
-/// Serve the API on `listener` until `shutdown` completes.
+/// The answer to a connection over [`Limits::max_connections`], written without waiting.
+fn busy_answer() -> Vec<u8> {
+    let body = r#"{"error":"the coordinator serves its maximum of connections; try again later"}"#;
+    format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+/// Serve the API on `listener` until `shutdown` completes, within `c`'s [`Limits`]: a
+/// connection whose request header is incomplete after [`Limits::header_read_timeout`] is
+/// closed; past [`Limits::max_connections`] a new connection is answered 503 and closed at
+/// once. At shutdown no connection is accepted and those open finish their requests.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     c: Arc<Coordinator>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(c))
-        .with_graceful_shutdown(shutdown)
-        .await
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    let limits = c.limits.clone();
+    let app = router(c.clone());
+    let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout);
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let busy = busy_answer();
+    let mut busy_logged = false;
+    tokio::pin!(shutdown);
+    loop {
+        let stream = tokio::select! {
+            r = listener.accept() => match r {
+                Ok((s, _)) => s,
+                Err(e) => {
+                    // Out of file descriptors and the like: pass, do not spin.
+                    eprintln!("mutirao coordinator: accept: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = &mut shutdown => break,
+        };
+        let Ok(permit) = slots.clone().try_acquire_owned() else {
+            // No reading, no waiting: what fits in the socket's buffer, then closed.
+            let _ = stream.try_write(&busy);
+            if !busy_logged {
+                c.log_refusal(format!(
+                    "503: {} connections open (--max-connections); refusing new ones until some close",
+                    limits.max_connections
+                ));
+            }
+            busy_logged = true;
+            continue;
+        };
+        busy_logged = false;
+        let _ = stream.set_nodelay(true);
+        let svc = hyper_util::service::TowerToHyperService::new(app.clone());
+        let conn = graceful.watch(http.serve_connection(TokioIo::new(stream), svc));
+        tokio::spawn(async move {
+            // A client that goes away or sends nonsense ends its own connection only.
+            let _ = conn.await;
+            drop(permit);
+        });
+    }
+    drop(listener);
+    graceful.shutdown().await;
+    Ok(())
 }
 
 /// The OpenAPI 3 document of [`ROUTES`].
@@ -842,7 +1168,7 @@ pub fn openapi() -> serde_json::Value {
     let id_param = json!({ "name": "id", "in": "path", "required": true, "schema": { "type": "integer", "format": "int64" } });
     let common = |mut responses: serde_json::Value| {
         responses["401"] = err("No token or an unknown one");
-        responses["403"] = err("The wrong kind of principal, another user's job or host, or (an agent) a job not running on its host");
+        responses["403"] = err("The wrong kind of principal for the route (checked before the body is read), or an agent reporting another host or appending to a job not running on its host");
         responses["400"] = err("Malformed request");
         responses
     };
@@ -852,7 +1178,7 @@ pub fn openapi() -> serde_json::Value {
         "info": {
             "title": "mutirão grid coordinator",
             "version": env!("CARGO_PKG_VERSION"),
-            "description": "Jobs, their journals and logs, hosts and their agents, and the content-addressed application repository. Every route but /openapi.json needs `Authorization: Bearer <token>`; users and agents are distinct principals."
+            "description": "Jobs, their journals and logs, hosts and their agents, and the content-addressed application repository. Every route but /openapi.json needs `Authorization: Bearer <token>`, checked before the request's body is read; users and agents are distinct principals. Another user's job or content is answered 404, as if it did not exist. A request header must be complete within the coordinator's header timeout (10 s by default) and connections past its cap (512 by default) are answered 503."
         },
         "components": {
             "securitySchemes": { "bearer": { "type": "http", "scheme": "bearer" } },
@@ -929,7 +1255,7 @@ pub fn openapi() -> serde_json::Value {
                     "responses": common(json!({ "200": ok_json("Jobs", json!({ "type": "array", "items": { "$ref": "#/components/schemas/Job" } })) })) }
             },
             "/jobs/{id}": { "get": { "summary": "One of my jobs with its journal", "parameters": [id_param.clone()],
-                "responses": common(json!({ "200": ok_json("The job and its events", json!({ "$ref": "#/components/schemas/JobView" })), "404": err("No such job") })) } },
+                "responses": common(json!({ "200": ok_json("The job and its events", json!({ "$ref": "#/components/schemas/JobView" })), "404": err("No such job (another user's job is answered the same)") })) } },
             "/jobs/{id}/cancel": { "post": { "summary": "Cancel one of my jobs", "parameters": [id_param.clone()],
                 "responses": common(json!({ "200": ok_json("The job, cancelled", json!({ "$ref": "#/components/schemas/Job" })), "404": err("No such job"), "409": err("Already finished, failed or cancelled") })) } },
             "/jobs/{id}/logs": {
@@ -948,16 +1274,16 @@ pub fn openapi() -> serde_json::Value {
             "/agents/register": { "post": { "summary": "An agent registers its host with a resource report (agents; the host name is the agent's)", "requestBody": report_body.clone(),
                 "responses": common(json!({ "200": ok_json("Registered", json!({ "$ref": "#/components/schemas/Registered" })) })) } },
             "/agents/heartbeat": { "post": { "summary": "An agent's heartbeat with a resource report", "requestBody": report_body,
-                "responses": common(json!({ "200": ok_json("Recorded", json!({ "$ref": "#/components/schemas/Registered" })), "404": err("Not registered") })) } },
+                "responses": common(json!({ "200": ok_json("Recorded", json!({ "$ref": "#/components/schemas/Registered" })), "404": err("Not registered"), "409": err("The report's address is not the one the host registered at (register again to move)") })) } },
             "/hosts": { "get": { "summary": "Hosts known, with their last report and whether they are alive",
                 "responses": common(json!({ "200": ok_json("Hosts", json!({ "type": "array", "items": { "$ref": "#/components/schemas/HostView" } })) })) } },
             "/blobs": { "post": { "summary": "Upload a program or input to the application repository (users); named by its SHA-256 digest",
                 "parameters": [{ "name": "digest", "in": "query", "required": false, "description": "the digest the client computed; a mismatch refuses the upload", "schema": { "type": "string" } }],
                 "requestBody": { "required": true, "content": { "application/octet-stream": { "schema": { "type": "string", "format": "binary" } } } },
-                "responses": common(json!({ "201": ok_json("Stored", json!({ "$ref": "#/components/schemas/Uploaded" })), "413": err("Too large"), "422": err("Content does not match the digest given") })) } },
-            "/blobs/{digest}": { "get": { "summary": "Download content by digest (verify it before use)",
+                "responses": common(json!({ "201": ok_json("Stored", json!({ "$ref": "#/components/schemas/Uploaded" })), "413": err("Too large"), "422": err("Content does not match the digest given"), "507": err("The user's uploads would exceed their quota") })) } },
+            "/blobs/{digest}": { "get": { "summary": "Download content by digest (verify it before use): agents any, users their own",
                 "parameters": [{ "name": "digest", "in": "path", "required": true, "schema": { "type": "string", "pattern": "^sha256:[0-9a-f]{64}$" } }],
-                "responses": common(json!({ "200": { "description": "The content", "content": { "application/octet-stream": { "schema": { "type": "string", "format": "binary" } } } }, "404": err("Not in the repository") })) } }
+                "responses": common(json!({ "200": { "description": "The content", "content": { "application/octet-stream": { "schema": { "type": "string", "format": "binary" } } } }, "404": err("Not in the repository, or (a user) neither uploaded by them nor kept for their jobs") })) } }
         }
     })
 }

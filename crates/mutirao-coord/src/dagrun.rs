@@ -396,6 +396,10 @@ impl Runner {
                 .repo()
                 .put(&bytes)
                 .map_err(|e| format!("cannot keep its output {name}: {e}"))?;
+            // The job's owner may download it (kept for them, counted in their quota).
+            self.c
+                .own_blob(&self.job.spec.owner, &d, bytes.len() as u64)
+                .map_err(|e| format!("cannot record its output {name}: {e}"))?;
             outputs.insert(name, d);
         }
         let rec = TaskDone {
@@ -493,15 +497,11 @@ impl Runner {
         ));
         let declared = spec.outputs.clone();
         let mut lost = false;
+        let mut log = Some(crate::logbatch::JobLog::start(c.clone(), id));
         let sink: EventSink = Box::new(move |ev| match ev {
             ExecEvent::Output(b) => {
-                if let Some(p) = parser.as_mut() {
-                    let log = p.feed(&b);
-                    if !log.is_empty() {
-                        if let Err(e) = c.append_log(id, &log) {
-                            eprintln!("mutirao coordinator: job {id}: cannot store output: {e}");
-                        }
-                    }
+                if let (Some(p), Some(l)) = (parser.as_mut(), log.as_mut()) {
+                    l.push(p.feed(&b));
                 }
             }
             ExecEvent::Note(n) => {
@@ -527,6 +527,9 @@ impl Runner {
                 lost = true;
             }
             ExecEvent::Exited { success, detail } => {
+                if let Some(l) = log.take() {
+                    l.finish();
+                }
                 let files = match parser.take() {
                     Some(p) if success => p.finish(&declared),
                     _ => Ok(Vec::new()),

@@ -732,10 +732,12 @@ impl Dispatcher {
         let hosts_used: Vec<String> = launch.hosts.iter().map(|s| s.name.clone()).collect();
         let mut lost_here: BTreeSet<String> = BTreeSet::new();
         let mut refused_here: BTreeSet<String> = BTreeSet::new();
+        // Output in batches (one store change per 50 ms or 64 KiB), within the log's cap.
+        let mut log = Some(crate::logbatch::JobLog::start(c.clone(), id));
         let sink: EventSink = Box::new(move |ev| match ev {
             ExecEvent::Output(b) => {
-                if let Err(e) = c.append_log(id, &b) {
-                    eprintln!("mutirao coordinator: job {id}: cannot store output: {e}");
+                if let Some(l) = log.as_mut() {
+                    l.push(b);
                 }
             }
             ExecEvent::Note(n) => {
@@ -786,6 +788,10 @@ impl Dispatcher {
                 refused_here.insert(h);
             }
             ExecEvent::Exited { success, detail } => {
+                // The whole log is stored before the end is journalled.
+                if let Some(l) = log.take() {
+                    l.finish();
+                }
                 let d = me.upgrade();
                 let run = d.as_ref().and_then(|d| {
                     d.running

@@ -37,6 +37,7 @@ pub mod auth;
 pub mod client;
 pub mod exec;
 pub mod fetch;
+pub mod logbatch;
 mod model;
 pub mod owner;
 mod pg;
@@ -96,6 +97,28 @@ pub enum Error {
         size: u64,
         /// The limit.
         max: u64,
+    },
+    /// A user's uploads would take more than their quota.
+    #[error("{user}'s uploads take {used} bytes of their {quota}-byte quota; {size} bytes more would exceed it (ask the coordinator's operator to raise --upload-quota-mib)")]
+    Quota {
+        /// The user.
+        user: String,
+        /// Bytes their uploads take now.
+        used: u64,
+        /// Bytes refused.
+        size: u64,
+        /// The quota.
+        quota: u64,
+    },
+    /// An agent reported an address other than the one its host registered at.
+    #[error("host {host} registered at {registered:?}; a report from {reported:?} is refused: the agent must register again to move")]
+    Moved {
+        /// The host.
+        host: String,
+        /// Where it registered.
+        registered: String,
+        /// Where the refused report says it is.
+        reported: String,
     },
     /// A file-system failure.
     #[error("{0}")]
@@ -177,9 +200,95 @@ pub trait Store: Send + Sync {
     /// One host, if it ever reported.
     fn host(&self, name: &str) -> Result<Option<Host>>;
     /// Append output to a job's log; returns the log's new length in bytes.
-    fn append_log(&self, id: i64, data: &[u8]) -> Result<u64>;
+    fn append_log(&self, id: i64, data: &[u8]) -> Result<u64> {
+        self.append_log_capped(id, data, u64::MAX).map(|a| a.length)
+    }
+    /// Append output to a job's log, keeping at most `cap` bytes of output
+    /// ([`cap_output`]: the first append to cross it stores its part within the cap and a
+    /// notice, later ones store nothing), in rows of at most [`LOG_ROW`] bytes, one change.
+    fn append_log_capped(&self, id: i64, data: &[u8], cap: u64) -> Result<Appended>;
     /// At most `max` bytes of a job's log from byte `offset`, and the log's length.
     fn read_log(&self, id: i64, offset: u64, max: usize) -> Result<LogChunk>;
+    /// Record that `owner` has `digest` (`size` bytes) in the repository, unless that would
+    /// take their recorded content over `quota` bytes; one change. Content they already have
+    /// is not counted twice.
+    fn add_blob(&self, owner: &str, digest: &str, size: u64, quota: u64) -> Result<BlobAdd>;
+    /// Bytes of the content recorded for `owner`.
+    fn blob_usage(&self, owner: &str) -> Result<u64>;
+    /// Whether `digest` is recorded for `owner` (they uploaded it, or it was kept for a job of
+    /// theirs).
+    fn has_blob(&self, owner: &str, digest: &str) -> Result<bool>;
+}
+
+/// What [`Store::add_blob`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BlobAdd {
+    /// Recorded now.
+    Added,
+    /// The owner had it already; nothing changed.
+    Already,
+    /// Refused: the owner's content takes `used` bytes and this would cross the quota.
+    OverQuota {
+        /// Bytes recorded for the owner.
+        used: u64,
+    },
+}
+
+/// What [`Store::append_log_capped`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Appended {
+    /// The log's length now, bytes (notice included).
+    pub length: u64,
+    /// Bytes of the output given that were stored.
+    pub stored: u64,
+    /// Bytes of the output given that were dropped (past the cap).
+    pub dropped: u64,
+    /// This append crossed the cap and wrote the notice.
+    pub truncated: bool,
+}
+
+/// Largest row a log is stored in: a long output (a line of megabytes) is split.
+pub const LOG_ROW: usize = 64 << 10;
+
+/// The line a log gets where it reaches its cap.
+pub fn cap_notice(cap: u64) -> String {
+    format!("mutirao: this job's log reached its cap of {cap} bytes; further output is dropped (the job's journal counts it)\n")
+}
+
+/// What to store of `data` appended to a log of `len` bytes capped at `cap` bytes of output:
+/// the part within the cap, then — if this append crosses the cap — the notice (on a line of
+/// its own). A log at or past its cap takes nothing. Returns the bytes to store and whether
+/// the notice is among them.
+pub fn cap_output(len: u64, data: &[u8], cap: u64) -> (Vec<u8>, bool) {
+    let room = cap.saturating_sub(len);
+    if (data.len() as u64) <= room {
+        return (data.to_vec(), false);
+    }
+    if len >= cap {
+        return (Vec::new(), false);
+    }
+    let keep = &data[..room as usize];
+    let mut out = keep.to_vec();
+    if keep.last().is_some_and(|b| *b != b'\n') {
+        out.push(b'\n');
+    }
+    out.extend_from_slice(cap_notice(cap).as_bytes());
+    (out, true)
+}
+
+/// [`Appended`] for `data` given and `stored` (from [`cap_output`]) appended at `len`.
+fn appended(len: u64, data: &[u8], stored: &[u8], truncated: bool, cap: u64) -> Appended {
+    let kept = if truncated {
+        cap.saturating_sub(len)
+    } else {
+        stored.len() as u64
+    };
+    Appended {
+        length: len + stored.len() as u64,
+        stored: kept,
+        dropped: data.len() as u64 - kept,
+        truncated,
+    }
 }
 
 /// Copy the part of a log chunk stored at `start` that lies at or after `offset` into `out`,
@@ -190,4 +299,34 @@ fn gather(out: &mut Vec<u8>, start: i64, chunk: &[u8], offset: u64, max: usize) 
     let room = max.saturating_sub(out.len());
     let take = (chunk.len() - skip).min(room);
     out.extend_from_slice(&chunk[skip..skip + take]);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn output_within_the_cap_is_kept_whole_and_the_append_crossing_it_ends_with_the_notice() {
+        assert_eq!(cap_output(0, b"abc\n", 10), (b"abc\n".to_vec(), false));
+        assert_eq!(cap_output(6, b"abcd", 10), (b"abcd".to_vec(), false));
+        // Cut inside a line: the notice starts a line of its own.
+        let (out, t) = cap_output(6, b"abcdef\n", 10);
+        assert!(t);
+        assert_eq!(out, format!("abcd\n{}", cap_notice(10)).into_bytes());
+        // Cut at a line's end: no empty line.
+        let (out, _) = cap_output(5, b"abcd\nef", 10);
+        assert_eq!(out, format!("abcd\n{}", cap_notice(10)).into_bytes());
+        // At or past the cap (the notice is there): nothing more.
+        assert_eq!(cap_output(10, b"x", 10), (Vec::new(), false));
+        assert_eq!(cap_output(99, b"x", 10), (Vec::new(), false));
+        let a = appended(
+            6,
+            b"abcdef\n",
+            &format!("abcd\n{}", cap_notice(10)).into_bytes(),
+            true,
+            10,
+        );
+        assert_eq!((a.stored, a.dropped, a.truncated), (4, 3, true));
+        assert_eq!(a.length, 6 + 5 + cap_notice(10).len() as u64);
+    }
 }

@@ -9,7 +9,7 @@
 //! does, through `spawn_blocking`), never from inside an async task.
 
 use crate::model::{Event, Host, HostReport, Job, JobState, LogChunk, NewJob};
-use crate::{Error, Result, Store};
+use crate::{Appended, BlobAdd, Error, Result, Store};
 use postgres::{Client, NoTls, Transaction};
 use std::sync::Mutex;
 
@@ -48,6 +48,20 @@ const MIGRATIONS: &[&str] = &[
      );",
     // 4: the dispatcher scans jobs by state.
     "CREATE INDEX jobs_state ON jobs(state, id);",
+    // 5: who has which content in the repository (their uploads, their jobs' kept outputs),
+    // for quotas and downloads. Programs of the jobs already stored are their owners', of
+    // unknown size (not counted).
+    "CREATE TABLE blobs (
+        owner TEXT NOT NULL,
+        digest TEXT NOT NULL,
+        size BIGINT NOT NULL,
+        at_ms BIGINT NOT NULL,
+        PRIMARY KEY (owner, digest)
+     );
+     INSERT INTO blobs (owner, digest, size, at_ms)
+        SELECT owner, spec::json->>'program', 0, created_ms FROM jobs
+        WHERE spec::json->>'program' LIKE 'sha256:%'
+        ON CONFLICT DO NOTHING;",
 ];
 
 /// The PostgreSQL store.
@@ -229,6 +243,28 @@ fn to_host(name: &str, text: &str, last_seen_ms: i64) -> Result<Host> {
             .map_err(|e| Error::Db(format!("host {name}: stored report is malformed: {e}")))?,
         last_seen_ms,
     })
+}
+
+/// Bytes of the content recorded for `owner`.
+fn blob_usage(c: &mut impl postgres::GenericClient, owner: &str) -> Result<u64> {
+    let used: i64 = c
+        .query_one(
+            "SELECT COALESCE(SUM(size), 0)::BIGINT FROM blobs WHERE owner = $1",
+            &[&owner],
+        )
+        .map_err(db)?
+        .get(0);
+    Ok(used.max(0) as u64)
+}
+
+/// Whether `digest` is recorded for `owner`.
+fn has_blob(c: &mut impl postgres::GenericClient, owner: &str, digest: &str) -> Result<bool> {
+    Ok(c.query_opt(
+        "SELECT 1 FROM blobs WHERE owner = $1 AND digest = $2",
+        &[&owner, &digest],
+    )
+    .map_err(db)?
+    .is_some())
 }
 
 impl Store for PgStore {
@@ -445,21 +481,25 @@ impl Store for PgStore {
         row.map(|r| to_host(name, r.get(0), r.get(1))).transpose()
     }
 
-    fn append_log(&self, id: i64, data: &[u8]) -> Result<u64> {
+    fn append_log_capped(&self, id: i64, data: &[u8], cap: u64) -> Result<Appended> {
         let mut c = self.lock();
         let mut tx = c.transaction().map_err(db)?;
         lock_job(&mut tx, id)?;
-        let len = log_len(&mut tx, id)?;
-        if data.is_empty() {
-            return Ok(len as u64);
+        let len = log_len(&mut tx, id)?.max(0) as u64;
+        let (stored, truncated) = crate::cap_output(len, data, cap);
+        let mut at = len;
+        for row in stored.chunks(crate::LOG_ROW) {
+            tx.execute(
+                "INSERT INTO logs (job, start, data) VALUES ($1, $2, $3)",
+                &[&id, &(at as i64), &row],
+            )
+            .map_err(db)?;
+            at += row.len() as u64;
         }
-        tx.execute(
-            "INSERT INTO logs (job, start, data) VALUES ($1, $2, $3)",
-            &[&id, &len, &data],
-        )
-        .map_err(db)?;
-        tx.commit().map_err(db)?;
-        Ok(len as u64 + data.len() as u64)
+        if !stored.is_empty() {
+            tx.commit().map_err(db)?;
+        }
+        Ok(crate::appended(len, data, &stored, truncated, cap))
     }
 
     fn read_log(&self, id: i64, offset: u64, max: usize) -> Result<LogChunk> {
@@ -493,5 +533,41 @@ impl Store for PgStore {
             data,
             length: length as u64,
         })
+    }
+
+    fn add_blob(&self, owner: &str, digest: &str, size: u64, quota: u64) -> Result<BlobAdd> {
+        let mut c = self.lock();
+        let mut tx = c.transaction().map_err(db)?;
+        // One owner's uploads are recorded one at a time (their quota is checked against a
+        // sum no other upload of theirs is changing).
+        tx.execute("SELECT pg_advisory_xact_lock(hashtext($1))", &[&owner])
+            .map_err(db)?;
+        if has_blob(&mut tx, owner, digest)? {
+            return Ok(BlobAdd::Already);
+        }
+        let used = blob_usage(&mut tx, owner)?;
+        if used.saturating_add(size) > quota {
+            return Ok(BlobAdd::OverQuota { used });
+        }
+        tx.execute(
+            "INSERT INTO blobs (owner, digest, size, at_ms) VALUES ($1, $2, $3, $4)",
+            &[
+                &owner,
+                &digest,
+                &i64::try_from(size).unwrap_or(i64::MAX),
+                &now_ms(),
+            ],
+        )
+        .map_err(db)?;
+        tx.commit().map_err(db)?;
+        Ok(BlobAdd::Added)
+    }
+
+    fn blob_usage(&self, owner: &str) -> Result<u64> {
+        blob_usage(&mut *self.lock(), owner)
+    }
+
+    fn has_blob(&self, owner: &str, digest: &str) -> Result<bool> {
+        has_blob(&mut *self.lock(), owner, digest)
     }
 }

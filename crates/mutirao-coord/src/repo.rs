@@ -13,10 +13,14 @@ pub const PREFIX: &str = "sha256:";
 
 /// The digest naming `bytes`: `sha256:` and 64 lower-case hex digits.
 pub fn digest_of(bytes: &[u8]) -> String {
-    let d = Sha256::digest(bytes);
+    hex_digest(&Sha256::digest(bytes))
+}
+
+/// The digest of a SHA-256 hash: `sha256:` and its 64 lower-case hex digits.
+pub fn hex_digest(hash: &[u8]) -> String {
     let mut s = String::with_capacity(PREFIX.len() + 64);
     s.push_str(PREFIX);
-    for b in d {
+    for b in hash {
         s.push_str(&format!("{b:02x}"));
     }
     s

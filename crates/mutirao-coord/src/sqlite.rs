@@ -3,7 +3,7 @@
 //! migrated forward on open.
 
 use crate::model::{Event, Host, HostReport, Job, JobState, LogChunk, NewJob};
-use crate::{Error, Result, Store};
+use crate::{Appended, BlobAdd, Error, Result, Store};
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 use std::path::Path;
 use std::sync::Mutex;
@@ -44,6 +44,19 @@ const MIGRATIONS: &[&str] = &[
      );",
     // 4: the dispatcher scans jobs by state.
     "CREATE INDEX jobs_state ON jobs(state, id);",
+    // 5: who has which content in the repository (their uploads, their jobs' kept outputs),
+    // for quotas and downloads. Programs of the jobs already stored are their owners', of
+    // unknown size (not counted).
+    "CREATE TABLE blobs (
+        owner TEXT NOT NULL,
+        digest TEXT NOT NULL,
+        size INTEGER NOT NULL,
+        at_ms INTEGER NOT NULL,
+        PRIMARY KEY (owner, digest)
+     );
+     INSERT OR IGNORE INTO blobs (owner, digest, size, at_ms)
+        SELECT owner, json_extract(spec, '$.program'), 0, created_ms FROM jobs
+        WHERE json_extract(spec, '$.program') LIKE 'sha256:%';",
 ];
 
 /// The SQLite store.
@@ -144,6 +157,27 @@ fn append(
         to,
         detail: detail.to_string(),
     })
+}
+
+/// Bytes of the content recorded for `owner`.
+fn blob_usage(c: &Connection, owner: &str) -> Result<u64> {
+    let used: i64 = c.query_row(
+        "SELECT COALESCE(SUM(size), 0) FROM blobs WHERE owner = ?1",
+        [owner],
+        |r| r.get(0),
+    )?;
+    Ok(used.max(0) as u64)
+}
+
+/// Whether `digest` is recorded for `owner`.
+fn has_blob(c: &Connection, owner: &str, digest: &str) -> Result<bool> {
+    Ok(c.query_row(
+        "SELECT 1 FROM blobs WHERE owner = ?1 AND digest = ?2",
+        params![owner, digest],
+        |_| Ok(true),
+    )
+    .optional()?
+    .unwrap_or(false))
 }
 
 impl Store for SqliteStore {
@@ -398,7 +432,7 @@ impl Store for SqliteStore {
         }
     }
 
-    fn append_log(&self, id: i64, data: &[u8]) -> Result<u64> {
+    fn append_log_capped(&self, id: i64, data: &[u8], cap: u64) -> Result<Appended> {
         let mut c = self.lock();
         let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
         let exists: bool = tx
@@ -413,15 +447,18 @@ impl Store for SqliteStore {
             [id],
             |r| r.get(0),
         )?;
-        if data.is_empty() {
-            return Ok(len as u64);
+        let len = len.max(0) as u64;
+        let (stored, truncated) = crate::cap_output(len, data, cap);
+        let mut at = len;
+        for row in stored.chunks(crate::LOG_ROW) {
+            tx.prepare_cached("INSERT INTO logs (job, start, data) VALUES (?1, ?2, ?3)")?
+                .execute(params![id, at as i64, row])?;
+            at += row.len() as u64;
         }
-        tx.execute(
-            "INSERT INTO logs (job, start, data) VALUES (?1, ?2, ?3)",
-            params![id, len, data],
-        )?;
-        tx.commit()?;
-        Ok(len as u64 + data.len() as u64)
+        if !stored.is_empty() {
+            tx.commit()?;
+        }
+        Ok(crate::appended(len, data, &stored, truncated, cap))
     }
 
     fn read_log(&self, id: i64, offset: u64, max: usize) -> Result<LogChunk> {
@@ -456,5 +493,36 @@ impl Store for SqliteStore {
             data,
             length: length as u64,
         })
+    }
+
+    fn add_blob(&self, owner: &str, digest: &str, size: u64, quota: u64) -> Result<BlobAdd> {
+        let mut c = self.lock();
+        let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        if has_blob(&tx, owner, digest)? {
+            return Ok(BlobAdd::Already);
+        }
+        let used = blob_usage(&tx, owner)?;
+        if used.saturating_add(size) > quota {
+            return Ok(BlobAdd::OverQuota { used });
+        }
+        tx.execute(
+            "INSERT INTO blobs (owner, digest, size, at_ms) VALUES (?1, ?2, ?3, ?4)",
+            params![
+                owner,
+                digest,
+                i64::try_from(size).unwrap_or(i64::MAX),
+                now_ms()
+            ],
+        )?;
+        tx.commit()?;
+        Ok(BlobAdd::Added)
+    }
+
+    fn blob_usage(&self, owner: &str) -> Result<u64> {
+        blob_usage(&self.lock(), owner)
+    }
+
+    fn has_blob(&self, owner: &str, digest: &str) -> Result<bool> {
+        has_blob(&self.lock(), owner, digest)
     }
 }

@@ -103,7 +103,11 @@ impl T {
     }
 
     fn upload(&self, bytes: &[u8]) -> String {
-        let a = self.call("POST", "/blobs", Some(ANA), bytes.to_vec());
+        self.upload_as(ANA, bytes)
+    }
+
+    fn upload_as(&self, token: &str, bytes: &[u8]) -> String {
+        let a = self.call("POST", "/blobs", Some(token), bytes.to_vec());
         assert_eq!(a.status, StatusCode::CREATED, "{}", a.text());
         a.json::<Uploaded>().digest
     }
@@ -139,6 +143,7 @@ fn a_user_submits_lists_reads_and_cancels_a_job_and_the_journal_tells_it() {
     assert_eq!(job.spec.owner, "ana");
     assert_eq!(job.spec.ranks, 4);
     // bia's job is not in ana's list.
+    assert_eq!(t.upload_as(BIA, b"#!/bin/sh\necho hi\n"), prog);
     assert_eq!(t.submit(BIA, &prog).status, StatusCode::CREATED);
     let mine: Vec<Job> = t.call("GET", "/jobs", Some(ANA), "").json();
     assert_eq!(mine.iter().map(|j| j.id).collect::<Vec<_>>(), [job.id]);
@@ -185,6 +190,7 @@ fn the_api_works_the_same_over_postgresql() {
     let t = setup_with("pg", store);
     let prog = t.upload(b"prog");
     let job: Job = t.submit(ANA, &prog).json();
+    assert_eq!(t.upload_as(BIA, b"prog"), prog);
     assert_eq!(t.submit(BIA, &prog).status, StatusCode::CREATED);
     let mine: Vec<Job> = t.call("GET", "/jobs", Some(ANA), "").json();
     assert_eq!(mine.iter().map(|j| j.id).collect::<Vec<_>>(), [job.id]);
@@ -346,15 +352,22 @@ fn unauthenticated_and_wrong_principal_requests_are_refused_logged_and_change_no
         "",
     );
     assert_eq!(a.status, StatusCode::UNAUTHORIZED);
-    // Another user's job: not seen, not cancelled, not its logs.
+    // Another user's job: not seen, not cancelled, not its logs — and answered exactly as
+    // a job that does not exist, so its id tells bia nothing.
     for (m, p) in [
         ("GET", format!("/jobs/{}", job.id)),
         ("POST", format!("/jobs/{}/cancel", job.id)),
         ("GET", format!("/jobs/{}/logs", job.id)),
     ] {
         let a = t.call(m, &p, Some(BIA), "");
-        assert_eq!(a.status, StatusCode::FORBIDDEN, "{m} {p}");
-        assert!(a.text().contains("not yours"), "{}", a.text());
+        let none = t.call(m, &p.replace(&job.id.to_string(), "424242"), Some(BIA), "");
+        assert_eq!(a.status, StatusCode::NOT_FOUND, "{m} {p}");
+        assert_eq!(none.status, StatusCode::NOT_FOUND, "{m} {p}");
+        assert_eq!(
+            a.text(),
+            none.text().replace("424242", &job.id.to_string()),
+            "{m} {p}"
+        );
     }
     // An agent may not submit or cancel; a user may not heartbeat or append logs.
     assert_eq!(t.submit(N1, &prog).status, StatusCode::FORBIDDEN);
@@ -724,4 +737,111 @@ proptest! {
             }
         }
     }
+}
+
+#[test]
+fn a_user_downloads_and_submits_only_content_of_theirs_and_another_s_looks_absent() {
+    let t = setup("ownblobs");
+    let prog = t.upload(b"ana's program");
+    let absent = mutirao_coord::repo::digest_of(b"never uploaded");
+    // Ana reads what she uploaded; the agent fetches any program.
+    assert_eq!(
+        t.call("GET", &format!("/blobs/{prog}"), Some(ANA), "").body,
+        b"ana's program"
+    );
+    assert_eq!(
+        t.call("GET", &format!("/blobs/{prog}"), Some(N1), "")
+            .status,
+        StatusCode::OK
+    );
+    // Bia gets for ana's content exactly what she gets for content nobody uploaded.
+    let theirs = t.call("GET", &format!("/blobs/{prog}"), Some(BIA), "");
+    let none = t.call("GET", &format!("/blobs/{absent}"), Some(BIA), "");
+    assert_eq!(
+        (theirs.status, none.status),
+        (StatusCode::NOT_FOUND, StatusCode::NOT_FOUND)
+    );
+    assert_eq!(theirs.text(), none.text().replace(&absent, &prog));
+    // Nor can she run it by naming its digest.
+    let a = t.submit(BIA, &prog);
+    let b = t.submit(BIA, &absent);
+    assert_eq!(
+        (a.status, b.status),
+        (StatusCode::BAD_REQUEST, StatusCode::BAD_REQUEST)
+    );
+    assert_eq!(a.text(), b.text().replace(&absent, &prog));
+    assert!(t.c.store().jobs(Some("bia")).unwrap().is_empty());
+    assert!(
+        t.c.audit()
+            .iter()
+            .any(|l| l.starts_with("404 GET /blobs/{digest}: user bia may not read")),
+        "{:#?}",
+        t.c.audit()
+    );
+    // Once she uploads the same content herself, it is hers too.
+    assert_eq!(t.upload_as(BIA, b"ana's program"), prog);
+    assert_eq!(
+        t.call("GET", &format!("/blobs/{prog}"), Some(BIA), "")
+            .status,
+        StatusCode::OK
+    );
+    assert_eq!(t.submit(BIA, &prog).status, StatusCode::CREATED);
+}
+
+#[test]
+fn each_user_s_uploads_are_bounded_by_their_quota_with_507_and_a_reason() {
+    let mut t = setup("quota");
+    t.c = Coordinator::with_limits(
+        Arc::new(SqliteStore::open_in_memory().unwrap()),
+        {
+            let mut k = Tokens::new();
+            k.add(Kind::User, "ana", ANA).unwrap();
+            k.add(Kind::User, "bia", BIA).unwrap();
+            k
+        },
+        Repo::open(&t.dir.join("repo"), 4096).unwrap(),
+        Duration::from_secs(5),
+        api::Limits {
+            upload_quota: 3000,
+            ..api::Limits::default()
+        },
+    );
+    let first = t.upload(&[1u8; 2000]);
+    let a = t.call("POST", "/blobs", Some(ANA), vec![2u8; 2000]);
+    assert_eq!(a.status, StatusCode::INSUFFICIENT_STORAGE, "{}", a.text());
+    assert!(
+        a.text()
+            .contains("ana's uploads take 2000 bytes of their 3000-byte quota")
+            && a.text().contains("--upload-quota-mib"),
+        "{}",
+        a.text()
+    );
+    // Refused from its declared length alone, before its body is read.
+    let req = Request::builder()
+        .method("POST")
+        .uri("/blobs")
+        .header("authorization", format!("Bearer {ANA}"))
+        .header("content-length", "2000")
+        .body(Body::from(vec![3u8; 2000]))
+        .unwrap();
+    let status =
+        t.rt.block_on(api::router(t.c.clone()).oneshot(req))
+            .unwrap()
+            .status();
+    assert_eq!(status, StatusCode::INSUFFICIENT_STORAGE);
+    // Content she has already (named by its digest, as the client does) is not counted
+    // again; what fits still goes in.
+    let a = t.call(
+        "POST",
+        &format!("/blobs?digest={first}"),
+        Some(ANA),
+        vec![1u8; 2000],
+    );
+    assert_eq!(a.status, StatusCode::CREATED, "{}", a.text());
+    assert_eq!(a.json::<Uploaded>().digest, first);
+    t.upload(&[4u8; 1000]);
+    assert_eq!(t.c.store().blob_usage("ana").unwrap(), 3000);
+    // Bia's quota is her own.
+    t.upload_as(BIA, &[2u8; 2000]);
+    assert_eq!(t.c.store().blob_usage("bia").unwrap(), 2000);
 }

@@ -6,7 +6,7 @@
 
 mod common;
 
-use mutirao_coord::{Error, HostReport, JobState, NewJob, PgStore, SqliteStore, Store};
+use mutirao_coord::{BlobAdd, Error, HostReport, JobState, NewJob, PgStore, SqliteStore, Store};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 
@@ -59,7 +59,7 @@ fn restart_loses_nothing(open: Open) {
         // dropped here without any shutdown step: what a crash leaves
     };
     let s = open();
-    assert_eq!(s.schema_version().unwrap(), 4);
+    assert_eq!(s.schema_version().unwrap(), 5);
     assert_eq!(s.job(a).unwrap().state, JobState::Running);
     // Its environment (`submit --env`) too.
     assert_eq!(s.job(b).unwrap().spec, job("bia"));
@@ -267,8 +267,57 @@ fn notes_and_a_move_are_one_change(s: &dyn Store) {
     }
 }
 
+fn uploads_are_recorded_per_owner_within_their_quota(s: &dyn Store) {
+    let (a, b) = ("sha256:aa", "sha256:bb");
+    assert_eq!(s.add_blob("ana", a, 600, 1000).unwrap(), BlobAdd::Added);
+    // The same content again is not counted twice, even when the quota is full.
+    assert_eq!(s.add_blob("ana", a, 600, 600).unwrap(), BlobAdd::Already);
+    assert_eq!(
+        s.add_blob("ana", b, 600, 1000).unwrap(),
+        BlobAdd::OverQuota { used: 600 }
+    );
+    assert_eq!(s.blob_usage("ana").unwrap(), 600);
+    assert!(s.has_blob("ana", a).unwrap());
+    assert!(!s.has_blob("ana", b).unwrap());
+    // Another user's quota is their own, and ana's content is not theirs.
+    assert!(!s.has_blob("bia", a).unwrap());
+    assert_eq!(s.add_blob("bia", b, 600, 1000).unwrap(), BlobAdd::Added);
+    assert_eq!(s.add_blob("bia", a, 400, 1000).unwrap(), BlobAdd::Added);
+    assert_eq!(s.blob_usage("bia").unwrap(), 1000);
+    assert_eq!(s.blob_usage("nobody").unwrap(), 0);
+}
+
+fn a_log_keeps_its_cap_then_one_notice_and_long_output_is_split_not_lost(s: &dyn Store) {
+    let j = s.create_job(&job("ana")).unwrap();
+    // 200 KiB without a newline: stored whole (in rows of at most 64 KiB), read back whole.
+    let long = vec![b'y'; 200 << 10];
+    let a = s.append_log_capped(j.id, &long, 1 << 20).unwrap();
+    assert_eq!(
+        (a.length, a.stored, a.dropped, a.truncated),
+        (200 << 10, 200 << 10, 0, false)
+    );
+    assert_eq!(s.read_log(j.id, 0, 1 << 20).unwrap().data, long);
+    // Past the cap: the part within it, then the notice once, then nothing.
+    let cap = (200 << 10) + 10;
+    let a = s.append_log_capped(j.id, b"0123456789abcdef", cap).unwrap();
+    assert_eq!((a.stored, a.dropped, a.truncated), (10, 6, true));
+    let notice = mutirao_coord::cap_notice(cap);
+    let all = s.read_log(j.id, 200 << 10, 1 << 20).unwrap();
+    assert_eq!(all.data, format!("0123456789\n{notice}").into_bytes());
+    let a = s.append_log_capped(j.id, b"more\n", cap).unwrap();
+    assert_eq!((a.stored, a.dropped, a.truncated), (0, 5, false));
+    assert_eq!(a.length, all.length);
+    assert_eq!(s.read_log(j.id, 0, 1 << 20).unwrap().length, all.length);
+    assert!(matches!(
+        s.append_log_capped(999, b"x", cap),
+        Err(Error::NoJob(999))
+    ));
+}
+
 /// Everything but the newer-schema check, each part on a fresh database from `fresh`.
 fn suite(fresh: &dyn Fn() -> Box<dyn Fn() -> Box<dyn Store>>) {
+    uploads_are_recorded_per_owner_within_their_quota(&*fresh()());
+    a_log_keeps_its_cap_then_one_notice_and_long_output_is_split_not_lost(&*fresh()());
     restart_loses_nothing(&*fresh());
     notes_and_a_move_are_one_change(&*fresh()());
     bad_input_changes_nothing(&*fresh()());
@@ -302,6 +351,35 @@ fn sqlite_refuses_a_database_from_a_newer_version() {
     let _ = std::fs::remove_dir_all(&d);
 }
 
+/// A job of a database from before upload records, with its program `sha256:…`.
+fn job_with_program(owner: &str) -> NewJob {
+    NewJob {
+        program: format!("sha256:{}", "c".repeat(64)),
+        ..job(owner)
+    }
+}
+
+#[test]
+fn sqlite_migrating_to_upload_records_gives_each_job_s_program_to_its_owner() {
+    let d = scratch("blobsmig");
+    let db = d.join("coord.sqlite");
+    let j = SqliteStore::open(&db)
+        .unwrap()
+        .create_job(&job_with_program("ana"))
+        .unwrap();
+    // Back to schema 4, as a coordinator from before quotas left it.
+    let c = rusqlite::Connection::open(&db).unwrap();
+    c.execute_batch("DROP TABLE blobs; PRAGMA user_version = 4;")
+        .unwrap();
+    drop(c);
+    let s = SqliteStore::open(&db).unwrap();
+    assert_eq!(s.schema_version().unwrap(), 5);
+    assert!(s.has_blob("ana", &j.spec.program).unwrap());
+    assert!(!s.has_blob("bia", &j.spec.program).unwrap());
+    assert_eq!(s.blob_usage("ana").unwrap(), 0);
+    let _ = std::fs::remove_dir_all(&d);
+}
+
 #[test]
 fn postgres_passes_the_same_suite_and_refuses_a_newer_schema() {
     let server = match common::pg::PgServer::start("suite") {
@@ -324,9 +402,20 @@ fn postgres_passes_the_same_suite_and_refuses_a_newer_schema() {
         })
         .collect();
     for t in th {
-        assert_eq!(t.join().unwrap().unwrap(), 4);
+        assert_eq!(t.join().unwrap().unwrap(), 5);
     }
+    // Migrating to upload records gives each job's program to its owner.
+    let j = PgStore::connect(&url)
+        .unwrap()
+        .create_job(&job_with_program("ana"))
+        .unwrap();
     let mut c = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+    c.batch_execute("DROP TABLE blobs; UPDATE mutirao_schema SET version = 4")
+        .unwrap();
+    let s = PgStore::connect(&url).unwrap();
+    assert_eq!(s.schema_version().unwrap(), 5);
+    assert!(s.has_blob("ana", &j.spec.program).unwrap());
+    assert!(!s.has_blob("bia", &j.spec.program).unwrap());
     c.execute("UPDATE mutirao_schema SET version = 99", &[])
         .unwrap();
     let e = PgStore::connect(&url).err().expect("refused").to_string();
