@@ -571,12 +571,16 @@ impl DirServer {
 
     /// Starts the maintenance loop and the listeners given. The Unix socket is created at
     /// `unix` (a stale socket file there is replaced) with mode 0666: who may do what is
-    /// decided per request from the peer's uid.
+    /// decided per request from the peer's uid. A TCP listener needs a cluster key
+    /// ([`DirError::BadConfig`] without one, before anything starts).
     pub fn spawn(
         &self,
         unix: Option<PathBuf>,
         tcp: Option<TcpListener>,
     ) -> Result<ServerHandles, DirError> {
+        if tcp.is_some() {
+            self.check_listen_key()?;
+        }
         let unix = match unix {
             Some(p) => {
                 let l = bind_unix(&p)?;
@@ -842,8 +846,10 @@ impl DirServer {
         }
     }
 
-    /// Serves peer servers on a TCP listener until the task is aborted.
+    /// Serves peer servers on a TCP listener until the task is aborted. Refuses to start
+    /// without a cluster key ([`DirError::BadConfig`]).
     pub async fn serve_tcp(&self, l: TcpListener) -> Result<(), DirError> {
+        self.check_listen_key()?;
         loop {
             let (stream, _) = l.accept().await?;
             let s = self.clone();
@@ -851,6 +857,20 @@ impl DirServer {
                 let _ = s.peer_conn(stream).await;
             });
         }
+    }
+
+    /// A TCP peer listener needs a non-empty cluster key: with an empty one anybody could
+    /// pass the handshake and act as any uid.
+    fn check_listen_key(&self) -> Result<(), DirError> {
+        if self.inner.cfg.cluster_key.is_empty() {
+            return Err(DirError::BadConfig(
+                "no cluster key: a server without one serves its Unix socket only and opens no \
+                 TCP peer listener; give every server the same key (--key-file FILE or \
+                 MUTIRAO_CLUSTER_KEY) to listen for peers"
+                    .into(),
+            ));
+        }
+        Ok(())
     }
 
     async fn peer_conn(&self, mut stream: TcpStream) -> Result<(), DirError> {
@@ -1824,6 +1844,10 @@ pub fn run_blocking(
         .build()?;
     rt.block_on(async move {
         let server = DirServer::new(cfg)?;
+        if tcp.is_some() {
+            // Before binding: without a key no TCP listener opens, not even briefly.
+            server.check_listen_key()?;
+        }
         let listener = match tcp {
             Some(a) => Some(
                 TcpListener::bind(a)

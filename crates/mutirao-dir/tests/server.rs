@@ -1,11 +1,16 @@
-//! Digest 002 §7.8 directory checks through real servers (Unix sockets + loopback TCP).
+//! Digest 002 §7.8 directory checks through real servers (Unix sockets + loopback TCP), and
+//! issue 29's: who a server listens to, and what its listeners hold at most.
 
+use hmac::{Hmac, Mac};
 use mutirao_dir::client::Client;
-use mutirao_dir::server::{DirServer, ServerConfig, ServerHandles};
+use mutirao_dir::net::{frame_into, FrameReader};
+use mutirao_dir::server::{run_blocking, DirServer, ServerConfig, ServerHandles};
 use mutirao_dir::wire::{Header, Kind, Packet, HEADER_LEN};
 use mutirao_dir::{Acl, Attr, AttrList, Cred, DirConfig, DirError, Gid, Scope};
+use sha2::Sha256;
 use std::collections::HashSet;
-use std::net::SocketAddr;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -85,6 +90,13 @@ fn al(pairs: &[(&str, &str)]) -> AttrList {
             .map(|(a, b)| (a.to_string(), b.as_bytes().to_vec())),
     )
     .unwrap()
+}
+
+/// Registers `attrs` in `s` as `cred`, bound to the server (in-process, no socket).
+fn register_in(s: &DirServer, cred: Cred, attrs: AttrList, acl: Acl) -> Gid {
+    s.with_directory(|d| d.register(cred, Gid::NONE, attrs, acl, false))
+        .unwrap()
+        .gid
 }
 
 fn wait_until(mut f: impl FnMut() -> bool, what: &str) {
@@ -493,4 +505,135 @@ fn peer_with_wrong_key_is_rejected() {
     );
     h1.abort();
     h2.abort();
+}
+
+// ------------------------------------------------------------------ issue 29: trust and limits
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn a_server_without_a_cluster_key_opens_no_tcp_listener() {
+    let rt = runtime();
+    let s = DirServer::new(ServerConfig::default()).unwrap();
+    let l = rt
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let spawned = {
+        let _g = rt.enter();
+        s.spawn(None, Some(l))
+    };
+    match spawned {
+        Err(DirError::BadConfig(m)) => assert!(m.contains("--key-file"), "{m}"),
+        Err(e) => panic!("wrong error: {e}"),
+        Ok(h) => {
+            h.abort();
+            panic!("a keyless server spawned a TCP listener");
+        }
+    }
+    // serve_tcp refuses at once instead of serving.
+    let l = rt
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let served =
+        rt.block_on(async { tokio::time::timeout(Duration::from_secs(2), s.serve_tcp(l)).await });
+    assert!(
+        matches!(served, Ok(Err(DirError::BadConfig(_)))),
+        "{served:?}"
+    );
+    // run_blocking fails before it is ready (and before it binds anything).
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let r = run_blocking(
+            ServerConfig::default(),
+            None,
+            Some("127.0.0.1:0".parse().unwrap()),
+            |bound| eprintln!("ready on {bound:?}"),
+        );
+        let _ = tx.send(r);
+    });
+    match rx.recv_timeout(Duration::from_secs(5)) {
+        Ok(Err(DirError::BadConfig(m))) => assert!(m.contains("Unix socket only"), "{m}"),
+        other => panic!("run_blocking without a key on TCP: {other:?}"),
+    }
+}
+
+/// The connecting side of the peer handshake, written out by hand (what an attacker does).
+fn raw_handshake(s: &mut TcpStream, key: &[u8]) -> std::io::Result<()> {
+    type H = Hmac<Sha256>;
+    let nc = [7u8; 32];
+    let (cc, cn) = (0u64.to_le_bytes(), 99u64.to_le_bytes());
+    let mut hello = b"MDIR1".to_vec();
+    hello.extend_from_slice(&cc);
+    hello.extend_from_slice(&cn);
+    hello.extend_from_slice(&nc);
+    s.write_all(&hello)?;
+    let mut resp = [0u8; 16 + 32 + 32];
+    s.read_exact(&mut resp)?;
+    let ns = &resp[16..48];
+    let mut m = H::new_from_slice(key).unwrap();
+    for p in [&b"mdir-c"[..], ns, &nc, &cc, &cn] {
+        m.update(p);
+    }
+    s.write_all(&m.finalize().into_bytes())
+}
+
+/// Sends `p` on `s` and waits (at most the socket's read timeout) for one reply.
+fn peer_request(s: &mut TcpStream, p: &Packet) -> Option<Packet> {
+    let mut f = Vec::new();
+    frame_into(p, &mut f);
+    s.write_all(&f).ok()?;
+    let mut r = FrameReader::new(Duration::ZERO);
+    let frame = r.next_frame(&*s).ok()??;
+    Packet::decode(frame).ok()
+}
+
+#[test]
+fn an_unauthenticated_peer_claiming_uid_0_cannot_read_or_delete_a_root_owned_restricted_entry() {
+    let rt = runtime();
+    let s = DirServer::new(ServerConfig::default()).unwrap();
+    let root = Cred::new(0, 0);
+    let secret = al(&[("secret", "root only")]);
+    let only_root = Acl::Only {
+        users: vec![],
+        groups: vec![],
+    };
+    let gid = register_in(&s, root, secret, only_root);
+    // The old `mutirao dir serve` without a key: a TCP listener anyway.
+    let l = rt
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let addr = l.local_addr().unwrap();
+    let handles = {
+        let _g = rt.enter();
+        s.spawn(None, Some(l)).ok()
+    };
+    // The attacker proves knowledge of the empty key and claims to be root.
+    let mut read_back = None;
+    let mut deleted = false;
+    if let Ok(mut c) = TcpStream::connect_timeout(&addr, Duration::from_secs(2)) {
+        c.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        if raw_handshake(&mut c, b"").is_ok() {
+            let mut h = Header::new(Kind::PeerQuery);
+            (h.uid, h.gid, h.target, h.query_id) = (0, 0, gid, 1);
+            read_back = peer_request(&mut c, &Packet::new(h, AttrList::new()))
+                .filter(|r| r.header.status == 0);
+            let mut h = Header::new(Kind::PeerDelete);
+            (h.uid, h.gid, h.target, h.query_id) = (0, 0, gid, 2);
+            deleted = peer_request(&mut c, &Packet::new(h, AttrList::new()))
+                .is_some_and(|r| r.header.status == 0);
+        }
+    }
+    if let Some(h) = handles {
+        h.abort();
+    }
+    assert!(read_back.is_none(), "the attacker read {read_back:?}");
+    assert!(!deleted, "the attacker deleted the entry");
+    let still = s.with_directory(|d| d.query(root, Some(gid), &AttrList::new()));
+    assert_eq!(still.map(|(g, _)| g), Ok(gid), "the entry is still there");
 }
