@@ -27,8 +27,12 @@ type HmacSha256 = Hmac<Sha256>;
 const HELLO: &[u8; 5] = b"MDIR1";
 const NONCE: usize = 32;
 const MAC: usize = 32;
-/// Time allowed for the whole handshake.
-pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(3);
+/// Time allowed for the whole handshake (every read and write of it together, not each).
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Most bytes read from a peer before it has proved the cluster key: the handshake is
+/// fixed-size (greeting, then proof) and no length-prefixed frame is read before it ends.
+pub const MAX_PREAUTH: usize = 4096;
+const _: () = assert!(5 + 16 + NONCE + MAC <= MAX_PREAUTH);
 
 /// An empty cluster key proves nothing (anyone can compute its HMAC): refused on both sides.
 fn check_key(key: &[u8]) -> Result<(), DirError> {
@@ -564,7 +568,9 @@ pub async fn handshake_connect<S: AsyncRead + AsyncWrite + Unpin>(
     .map_err(|_| DirError::Timeout("peer handshake".into()))?
 }
 
-/// The accepting side of the handshake (refused at once with an empty key).
+/// The accepting side of the handshake (refused at once with an empty key). Reads the
+/// fixed-size greeting and proof only, at most [`MAX_PREAUTH`] bytes, within
+/// [`HANDSHAKE_TIMEOUT`] for the whole exchange.
 pub async fn handshake_accept<S: AsyncRead + AsyncWrite + Unpin>(
     s: &mut S,
     key: &[u8],

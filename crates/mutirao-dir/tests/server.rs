@@ -4,7 +4,9 @@
 use hmac::{Hmac, Mac};
 use mutirao_dir::client::Client;
 use mutirao_dir::net::{frame_into, FrameReader};
-use mutirao_dir::server::{run_blocking, DirServer, ServerConfig, ServerHandles};
+use mutirao_dir::server::{
+    run_blocking, DirServer, ServerConfig, ServerHandles, DEFAULT_MAX_HANDSHAKES,
+};
 use mutirao_dir::wire::{Header, Kind, Packet, HEADER_LEN};
 use mutirao_dir::{Acl, Attr, AttrList, Cred, DirConfig, DirError, Gid, Scope};
 use sha2::Sha256;
@@ -92,6 +94,22 @@ fn al(pairs: &[(&str, &str)]) -> AttrList {
     .unwrap()
 }
 
+/// A server of cluster 1 with a cluster key and these peers.
+fn peer_server(node: u64, key: &[u8], peers: Vec<SocketAddr>, peer_timeout: Duration) -> DirServer {
+    DirServer::new(ServerConfig {
+        dir: DirConfig {
+            cluster: 1,
+            node,
+            ..DirConfig::default()
+        },
+        peers,
+        cluster_key: key.to_vec(),
+        peer_timeout,
+        ..ServerConfig::default()
+    })
+    .unwrap()
+}
+
 /// Registers `attrs` in `s` as `cred`, bound to the server (in-process, no socket).
 fn register_in(s: &DirServer, cred: Cred, attrs: AttrList, acl: Acl) -> Gid {
     s.with_directory(|d| d.register(cred, Gid::NONE, attrs, acl, false))
@@ -128,6 +146,7 @@ fn check_01_register_sends_nothing_to_peers() {
         cluster_key: b"k".to_vec(),
         peer_timeout: Duration::from_millis(50),
         connect_timeout: Duration::from_millis(100),
+        ..ServerConfig::default()
     })
     .unwrap();
     let h = {
@@ -467,32 +486,9 @@ fn peer_with_wrong_key_is_rejected() {
         .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
         .unwrap();
     let a1 = l1.local_addr().unwrap();
-    let mk = |node, key: &[u8], peers: Vec<SocketAddr>| {
-        DirServer::new(ServerConfig {
-            dir: DirConfig {
-                cluster: 1,
-                node,
-                ..DirConfig::default()
-            },
-            peers,
-            cluster_key: key.to_vec(),
-            peer_timeout: Duration::from_millis(100),
-            ..ServerConfig::default()
-        })
-        .unwrap()
-    };
+    let mk = |node, key: &[u8], peers| peer_server(node, key, peers, Duration::from_millis(100));
     let holder = mk(1, b"right", vec![]);
-    holder
-        .with_directory(|d| {
-            d.register(
-                Cred::new(0, 0),
-                Gid::NONE,
-                al(&[("x", "1")]),
-                Acl::Public,
-                false,
-            )
-        })
-        .unwrap();
+    register_in(&holder, Cred::new(0, 0), al(&[("x", "1")]), Acl::Public);
     let intruder = mk(2, b"wrong", vec![a1]);
     let _g = rt.enter();
     let h1 = holder.spawn(None, Some(l1)).unwrap();
@@ -509,6 +505,12 @@ fn peer_with_wrong_key_is_rejected() {
 
 // ------------------------------------------------------------------ issue 29: trust and limits
 
+/// A TCP listener on a free loopback port.
+fn loopback_listener(rt: &tokio::runtime::Runtime) -> tokio::net::TcpListener {
+    rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap()
+}
+
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -521,9 +523,7 @@ fn runtime() -> tokio::runtime::Runtime {
 fn a_server_without_a_cluster_key_opens_no_tcp_listener() {
     let rt = runtime();
     let s = DirServer::new(ServerConfig::default()).unwrap();
-    let l = rt
-        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-        .unwrap();
+    let l = loopback_listener(&rt);
     let spawned = {
         let _g = rt.enter();
         s.spawn(None, Some(l))
@@ -537,9 +537,7 @@ fn a_server_without_a_cluster_key_opens_no_tcp_listener() {
         }
     }
     // serve_tcp refuses at once instead of serving.
-    let l = rt
-        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-        .unwrap();
+    let l = loopback_listener(&rt);
     let served =
         rt.block_on(async { tokio::time::timeout(Duration::from_secs(2), s.serve_tcp(l)).await });
     assert!(
@@ -605,9 +603,7 @@ fn an_unauthenticated_peer_claiming_uid_0_cannot_read_or_delete_a_root_owned_res
     };
     let gid = register_in(&s, root, secret, only_root);
     // The old `mutirao dir serve` without a key: a TCP listener anyway.
-    let l = rt
-        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-        .unwrap();
+    let l = loopback_listener(&rt);
     let addr = l.local_addr().unwrap();
     let handles = {
         let _g = rt.enter();
@@ -636,4 +632,147 @@ fn an_unauthenticated_peer_claiming_uid_0_cannot_read_or_delete_a_root_owned_res
     assert!(!deleted, "the attacker deleted the entry");
     let still = s.with_directory(|d| d.query(root, Some(gid), &AttrList::new()));
     assert_eq!(still.map(|(g, _)| g), Ok(gid), "the entry is still there");
+}
+
+/// How many of `socks` the server has closed (EOF or reset), looking without waiting.
+fn closed(socks: &[TcpStream]) -> usize {
+    socks
+        .iter()
+        .filter(|s| {
+            let mut b = [0u8; 64];
+            match (&**s).read(&mut b) {
+                Ok(0) => true,
+                Ok(_) => false,
+                Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
+            }
+        })
+        .count()
+}
+
+#[test]
+fn idle_connections_over_the_handshake_cap_are_closed_oldest_first_and_a_real_peer_still_joins() {
+    let rt = runtime();
+    let dir = tempfile::tempdir().unwrap();
+    let la = loopback_listener(&rt);
+    let aa: SocketAddr = la.local_addr().unwrap();
+    let mk = |node, peers| peer_server(node, b"the cluster key", peers, Duration::from_millis(500));
+    let a = mk(1, vec![]);
+    let b = mk(2, vec![aa]);
+    register_in(&a, Cred::new(1000, 1000), al(&[("x", "1")]), Acl::Public);
+    let _g = rt.enter();
+    let ha = a.spawn(None, Some(la)).unwrap();
+    let sock = dir.path().join("b.sock");
+    let hb = b.spawn(Some(sock.clone()), None).unwrap();
+    // 200 connections that never say anything.
+    const IDLE: usize = 200;
+    let idle: Vec<TcpStream> = (0..IDLE)
+        .map(|_| {
+            let s = TcpStream::connect(aa).unwrap();
+            s.set_nonblocking(true).unwrap();
+            s
+        })
+        .collect();
+    // Well before the handshake deadline, the cap has closed all but the newest 64.
+    let t = Instant::now();
+    let want = IDLE - DEFAULT_MAX_HANDSHAKES;
+    let mut n = closed(&idle);
+    while n < want && t.elapsed() < Duration::from_secs(2) {
+        std::thread::sleep(Duration::from_millis(20));
+        n = closed(&idle);
+    }
+    assert!(
+        n >= want,
+        "{n} of {IDLE} idle connections closed after {:?}",
+        t.elapsed()
+    );
+    assert!(
+        closed(&idle[..want]) == want,
+        "the oldest connections are the ones closed"
+    );
+    // The newest idle connections still wait: a real peer connects past them.
+    let mut c = Client::connect(&sock).unwrap();
+    let (_, got) = c.query(None, &al(&[("x", "1")]), Scope::Grid).unwrap();
+    assert_eq!(got, al(&[("x", "1")]));
+    assert!(
+        t.elapsed() < Duration::from_secs(5),
+        "the peer joined within the idle connections' deadline"
+    );
+    ha.abort();
+    hb.abort();
+}
+
+#[test]
+fn local_clients_over_the_cap_are_closed_at_once_and_admitted_again_below_it() {
+    let rt = runtime();
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("d.sock");
+    let s = DirServer::new(ServerConfig {
+        max_local_conns: 3,
+        ..ServerConfig::default()
+    })
+    .unwrap();
+    let h = {
+        let _g = rt.enter();
+        s.spawn(Some(sock.clone()), None).unwrap()
+    };
+    let mut served: Vec<Client> = (0..3)
+        .map(|_| {
+            let mut c = Client::connect(&sock).unwrap();
+            c.open_context().unwrap();
+            c
+        })
+        .collect();
+    let mut over = Client::connect(&sock).unwrap();
+    assert!(
+        matches!(over.open_context(), Err(DirError::Io(_))),
+        "the fourth client is closed"
+    );
+    drop(served.pop());
+    // The server notices the closed client; then a new one is served.
+    let t = Instant::now();
+    let admitted = loop {
+        let ok = Client::connect(&sock).and_then(|mut c| c.open_context());
+        if ok.is_ok() || t.elapsed() > Duration::from_secs(3) {
+            break ok;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert!(admitted.is_ok(), "{admitted:?}");
+    for c in &mut served {
+        c.open_context().unwrap();
+    }
+    h.abort();
+}
+
+#[test]
+fn authenticated_peers_over_the_cap_are_closed_and_the_admitted_one_is_served() {
+    let rt = runtime();
+    let dir = tempfile::tempdir().unwrap();
+    let la = loopback_listener(&rt);
+    let aa = la.local_addr().unwrap();
+    let key = b"the cluster key";
+    let a = DirServer::new(ServerConfig {
+        max_peer_conns: 1,
+        ..peer_server(1, key, vec![], Duration::from_millis(300))
+            .config()
+            .clone()
+    })
+    .unwrap();
+    register_in(&a, Cred::new(1000, 1000), al(&[("x", "1")]), Acl::Public);
+    let _g = rt.enter();
+    let ha = a.spawn(None, Some(la)).unwrap();
+    let q = al(&[("x", "1")]);
+    let mut found = vec![];
+    let mut hs = vec![ha];
+    for node in [2, 3] {
+        let s = peer_server(node, key, vec![aa], Duration::from_millis(300));
+        let sock = dir.path().join(format!("{node}.sock"));
+        hs.push(s.spawn(Some(sock.clone()), None).unwrap());
+        let mut c = Client::connect(&sock).unwrap();
+        found.push(c.query(None, &q, Scope::Grid).is_ok());
+    }
+    assert_eq!(found, [true, false], "only the first peer is served");
+    for h in hs {
+        h.abort();
+    }
 }
