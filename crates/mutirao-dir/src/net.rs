@@ -565,7 +565,11 @@ pub async fn handshake_connect<S: AsyncRead + AsyncWrite + Unpin>(
         })
     })
     .await
-    .map_err(|_| DirError::Timeout("peer handshake".into()))?
+    .map_err(|_| {
+        DirError::Timeout(format!(
+            "the peer handshake did not finish within {HANDSHAKE_TIMEOUT:?}"
+        ))
+    })?
 }
 
 /// The accepting side of the handshake (refused at once with an empty key). Reads the
@@ -617,7 +621,11 @@ pub async fn handshake_accept<S: AsyncRead + AsyncWrite + Unpin>(
         })
     })
     .await
-    .map_err(|_| DirError::Timeout("peer handshake".into()))?
+    .map_err(|_| {
+        DirError::Timeout(format!(
+            "the peer handshake did not finish within {HANDSHAKE_TIMEOUT:?}"
+        ))
+    })?
 }
 
 #[cfg(test)]
