@@ -26,9 +26,10 @@ pub enum DirCommand {
     Serve {
         #[command(flatten)]
         s: SocketArg,
-        /// TCP address for peer servers (loopback by default).
-        #[arg(long, default_value = "127.0.0.1:7700")]
-        listen: SocketAddr,
+        /// TCP address for peer servers (default 127.0.0.1:7700). Needs a cluster key: without
+        /// one the server listens on its Unix socket only.
+        #[arg(long)]
+        listen: Option<SocketAddr>,
         /// A peer server's TCP address (repeatable).
         #[arg(long = "peer")]
         peers: Vec<SocketAddr>,
@@ -203,6 +204,22 @@ fn parse_attrs(items: &[String], allow_want: bool) -> anyhow::Result<AttrList> {
     Ok(l)
 }
 
+/// Where `dir serve` listens for peer servers: `--listen` (default 127.0.0.1:7700) with a
+/// cluster key; nowhere without one (anyone could pass the handshake of an empty key and act
+/// as any uid), and `--listen` without a key is an error.
+fn peer_listener(listen: Option<SocketAddr>, key: &[u8]) -> anyhow::Result<Option<SocketAddr>> {
+    match (listen, key.is_empty()) {
+        (Some(a), true) => bail!(
+            "--listen {a} needs a cluster key: give --key-file FILE or set MUTIRAO_CLUSTER_KEY \
+             (without a key the server serves its Unix socket only)"
+        ),
+        (None, true) => Ok(None),
+        (a, false) => Ok(Some(
+            a.unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 7700))),
+        )),
+    }
+}
+
 fn show_attrs(a: &AttrList) -> String {
     a.iter()
         .map(|x| match &x.value {
@@ -249,6 +266,7 @@ pub fn run_dir(cmd: DirCommand) -> anyhow::Result<ExitCode> {
             if !peers.is_empty() && key.is_empty() {
                 bail!("--peer needs a cluster key: --key-file FILE or MUTIRAO_CLUSTER_KEY");
             }
+            let listen = peer_listener(listen, &key)?;
             let cfg = ServerConfig {
                 dir: DirConfig {
                     split: GidSplit::new(cb, nb)?,
@@ -263,7 +281,7 @@ pub fn run_dir(cmd: DirCommand) -> anyhow::Result<ExitCode> {
                 ..ServerConfig::default()
             };
             let sock = s.socket.clone();
-            run_blocking(cfg, Some(s.socket), Some(listen), |bound| {
+            run_blocking(cfg, Some(s.socket), listen, |bound| {
                 eprintln!(
                     "mutirao dir: serving {} (peers on {})",
                     sock.display(),
@@ -491,6 +509,19 @@ mod tests {
         c.query_iter(&AttrList::new(), Scope::Local)
             .unwrap()
             .count()
+    }
+
+    #[test]
+    fn dir_serve_without_a_key_listens_on_its_unix_socket_only() {
+        let a: SocketAddr = "127.0.0.1:7800".parse().unwrap();
+        let e = peer_listener(Some(a), b"").unwrap_err().to_string();
+        assert!(e.contains("--key-file"), "{e}");
+        assert_eq!(peer_listener(None, b"").unwrap(), None);
+        assert_eq!(peer_listener(Some(a), b"k").unwrap(), Some(a));
+        assert_eq!(
+            peer_listener(None, b"k").unwrap(),
+            Some("127.0.0.1:7700".parse().unwrap())
+        );
     }
 
     #[test]

@@ -27,8 +27,24 @@ type HmacSha256 = Hmac<Sha256>;
 const HELLO: &[u8; 5] = b"MDIR1";
 const NONCE: usize = 32;
 const MAC: usize = 32;
-/// Time allowed for the whole handshake.
-pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(3);
+/// Time allowed for the whole handshake (every read and write of it together, not each).
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Most bytes read from a peer before it has proved the cluster key: the handshake is
+/// fixed-size (greeting, then proof) and no length-prefixed frame is read before it ends.
+pub const MAX_PREAUTH: usize = 4096;
+const _: () = assert!(5 + 16 + NONCE + MAC <= MAX_PREAUTH);
+
+/// An empty cluster key proves nothing (anyone can compute its HMAC): refused on both sides.
+fn check_key(key: &[u8]) -> Result<(), DirError> {
+    if key.is_empty() {
+        return Err(DirError::Auth(
+            "the cluster key is empty: give every server the same non-empty key \
+             (--key-file FILE or MUTIRAO_CLUSTER_KEY)"
+                .into(),
+        ));
+    }
+    Ok(())
+}
 
 /// Reads one frame; `Ok(None)` on a clean end of stream before the length.
 pub async fn read_frame<R: AsyncRead + Unpin>(
@@ -498,12 +514,13 @@ pub struct PeerId {
     pub node: u64,
 }
 
-/// The connecting side of the handshake.
+/// The connecting side of the handshake (refused at once with an empty key).
 pub async fn handshake_connect<S: AsyncRead + AsyncWrite + Unpin>(
     s: &mut S,
     key: &[u8],
     me: PeerId,
 ) -> Result<PeerId, DirError> {
+    check_key(key)?;
     tokio::time::timeout(HANDSHAKE_TIMEOUT, async {
         let nc = nonce()?;
         let mut hello = Vec::with_capacity(5 + 16 + NONCE);
@@ -548,15 +565,22 @@ pub async fn handshake_connect<S: AsyncRead + AsyncWrite + Unpin>(
         })
     })
     .await
-    .map_err(|_| DirError::Timeout("peer handshake".into()))?
+    .map_err(|_| {
+        DirError::Timeout(format!(
+            "the peer handshake did not finish within {HANDSHAKE_TIMEOUT:?}"
+        ))
+    })?
 }
 
-/// The accepting side of the handshake.
+/// The accepting side of the handshake (refused at once with an empty key). Reads the
+/// fixed-size greeting and proof only, at most [`MAX_PREAUTH`] bytes, within
+/// [`HANDSHAKE_TIMEOUT`] for the whole exchange.
 pub async fn handshake_accept<S: AsyncRead + AsyncWrite + Unpin>(
     s: &mut S,
     key: &[u8],
     me: PeerId,
 ) -> Result<PeerId, DirError> {
+    check_key(key)?;
     tokio::time::timeout(HANDSHAKE_TIMEOUT, async {
         let mut hello = [0u8; 5 + 16 + NONCE];
         s.read_exact(&mut hello).await?;
@@ -597,7 +621,11 @@ pub async fn handshake_accept<S: AsyncRead + AsyncWrite + Unpin>(
         })
     })
     .await
-    .map_err(|_| DirError::Timeout("peer handshake".into()))?
+    .map_err(|_| {
+        DirError::Timeout(format!(
+            "the peer handshake did not finish within {HANDSHAKE_TIMEOUT:?}"
+        ))
+    })?
 }
 
 #[cfg(test)]
@@ -726,17 +754,15 @@ mod tests {
         drop(members);
     }
 
+    fn two_ids() -> (PeerId, PeerId) {
+        let id = |node| PeerId { cluster: 1, node };
+        (id(2), id(3))
+    }
+
     #[tokio::test]
     async fn handshake_succeeds_with_same_key_fails_with_other() {
         let (mut a, mut b) = tokio::io::duplex(4096);
-        let pa = PeerId {
-            cluster: 1,
-            node: 2,
-        };
-        let pb = PeerId {
-            cluster: 1,
-            node: 3,
-        };
+        let (pa, pb) = two_ids();
         let (ra, rb) = tokio::join!(
             handshake_connect(&mut a, b"secret", pa),
             handshake_accept(&mut b, b"secret", pb)
@@ -750,5 +776,17 @@ mod tests {
         drop(a);
         assert!(matches!(ra, Err(DirError::Auth(_))));
         assert!(acc.await.unwrap().is_err());
+    }
+
+    #[tokio::test]
+    async fn a_peer_proving_the_empty_key_is_refused_on_both_sides() {
+        let (pa, pb) = two_ids();
+        let (mut a, mut b) = tokio::io::duplex(4096);
+        let (ra, rb) = tokio::join!(
+            handshake_connect(&mut a, b"", pa),
+            handshake_accept(&mut b, b"", pb)
+        );
+        assert!(matches!(ra, Err(DirError::Auth(_))), "connect: {ra:?}");
+        assert!(matches!(rb, Err(DirError::Auth(_))), "accept: {rb:?}");
     }
 }

@@ -45,6 +45,9 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::{JoinHandle, JoinSet};
 
 mod event_loop;
+mod limits;
+
+use limits::{Handshakes, RefusalLog, Slot, Slots};
 
 /// How a server serves its local (Unix-socket) clients; see [`DirServer::set_local_mode`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -96,7 +99,23 @@ pub struct ServerConfig {
     pub peer_timeout: Duration,
     /// How long connecting to a peer may take.
     pub connect_timeout: Duration,
+    /// TCP connections still in their handshake at once; over it the oldest is closed
+    /// (each has [`crate::net::HANDSHAKE_TIMEOUT`] for the whole handshake).
+    pub max_handshakes: usize,
+    /// Authenticated peer connections served at once; over it a new one is closed.
+    pub max_peer_conns: usize,
+    /// Local (Unix-socket) clients served at once; over it a new one is closed at once.
+    pub max_local_conns: usize,
 }
+
+/// Default [`ServerConfig::max_handshakes`].
+pub const DEFAULT_MAX_HANDSHAKES: usize = 64;
+/// Default [`ServerConfig::max_peer_conns`].
+pub const DEFAULT_MAX_PEER_CONNS: usize = 256;
+/// Default [`ServerConfig::max_local_conns`].
+pub const DEFAULT_MAX_LOCAL_CONNS: usize = 1024;
+/// Pause after a failed `accept` (out of descriptors: wait for some to be closed).
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 
 impl Default for ServerConfig {
     fn default() -> Self {
@@ -106,6 +125,9 @@ impl Default for ServerConfig {
             cluster_key: vec![],
             peer_timeout: Duration::from_millis(200),
             connect_timeout: Duration::from_secs(1),
+            max_handshakes: DEFAULT_MAX_HANDSHAKES,
+            max_peer_conns: DEFAULT_MAX_PEER_CONNS,
+            max_local_conns: DEFAULT_MAX_LOCAL_CONNS,
         }
     }
 }
@@ -392,6 +414,13 @@ struct Inner {
     peer_loop: Mutex<Option<event_loop::LoopSender>>,
     local_spin_ns: AtomicU64,
     spin_gate: Arc<SpinGate>,
+    /// TCP connections in their handshake.
+    handshakes: Handshakes,
+    /// Authenticated peer connections served.
+    peer_slots: Arc<Slots>,
+    /// Local clients served.
+    local_slots: Arc<Slots>,
+    refusals: RefusalLog,
 }
 
 /// The directory server. Cheap to clone (an `Arc`).
@@ -513,7 +542,6 @@ impl DirServer {
             .collect();
         Ok(DirServer {
             inner: Arc::new(Inner {
-                cfg,
                 me,
                 dir: RwLock::new(dir),
                 peers,
@@ -527,6 +555,11 @@ impl DirServer {
                 peer_loop: Mutex::new(None),
                 local_spin_ns: AtomicU64::new(DEFAULT_SPIN.as_nanos() as u64),
                 spin_gate: Arc::new(SpinGate::server()),
+                handshakes: Handshakes::new(cfg.max_handshakes),
+                peer_slots: Slots::new(cfg.max_peer_conns, "authenticated peer connections"),
+                local_slots: Slots::new(cfg.max_local_conns, "local clients"),
+                refusals: RefusalLog::default(),
+                cfg,
             }),
         })
     }
@@ -571,12 +604,16 @@ impl DirServer {
 
     /// Starts the maintenance loop and the listeners given. The Unix socket is created at
     /// `unix` (a stale socket file there is replaced) with mode 0666: who may do what is
-    /// decided per request from the peer's uid.
+    /// decided per request from the peer's uid. A TCP listener needs a cluster key
+    /// ([`DirError::BadConfig`] without one, before anything starts).
     pub fn spawn(
         &self,
         unix: Option<PathBuf>,
         tcp: Option<TcpListener>,
     ) -> Result<ServerHandles, DirError> {
+        if tcp.is_some() {
+            self.check_listen_key()?;
+        }
         let unix = match unix {
             Some(p) => {
                 let l = bind_unix(&p)?;
@@ -659,23 +696,57 @@ impl DirServer {
             self.start_loop(&mut event_loop);
         }
         loop {
-            let (stream, _) = l.accept().await?;
-            let stream = match self.local_mode() {
-                LocalMode::EventLoop => match self.add_to_loop(stream, &mut event_loop) {
+            let stream = match l.accept().await {
+                Ok((s, _)) => s,
+                Err(e) => {
+                    self.accept_failed("Unix socket", &e).await;
+                    continue;
+                }
+            };
+            // Over the cap the connection is closed at once (logged once).
+            let Some(slot) = self.inner.local_slots.take() else {
+                continue;
+            };
+            let (stream, slot) = match self.local_mode() {
+                LocalMode::EventLoop => match self.add_to_loop(stream, slot, &mut event_loop) {
                     Ok(()) => continue,
-                    Err(s) => s,
+                    Err(back) => back,
                 },
-                LocalMode::Threads => match self.spawn_local_thread(stream, &live) {
+                LocalMode::Threads => match self.spawn_local_thread(stream, slot, &live) {
                     Ok(()) => continue,
-                    Err(s) => s,
+                    Err(back) => back,
                 },
-                LocalMode::Tasks => stream,
+                LocalMode::Tasks => (stream, slot),
             };
             let s = self.clone();
             tokio::spawn(async move {
                 let _ = s.local_conn(stream).await;
+                drop(slot);
             });
         }
+    }
+
+    /// An `accept` failed (out of descriptors, most likely): log it and pause, instead of
+    /// ending the listener.
+    async fn accept_failed(&self, what: &str, e: &std::io::Error) {
+        self.inner
+            .refusals
+            .refused(&format!("accepting on the {what} failed: {e}"));
+        tokio::time::sleep(ACCEPT_BACKOFF).await;
+    }
+
+    /// A TCP peer listener needs a non-empty cluster key: with an empty one anybody could
+    /// pass the handshake and act as any uid.
+    fn check_listen_key(&self) -> Result<(), DirError> {
+        if self.inner.cfg.cluster_key.is_empty() {
+            return Err(DirError::BadConfig(
+                "no cluster key: a server without one serves its Unix socket only and opens no \
+                 TCP peer listener; give every server the same key (--key-file FILE or \
+                 MUTIRAO_CLUSTER_KEY) to listen for peers"
+                    .into(),
+            ));
+        }
+        Ok(())
     }
 
     /// Starts the event loop unless it runs; peer connections accepted from then on are
@@ -698,15 +769,16 @@ impl DirServer {
     fn add_to_loop(
         &self,
         stream: UnixStream,
+        slot: Slot,
         event_loop: &mut Option<event_loop::LoopHandle>,
-    ) -> Result<(), UnixStream> {
+    ) -> Result<(), (UnixStream, Slot)> {
         let cred = match stream.peer_cred() {
             Ok(c) => Cred::new(c.uid(), c.gid()),
-            Err(_) => return Err(stream),
+            Err(_) => return Err((stream, slot)),
         };
         self.start_loop(event_loop);
         let Some(lp) = event_loop.as_ref() else {
-            return Err(stream);
+            return Err((stream, slot));
         };
         // tokio's stream is already non-blocking, as the loop needs.
         let std = match stream.into_std() {
@@ -714,12 +786,15 @@ impl DirServer {
             // into_std only fails if deregistering fails; nothing to serve then.
             Err(_) => return Ok(()),
         };
-        match lp.sender().add(std.into(), event_loop::Party::Client(cred)) {
+        match lp
+            .sender()
+            .add(std.into(), event_loop::Party::Client(cred), slot)
+        {
             Ok(()) => Ok(()),
-            Err(s) => {
+            Err((s, slot)) => {
                 // The loop has ended: start a new one with the next connection.
                 *event_loop = None;
-                UnixStream::from_std(s.into()).map_or(Ok(()), Err)
+                UnixStream::from_std(s.into()).map_or(Ok(()), |s| Err((s, slot)))
             }
         }
     }
@@ -729,11 +804,12 @@ impl DirServer {
     fn spawn_local_thread(
         &self,
         stream: UnixStream,
+        slot: Slot,
         live: &Arc<LocalConns>,
-    ) -> Result<(), UnixStream> {
+    ) -> Result<(), (UnixStream, Slot)> {
         let cred = match stream.peer_cred() {
             Ok(c) => Cred::new(c.uid(), c.gid()),
-            Err(_) => return Err(stream),
+            Err(_) => return Err((stream, slot)),
         };
         let std = match stream.into_std() {
             Ok(s) => s,
@@ -749,9 +825,13 @@ impl DirServer {
         let s = self.clone();
         let rt = tokio::runtime::Handle::current();
         let live2 = live.clone();
+        // Given back if the thread cannot start (the closure is dropped unrun).
+        let slot = Arc::new(Mutex::new(Some(slot)));
+        let slot2 = slot.clone();
         let spawned = std::thread::Builder::new()
             .name("mdir-local".into())
             .spawn(move || {
+                let _held = lock(&slot2).take();
                 let _ = s.local_conn_blocking(&std, cred, &rt);
                 lock(&live2.socks).remove(&id);
             });
@@ -765,8 +845,11 @@ impl DirServer {
             }
             Err(_) => {
                 let back = lock(&live.socks).remove(&id);
-                match back.map(|b| (b.set_nonblocking(true), b)) {
-                    Some((Ok(()), b)) => UnixStream::from_std(b).map_or(Ok(()), Err),
+                let slot = lock(&slot).take();
+                match (back.map(|b| (b.set_nonblocking(true), b)), slot) {
+                    (Some((Ok(()), b)), Some(slot)) => {
+                        UnixStream::from_std(b).map_or(Ok(()), |b| Err((b, slot)))
+                    }
                     _ => Ok(()),
                 }
             }
@@ -842,36 +925,79 @@ impl DirServer {
         }
     }
 
-    /// Serves peer servers on a TCP listener until the task is aborted.
+    /// Serves peer servers on a TCP listener until the task is aborted. Refuses to start
+    /// without a cluster key ([`DirError::BadConfig`]).
+    ///
+    /// Each connection has [`crate::net::HANDSHAKE_TIMEOUT`] for its whole handshake, in
+    /// which it is read at most [`crate::net::MAX_PREAUTH`] bytes; at most
+    /// [`ServerConfig::max_handshakes`] are in their handshake at once (over it the oldest is
+    /// closed) and [`ServerConfig::max_peer_conns`] are served once authenticated. Refusals
+    /// are logged on standard error.
     pub async fn serve_tcp(&self, l: TcpListener) -> Result<(), DirError> {
+        self.check_listen_key()?;
         loop {
-            let (stream, _) = l.accept().await?;
+            let (stream, from) = match l.accept().await {
+                Ok(x) => x,
+                Err(e) => {
+                    self.accept_failed("TCP peer listener", &e).await;
+                    continue;
+                }
+            };
+            let (id, evicted) = self.inner.handshakes.admit();
             let s = self.clone();
             tokio::spawn(async move {
-                let _ = s.peer_conn(stream).await;
+                let _ = s.peer_conn(stream, from, id, evicted).await;
             });
         }
     }
 
-    async fn peer_conn(&self, mut stream: TcpStream) -> Result<(), DirError> {
-        stream.set_nodelay(true)?;
-        handshake_accept(&mut stream, &self.inner.cfg.cluster_key, self.inner.me).await?;
+    /// The handshake of an accepted connection (`id` in the handshake table), then serving it.
+    async fn peer_conn(
+        &self,
+        mut stream: TcpStream,
+        from: SocketAddr,
+        id: u64,
+        evicted: oneshot::Receiver<()>,
+    ) -> Result<(), DirError> {
+        let hs = tokio::select! {
+            r = async {
+                stream.set_nodelay(true)?;
+                handshake_accept(&mut stream, &self.inner.cfg.cluster_key, self.inner.me).await
+            } => Some(r),
+            // Closed over the handshake cap (logged once by the table).
+            _ = evicted => None,
+        };
+        self.inner.handshakes.done(id);
+        match hs {
+            None => return Ok(()),
+            Some(Err(e)) => {
+                self.inner
+                    .refusals
+                    .refused(&format!("refused a peer connection from {from}: {e}"));
+                return Err(e);
+            }
+            Some(Ok(_)) => {}
+        }
+        // Over the cap the connection is closed at once (logged once).
+        let Some(slot) = self.inner.peer_slots.take() else {
+            return Ok(());
+        };
         // The local clients' event loop, if one runs, serves the peer from here on: no task
         // wake-up per fan-out request.
         let lp = lock(&self.inner.peer_loop).clone();
-        let stream = match lp {
+        let (stream, _slot) = match lp {
             Some(lp) => {
                 let std = stream.into_std()?;
                 let party = event_loop::Party::Peer(Mutex::new(HashMap::new()));
-                match lp.add(std.into(), party) {
+                match lp.add(std.into(), party, slot) {
                     Ok(()) => return Ok(()),
-                    Err(fd) => {
+                    Err((fd, slot)) => {
                         *lock(&self.inner.peer_loop) = None;
-                        TcpStream::from_std(fd.into())?
+                        (TcpStream::from_std(fd.into())?, slot)
                     }
                 }
             }
-            None => stream,
+            None => (stream, slot),
         };
         let (r, w) = stream.into_split();
         let mut r = BufReader::new(r);
@@ -1824,6 +1950,10 @@ pub fn run_blocking(
         .build()?;
     rt.block_on(async move {
         let server = DirServer::new(cfg)?;
+        if tcp.is_some() {
+            // Before binding: without a key no TCP listener opens, not even briefly.
+            server.check_listen_key()?;
+        }
         let listener = match tcp {
             Some(a) => Some(
                 TcpListener::bind(a)

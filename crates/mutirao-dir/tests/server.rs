@@ -1,11 +1,18 @@
-//! Digest 002 §7.8 directory checks through real servers (Unix sockets + loopback TCP).
+//! Digest 002 §7.8 directory checks through real servers (Unix sockets + loopback TCP), and
+//! issue 29's: who a server listens to, and what its listeners hold at most.
 
+use hmac::{Hmac, Mac};
 use mutirao_dir::client::Client;
-use mutirao_dir::server::{DirServer, ServerConfig, ServerHandles};
+use mutirao_dir::net::{frame_into, FrameReader};
+use mutirao_dir::server::{
+    run_blocking, DirServer, ServerConfig, ServerHandles, DEFAULT_MAX_HANDSHAKES,
+};
 use mutirao_dir::wire::{Header, Kind, Packet, HEADER_LEN};
 use mutirao_dir::{Acl, Attr, AttrList, Cred, DirConfig, DirError, Gid, Scope};
+use sha2::Sha256;
 use std::collections::HashSet;
-use std::net::SocketAddr;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -87,6 +94,29 @@ fn al(pairs: &[(&str, &str)]) -> AttrList {
     .unwrap()
 }
 
+/// A server of cluster 1 with a cluster key and these peers.
+fn peer_server(node: u64, key: &[u8], peers: Vec<SocketAddr>, peer_timeout: Duration) -> DirServer {
+    DirServer::new(ServerConfig {
+        dir: DirConfig {
+            cluster: 1,
+            node,
+            ..DirConfig::default()
+        },
+        peers,
+        cluster_key: key.to_vec(),
+        peer_timeout,
+        ..ServerConfig::default()
+    })
+    .unwrap()
+}
+
+/// Registers `attrs` in `s` as `cred`, bound to the server (in-process, no socket).
+fn register_in(s: &DirServer, cred: Cred, attrs: AttrList, acl: Acl) -> Gid {
+    s.with_directory(|d| d.register(cred, Gid::NONE, attrs, acl, false))
+        .unwrap()
+        .gid
+}
+
 fn wait_until(mut f: impl FnMut() -> bool, what: &str) {
     let t = Instant::now();
     while !f() {
@@ -116,6 +146,7 @@ fn check_01_register_sends_nothing_to_peers() {
         cluster_key: b"k".to_vec(),
         peer_timeout: Duration::from_millis(50),
         connect_timeout: Duration::from_millis(100),
+        ..ServerConfig::default()
     })
     .unwrap();
     let h = {
@@ -455,32 +486,9 @@ fn peer_with_wrong_key_is_rejected() {
         .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
         .unwrap();
     let a1 = l1.local_addr().unwrap();
-    let mk = |node, key: &[u8], peers: Vec<SocketAddr>| {
-        DirServer::new(ServerConfig {
-            dir: DirConfig {
-                cluster: 1,
-                node,
-                ..DirConfig::default()
-            },
-            peers,
-            cluster_key: key.to_vec(),
-            peer_timeout: Duration::from_millis(100),
-            ..ServerConfig::default()
-        })
-        .unwrap()
-    };
+    let mk = |node, key: &[u8], peers| peer_server(node, key, peers, Duration::from_millis(100));
     let holder = mk(1, b"right", vec![]);
-    holder
-        .with_directory(|d| {
-            d.register(
-                Cred::new(0, 0),
-                Gid::NONE,
-                al(&[("x", "1")]),
-                Acl::Public,
-                false,
-            )
-        })
-        .unwrap();
+    register_in(&holder, Cred::new(0, 0), al(&[("x", "1")]), Acl::Public);
     let intruder = mk(2, b"wrong", vec![a1]);
     let _g = rt.enter();
     let h1 = holder.spawn(None, Some(l1)).unwrap();
@@ -493,4 +501,278 @@ fn peer_with_wrong_key_is_rejected() {
     );
     h1.abort();
     h2.abort();
+}
+
+// ------------------------------------------------------------------ issue 29: trust and limits
+
+/// A TCP listener on a free loopback port.
+fn loopback_listener(rt: &tokio::runtime::Runtime) -> tokio::net::TcpListener {
+    rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap()
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn a_server_without_a_cluster_key_opens_no_tcp_listener() {
+    let rt = runtime();
+    let s = DirServer::new(ServerConfig::default()).unwrap();
+    let l = loopback_listener(&rt);
+    let spawned = {
+        let _g = rt.enter();
+        s.spawn(None, Some(l))
+    };
+    match spawned {
+        Err(DirError::BadConfig(m)) => assert!(m.contains("--key-file"), "{m}"),
+        Err(e) => panic!("wrong error: {e}"),
+        Ok(h) => {
+            h.abort();
+            panic!("a keyless server spawned a TCP listener");
+        }
+    }
+    // serve_tcp refuses at once instead of serving.
+    let l = loopback_listener(&rt);
+    let served =
+        rt.block_on(async { tokio::time::timeout(Duration::from_secs(2), s.serve_tcp(l)).await });
+    assert!(
+        matches!(served, Ok(Err(DirError::BadConfig(_)))),
+        "{served:?}"
+    );
+    // run_blocking fails before it is ready (and before it binds anything).
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let r = run_blocking(
+            ServerConfig::default(),
+            None,
+            Some("127.0.0.1:0".parse().unwrap()),
+            |bound| eprintln!("ready on {bound:?}"),
+        );
+        let _ = tx.send(r);
+    });
+    match rx.recv_timeout(Duration::from_secs(5)) {
+        Ok(Err(DirError::BadConfig(m))) => assert!(m.contains("Unix socket only"), "{m}"),
+        other => panic!("run_blocking without a key on TCP: {other:?}"),
+    }
+}
+
+/// The connecting side of the peer handshake, written out by hand (what an attacker does).
+fn raw_handshake(s: &mut TcpStream, key: &[u8]) -> std::io::Result<()> {
+    type H = Hmac<Sha256>;
+    let nc = [7u8; 32];
+    let (cc, cn) = (0u64.to_le_bytes(), 99u64.to_le_bytes());
+    let mut hello = b"MDIR1".to_vec();
+    hello.extend_from_slice(&cc);
+    hello.extend_from_slice(&cn);
+    hello.extend_from_slice(&nc);
+    s.write_all(&hello)?;
+    let mut resp = [0u8; 16 + 32 + 32];
+    s.read_exact(&mut resp)?;
+    let ns = &resp[16..48];
+    let mut m = H::new_from_slice(key).unwrap();
+    for p in [&b"mdir-c"[..], ns, &nc, &cc, &cn] {
+        m.update(p);
+    }
+    s.write_all(&m.finalize().into_bytes())
+}
+
+/// Sends `p` on `s` and waits (at most the socket's read timeout) for one reply.
+fn peer_request(s: &mut TcpStream, p: &Packet) -> Option<Packet> {
+    let mut f = Vec::new();
+    frame_into(p, &mut f);
+    s.write_all(&f).ok()?;
+    let mut r = FrameReader::new(Duration::ZERO);
+    let frame = r.next_frame(&*s).ok()??;
+    Packet::decode(frame).ok()
+}
+
+#[test]
+fn an_unauthenticated_peer_claiming_uid_0_cannot_read_or_delete_a_root_owned_restricted_entry() {
+    let rt = runtime();
+    let s = DirServer::new(ServerConfig::default()).unwrap();
+    let root = Cred::new(0, 0);
+    let secret = al(&[("secret", "root only")]);
+    let only_root = Acl::Only {
+        users: vec![],
+        groups: vec![],
+    };
+    let gid = register_in(&s, root, secret, only_root);
+    // The old `mutirao dir serve` without a key: a TCP listener anyway.
+    let l = loopback_listener(&rt);
+    let addr = l.local_addr().unwrap();
+    let handles = {
+        let _g = rt.enter();
+        s.spawn(None, Some(l)).ok()
+    };
+    // The attacker proves knowledge of the empty key and claims to be root.
+    let mut read_back = None;
+    let mut deleted = false;
+    if let Ok(mut c) = TcpStream::connect_timeout(&addr, Duration::from_secs(2)) {
+        c.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        if raw_handshake(&mut c, b"").is_ok() {
+            let mut h = Header::new(Kind::PeerQuery);
+            (h.uid, h.gid, h.target, h.query_id) = (0, 0, gid, 1);
+            read_back = peer_request(&mut c, &Packet::new(h, AttrList::new()))
+                .filter(|r| r.header.status == 0);
+            let mut h = Header::new(Kind::PeerDelete);
+            (h.uid, h.gid, h.target, h.query_id) = (0, 0, gid, 2);
+            deleted = peer_request(&mut c, &Packet::new(h, AttrList::new()))
+                .is_some_and(|r| r.header.status == 0);
+        }
+    }
+    if let Some(h) = handles {
+        h.abort();
+    }
+    assert!(read_back.is_none(), "the attacker read {read_back:?}");
+    assert!(!deleted, "the attacker deleted the entry");
+    let still = s.with_directory(|d| d.query(root, Some(gid), &AttrList::new()));
+    assert_eq!(still.map(|(g, _)| g), Ok(gid), "the entry is still there");
+}
+
+/// How many of `socks` the server has closed (EOF or reset), looking without waiting.
+fn closed(socks: &[TcpStream]) -> usize {
+    socks
+        .iter()
+        .filter(|s| {
+            let mut b = [0u8; 64];
+            match (&**s).read(&mut b) {
+                Ok(0) => true,
+                Ok(_) => false,
+                Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
+            }
+        })
+        .count()
+}
+
+#[test]
+fn idle_connections_over_the_handshake_cap_are_closed_oldest_first_and_a_real_peer_still_joins() {
+    let rt = runtime();
+    let dir = tempfile::tempdir().unwrap();
+    let la = loopback_listener(&rt);
+    let aa: SocketAddr = la.local_addr().unwrap();
+    let mk = |node, peers| peer_server(node, b"the cluster key", peers, Duration::from_millis(500));
+    let a = mk(1, vec![]);
+    let b = mk(2, vec![aa]);
+    register_in(&a, Cred::new(1000, 1000), al(&[("x", "1")]), Acl::Public);
+    let _g = rt.enter();
+    let ha = a.spawn(None, Some(la)).unwrap();
+    let sock = dir.path().join("b.sock");
+    let hb = b.spawn(Some(sock.clone()), None).unwrap();
+    // 200 connections that never say anything.
+    const IDLE: usize = 200;
+    let idle: Vec<TcpStream> = (0..IDLE)
+        .map(|_| {
+            let s = TcpStream::connect(aa).unwrap();
+            s.set_nonblocking(true).unwrap();
+            s
+        })
+        .collect();
+    // Well before the handshake deadline, the cap has closed all but the newest 64.
+    let t = Instant::now();
+    let want = IDLE - DEFAULT_MAX_HANDSHAKES;
+    let mut n = closed(&idle);
+    while n < want && t.elapsed() < Duration::from_secs(2) {
+        std::thread::sleep(Duration::from_millis(20));
+        n = closed(&idle);
+    }
+    assert!(
+        n >= want,
+        "{n} of {IDLE} idle connections closed after {:?}",
+        t.elapsed()
+    );
+    assert!(
+        closed(&idle[..want]) == want,
+        "the oldest connections are the ones closed"
+    );
+    // The newest idle connections still wait: a real peer connects past them.
+    let mut c = Client::connect(&sock).unwrap();
+    let (_, got) = c.query(None, &al(&[("x", "1")]), Scope::Grid).unwrap();
+    assert_eq!(got, al(&[("x", "1")]));
+    assert!(
+        t.elapsed() < Duration::from_secs(5),
+        "the peer joined within the idle connections' deadline"
+    );
+    ha.abort();
+    hb.abort();
+}
+
+#[test]
+fn local_clients_over_the_cap_are_closed_at_once_and_admitted_again_below_it() {
+    let rt = runtime();
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("d.sock");
+    let s = DirServer::new(ServerConfig {
+        max_local_conns: 3,
+        ..ServerConfig::default()
+    })
+    .unwrap();
+    let h = {
+        let _g = rt.enter();
+        s.spawn(Some(sock.clone()), None).unwrap()
+    };
+    let mut served: Vec<Client> = (0..3)
+        .map(|_| {
+            let mut c = Client::connect(&sock).unwrap();
+            c.open_context().unwrap();
+            c
+        })
+        .collect();
+    let mut over = Client::connect(&sock).unwrap();
+    assert!(
+        matches!(over.open_context(), Err(DirError::Io(_))),
+        "the fourth client is closed"
+    );
+    drop(served.pop());
+    // The server notices the closed client; then a new one is served.
+    let t = Instant::now();
+    let admitted = loop {
+        let ok = Client::connect(&sock).and_then(|mut c| c.open_context());
+        if ok.is_ok() || t.elapsed() > Duration::from_secs(3) {
+            break ok;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert!(admitted.is_ok(), "{admitted:?}");
+    for c in &mut served {
+        c.open_context().unwrap();
+    }
+    h.abort();
+}
+
+#[test]
+fn authenticated_peers_over_the_cap_are_closed_and_the_admitted_one_is_served() {
+    let rt = runtime();
+    let dir = tempfile::tempdir().unwrap();
+    let la = loopback_listener(&rt);
+    let aa = la.local_addr().unwrap();
+    let key = b"the cluster key";
+    let a = DirServer::new(ServerConfig {
+        max_peer_conns: 1,
+        ..peer_server(1, key, vec![], Duration::from_millis(300))
+            .config()
+            .clone()
+    })
+    .unwrap();
+    register_in(&a, Cred::new(1000, 1000), al(&[("x", "1")]), Acl::Public);
+    let _g = rt.enter();
+    let ha = a.spawn(None, Some(la)).unwrap();
+    let q = al(&[("x", "1")]);
+    let mut found = vec![];
+    let mut hs = vec![ha];
+    for node in [2, 3] {
+        let s = peer_server(node, key, vec![aa], Duration::from_millis(300));
+        let sock = dir.path().join(format!("{node}.sock"));
+        hs.push(s.spawn(Some(sock.clone()), None).unwrap());
+        let mut c = Client::connect(&sock).unwrap();
+        found.push(c.query(None, &q, Scope::Grid).is_ok());
+    }
+    assert_eq!(found, [true, false], "only the first peer is served");
+    for h in hs {
+        h.abort();
+    }
 }

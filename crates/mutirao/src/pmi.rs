@@ -3,7 +3,11 @@
 //!
 //! Protocol: one TCP connection per rank to the launcher, newline-delimited JSON.
 //! 1. rank → server `{"op":"hello","rank":R,"token":"<hex>"}`; the server checks the job token
-//!    and the rank range and answers `{"op":"ok"}` or `{"op":"error","msg":…}`.
+//!    and the rank range and answers `{"op":"ok"}` or `{"op":"error","msg":…}`. Before that
+//!    answer the connection may send nothing else; the hello line must arrive whole within
+//!    [`HELLO_TIMEOUT`] and [`MAX_HELLO`] bytes, and at most [`MAX_UNAUTH`] connections wait
+//!    for theirs (a new one over that closes the oldest; see `pmi/gate.rs`). After the token,
+//!    lines may be up to 1 MiB.
 //! 2. rank → server `{"op":"fence","kvs":{…}}`; the server answers every rank at once, when all
 //!    ranks have fenced, with `{"op":"fence_done","all":[kvs of rank 0, kvs of rank 1, …]}`.
 //!    A fence that not every rank reaches before the server's timeout fails for everyone.
@@ -36,7 +40,6 @@
 //!
 //! The server side ([`PmiServer`]) is used by `mutirao run`; the client by [`crate::init`].
 
-use crate::wire::constant_time_eq;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -305,7 +308,11 @@ pub trait CheckpointSink: Send + Sync {
     fn last_committed(&self) -> Result<Option<u64>, String>;
 }
 
-/// Longest line a PMI peer may send (a rank's KVS is small).
+mod gate;
+pub use gate::{HELLO_TIMEOUT, MAX_HELLO, MAX_UNAUTH};
+
+/// Longest line an authenticated PMI peer may send (a rank's KVS is small); before the job
+/// token is proved, [`MAX_HELLO`].
 const MAX_LINE: usize = 1 << 20;
 
 fn read_msg(r: &mut impl BufRead) -> Result<Msg, String> {
@@ -644,6 +651,17 @@ struct Shared {
     addr: SocketAddr,
     /// Per job rank, the start-up phases it reported ([`INIT_KEY`]).
     init: Mutex<Vec<Option<InitPhases>>>,
+    /// The most bytes read from one connection before its hello was checked.
+    #[cfg(test)]
+    preauth_max: std::sync::atomic::AtomicUsize,
+}
+
+#[cfg(test)]
+impl Shared {
+    fn note_preauth(&self, n: usize) {
+        self.preauth_max
+            .fetch_max(n, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 struct FenceState {
@@ -817,17 +835,23 @@ impl PmiServer {
             token,
             addr,
             init: Mutex::new(vec![None; size as usize]),
+            #[cfg(test)]
+            preauth_max: std::sync::atomic::AtomicUsize::new(0),
         });
         let st = state.clone();
         std::thread::Builder::new()
             .name("pmi-accept".into())
             .spawn(move || {
-                for conn in listener.incoming() {
-                    let Ok(conn) = conn else { continue };
-                    let st = st.clone();
+                let st2 = st.clone();
+                let served = gate::accept_loop(listener, st, move |conn, rank| {
+                    // Authenticated: a thread of its own (each rank is admitted once).
+                    let st = st2.clone();
                     let _ = std::thread::Builder::new()
                         .name("pmi-conn".into())
-                        .spawn(move || serve_conn(conn, st, size, token, fence_timeout));
+                        .spawn(move || serve_conn(conn, st, rank, fence_timeout));
+                });
+                if let Err(e) = served {
+                    eprintln!("mutirao bootstrap: the server stopped accepting ranks: {e}");
                 }
             })?;
         Ok(PmiServer { addr, state })
@@ -900,63 +924,45 @@ impl PmiServer {
     }
 }
 
-fn serve_conn(
-    conn: TcpStream,
-    st: Arc<Shared>,
-    size: u32,
-    token: [u8; 32],
-    fence_timeout: Duration,
-) {
+/// Serves a connection whose hello carried the job token (checked by [`gate::accept_loop`]).
+fn serve_conn(conn: TcpStream, st: Arc<Shared>, rank: u32, fence_timeout: Duration) {
+    let size = st.size;
+    if conn.set_nonblocking(false).is_err() {
+        return;
+    }
     conn.set_nodelay(true).ok();
-    // A peer that says nothing is dropped: nothing is run for it anyway.
-    conn.set_read_timeout(Some(Duration::from_secs(30))).ok();
     let Ok(mut w) = conn.try_clone() else { return };
     let mut r = BufReader::new(conn);
-    let rank = match read_msg(&mut r) {
-        Ok(Msg::Hello { rank, token: t }) => {
-            let ok = unhex_token(&t).is_some_and(|t| constant_time_eq(&t, &token));
-            if !ok {
-                let _ = write_msg(
-                    &mut w,
-                    &Msg::Error {
-                        msg: "wrong job token".into(),
-                    },
-                );
-                return;
-            }
-            if rank >= size {
-                let admitted = admit_spawned(&st, rank);
-                let reply = match &admitted {
-                    Ok(()) => Msg::Ok,
-                    Err(msg) => Msg::Error { msg: msg.clone() },
-                };
-                if write_msg(&mut w, &reply).is_err() || admitted.is_err() {
-                    return;
-                }
-                conn_loop(&mut r, &mut w, &st, rank as usize, fence_timeout);
-                member_lost(&st, rank, "its connection to the launcher closed");
-                return;
-            }
-            let Ok(mut s) = st.fence.lock() else { return };
-            if s.hello[rank as usize] {
-                drop(s);
-                let _ = write_msg(
-                    &mut w,
-                    &Msg::Error {
-                        msg: format!("rank {rank} is already connected"),
-                    },
-                );
-                return;
-            }
-            s.hello[rank as usize] = true;
-            drop(s);
-            if write_msg(&mut w, &Msg::Ok).is_err() {
-                return;
-            }
-            rank as usize
+    if rank >= size {
+        let admitted = admit_spawned(&st, rank);
+        let reply = match &admitted {
+            Ok(()) => Msg::Ok,
+            Err(msg) => Msg::Error { msg: msg.clone() },
+        };
+        if write_msg(&mut w, &reply).is_err() || admitted.is_err() {
+            return;
         }
-        _ => return,
-    };
+        conn_loop(&mut r, &mut w, &st, rank as usize, fence_timeout);
+        member_lost(&st, rank, "its connection to the launcher closed");
+        return;
+    }
+    let Ok(mut s) = st.fence.lock() else { return };
+    if s.hello[rank as usize] {
+        drop(s);
+        let _ = write_msg(
+            &mut w,
+            &Msg::Error {
+                msg: format!("rank {rank} is already connected"),
+            },
+        );
+        return;
+    }
+    s.hello[rank as usize] = true;
+    drop(s);
+    if write_msg(&mut w, &Msg::Ok).is_err() {
+        return;
+    }
+    let rank = rank as usize;
     conn_loop(&mut r, &mut w, &st, rank, fence_timeout);
     // The rank closed its connection (it finished or died): allow nothing more for it, and
     // fail the spawns it is the parent of that are still in progress.
@@ -1765,6 +1771,123 @@ mod tests {
             .err()
             .unwrap();
         assert!(e.contains("out of range"), "{e}");
+    }
+
+    /// Reads one line from `s` (waiting at most the socket's read timeout).
+    fn read_line(s: &TcpStream) -> Result<String, std::io::Error> {
+        let mut line = String::new();
+        BufReader::new(s).read_line(&mut line)?;
+        Ok(line)
+    }
+
+    #[test]
+    fn a_client_sending_one_byte_a_second_is_closed_by_the_hello_deadline() {
+        let (srv, _) = server(1);
+        let s = TcpStream::connect(srv.addr()).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let t = Instant::now();
+        let mut w = s.try_clone().unwrap();
+        let writer = std::thread::spawn(move || {
+            for b in br#"{"op":"hello","rank":0"#.iter().take(12) {
+                if w.write_all(&[*b]).is_err() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_secs(1));
+            }
+        });
+        let line = read_line(&s);
+        let took = t.elapsed();
+        let mut rest = [0u8; 16];
+        let end = (&s).read(&mut rest);
+        writer.join().unwrap();
+        eprintln!("one byte a second: closed after {took:?}");
+        assert!(
+            took >= HELLO_TIMEOUT - Duration::from_millis(500)
+                && took <= HELLO_TIMEOUT + Duration::from_millis(1500),
+            "closed after {took:?} ({line:?})"
+        );
+        let line = line.unwrap();
+        assert!(line.contains("no hello within"), "{line}");
+        assert!(
+            matches!(end, Ok(0) | Err(_)),
+            "the connection is closed: {end:?}"
+        );
+    }
+
+    #[test]
+    fn a_1_mib_first_line_without_a_token_is_refused_after_at_most_4_kib() {
+        let (srv, _) = server(1);
+        let s = TcpStream::connect(srv.addr()).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut w = s.try_clone().unwrap();
+        // The server closes without reading it all: the write may fail, which is the point.
+        let writer = std::thread::spawn(move || w.write_all(&vec![b'x'; 1 << 20]).is_ok());
+        let line = read_line(&s).unwrap();
+        let _ = writer.join().unwrap();
+        assert!(line.contains(&format!("{MAX_HELLO} bytes")), "{line}");
+        let read = srv
+            .state
+            .preauth_max
+            .load(std::sync::atomic::Ordering::Relaxed);
+        eprintln!("1 MiB first line: {read} bytes read before the refusal");
+        assert!(
+            read <= MAX_HELLO,
+            "{read} bytes read before the token was proved"
+        );
+    }
+
+    #[test]
+    fn two_hundred_idle_connections_do_not_stop_a_real_job_from_joining() {
+        const IDLE: usize = 200;
+        let (srv, token) = server(3);
+        let idle: Vec<TcpStream> = (0..IDLE)
+            .map(|_| {
+                let s = TcpStream::connect(srv.addr()).unwrap();
+                s.set_nonblocking(true).unwrap();
+                s
+            })
+            .collect();
+        let t = Instant::now();
+        let addr = srv.addr().to_string();
+        let ranks: Vec<_> = (0..3u32)
+            .map(|r| {
+                let addr = addr.clone();
+                std::thread::spawn(move || {
+                    let t = Duration::from_secs(5);
+                    let mut c = PmiClient::connect(&addr, r, &token, t)?;
+                    let mut kvs = Kvs::new();
+                    kvs.insert("addr".into(), format!("host{r}"));
+                    let all = c.fence(kvs, t)?;
+                    c.fence(Kvs::new(), t)?;
+                    Ok::<_, String>(all.len())
+                })
+            })
+            .collect();
+        for h in ranks {
+            assert_eq!(h.join().unwrap(), Ok(3));
+        }
+        let joined = t.elapsed();
+        eprintln!("{IDLE} idle connections: the job joined in {joined:?}");
+        assert!(
+            joined < HELLO_TIMEOUT,
+            "the job joined after {joined:?}, not before the idle connections' deadline"
+        );
+        // The oldest idle connections made room: closed, not served by a thread each.
+        let closed = idle
+            .iter()
+            .filter(|s| {
+                let mut b = [0u8; 256];
+                // An error line, the end of the stream or a reset: closed by the server.
+                match (&**s).read(&mut b) {
+                    Ok(n) => n == 0 || b[..n].ends_with(b"\n"),
+                    Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
+                }
+            })
+            .count();
+        assert!(
+            closed >= IDLE - MAX_UNAUTH,
+            "{closed} of {IDLE} idle connections closed"
+        );
     }
 
     #[test]

@@ -119,12 +119,15 @@ impl Ring {
     }
 
     /// Create the ring file (done by the reader) with `cap` data bytes (rounded up to a power of two).
+    /// The file is created mode 0600: only this user's processes (the job's ranks) may map it.
     pub fn create(path: &Path, cap: usize) -> std::io::Result<Ring> {
+        use std::os::unix::fs::OpenOptionsExt;
         let cap = cap.next_power_of_two().max(4096);
         let f = OpenOptions::new()
             .read(true)
             .write(true)
             .create_new(true)
+            .mode(0o600)
             .open(path)?;
         f.set_len((HEADER + cap) as u64)?;
         // SAFETY: the file was just created by us with this size and is only mapped by the two
@@ -801,6 +804,17 @@ mod tests {
         assert_eq!(tx.reader_awake_on(), None, "a sleeping reader holds no CPU");
         rx.clear_reader_sleep();
         assert_eq!(tx.reader_awake_on(), Some(3), "awake again on its last CPU");
+    }
+
+    #[test]
+    fn a_ring_file_is_readable_and_writable_by_its_owner_only() {
+        use std::os::unix::fs::PermissionsExt;
+        let p = tmp("mode");
+        let r = Ring::create(&p, 4096).unwrap();
+        let mode = std::fs::metadata(&p).unwrap().permissions().mode() & 0o777;
+        drop(r);
+        std::fs::remove_file(&p).unwrap();
+        assert_eq!(mode, 0o600, "ring file mode {mode:o}");
     }
 
     #[test]

@@ -17,7 +17,7 @@
 //! - dropping the [`LoopHandle`] (the accept task ending) stops the loop and closes every
 //!   connection it serves.
 
-use super::{error_packet, ok_packet, Cork, DirServer};
+use super::{error_packet, ok_packet, Cork, DirServer, Slot};
 use crate::directory::Cred;
 use crate::error::DirError;
 use crate::net::{frame_into, FrameReader, TryFrame};
@@ -62,8 +62,8 @@ pub(super) enum Party {
 }
 
 enum Msg {
-    /// A new connection (already non-blocking).
-    Conn(OwnedFd, Party),
+    /// A new connection (already non-blocking) and its place among the server's connections.
+    Conn(OwnedFd, Party, Slot),
     /// The reply to a connection's request that went to the runtime.
     Reply(u64, Packet),
 }
@@ -103,17 +103,18 @@ pub(super) struct LoopSender {
 }
 
 impl LoopSender {
-    /// Hands a non-blocking connection to the loop; gives it back if the loop has ended.
-    pub(super) fn add(&self, s: OwnedFd, party: Party) -> Result<(), OwnedFd> {
+    /// Hands a non-blocking connection to the loop, which holds `slot` as long as it serves
+    /// it; gives both back if the loop has ended.
+    pub(super) fn add(&self, s: OwnedFd, party: Party, slot: Slot) -> Result<(), (OwnedFd, Slot)> {
         if self.shared.stop.load(Ordering::Acquire) {
-            return Err(s);
+            return Err((s, slot));
         }
-        match self.tx.send(Msg::Conn(s, party)) {
+        match self.tx.send(Msg::Conn(s, party, slot)) {
             Ok(()) => {
                 self.shared.wake();
                 Ok(())
             }
-            Err(mpsc::SendError(Msg::Conn(s, _))) => Err(s),
+            Err(mpsc::SendError(Msg::Conn(s, _, slot))) => Err((s, slot)),
             Err(_) => Ok(()),
         }
     }
@@ -186,6 +187,8 @@ impl Drop for LoopHandle {
 struct Conn {
     s: OwnedFd,
     party: Party,
+    /// Given back to the server's count when the connection is dropped.
+    _slot: Slot,
     reader: FrameReader,
     out: Vec<u8>,
     sent: usize,
@@ -374,13 +377,13 @@ impl EventLoop {
         let _ = rustix::io::read(&self.shared.wake, &mut counter);
         while let Ok(m) = self.rx.try_recv() {
             match m {
-                Msg::Conn(s, party) => self.register(s, party),
+                Msg::Conn(s, party, slot) => self.register(s, party, slot),
                 Msg::Reply(id, reply) => self.answer(id, &reply),
             }
         }
     }
 
-    fn register(&mut self, s: OwnedFd, party: Party) {
+    fn register(&mut self, s: OwnedFd, party: Party, slot: Slot) {
         let id = self.next_id;
         self.next_id += 1;
         let flags = epoll::EventFlags::IN | epoll::EventFlags::RDHUP;
@@ -391,6 +394,7 @@ impl EventLoop {
         let conn = Conn {
             s,
             party,
+            _slot: slot,
             reader,
             out: Vec::with_capacity(4096),
             sent: 0,
