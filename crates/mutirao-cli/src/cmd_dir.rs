@@ -214,9 +214,11 @@ fn peer_listener(listen: Option<SocketAddr>, key: &[u8]) -> anyhow::Result<Optio
              (without a key the server serves its Unix socket only)"
         ),
         (None, true) => Ok(None),
-        (a, false) => Ok(Some(
-            a.unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 7700))),
-        )),
+        (a, false) => {
+            Ok(Some(a.unwrap_or_else(|| {
+                SocketAddr::from(([127, 0, 0, 1], 7700))
+            })))
+        }
     }
 }
 

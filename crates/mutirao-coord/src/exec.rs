@@ -551,12 +551,7 @@ impl Dispatcher {
         exec: Arc<dyn Executor>,
         work: &Path,
     ) -> Result<Arc<Dispatcher>> {
-        std::fs::create_dir_all(work).map_err(|e| {
-            Error::Io(format!(
-                "cannot create the jobs directory {}: {e}",
-                work.display()
-            ))
-        })?;
+        crate::private_dir(work, "the jobs directory")?;
         let d = Arc::new_cyclic(|me| Dispatcher {
             c: c.clone(),
             exec,

@@ -301,6 +301,15 @@ fn gather(out: &mut Vec<u8>, start: i64, chunk: &[u8], offset: u64, max: usize) 
     out.extend_from_slice(&chunk[skip..skip + take]);
 }
 
+/// Create `dir` (and its parents) and make it private to this user (mode 0700): it holds
+/// users' programs, jobs and checkpoints.
+pub(crate) fn private_dir(dir: &std::path::Path, what: &str) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(dir)
+        .and_then(|_| std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)))
+        .map_err(|e| Error::Io(format!("cannot create {what} {}: {e}", dir.display())))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -67,12 +67,7 @@ impl Repo {
     /// Open (creating it if needed) the repository in `dir`, accepting content of at most
     /// `max_bytes`.
     pub fn open(dir: &Path, max_bytes: u64) -> Result<Repo> {
-        std::fs::create_dir_all(dir).map_err(|e| {
-            Error::Io(format!(
-                "cannot create the application repository {}: {e}",
-                dir.display()
-            ))
-        })?;
+        crate::private_dir(dir, "the application repository")?;
         Ok(Repo {
             dir: dir.to_path_buf(),
             max_bytes,

@@ -74,6 +74,20 @@ fn now_ms() -> i64 {
 impl SqliteStore {
     /// Open (or create) the database at `path` and migrate it to this version's schema.
     pub fn open(path: &Path) -> Result<SqliteStore> {
+        // Users' jobs, environments and logs: readable by this user only (SQLite gives its WAL
+        // and shared-memory files the database's mode).
+        {
+            use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .mode(0o600)
+                .open(path)
+                .and_then(|_| {
+                    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+                })
+                .map_err(|e| Error::Db(format!("cannot open {}: {e}", path.display())))?;
+        }
         let conn = Connection::open(path)
             .map_err(|e| Error::Db(format!("cannot open {}: {e}", path.display())))?;
         conn.pragma_update(None, "journal_mode", "WAL")?;

@@ -339,6 +339,24 @@ fn sqlite_passes_the_store_suite() {
 }
 
 #[test]
+fn the_database_and_repository_are_private_to_the_coordinator_s_user() {
+    use std::os::unix::fs::PermissionsExt;
+    let d = scratch("modes");
+    let db = d.join("coord.sqlite");
+    // An existing database others could read is made private too.
+    std::fs::write(&db, b"").unwrap();
+    std::fs::set_permissions(&db, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let store = SqliteStore::open(&db).unwrap();
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&db), 0o600);
+    drop(store);
+    let repo = d.join("repo");
+    mutirao_coord::repo::Repo::open(&repo, 1 << 20).unwrap();
+    assert_eq!(mode(&repo), 0o700);
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+#[test]
 fn sqlite_refuses_a_database_from_a_newer_version() {
     let d = scratch("newer");
     let db = d.join("coord.sqlite");

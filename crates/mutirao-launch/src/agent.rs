@@ -5,7 +5,7 @@
 use crate::proto::{self, Msg, Stream};
 use anyhow::bail;
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
+use std::io::BufReader;
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
@@ -549,31 +549,14 @@ fn serve_counted(
             let Some(pipe) = pipe else { continue };
             let w = w.clone();
             readers.push(std::thread::spawn(move || {
-                let mut br = BufReader::new(pipe);
-                let mut buf = Vec::new();
-                loop {
-                    buf.clear();
-                    // A long line goes as several pieces, never as one message too long for
-                    // the launcher to take.
-                    match std::io::Read::take(&mut br, proto::MAX_OUTPUT_PIECE)
-                        .read_until(b'\n', &mut buf)
-                    {
-                        Ok(0) | Err(_) => break,
-                        Ok(_) => {
-                            if buf.last() == Some(&b'\n') {
-                                buf.pop();
-                            }
-                            let m = Msg::Output {
-                                rank,
-                                stream,
-                                line: String::from_utf8_lossy(&buf).into_owned(),
-                            };
-                            if let Ok(mut g) = w.lock() {
-                                if proto::write_msg(&mut *g, &m).is_err() {
-                                    break;
-                                }
-                            }
-                        }
+                // A long line goes as several pieces, never as one message too long for the
+                // launcher to take.
+                let mut lines = proto::LinePieces::new(pipe);
+                while let Some(line) = lines.next_piece() {
+                    let m = Msg::Output { rank, stream, line };
+                    let sent = w.lock().map(|mut g| proto::write_msg(&mut *g, &m).is_ok());
+                    if !matches!(sent, Ok(true)) {
+                        break;
                     }
                 }
             }));
@@ -933,7 +916,7 @@ mod tests {
 
     #[test]
     fn an_unauthenticated_line_over_4_kib_is_refused_at_once() {
-        use std::io::{Read, Write};
+        use std::io::{BufRead, Read, Write};
         let dir = scratch("bigline");
         let port = serve_on_loopback(config(&[6u8; 32], &dir));
         let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();

@@ -566,23 +566,11 @@ fn cleanup_shm(job: &str) {
 
 fn forward(rank: usize, stream: Stream, r: impl std::io::Read + Send + 'static, tx: Sender<Event>) {
     std::thread::spawn(move || {
-        let mut br = BufReader::new(r);
-        let mut buf = Vec::new();
-        loop {
-            buf.clear();
-            // Long lines as pieces, as agents send them: memory stays bounded.
-            match std::io::Read::take(&mut br, proto::MAX_OUTPUT_PIECE).read_until(b'\n', &mut buf)
-            {
-                Ok(0) | Err(_) => break,
-                Ok(_) => {
-                    if buf.last() == Some(&b'\n') {
-                        buf.pop();
-                    }
-                    let line = String::from_utf8_lossy(&buf).into_owned();
-                    if tx.send(Event::Output { rank, stream, line }).is_err() {
-                        break;
-                    }
-                }
+        // Long lines as pieces, as agents send them: memory stays bounded.
+        let mut lines = proto::LinePieces::new(r);
+        while let Some(line) = lines.next_piece() {
+            if tx.send(Event::Output { rank, stream, line }).is_err() {
+                break;
             }
         }
     });

@@ -126,6 +126,57 @@ pub fn read_msg_max(r: &mut impl BufRead, max: u64) -> Result<Option<Msg>, Strin
         .map_err(|e| format!("malformed message: {e}"))
 }
 
+/// A rank's output stream read as lines, a line longer than [`MAX_OUTPUT_PIECE`] as several
+/// pieces (cut between UTF-8 characters, never inside one; the newline that ends a cut line
+/// gives no empty piece of its own): memory stays bounded and no message grows too long.
+#[derive(Debug)]
+pub struct LinePieces<R> {
+    r: std::io::BufReader<R>,
+    carry: Vec<u8>,
+    cut: bool,
+}
+
+impl<R: std::io::Read> LinePieces<R> {
+    /// Pieces of `r`.
+    pub fn new(r: R) -> Self {
+        LinePieces {
+            r: std::io::BufReader::new(r),
+            carry: Vec::new(),
+            cut: false,
+        }
+    }
+
+    /// The next line or piece, without its newline; `None` at the end (or a read error).
+    pub fn next_piece(&mut self) -> Option<String> {
+        loop {
+            let mut buf = std::mem::take(&mut self.carry);
+            let room = MAX_OUTPUT_PIECE.saturating_sub(buf.len() as u64).max(1);
+            let n = std::io::Read::take(&mut self.r, room)
+                .read_until(b'\n', &mut buf)
+                .unwrap_or(0);
+            if n == 0 && buf.is_empty() {
+                return None;
+            }
+            if buf.last() == Some(&b'\n') {
+                buf.pop();
+                let after_cut = std::mem::replace(&mut self.cut, false);
+                if after_cut && buf.is_empty() {
+                    continue;
+                }
+                return Some(String::from_utf8_lossy(&buf).into_owned());
+            }
+            // Cut (or the end of the stream): keep an unfinished character for the next piece.
+            self.cut = n > 0;
+            if let Err(e) = std::str::from_utf8(&buf) {
+                if e.error_len().is_none() && n > 0 && e.valid_up_to() > 0 {
+                    self.carry = buf.split_off(e.valid_up_to());
+                }
+            }
+            return Some(String::from_utf8_lossy(&buf).into_owned());
+        }
+    }
+}
+
 /// A socket reader with a deadline for everything read through it (while one is set): each
 /// read waits at most until the deadline, so a peer trickling a byte at a time cannot hold a
 /// handshake open past it.
@@ -248,6 +299,40 @@ mod tests {
         assert!(!verify(b"secret-secret-17", CLIENT_LABEL, "n1", &a));
         assert!(!verify(b"secret-secret-16", SERVER_LABEL, "n1", &a));
         assert!(!verify(b"secret-secret-16", CLIENT_LABEL, "n2", &a));
+    }
+
+    #[test]
+    fn long_lines_come_in_pieces_cut_between_characters_with_no_empty_piece() {
+        let piece = MAX_OUTPUT_PIECE as usize;
+        // A line two pieces and a bit long, whose cut would fall inside a 2-byte character.
+        let mut text = "x".repeat(piece - 1);
+        text.push('é');
+        text.push_str(&"y".repeat(piece));
+        text.push_str("\nshort\n\nlast");
+        let mut p = LinePieces::new(std::io::Cursor::new(text.clone().into_bytes()));
+        let mut got = Vec::new();
+        while let Some(l) = p.next_piece() {
+            got.push(l);
+        }
+        assert!(
+            got.iter().all(|l| l.len() <= piece),
+            "a piece over the limit"
+        );
+        assert!(
+            !got.iter().any(|l| l.contains('\u{fffd}')),
+            "a character was cut"
+        );
+        assert_eq!(
+            got[..got.len() - 3].concat(),
+            text.split('\n').next().unwrap()
+        );
+        assert_eq!(got[got.len() - 3..], ["short", "", "last"]);
+        // A line of exactly one piece and its newline: one piece, no empty one after it.
+        let one = format!("{}\nnext\n", "z".repeat(piece));
+        let mut p = LinePieces::new(std::io::Cursor::new(one.into_bytes()));
+        assert_eq!(p.next_piece().map(|l| l.len()), Some(piece));
+        assert_eq!(p.next_piece().as_deref(), Some("next"));
+        assert_eq!(p.next_piece(), None);
     }
 
     #[test]
