@@ -250,6 +250,20 @@ fn no_rank_left(mark: &Path) -> Result<(), Failed> {
     Ok(())
 }
 
+/// Until `n` ranks of the launcher `child` have left their mark (20 s at most: then it is
+/// killed and this is an error).
+fn wait_ranks_up(child: &mut Child, mark: &Path, n: usize) -> Result<(), Failed> {
+    let t0 = Instant::now();
+    while std::fs::read_dir(mark).map(|d| d.count()).unwrap_or(0) < n {
+        if t0.elapsed() > Duration::from_secs(20) {
+            let _ = child.kill();
+            return Err("ranks never started".into());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(())
+}
+
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
@@ -540,14 +554,7 @@ fn tests() -> Vec<Trial> {
                 .spawn()
                 .map_err(|e| e.to_string())?;
             // Wait until both ranks are up.
-            let t0 = Instant::now();
-            while std::fs::read_dir(&mark).map(|d| d.count()).unwrap_or(0) < 2 {
-                if t0.elapsed() > Duration::from_secs(20) {
-                    let _ = child.kill();
-                    return Err("ranks never started".into());
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
+            wait_ranks_up(&mut child, &mark, 2)?;
             // SAFETY: kill(2) has no memory-safety preconditions.
             unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
             let t1 = Instant::now();
@@ -574,14 +581,7 @@ fn tests() -> Vec<Trial> {
                 .stderr(Stdio::null())
                 .spawn()
                 .map_err(|e| e.to_string())?;
-            let t0 = Instant::now();
-            while std::fs::read_dir(&mark).map(|d| d.count()).unwrap_or(0) < 3 {
-                if t0.elapsed() > Duration::from_secs(20) {
-                    let _ = child.kill();
-                    return Err("ranks never started".into());
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
+            wait_ranks_up(&mut child, &mark, 3)?;
             // SIGKILL: the launcher cannot clean up; its ranks must go with it all the same.
             child.kill().map_err(|e| e.to_string())?;
             let _ = child.wait();
@@ -809,7 +809,11 @@ fn tests() -> Vec<Trial> {
                 }
                 // The launcher names the rank that never came (rank 1, on the second agent),
                 // not rank 0 or 2, which gave up waiting for it.
-                if !se.contains("rank 1 on 127.0.0.1 never reached the start-up barrier (ranks [") {
+                // Agents sharing an address are named by address and port: rank 1's own.
+                if !se.contains(&format!(
+                    "rank 1 on {} never reached the start-up barrier (ranks [",
+                    agents[1].addr
+                )) {
                     return fail("the notice does not name rank 1 as the one that never came");
                 }
                 // The restart leaves out rank 1's agent and uses the two others.

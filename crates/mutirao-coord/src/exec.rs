@@ -551,7 +551,14 @@ impl Dispatcher {
         exec: Arc<dyn Executor>,
         work: &Path,
     ) -> Result<Arc<Dispatcher>> {
-        crate::private_dir(work, "the jobs directory")?;
+        // Not 0700 yet: agents without a program cache run the program from here, as the
+        // job's own uid.
+        std::fs::create_dir_all(work).map_err(|e| {
+            Error::Io(format!(
+                "cannot create the jobs directory {}: {e}",
+                work.display()
+            ))
+        })?;
         let d = Arc::new_cyclic(|me| Dispatcher {
             c: c.clone(),
             exec,

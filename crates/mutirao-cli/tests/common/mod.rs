@@ -498,6 +498,10 @@ pub fn up_with_agents(tag: &str, spec: &str, ranks: usize, args: &[&str]) -> Opt
                     "--no-dir".into(),
                     "--token-file".into(),
                     token.display().to_string(),
+                    // Jobs as root, as on `mutirao testbed up`: the scenarios' files are the
+                    // test's.
+                    "--run-as".into(),
+                    "root".into(),
                 ],
                 port: AGENT_PORT,
                 log_dir: None,
