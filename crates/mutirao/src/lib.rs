@@ -55,6 +55,7 @@ mod init;
 pub mod local_job;
 pub mod op;
 pub mod pmi;
+pub mod seal;
 pub mod shm;
 mod spawn;
 mod transport;
