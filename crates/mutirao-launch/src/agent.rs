@@ -268,60 +268,73 @@ fn serve_counted(
         conn.try_clone()?,
         Some(std::time::Instant::now() + cfg.limits.handshake),
     ));
-    let w = Arc::new(Mutex::new(conn.try_clone()?));
-    let send = |m: &Msg| -> anyhow::Result<()> {
-        let mut g = w.lock().map_err(|_| anyhow::anyhow!("writer poisoned"))?;
-        proto::write_msg(&mut *g, m)?;
+    // Before authentication: plain lines.
+    let mut plain = conn.try_clone()?;
+    let mut send_plain = |m: &Msg| -> anyhow::Result<()> {
+        proto::write_msg(&mut plain, m)?;
         Ok(())
     };
     // Authentication.
     let nonce = proto::nonce()?;
-    send(&Msg::Challenge {
+    send_plain(&Msg::Challenge {
         version: proto::AGENT_PROTOCOL,
         nonce: nonce.clone(),
     })?;
     let client_nonce = match proto::read_msg_max(&mut r, proto::MAX_PRE_AUTH_LINE) {
         Ok(Some(Msg::Auth { mac, nonce: cn }))
-            if proto::verify(secret, proto::CLIENT_LABEL, &nonce, &mac) =>
+            if cn.len() >= 32 && proto::verify_client(secret, &nonce, &cn, &mac) =>
         {
             cn
         }
+        Ok(Some(Msg::Auth { nonce: cn, .. })) if cn.len() < 32 => {
+            let _ = send_plain(&Msg::Error {
+                msg: "nonce too short".into(),
+            });
+            bail!("refused {peer}: short nonce");
+        }
         Ok(Some(Msg::Auth { .. })) => {
-            let _ = send(&Msg::Error {
+            let _ = send_plain(&Msg::Error {
                 msg: "authentication failed".into(),
             });
             bail!("refused {peer}: wrong token");
         }
         Ok(other) => {
-            let _ = send(&Msg::Error {
+            let _ = send_plain(&Msg::Error {
                 msg: "authenticate first".into(),
             });
             bail!("refused {peer}: expected auth, got {other:?}");
         }
         Err(e) => {
-            let _ = send(&Msg::Error {
+            let _ = send_plain(&Msg::Error {
                 msg: "malformed request".into(),
             });
             bail!("refused {peer}: {e}");
         }
     };
-    if client_nonce.len() < 32 {
-        let _ = send(&Msg::Error {
-            msg: "nonce too short".into(),
-        });
-        bail!("refused {peer}: short nonce");
-    }
-    send(&Msg::Welcome {
-        mac: proto::mac(secret, proto::SERVER_LABEL, &client_nonce),
+    send_plain(&Msg::Welcome {
+        mac: proto::server_mac(secret, &nonce, &client_nonce),
         host: host_name(),
         cores: std::thread::available_parallelism()
             .map(|n| n.get())
             .unwrap_or(1),
     })?;
-    // Authenticated: the session's own timeouts from now on.
+    // Authenticated: sealed records from now on, and the session's own timeouts.
+    let (sealer, opener) =
+        proto::session_keys(secret, &nonce, &client_nonce, mutirao::seal::Role::Server).split();
+    let mut r = mutirao::seal::SealedReader::new(r, opener);
+    let w = Arc::new(Mutex::new(mutirao::seal::SealedWriter::new(
+        conn.try_clone()?,
+        sealer,
+    )));
+    let send = |m: &Msg| -> anyhow::Result<()> {
+        let mut g = w.lock().map_err(|_| anyhow::anyhow!("writer poisoned"))?;
+        proto::write_msg(&mut *g, m)?;
+        Ok(())
+    };
     drop(handshaking);
-    r.get_mut().set_deadline(None);
+    r.get_mut().get_mut().set_deadline(None);
     r.get_ref()
+        .get_ref()
         .get_ref()
         .set_read_timeout(Some(Duration::from_secs(60)))?;
     // The job.
@@ -340,16 +353,17 @@ fn serve_counted(
                 });
                 bail!("{peer}: refused a checkpoint session: no store");
             };
-            if !r.buffer().is_empty() {
-                let _ = send(&Msg::Error {
-                    msg: "data after the store request: wait for ready".into(),
-                });
-                bail!("{peer}: sent data before the store session was ready");
-            }
             send(&Msg::Ready)?;
             // Idle sessions end after a while; the launcher reconnects when it needs to.
             conn.set_read_timeout(Some(Duration::from_secs(300)))?;
-            let served = mutirao_ckpt::remote::serve(&conn, &*store);
+            let writer = Arc::try_unwrap(w)
+                .map_err(|_| anyhow::anyhow!("the session's writer is still shared"))?
+                .into_inner()
+                .map_err(|_| anyhow::anyhow!("writer poisoned"))?;
+            let served = mutirao_ckpt::remote::serve(
+                mutirao::seal::SealedStream { reader: r, writer },
+                &*store,
+            );
             if let Err(e) = served {
                 if !matches!(
                     e.kind(),
@@ -605,7 +619,7 @@ fn serve_counted(
     });
     // The launcher's heartbeats awaited for HEARTBEAT_MISSES periods.
     // Listen for kill requests; a vanished launcher ends everything it started.
-    r.get_ref().get_ref().set_read_timeout(silence)?;
+    r.get_ref().get_ref().get_ref().set_read_timeout(silence)?;
     loop {
         match proto::read_msg(&mut r) {
             Ok(Some(Msg::Kill { signal })) => {
@@ -806,6 +820,50 @@ mod tests {
         let _ = std::fs::remove_dir_all(&d);
         std::fs::create_dir_all(&d).unwrap();
         d
+    }
+
+    #[test]
+    fn after_the_handshake_only_sealed_messages_count() {
+        use std::io::Write;
+        let dir = scratch("sealed");
+        let marker = dir.join("ran");
+        let secret = [5u8; 32];
+        let port = serve_on_loopback(config(&secret, &dir));
+        // An honest handshake, then a launch written in the clear (what a relay that saw the
+        // handshake could inject): the agent must not run it.
+        let s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let sess =
+            crate::job::authenticate(BufReader::new(s.try_clone().unwrap()), s, &secret).unwrap();
+        let mut raw = sess.writer.get_ref().try_clone().unwrap();
+        let launch = Msg::Launch {
+            program: "/bin/sh".into(),
+            args: vec!["-c".into(), format!("touch {}", marker.display())],
+            cwd: None,
+            ranks: vec![proto::RankSpec {
+                rank: 0,
+                env: BTreeMap::new(),
+            }],
+            heartbeat_ms: None,
+        };
+        let mut line = serde_json::to_vec(&launch).unwrap();
+        line.push(b'\n');
+        raw.write_all(&line).unwrap();
+        // The agent closes the session (whatever it sends is sealed, never a plain event).
+        let mut r = sess.reader.get_ref().get_ref().try_clone().unwrap();
+        let mut got = Vec::new();
+        let _ = std::io::Read::read_to_end(&mut r, &mut got);
+        assert!(
+            !String::from_utf8_lossy(&got).contains("\"op\""),
+            "the agent answered in the clear: {got:?}"
+        );
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(!marker.exists(), "a launch sent in the clear was run");
+        // The same launch, sealed, runs: the refusal was about the framing alone.
+        let (out, exit) = run_through(port, &secret, &format!("touch {}", marker.display()));
+        assert_eq!(exit, Some(Some(0)), "{out:#?}");
+        assert!(marker.exists());
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

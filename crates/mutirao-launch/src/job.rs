@@ -9,7 +9,7 @@ use mutirao::pmi::{
     hex, new_token, CheckpointSink, FailureReport, PmiServer, SpawnRequest, SpawnedProc, Spawner,
 };
 use std::collections::{BTreeMap, HashMap};
-use std::io::{BufRead, BufReader, Write};
+use std::io::BufReader;
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
@@ -169,7 +169,7 @@ pub enum Event {
 #[derive(Default, Clone)]
 struct Group {
     local: Arc<Mutex<Vec<u32>>>,
-    remote: Arc<Mutex<Vec<Arc<Mutex<TcpStream>>>>>,
+    remote: Arc<Mutex<Vec<Arc<Mutex<proto::SessionWriter>>>>>,
 }
 
 impl Group {
@@ -205,7 +205,7 @@ impl Group {
         }
     }
 
-    fn add_remote(&self, w: Arc<Mutex<TcpStream>>) {
+    fn add_remote(&self, w: Arc<Mutex<proto::SessionWriter>>) {
         if let Ok(mut v) = self.remote.lock() {
             v.push(w);
         }
@@ -216,7 +216,7 @@ impl Group {
         if let Ok(conns) = self.remote.lock() {
             for c in conns.iter() {
                 if let Ok(s) = c.lock() {
-                    let _ = s.shutdown(std::net::Shutdown::Both);
+                    let _ = s.get_ref().shutdown(std::net::Shutdown::Both);
                 }
             }
         }
@@ -676,7 +676,7 @@ fn start_local(
 fn connect_agent(
     h: &HostEntry,
     secret: &[u8],
-) -> anyhow::Result<(TcpStream, BufReader<TcpStream>, SocketAddr)> {
+) -> anyhow::Result<(proto::SessionWriter, SessionReader, SocketAddr)> {
     let addr = (h.host.as_str(), h.port)
         .to_socket_addrs()
         .with_context(|| format!("cannot resolve host {:?}", h.host))?
@@ -690,11 +690,10 @@ fn connect_agent(
     })?;
     s.set_nodelay(true).ok();
     s.set_read_timeout(Some(Duration::from_secs(10))).ok();
-    let mut r = BufReader::new(s.try_clone()?);
-    let mut w = s;
-    authenticate(&mut r, &mut w, secret)
-        .with_context(|| format!("agent of {} at {addr}", h.host))?;
-    Ok((w, r, addr))
+    let r = BufReader::new(s.try_clone()?);
+    let sess =
+        authenticate(r, s, secret).with_context(|| format!("agent of {} at {addr}", h.host))?;
+    Ok((sess.writer, sess.reader, addr))
 }
 
 /// Send a launch on an authenticated agent session and turn the session into events: output,
@@ -702,7 +701,7 @@ fn connect_agent(
 /// children without an exit are reported as ended; when a rank session ends, the host is lost.
 #[allow(clippy::too_many_arguments)]
 fn run_session(
-    (mut w, mut r): (TcpStream, BufReader<TcpStream>),
+    (mut w, mut r): (proto::SessionWriter, SessionReader),
     host_index: usize,
     host: &str,
     launch: Msg,
@@ -710,12 +709,13 @@ fn run_session(
     spawned: bool,
     heartbeat: Option<Duration>,
     ctx: &Ctx<'_>,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Arc<Mutex<proto::SessionWriter>>> {
     proto::write_msg(&mut w, &launch)
         .with_context(|| format!("cannot send the job to the agent of {host}"))?;
     let silence = heartbeat.map(|p| p * proto::HEARTBEAT_MISSES);
-    r.get_ref().set_read_timeout(silence).ok();
+    r.get_ref().get_ref().set_read_timeout(silence).ok();
     let w = Arc::new(Mutex::new(w));
+    let session = w.clone();
     ctx.group.add_remote(w.clone());
     let txc = ctx.tx.clone();
     let host = host.to_string();
@@ -786,7 +786,7 @@ fn run_session(
             }
         });
     }
-    Ok(())
+    Ok(session)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -805,7 +805,7 @@ fn start_remote(
         .as_deref()
         .context("running on a hostfile needs the agents' token")?;
     // Connect to every agent that gets ranks.
-    let mut conns: Vec<Option<(TcpStream, BufReader<TcpStream>, SocketAddr)>> =
+    let mut conns: Vec<Option<(proto::SessionWriter, SessionReader, SocketAddr)>> =
         (0..hosts.len()).map(|_| None).collect();
     for (i, h) in hosts.iter().enumerate() {
         if placement.contains(&i) {
@@ -817,7 +817,7 @@ fn start_remote(
         .iter()
         .flatten()
         .next()
-        .map(|(w, _, _)| w.local_addr())
+        .map(|(w, _, _)| w.get_ref().local_addr())
         .transpose()?
         .map(|a| a.ip())
         .context("no host received ranks")?;
@@ -883,7 +883,7 @@ fn start_remote(
 /// A spawned process, to stop it if its spawn fails.
 enum Member {
     Local(u32),
-    Remote(Arc<Mutex<TcpStream>>),
+    Remote(Arc<Mutex<proto::SessionWriter>>),
 }
 
 /// The launcher's side of `Comm::spawn` (issue 13): starts the children of a spawn request on
@@ -1065,8 +1065,7 @@ impl JobSpawner {
                             ranks,
                             heartbeat_ms: self.heartbeat.map(|d| d.as_millis().max(1) as u64),
                         };
-                        let writer = w.try_clone().map_err(|e| e.to_string())?;
-                        run_session(
+                        let writer = run_session(
                             (w, r),
                             h,
                             &hostfile::agent_name(hosts, h),
@@ -1077,7 +1076,7 @@ impl JobSpawner {
                             &ctx,
                         )
                         .map_err(|e| format!("{e:#}"))?;
-                        started.push(Member::Remote(Arc::new(Mutex::new(writer))));
+                        started.push(Member::Remote(writer));
                         for &i in &idx {
                             procs.push((req.ranks[i], h, hostfile::agent_name(hosts, h)));
                         }
@@ -1126,7 +1125,7 @@ fn stop_members(members: &[Member]) {
                             signal: libc::SIGKILL,
                         },
                     );
-                    let _ = s.shutdown(std::net::Shutdown::Both);
+                    let _ = s.get_ref().shutdown(std::net::Shutdown::Both);
                 }
             }
         }
@@ -1174,11 +1173,11 @@ pub fn forwarded_env(extra: &[String]) -> anyhow::Result<BTreeMap<String, String
 
 /// Client side of the agent handshake; returns the agent's host name and core count.
 pub fn authenticate(
-    r: &mut impl BufRead,
-    w: &mut impl Write,
+    mut r: BufReader<TcpStream>,
+    mut w: TcpStream,
     secret: &[u8],
-) -> anyhow::Result<(String, usize)> {
-    let nonce = match proto::read_msg(r).map_err(anyhow::Error::msg)? {
+) -> anyhow::Result<Session> {
+    let nonce = match proto::read_msg(&mut r).map_err(anyhow::Error::msg)? {
         Some(Msg::Challenge { version, nonce }) => {
             if version != proto::AGENT_PROTOCOL {
                 bail!(
@@ -1193,24 +1192,46 @@ pub fn authenticate(
     };
     let mine = proto::nonce()?;
     proto::write_msg(
-        w,
+        &mut w,
         &Msg::Auth {
-            mac: proto::mac(secret, proto::CLIENT_LABEL, &nonce),
+            mac: proto::client_mac(secret, &nonce, &mine),
             nonce: mine.clone(),
         },
     )?;
-    match proto::read_msg(r).map_err(anyhow::Error::msg)? {
+    match proto::read_msg(&mut r).map_err(anyhow::Error::msg)? {
         Some(Msg::Welcome { mac, host, cores }) => {
-            if !proto::verify(secret, proto::SERVER_LABEL, &mine, &mac) {
+            if !proto::verify_server(secret, &nonce, &mine, &mac) {
                 bail!("the agent could not prove it knows the token: refusing to use it");
             }
-            Ok((host, cores))
+            let (sealer, opener) =
+                proto::session_keys(secret, &nonce, &mine, mutirao::seal::Role::Client).split();
+            Ok(Session {
+                reader: mutirao::seal::SealedReader::new(r, opener),
+                writer: mutirao::seal::SealedWriter::new(w, sealer),
+                host,
+                cores,
+            })
         }
         Some(Msg::Error { msg }) => bail!("the agent refused us: {msg}"),
         Some(other) => bail!("unexpected answer from the agent: {other:?}"),
         None => bail!("the agent closed the connection during authentication (wrong token?)"),
     }
 }
+
+/// An authenticated, sealed session with an agent ([`authenticate`]).
+pub struct Session {
+    /// Messages from the agent.
+    pub reader: SessionReader,
+    /// Messages to the agent.
+    pub writer: proto::SessionWriter,
+    /// The host name the agent announced.
+    pub host: String,
+    /// The cores it announced.
+    pub cores: usize,
+}
+
+/// Sealed messages from an agent.
+pub type SessionReader = mutirao::seal::SealedReader<BufReader<TcpStream>>;
 
 #[cfg(test)]
 mod tests {

@@ -1,29 +1,32 @@
 //! The launcher ↔ agent protocol: newline-delimited JSON over TCP, mutually authenticated with a
-//! shared secret (the agent token file) by HMAC-SHA256 challenge–response. The secret never
-//! crosses the wire.
+//! shared secret (the agent token file) by HMAC-SHA256 challenge–response, then sealed
+//! ([`mutirao::seal`]). The secret never crosses the wire.
 //!
-//! 1. agent → `{"op":"challenge","version":1,"nonce":N1}`
-//! 2. launcher → `{"op":"auth","mac":HMAC(k,"mutirao-agent-client-v1"‖N1),"nonce":N2}`
-//! 3. agent → `{"op":"welcome","mac":HMAC(k,"mutirao-agent-server-v1"‖N2),"host":…}` or
+//! 1. agent → `{"op":"challenge","version":3,"nonce":N1}`
+//! 2. launcher → `{"op":"auth","mac":HMAC(k,"mutirao-agent-client-v3",N1,N2),"nonce":N2}`
+//! 3. agent → `{"op":"welcome","mac":HMAC(k,"mutirao-agent-server-v3",N2,N1),"host":…}` or
 //!    `{"op":"error","msg":…}` and close.
+//!
+//!    From here on both directions are sealed records under keys derived from k, N1 and N2
+//!    ([`SESSION_CONTEXT`]): every message is authenticated, numbered and encrypted, so a
+//!    relay or a re-pointed address learns nothing (not the launch, not the job's environment)
+//!    and can neither forge, replay nor reorder a message. The lines below travel inside them.
 //! 4. launcher → `{"op":"launch",…}`; agent → `started`, `output`, `exit` events. The launcher
 //!    may send `kill`. If the launcher's connection drops, the agent kills what it started.
 //!
-//!    Or, instead of `launch`: launcher → `{"op":"store"}`; agent → `{"op":"ready"}`, and from
-//!    then on the connection carries `mutirao_ckpt::remote` frames over the agent's checkpoint
-//!    store (replicas of other hosts' checkpoints).
+//!    Or, instead of `launch`: launcher → `{"op":"store","job":J}`; agent → `{"op":"ready"}`, and
+//!    from then on the session carries `mutirao_ckpt::remote` frames over the agent's checkpoint
+//!    store, confined to job J's keys (replicas of other hosts' checkpoints).
 //! 5. When the launch carries `heartbeat_ms`, both sides send `{"op":"heartbeat"}` at that
 //!    period and take a peer silent for [`HEARTBEAT_MISSES`] periods as gone: the launcher
 //!    reports the host lost, the agent kills what it started. A host whose network vanishes
 //!    without closing its sockets is detected this way.
 
-use hmac::{Hmac, Mac};
 use serde::{Deserialize, Serialize};
-use sha2::Sha256;
 use std::collections::BTreeMap;
 use std::io::{BufRead, Write};
 
-pub const AGENT_PROTOCOL: u32 = 2;
+pub const AGENT_PROTOCOL: u32 = 3;
 /// Heartbeat periods of silence after which a peer is taken as gone.
 pub const HEARTBEAT_MISSES: u32 = 5;
 /// Longest line either side accepts.
@@ -227,22 +230,67 @@ pub fn write_msg(w: &mut impl Write, m: &Msg) -> std::io::Result<()> {
     w.flush()
 }
 
-pub fn mac(secret: &[u8], label: &str, nonce: &str) -> String {
-    let mut m = <Hmac<Sha256> as Mac>::new_from_slice(secret).expect("HMAC takes any key length");
-    m.update(label.as_bytes());
-    m.update(nonce.as_bytes());
-    mutirao::pmi::hex(&m.finalize().into_bytes())
+/// The launcher's proof that it holds the token: over the agent's nonce, then its own.
+pub fn client_mac(secret: &[u8], agent_nonce: &str, launcher_nonce: &str) -> String {
+    mutirao::seal::mac_hex(
+        secret,
+        CLIENT_LABEL,
+        &[agent_nonce.as_bytes(), launcher_nonce.as_bytes()],
+    )
 }
 
-pub fn verify(secret: &[u8], label: &str, nonce: &str, mac_hex: &str) -> bool {
-    mutirao::wire::constant_time_eq(mac(secret, label, nonce).as_bytes(), mac_hex.as_bytes())
+/// The agent's proof that it holds the token: over the launcher's nonce, then its own.
+pub fn server_mac(secret: &[u8], agent_nonce: &str, launcher_nonce: &str) -> String {
+    mutirao::seal::mac_hex(
+        secret,
+        SERVER_LABEL,
+        &[launcher_nonce.as_bytes(), agent_nonce.as_bytes()],
+    )
 }
 
-pub const CLIENT_LABEL: &str = "mutirao-agent-client-v1";
-pub const SERVER_LABEL: &str = "mutirao-agent-server-v1";
+/// Whether `mac` is the launcher's proof ([`client_mac`]).
+pub fn verify_client(secret: &[u8], agent_nonce: &str, launcher_nonce: &str, mac: &str) -> bool {
+    mutirao::wire::constant_time_eq(
+        client_mac(secret, agent_nonce, launcher_nonce).as_bytes(),
+        mac.as_bytes(),
+    )
+}
 
+/// Whether `mac` is the agent's proof ([`server_mac`]).
+pub fn verify_server(secret: &[u8], agent_nonce: &str, launcher_nonce: &str, mac: &str) -> bool {
+    mutirao::wire::constant_time_eq(
+        server_mac(secret, agent_nonce, launcher_nonce).as_bytes(),
+        mac.as_bytes(),
+    )
+}
+
+pub const CLIENT_LABEL: &str = "mutirao-agent-client-v3";
+pub const SERVER_LABEL: &str = "mutirao-agent-server-v3";
+/// Names the agent protocol's session keys.
+pub const SESSION_CONTEXT: &str = "mutirao-agent-session-v3";
+
+/// The keys of one end of an agent session whose handshake exchanged these nonces.
+pub fn session_keys(
+    secret: &[u8],
+    agent_nonce: &str,
+    launcher_nonce: &str,
+    role: mutirao::seal::Role,
+) -> mutirao::seal::SessionKeys {
+    mutirao::seal::SessionKeys::derive(
+        secret,
+        SESSION_CONTEXT,
+        launcher_nonce.as_bytes(),
+        agent_nonce.as_bytes(),
+        role,
+    )
+}
+
+/// Sealed messages to the other end of a session.
+pub type SessionWriter = mutirao::seal::SealedWriter<std::net::TcpStream>;
+
+/// A fresh handshake nonce.
 pub fn nonce() -> std::io::Result<String> {
-    Ok(mutirao::pmi::hex(&mutirao::pmi::new_token()?))
+    mutirao::seal::nonce_hex()
 }
 
 /// Read a token file: at least 16 bytes of secret after trimming whitespace.
@@ -293,12 +341,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn mac_depends_on_secret_label_and_nonce() {
-        let a = mac(b"secret-secret-16", CLIENT_LABEL, "n1");
-        assert!(verify(b"secret-secret-16", CLIENT_LABEL, "n1", &a));
-        assert!(!verify(b"secret-secret-17", CLIENT_LABEL, "n1", &a));
-        assert!(!verify(b"secret-secret-16", SERVER_LABEL, "n1", &a));
-        assert!(!verify(b"secret-secret-16", CLIENT_LABEL, "n2", &a));
+    fn proofs_depend_on_the_secret_the_side_and_both_nonces() {
+        let k = b"secret-secret-16";
+        let c = client_mac(k, "n1", "n2");
+        assert!(verify_client(k, "n1", "n2", &c));
+        assert!(!verify_client(b"secret-secret-17", "n1", "n2", &c));
+        assert!(
+            !verify_server(k, "n1", "n2", &c),
+            "a client proof is no server proof"
+        );
+        assert!(!verify_client(k, "n1", "n3", &c));
+        assert!(!verify_client(k, "n0", "n2", &c));
+        let s = server_mac(k, "n1", "n2");
+        assert!(verify_server(k, "n1", "n2", &s));
+        assert!(!verify_server(k, "n2", "n1", &s));
     }
 
     #[test]

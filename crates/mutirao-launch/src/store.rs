@@ -74,10 +74,10 @@ pub fn connect_store(
     s.set_nodelay(true).ok();
     s.set_read_timeout(Some(Duration::from_secs(30)))?;
     s.set_write_timeout(Some(Duration::from_secs(30)))?;
-    let mut r = BufReader::new(s.try_clone()?);
-    let mut w = s;
-    authenticate(&mut r, &mut w, secret)
+    let r = BufReader::new(s.try_clone()?);
+    let sess = authenticate(r, s, secret)
         .map_err(|e| err(format!("agent of {} at {addr}: {e:#}", host.host)))?;
+    let (mut r, mut w) = (sess.reader, sess.writer);
     proto::write_msg(&mut w, &Msg::Store)?;
     match proto::read_msg(&mut r).map_err(err)? {
         Some(Msg::Ready) => {}
@@ -94,13 +94,10 @@ pub fn connect_store(
             )))
         }
     }
-    if !r.buffer().is_empty() {
-        return Err(err(format!(
-            "agent of {} sent data before the session started",
-            host.host
-        )));
-    }
-    Ok(Box::new(w))
+    Ok(Box::new(mutirao::seal::SealedStream {
+        reader: r,
+        writer: w,
+    }))
 }
 
 pub use crate::hostfile::agent_name;

@@ -229,7 +229,9 @@ impl<W: Write> SealedWriter<W> {
         let rec = self.sealer.seal(&self.buf[..take])?;
         self.buf.drain(..take);
         // A record half written leaves the session unusable: nothing more may follow it.
-        self.inner.write_all(&rec).inspect_err(|_| self.broken = true)
+        self.inner
+            .write_all(&rec)
+            .inspect_err(|_| self.broken = true)
     }
 }
 
@@ -466,7 +468,10 @@ mod tests {
         let other = SessionKeys::derive(b"Secret", "test-v1", b"n1", b"n2", Role::Server);
         assert!(read_all(other, wire.clone()).is_err(), "wrong secret");
         let other_nonce = SessionKeys::derive(b"secret", "test-v1", b"n1", b"n3", Role::Server);
-        assert!(read_all(other_nonce, wire.clone()).is_err(), "other session");
+        assert!(
+            read_all(other_nonce, wire.clone()).is_err(),
+            "other session"
+        );
         let same_dir = SessionKeys::derive(b"secret", "test-v1", b"n1", b"n2", Role::Client);
         assert!(read_all(same_dir, wire.clone()).is_err(), "reflected");
         // Replay the first record in place of the second.
