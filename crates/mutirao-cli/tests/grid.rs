@@ -52,6 +52,12 @@ fn start_with_env(tag: &str, extra: &[&str], env: &[(&str, &str)]) -> Coord {
         format!("# test grid\nuser ana {ANA}\nuser bia {BIA}\nagent n1 n1-agent-token-0123456\n"),
     )
     .unwrap();
+    // Private, as an operator keeps it (jobs of other tests look for tokens on this machine).
+    std::fs::set_permissions(
+        dir.join("grid.tokens"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )
+    .unwrap();
     spawn_coord_env(dir, extra, env)
 }
 

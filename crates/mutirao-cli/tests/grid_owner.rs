@@ -164,6 +164,12 @@ fn setup(
         ),
     )
     .unwrap();
+    // Private, as an operator keeps it (grid tests' jobs look for tokens on this machine).
+    std::fs::set_permissions(
+        dir.join("grid.tokens"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )
+    .unwrap();
     let mut coord = Command::new(BIN)
         .args([
             "coordinator",

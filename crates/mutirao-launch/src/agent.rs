@@ -607,7 +607,7 @@ fn serve_counted(
     // When every rank has ended, close the session (this also ends the read loop below).
     let closer = conn.try_clone()?;
     let ended_w = ended.clone();
-    let job = lease.clone();
+    let job = lease;
     std::thread::spawn(move || {
         for t in waiters {
             let _ = t.join();
@@ -615,8 +615,13 @@ fn serve_counted(
         // The job's last session here: what its ranks left running ends, its directory goes.
         drop(job);
         ended_w.store(true, Ordering::SeqCst);
-        let _ = closer.shutdown(Shutdown::Both);
+        // Only our direction: closing a socket with the launcher's unread heartbeats in it
+        // would send a reset, which can make the launcher lose the exits just sent. The read
+        // loop below drains until the launcher closes, or gives up after a short while.
+        let _ = closer.set_read_timeout(Some(Duration::from_millis(500)));
+        let _ = closer.shutdown(Shutdown::Write);
     });
+    let mut drained_since: Option<std::time::Instant> = None;
     // The launcher's heartbeats awaited for HEARTBEAT_MISSES periods.
     // Listen for kill requests; a vanished launcher ends everything it started.
     r.get_ref().get_ref().get_ref().set_read_timeout(silence)?;
@@ -634,7 +639,14 @@ fn serve_counted(
                     kill_all(&pids, libc::SIGCONT);
                 }
             }
-            Ok(Some(_)) => {}
+            Ok(Some(_)) => {
+                if ended.load(Ordering::SeqCst) {
+                    let since = *drained_since.get_or_insert_with(std::time::Instant::now);
+                    if since.elapsed() > Duration::from_secs(2) {
+                        return Ok(());
+                    }
+                }
+            }
             Ok(None) => {
                 kill_all(&pids, libc::SIGKILL);
                 return Ok(());
