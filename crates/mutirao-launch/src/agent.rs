@@ -579,6 +579,7 @@ fn serve_counted(
         let procs = cfg.procs.clone();
         let journal = cfg.journal.clone();
         let jlog = cfg.log.clone();
+        let job = lease.clone();
         waiters.push(std::thread::spawn(move || {
             let st = child.wait();
             procs.remove(child.id() as i32);
@@ -594,6 +595,9 @@ fn serve_counted(
             for t in readers {
                 let _ = t.join();
             }
+            // The job's last rank of its last session here: what its ranks left running ends
+            // and its directory goes before the launcher hears of the exit.
+            drop(job);
             if let Ok(mut g) = w.lock() {
                 let _ = proto::write_msg(&mut *g, &Msg::Exit { rank, code, signal });
             }
@@ -604,16 +608,15 @@ fn serve_counted(
             log(&format!("{peer}: cannot journal the ranks started: {e:#}"));
         }
     }
-    // When every rank has ended, close the session (this also ends the read loop below).
+    // When every rank has ended, end our direction of the session (the read loop below drains
+    // what the launcher still sends, then ends).
     let closer = conn.try_clone()?;
     let ended_w = ended.clone();
-    let job = lease;
+    drop(lease);
     std::thread::spawn(move || {
         for t in waiters {
             let _ = t.join();
         }
-        // The job's last session here: what its ranks left running ends, its directory goes.
-        drop(job);
         ended_w.store(true, Ordering::SeqCst);
         // Only our direction: closing a socket with the launcher's unread heartbeats in it
         // would send a reset, which can make the launcher lose the exits just sent. The read

@@ -250,17 +250,21 @@ pub fn server_mac(secret: &[u8], agent_nonce: &str, launcher_nonce: &str) -> Str
 
 /// Whether `mac` is the launcher's proof ([`client_mac`]).
 pub fn verify_client(secret: &[u8], agent_nonce: &str, launcher_nonce: &str, mac: &str) -> bool {
-    mutirao::wire::constant_time_eq(
-        client_mac(secret, agent_nonce, launcher_nonce).as_bytes(),
-        mac.as_bytes(),
+    mutirao::seal::verify_hex(
+        secret,
+        CLIENT_LABEL,
+        &[agent_nonce.as_bytes(), launcher_nonce.as_bytes()],
+        mac,
     )
 }
 
 /// Whether `mac` is the agent's proof ([`server_mac`]).
 pub fn verify_server(secret: &[u8], agent_nonce: &str, launcher_nonce: &str, mac: &str) -> bool {
-    mutirao::wire::constant_time_eq(
-        server_mac(secret, agent_nonce, launcher_nonce).as_bytes(),
-        mac.as_bytes(),
+    mutirao::seal::verify_hex(
+        secret,
+        SERVER_LABEL,
+        &[launcher_nonce.as_bytes(), agent_nonce.as_bytes()],
+        mac,
     )
 }
 
