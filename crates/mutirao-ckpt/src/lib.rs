@@ -7,7 +7,7 @@
 //! See docs/checkpoint-storage.md.
 
 use std::fs;
-use std::io::Write;
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -62,6 +62,84 @@ pub trait BlobStore: Send + Sync {
     fn delete(&self, key: &str) -> Result<(), StoreError>;
     /// All keys starting with `prefix`, sorted.
     fn list(&self, prefix: &str) -> Result<Vec<String>, StoreError>;
+    /// `put` of the `len` bytes read from `body`: stores that can stream them (a directory)
+    /// never hold them all in memory; the others read them first. Fewer than `len` bytes, or a
+    /// read error, is an error and stores nothing.
+    fn put_from(&self, key: &str, len: u64, body: &mut dyn Read) -> Result<(), StoreError> {
+        let mut buf = Vec::with_capacity(len.min(1 << 24) as usize);
+        let got = body
+            .take(len)
+            .read_to_end(&mut buf)
+            .map_err(io("read the body of", Path::new(key)))?;
+        if got as u64 != len {
+            return Err(short_body(key, got as u64, len));
+        }
+        self.put(key, &buf)
+    }
+}
+
+fn short_body(key: &str, got: u64, len: u64) -> StoreError {
+    StoreError::Io {
+        op: "read the body of",
+        path: PathBuf::from(key),
+        source: std::io::Error::new(
+            std::io::ErrorKind::UnexpectedEof,
+            format!("the body ended after {got} of {len} bytes; nothing was stored"),
+        ),
+    }
+}
+
+/// The keys of another store under `scopes/<scope>/`, seen as a store of their own: every key
+/// is confined to the scope and `list` shows nothing outside it. An agent gives each job's
+/// checkpoint session the scope the job's key names, so a session of one job can neither see,
+/// read, replace nor delete another job's blobs.
+pub struct Scoped<S: BlobStore> {
+    inner: S,
+    prefix: String,
+}
+
+impl<S: BlobStore> Scoped<S> {
+    /// `inner`'s keys under `scopes/<scope>/`; `scope` is one key segment.
+    pub fn new(inner: S, scope: &str) -> Result<Scoped<S>, StoreError> {
+        if scope.contains('/') {
+            return Err(StoreError::InvalidKey {
+                key: scope.to_string(),
+                why: "a scope is one segment",
+            });
+        }
+        check_key(scope)?;
+        Ok(Scoped {
+            inner,
+            prefix: format!("scopes/{scope}/"),
+        })
+    }
+
+    fn key(&self, key: &str) -> Result<String, StoreError> {
+        check_key(key)?;
+        Ok(format!("{}{key}", self.prefix))
+    }
+}
+
+impl<S: BlobStore> BlobStore for Scoped<S> {
+    fn put(&self, key: &str, bytes: &[u8]) -> Result<(), StoreError> {
+        self.inner.put(&self.key(key)?, bytes)
+    }
+    fn get(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        self.inner.get(&self.key(key)?)
+    }
+    fn delete(&self, key: &str) -> Result<(), StoreError> {
+        self.inner.delete(&self.key(key)?)
+    }
+    fn list(&self, prefix: &str) -> Result<Vec<String>, StoreError> {
+        let keys = self.inner.list(&format!("{}{prefix}", self.prefix))?;
+        Ok(keys
+            .into_iter()
+            .filter_map(|k| k.strip_prefix(&self.prefix).map(str::to_string))
+            .collect())
+    }
+    fn put_from(&self, key: &str, len: u64, body: &mut dyn Read) -> Result<(), StoreError> {
+        self.inner.put_from(&self.key(key)?, len, body)
+    }
 }
 
 impl<T: BlobStore + ?Sized> BlobStore for Arc<T> {
@@ -76,6 +154,9 @@ impl<T: BlobStore + ?Sized> BlobStore for Arc<T> {
     }
     fn list(&self, prefix: &str) -> Result<Vec<String>, StoreError> {
         (**self).list(prefix)
+    }
+    fn put_from(&self, key: &str, len: u64, body: &mut dyn Read) -> Result<(), StoreError> {
+        (**self).put_from(key, len, body)
     }
 }
 
@@ -92,6 +173,9 @@ impl<T: BlobStore + ?Sized> BlobStore for &T {
     fn list(&self, prefix: &str) -> Result<Vec<String>, StoreError> {
         (**self).list(prefix)
     }
+    fn put_from(&self, key: &str, len: u64, body: &mut dyn Read) -> Result<(), StoreError> {
+        (**self).put_from(key, len, body)
+    }
 }
 
 impl<T: BlobStore + ?Sized> BlobStore for Box<T> {
@@ -106,6 +190,9 @@ impl<T: BlobStore + ?Sized> BlobStore for Box<T> {
     }
     fn list(&self, prefix: &str) -> Result<Vec<String>, StoreError> {
         (**self).list(prefix)
+    }
+    fn put_from(&self, key: &str, len: u64, body: &mut dyn Read) -> Result<(), StoreError> {
+        (**self).put_from(key, len, body)
     }
 }
 
@@ -187,8 +274,14 @@ impl DirStore {
     }
 }
 
-impl BlobStore for DirStore {
-    fn put(&self, key: &str, bytes: &[u8]) -> Result<(), StoreError> {
+impl DirStore {
+    /// Writes a temporary file with `fill`, fsyncs it, renames it over `key` and fsyncs the
+    /// directory; a failed `fill` removes the temporary file and stores nothing.
+    fn put_with(
+        &self,
+        key: &str,
+        fill: impl FnOnce(&mut fs::File, &Path) -> Result<(), StoreError>,
+    ) -> Result<(), StoreError> {
         check_key(key)?;
         let path = self.root.join(key);
         let dir = path.parent().unwrap_or(&self.root).to_path_buf();
@@ -202,14 +295,33 @@ impl BlobStore for DirStore {
         let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let tmp = dir.join(format!(".tmp-{}-{seq}-{name}", std::process::id()));
         let mut f = fs::File::create(&tmp).map_err(io("create", &tmp))?;
-        f.write_all(bytes).map_err(io("write", &tmp))?;
-        f.sync_all().map_err(io("fsync", &tmp))?;
+        let written = fill(&mut f, &tmp).and_then(|()| f.sync_all().map_err(io("fsync", &tmp)));
         drop(f);
+        if let Err(e) = written {
+            let _ = fs::remove_file(&tmp);
+            return Err(e);
+        }
         fs::rename(&tmp, &path).map_err(io("rename into", &path))?;
         fs::File::open(&dir)
             .and_then(|d| d.sync_all())
             .map_err(io("fsync directory", &dir))?;
         Ok(())
+    }
+}
+
+impl BlobStore for DirStore {
+    fn put(&self, key: &str, bytes: &[u8]) -> Result<(), StoreError> {
+        self.put_with(key, |f, tmp| f.write_all(bytes).map_err(io("write", tmp)))
+    }
+
+    fn put_from(&self, key: &str, len: u64, body: &mut dyn Read) -> Result<(), StoreError> {
+        self.put_with(key, |f, tmp| {
+            let got = std::io::copy(&mut body.take(len), f).map_err(io("write", tmp))?;
+            if got != len {
+                return Err(short_body(key, got, len));
+            }
+            Ok(())
+        })
     }
 
     fn get(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
@@ -234,7 +346,13 @@ impl BlobStore for DirStore {
 
     fn list(&self, prefix: &str) -> Result<Vec<String>, StoreError> {
         let mut out = Vec::new();
-        self.walk(&self.root, "", &mut out)?;
+        // Only the directory the prefix names (a scope's, a job's), not the whole store.
+        match prefix.rsplit_once('/') {
+            Some((dir, _)) if check_key(dir).is_ok() => {
+                self.walk(&self.root.join(dir), dir, &mut out)?
+            }
+            _ => self.walk(&self.root, "", &mut out)?,
+        }
         out.retain(|k| k.starts_with(prefix));
         out.sort();
         Ok(out)
@@ -265,6 +383,53 @@ mod tests {
         s.delete("jobs/a/1/0.ckpt").unwrap();
         s.delete("jobs/a/1/0.ckpt").unwrap();
         assert_eq!(s.get("jobs/a/1/0.ckpt").unwrap(), None);
+    }
+
+    #[test]
+    fn a_streamed_put_stores_all_or_nothing() {
+        let d = tempfile::tempdir().unwrap();
+        let s = DirStore::open(d.path()).unwrap();
+        let body = vec![7u8; 300_000];
+        s.put_from("a/b", body.len() as u64, &mut &body[..])
+            .unwrap();
+        assert_eq!(s.get("a/b").unwrap().unwrap(), body);
+        // A body that ends early (a peer gone mid-put): an error, the old value stays, and no
+        // temporary file is left behind.
+        let e = s.put_from("a/b", 500_000, &mut &[1u8; 10][..]).unwrap_err();
+        assert!(e.to_string().contains("after 10 of 500000 bytes"), "{e}");
+        assert_eq!(s.get("a/b").unwrap().unwrap(), body);
+        let names: Vec<_> = fs::read_dir(d.path().join("a")).unwrap().collect();
+        assert_eq!(names.len(), 1, "{names:?}");
+        // The default (in memory) behaves the same.
+        let sc = Scoped::new(&s, "x").unwrap();
+        let e = BlobStore::put_from(&sc, "k", 5, &mut &b"ab"[..]).unwrap_err();
+        assert!(e.to_string().contains("after 2 of 5"), "{e}");
+        assert_eq!(sc.get("k").unwrap(), None);
+    }
+
+    #[test]
+    fn scopes_see_nothing_of_each_other() {
+        let d = tempfile::tempdir().unwrap();
+        let s = DirStore::open(d.path()).unwrap();
+        let (a, b) = (
+            Scoped::new(&s, "aaaa").unwrap(),
+            Scoped::new(&s, "bbbb").unwrap(),
+        );
+        a.put("jobs/j/1/0.ckpt", b"a's").unwrap();
+        b.put("jobs/j/1/0.ckpt", b"b's").unwrap();
+        assert_eq!(a.get("jobs/j/1/0.ckpt").unwrap().unwrap(), b"a's");
+        assert_eq!(b.list("").unwrap(), vec!["jobs/j/1/0.ckpt".to_string()]);
+        b.delete("jobs/j/1/0.ckpt").unwrap();
+        assert_eq!(a.get("jobs/j/1/0.ckpt").unwrap().unwrap(), b"a's");
+        assert!(b.list("").unwrap().is_empty());
+        // No key escapes its scope, and a scope is one plain segment.
+        for k in ["../bbbb/x", "..", "/x"] {
+            assert!(b.get(k).is_err(), "{k}");
+        }
+        for sc in ["a/b", "..", "", "a b"] {
+            assert!(Scoped::new(&s, sc).is_err(), "{sc:?}");
+        }
+        assert_eq!(s.list("scopes/aaaa/").unwrap().len(), 1);
     }
 
     #[test]

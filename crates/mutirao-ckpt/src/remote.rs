@@ -121,10 +121,37 @@ pub fn serve_with_limit(
                 format!("body of {blen} bytes, above the {max_body}-byte limit"),
             ));
         }
-        let body = read_full(&mut r, blen, "body")?;
+        if op == b'P' {
+            // Streamed into the store (a directory store never holds the whole body); a
+            // stream that breaks mid-body ends the session, a store error is answered.
+            let mut body = Body {
+                r: &mut r,
+                len: blen,
+                left: blen,
+                err: None,
+            };
+            let put = store.put_from(&key, blen, &mut body);
+            let (left, err) = (body.left, body.err.take());
+            if let Some(e) = err {
+                return Err(e);
+            }
+            if left > 0 {
+                // The store stopped reading early (it failed): skip the rest of the body so the
+                // stream stays in step.
+                io::copy(&mut Read::take(&mut r, left), &mut io::sink())?;
+            }
+            let w = r.get_mut();
+            match put {
+                Ok(()) => respond(w, OK, &[])?,
+                Err(e) => respond(w, ERROR, e.to_string().as_bytes())?,
+            }
+            served += 1;
+            continue;
+        }
+        // Only a put has a body; any other is read and ignored, keeping the stream in step.
+        read_full(&mut r, blen, "body")?;
         let w = r.get_mut();
         let answer = match op {
-            b'P' => store.put(&key, &body).map(|()| (OK, Vec::new())),
             b'G' => store.get(&key).map(|d| match d {
                 Some(d) => (OK, d),
                 None => (NOT_FOUND, Vec::new()),
@@ -144,6 +171,48 @@ pub fn serve_with_limit(
             Err(e) => respond(w, ERROR, e.to_string().as_bytes())?,
         }
         served += 1;
+    }
+}
+
+/// A put's body as it comes off the stream: counts what is left and keeps the stream's error
+/// (the store sees an error either way, [`serve_with_limit`] tells the two apart).
+struct Body<'a, R: Read> {
+    r: &'a mut R,
+    /// The body's length, and what of it is still to come.
+    len: u64,
+    left: u64,
+    err: Option<io::Error>,
+}
+
+impl<R: Read> Read for Body<'_, R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if self.left == 0 {
+            return Ok(0);
+        }
+        let n = buf.len().min(self.left.min(usize::MAX as u64) as usize);
+        match self.r.read(&mut buf[..n]) {
+            Ok(0) => {
+                let e = io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    format!(
+                        "connection closed after {} of {} bytes of the body",
+                        self.len - self.left,
+                        self.len
+                    ),
+                );
+                self.err = Some(io::Error::new(e.kind(), e.to_string()));
+                Err(e)
+            }
+            Ok(k) => {
+                self.left -= k as u64;
+                Ok(k)
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => Err(e),
+            Err(e) => {
+                self.err = Some(io::Error::new(e.kind(), e.to_string()));
+                Err(e)
+            }
+        }
     }
 }
 

@@ -2,9 +2,16 @@
 //! `mutirao::pmi::CheckpointSink` over it.
 //!
 //! Layout: `jobs/<job>/<epoch>/<rank>.ckpt` holds rank `rank`'s checkpoint of `epoch`, a
-//! [`Header`] (magic, format version, job id, epoch, rank, length, SHA-256 of the data) followed by
+//! [`Header`] (magic, format version, job id, epoch, rank, length, checksum) followed by
 //! the data; `jobs/<job>/COMMITTED` is the commit record (magic, version, job id, epoch, number of
-//! ranks, SHA-256 of the record). Every store's `put` is atomic, so the record names either the old
+//! ranks, checksum of the record).
+//!
+//! Checksums: format version 1 (a repository without a key) holds the SHA-256 of the data (of
+//! the record); version 2 (a repository [`CheckpointRepo::with_key`], as every launcher opens
+//! one for a store others can reach) holds an HMAC-SHA256 under the job's checkpoint key over
+//! the header and the data (over the record). Whoever can write to the store but does not hold
+//! the key cannot make a blob or a commit record that a keyed repository accepts: a forged,
+//! moved or unkeyed blob is an error, never restored. Every store's `put` is atomic, so the record names either the old
 //! or the new epoch; rank blobs of an epoch are only written while it is newer than the committed
 //! one, and only epochs older than the committed one are collected. A crash at any point therefore
 //! leaves the last committed epoch readable.
@@ -18,8 +25,12 @@ use std::time::Instant;
 
 const BLOB_MAGIC: &[u8; 4] = b"MCKP";
 const COMMIT_MAGIC: &[u8; 4] = b"MCKC";
-/// Format version of blob headers and commit records.
+/// Format version of blob headers and commit records without a key (SHA-256 checksums).
 pub const FORMAT_VERSION: u16 = 1;
+/// Format version of blob headers and commit records under a job key (HMAC-SHA256).
+pub const KEYED_FORMAT_VERSION: u16 = 2;
+const BLOB_LABEL: &str = "mutirao-ckpt-blob-v2";
+const COMMIT_LABEL: &str = "mutirao-ckpt-commit-v2";
 /// Longest job id (bytes).
 pub const MAX_JOB_LEN: usize = 200;
 
@@ -31,8 +42,11 @@ pub struct Header {
     pub rank: u32,
     /// Length of the data after the header.
     pub len: u64,
-    /// SHA-256 of the data.
-    pub sha256: [u8; 32],
+    /// [`FORMAT_VERSION`] or [`KEYED_FORMAT_VERSION`].
+    pub version: u16,
+    /// SHA-256 of the data (version 1), or HMAC-SHA256 of the header and the data under the
+    /// job key (version 2).
+    pub sum: [u8; 32],
 }
 
 /// A little-endian reader that reports what it could not read instead of panicking.
@@ -69,18 +83,19 @@ impl<'a> Cursor<'a> {
         a.copy_from_slice(self.take(8, what)?);
         Ok(u64::from_le_bytes(a))
     }
-    fn magic_version(&mut self, magic: &[u8; 4], kind: &str) -> Result<(), String> {
+    fn magic_version(&mut self, magic: &[u8; 4], kind: &str) -> Result<u16, String> {
         let m = self.take(4, "magic")?;
         if m != magic {
             return Err(format!("not a {kind} (bad magic {m:02x?})"));
         }
         let v = self.u16("version")?;
-        if v != FORMAT_VERSION {
+        if v != FORMAT_VERSION && v != KEYED_FORMAT_VERSION {
             return Err(format!(
-                "{kind} format version {v}, this build reads version {FORMAT_VERSION}"
+                "{kind} format version {v}, this build reads versions {FORMAT_VERSION} and \
+                 {KEYED_FORMAT_VERSION}"
             ));
         }
-        Ok(())
+        Ok(v)
     }
     fn job(&mut self) -> Result<String, String> {
         let n = self.u16("job id length")? as usize;
@@ -102,77 +117,140 @@ fn put_job(out: &mut Vec<u8>, job: &str) {
 }
 
 impl Header {
-    /// The header for `data`.
+    /// The unkeyed (version 1) header for `data`.
     pub fn for_data(job: &str, epoch: u64, rank: u32, data: &[u8]) -> Header {
         Header {
             job: job.to_string(),
             epoch,
             rank,
             len: data.len() as u64,
-            sha256: Sha256::digest(data).into(),
+            version: FORMAT_VERSION,
+            sum: Sha256::digest(data).into(),
         }
     }
 
-    /// The header's bytes.
-    pub fn encode(&self) -> Vec<u8> {
+    /// The header for `data` under the job key `key` (version 2): its checksum is an HMAC of
+    /// the header's fields and the data.
+    pub fn sealed(key: &[u8; 32], job: &str, epoch: u64, rank: u32, data: &[u8]) -> Header {
+        let mut h = Header {
+            version: KEYED_FORMAT_VERSION,
+            ..Header::for_data(job, epoch, rank, &[])
+        };
+        h.len = data.len() as u64;
+        h.sum = h.keyed_sum(key, data);
+        h
+    }
+
+    /// What the checksum of a version-2 header of these fields over `data` must be.
+    fn keyed_sum(&self, key: &[u8; 32], data: &[u8]) -> [u8; 32] {
+        mutirao::seal::mac(key, BLOB_LABEL, &[&self.prefix(), data])
+    }
+
+    /// Everything but the checksum.
+    fn prefix(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(64 + self.job.len());
         out.extend_from_slice(BLOB_MAGIC);
-        out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+        out.extend_from_slice(&self.version.to_le_bytes());
         put_job(&mut out, &self.job);
         out.extend_from_slice(&self.epoch.to_le_bytes());
         out.extend_from_slice(&self.rank.to_le_bytes());
         out.extend_from_slice(&self.len.to_le_bytes());
-        out.extend_from_slice(&self.sha256);
+        out
+    }
+
+    /// The header's bytes.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = self.prefix();
+        out.extend_from_slice(&self.sum);
         out
     }
 
     /// Reads a header from the start of `bytes`; returns it and its length in bytes.
     pub fn decode(bytes: &[u8]) -> Result<(Header, usize), String> {
         let mut c = Cursor { b: bytes, at: 0 };
-        c.magic_version(BLOB_MAGIC, "mutirão checkpoint")?;
+        let version = c.magic_version(BLOB_MAGIC, "mutirão checkpoint")?;
         let job = c.job()?;
         let epoch = c.u64("epoch")?;
         let rank = c.u32("rank")?;
         let len = c.u64("length")?;
-        let mut sha256 = [0u8; 32];
-        sha256.copy_from_slice(c.take(32, "checksum")?);
+        let mut sum = [0u8; 32];
+        sum.copy_from_slice(c.take(32, "checksum")?);
         Ok((
             Header {
                 job,
                 epoch,
                 rank,
                 len,
-                sha256,
+                version,
+                sum,
             },
             c.at,
         ))
     }
 }
 
-/// Encodes a commit record.
-fn encode_commit(job: &str, epoch: u64, nranks: u32) -> Vec<u8> {
+/// Why a blob or a record of version `have` is not one a repository keyed as `key` takes.
+fn version_problem(have: u16, key: Option<&[u8; 32]>) -> Option<String> {
+    match (have, key) {
+        (FORMAT_VERSION, Some(_)) => Some(
+            "it carries no key (format version 1) while this job's checkpoints are keyed: \
+             anyone who can write to the store could have made it, so it is not trusted"
+                .into(),
+        ),
+        (KEYED_FORMAT_VERSION, None) => Some(
+            "it is keyed (format version 2) and this repository was opened without the job's \
+             checkpoint key"
+                .into(),
+        ),
+        _ => None,
+    }
+}
+
+/// Encodes a commit record (keyed when `key` is given).
+fn encode_commit(key: Option<&[u8; 32]>, job: &str, epoch: u64, nranks: u32) -> Vec<u8> {
     let mut out = Vec::new();
     out.extend_from_slice(COMMIT_MAGIC);
-    out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+    let version = if key.is_some() {
+        KEYED_FORMAT_VERSION
+    } else {
+        FORMAT_VERSION
+    };
+    out.extend_from_slice(&version.to_le_bytes());
     put_job(&mut out, job);
     out.extend_from_slice(&epoch.to_le_bytes());
     out.extend_from_slice(&nranks.to_le_bytes());
-    let sum = Sha256::digest(&out);
+    let sum = commit_sum(key, &out);
     out.extend_from_slice(&sum);
     out
 }
 
-/// Decodes a commit record: (job, epoch, nranks).
-fn decode_commit(bytes: &[u8]) -> Result<(String, u64, u32), String> {
+fn commit_sum(key: Option<&[u8; 32]>, body: &[u8]) -> [u8; 32] {
+    match key {
+        Some(k) => mutirao::seal::mac(k, COMMIT_LABEL, &[body]),
+        None => Sha256::digest(body).into(),
+    }
+}
+
+/// Decodes a commit record: (job, epoch, nranks), checking its checksum as `key` says.
+fn decode_commit(key: Option<&[u8; 32]>, bytes: &[u8]) -> Result<(String, u64, u32), String> {
     let mut c = Cursor { b: bytes, at: 0 };
-    c.magic_version(COMMIT_MAGIC, "commit record")?;
+    let version = c.magic_version(COMMIT_MAGIC, "commit record")?;
     let job = c.job()?;
     let epoch = c.u64("epoch")?;
     let nranks = c.u32("number of ranks")?;
     let body = c.at;
     let sum = c.take(32, "checksum")?;
-    if Sha256::digest(&bytes[..body]).as_slice() != sum {
-        return Err("checksum mismatch: the commit record is corrupt".into());
+    if let Some(p) = version_problem(version, key) {
+        return Err(p);
+    }
+    if !mutirao::wire::constant_time_eq(&commit_sum(key, &bytes[..body]), sum) {
+        return Err(if key.is_some() {
+            "checksum mismatch: the commit record is corrupt or was not written with this \
+             job's key"
+                .into()
+        } else {
+            "checksum mismatch: the commit record is corrupt".into()
+        });
     }
     if c.at != bytes.len() {
         return Err(format!(
@@ -208,6 +286,8 @@ pub enum RepoError {
 pub struct CheckpointRepo<S: BlobStore> {
     store: S,
     job: String,
+    /// The job's checkpoint key: checksums are HMACs under it (format version 2).
+    key: Option<[u8; 32]>,
 }
 
 impl<S: BlobStore> CheckpointRepo<S> {
@@ -227,7 +307,17 @@ impl<S: BlobStore> CheckpointRepo<S> {
         Ok(CheckpointRepo {
             store,
             job: job.to_string(),
+            key: None,
         })
+    }
+
+    /// The same repository with checksums keyed under `key` (HMAC-SHA256, format version 2):
+    /// it writes only keyed blobs and commit records, and reads back only those made under the
+    /// same key. A launcher makes a fresh key per job for stores others can write to (agents,
+    /// object storage).
+    pub fn with_key(mut self, key: [u8; 32]) -> CheckpointRepo<S> {
+        self.key = Some(key);
+        self
     }
 
     /// The job id.
@@ -265,7 +355,11 @@ impl<S: BlobStore> CheckpointRepo<S> {
                 });
             }
         }
-        let mut blob = Header::for_data(&self.job, epoch, rank, data).encode();
+        let header = match &self.key {
+            Some(k) => Header::sealed(k, &self.job, epoch, rank, data),
+            None => Header::for_data(&self.job, epoch, rank, data),
+        };
+        let mut blob = header.encode();
         blob.extend_from_slice(data);
         self.store.put(&key, &blob)?;
         Ok(())
@@ -308,8 +402,20 @@ impl<S: BlobStore> CheckpointRepo<S> {
                 h.len
             )));
         }
-        if Sha256::digest(data).as_slice() != h.sha256 {
-            return Err(bad("checksum mismatch: the data is corrupt".into()));
+        if let Some(p) = version_problem(h.version, self.key.as_ref()) {
+            return Err(bad(p));
+        }
+        let sum_ok = match &self.key {
+            Some(k) => mutirao::wire::constant_time_eq(&h.keyed_sum(k, data), &h.sum),
+            None => Sha256::digest(data).as_slice() == h.sum,
+        };
+        if !sum_ok {
+            return Err(bad(if self.key.is_some() {
+                "checksum mismatch: the data is corrupt or was not written with this job's key"
+                    .into()
+            } else {
+                "checksum mismatch: the data is corrupt".into()
+            }));
         }
         Ok(data.to_vec())
     }
@@ -350,8 +456,10 @@ impl<S: BlobStore> CheckpointRepo<S> {
                 Err(e) => return Err(e),
             }
         }
-        self.store
-            .put(&self.commit_key(), &encode_commit(&self.job, epoch, nranks))?;
+        self.store.put(
+            &self.commit_key(),
+            &encode_commit(self.key.as_ref(), &self.job, epoch, nranks),
+        )?;
         Ok(())
     }
 
@@ -366,10 +474,11 @@ impl<S: BlobStore> CheckpointRepo<S> {
         let Some(rec) = self.store.get(&key)? else {
             return Ok(None);
         };
-        let (job, epoch, nranks) = decode_commit(&rec).map_err(|problem| RepoError::Bad {
-            key: key.clone(),
-            problem,
-        })?;
+        let (job, epoch, nranks) =
+            decode_commit(self.key.as_ref(), &rec).map_err(|problem| RepoError::Bad {
+                key: key.clone(),
+                problem,
+            })?;
         if job != self.job {
             return Err(RepoError::Bad {
                 key,
@@ -694,6 +803,57 @@ mod tests {
     }
 
     #[test]
+    fn a_keyed_repository_restores_only_blobs_made_under_its_key() {
+        let mem = Mem::default();
+        let key = [0x5a; 32];
+        let repo = CheckpointRepo::new(&mem, "job").unwrap().with_key(key);
+        repo.put_rank(4, 0, b"rank 0").unwrap();
+        repo.put_rank(4, 1, b"0123456789").unwrap();
+        repo.commit(4, 2).unwrap();
+        assert_eq!(repo.get_rank(4, 1).unwrap(), b"0123456789");
+        let key1 = repo.rank_key(4, 1);
+        let good = mem.get(&key1).unwrap().unwrap();
+        let committed = mem.get(&repo.commit_key()).unwrap().unwrap();
+        // A forger with write access to the store but not the key: an unkeyed blob with a
+        // correct SHA-256, and a blob made under another key, in place of rank 1's.
+        let mut unkeyed = Header::for_data("job", 4, 1, b"FORGED!!!!").encode();
+        unkeyed.extend_from_slice(b"FORGED!!!!");
+        let other = CheckpointRepo::new(Mem::default(), "job")
+            .unwrap()
+            .with_key([0xa5; 32]);
+        other.put_rank(4, 1, b"FORGED!!!!").unwrap();
+        let other_key = other.store().get(&other.rank_key(4, 1)).unwrap().unwrap();
+        // The real blob with its data changed and its header's length kept.
+        let mut altered = good.clone();
+        let n = altered.len();
+        altered[n - 10..].copy_from_slice(b"FORGED!!!!");
+        for (forged, want) in [
+            (&unkeyed, "carries no key"),
+            (&other_key, "not written with this job's key"),
+            (&altered, "not written with this job's key"),
+        ] {
+            mem.put(&key1, forged).unwrap();
+            let e = repo.get_rank(4, 1).unwrap_err().to_string();
+            assert!(e.contains(want), "{want}: {e}");
+        }
+        mem.put(&key1, &good).unwrap();
+        assert_eq!(repo.get_rank(4, 1).unwrap(), b"0123456789");
+        // A forged commit record: unkeyed, or keyed otherwise.
+        let plain = encode_commit(None, "job", 9, 2);
+        let foreign = encode_commit(Some(&[1; 32]), "job", 9, 2);
+        for rec in [plain, foreign] {
+            mem.put(&repo.commit_key(), &rec).unwrap();
+            assert!(repo.last_committed().is_err());
+        }
+        mem.put(&repo.commit_key(), &committed).unwrap();
+        assert_eq!(repo.last_committed().unwrap(), Some(4));
+        // A repository opened without the key does not take keyed blobs as good either.
+        let unkeyed_repo = CheckpointRepo::new(&mem, "job").unwrap();
+        let e = unkeyed_repo.get_rank(4, 1).unwrap_err().to_string();
+        assert!(e.contains("without the job's checkpoint key"), "{e}");
+    }
+
+    #[test]
     fn leftovers_of_a_crash_leave_the_committed_epoch_readable() {
         let d = tempfile::tempdir().unwrap();
         {
@@ -797,7 +957,8 @@ mod tests {
         #[test]
         fn header_decode_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
             let _ = Header::decode(&bytes);
-            let _ = decode_commit(&bytes);
+            let _ = decode_commit(None, &bytes);
+            let _ = decode_commit(Some(&[7; 32]), &bytes);
         }
 
         #[test]
@@ -814,8 +975,13 @@ mod tests {
             for cut in 0..hlen {
                 prop_assert!(Header::decode(&enc[..cut]).is_err());
             }
-            let rec = encode_commit(&job, epoch, rank);
-            prop_assert_eq!(decode_commit(&rec).unwrap(), (job.clone(), epoch, rank));
+            let rec = encode_commit(None, &job, epoch, rank);
+            prop_assert_eq!(decode_commit(None, &rec).unwrap(), (job.clone(), epoch, rank));
+            let key = [epoch as u8; 32];
+            let rec = encode_commit(Some(&key), &job, epoch, rank);
+            prop_assert_eq!(decode_commit(Some(&key), &rec).unwrap(), (job.clone(), epoch, rank));
+            prop_assert!(decode_commit(Some(&[!(epoch as u8); 32]), &rec).is_err());
+            prop_assert!(decode_commit(None, &rec).is_err());
         }
 
         /// Random puts, commits and collections: the committed epoch never goes back, a commit

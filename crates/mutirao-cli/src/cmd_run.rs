@@ -143,8 +143,10 @@ pub struct RunArgs {
     /// connect; docs/grid.md) and the time from the launch until all were connected.
     #[arg(long)]
     pub init_timings: bool,
-    /// Heartbeat period with the agents, in seconds: an agent silent for 5 periods (its host
-    /// down or cut off) counts as lost, and so do its ranks. 0 turns heartbeats off.
+    /// Heartbeat period with the agents, in seconds: an agent silent for 2.5 periods (at least
+    /// one period plus 1 s; its host down or cut off) counts as lost, and so do its ranks; with
+    /// --continue-on-failure the other ranks' operations on them then fail within 3 periods.
+    /// 0 turns heartbeats off.
     #[arg(long, default_value_t = 1.0, value_name = "S")]
     pub heartbeat: f64,
     /// The program and its arguments.
@@ -294,6 +296,10 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     };
     let rank_hosts = store::RankHosts::default();
     let job_name = format!("run-{}-{}", std::process::id(), unix_secs());
+    // This run's checkpoint key: blobs and commit records in stores others can reach (agents,
+    // S3) are HMACed under it, and on agents it names the job's scope, so neither another job
+    // nor a holder of the agent token can read, replace or forge them.
+    let ckpt_key = mutirao::pmi::new_token().context("cannot make a checkpoint key")?;
     type Costs = Box<dyn Fn() -> Vec<f64>>;
     type Forget = Box<dyn Fn() -> Result<usize, String>>;
     let (sink, costs, forget): (Arc<dyn CheckpointSink>, Costs, Forget) = match &kind {
@@ -309,8 +315,9 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             let (Some(hosts), Some(secret)) = (&spec.hosts, &spec.secret) else {
                 bail!("--checkpoint-store agents needs --hostfile (the agents keep the replicas)");
             };
-            let rep = store::on_agents(hosts, secret, *k, rank_hosts.clone())?;
-            let s = store::repo_sink(rep, &job_name, args.n)?;
+            let scope = mutirao_launch::proto::checkpoint_scope(&ckpt_key, &job_name);
+            let rep = store::on_agents(hosts, secret, &scope, *k, rank_hosts.clone())?;
+            let s = store::repo_sink(rep, &job_name, args.n, Some(ckpt_key))?;
             let f = s.clone();
             (
                 s.clone(),
@@ -319,7 +326,12 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             )
         }
         StoreKind::S3 { bucket, prefix } => {
-            let s = store::repo_sink(store::s3(bucket, prefix)?, &job_name, args.n)?;
+            let s = store::repo_sink(
+                store::s3(bucket, prefix)?,
+                &job_name,
+                args.n,
+                Some(ckpt_key),
+            )?;
             let f = s.clone();
             (
                 s.clone(),

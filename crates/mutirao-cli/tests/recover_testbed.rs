@@ -20,8 +20,8 @@
 
 mod common;
 use common::{
-    checksum, ckpt_files, committed, dir_blob, jacobi_wrapper, kill9, poll, restart_epoch, resumed,
-    up_with_agents, Ended, Grid,
+    agent_ckpt_files, checksum, committed, dir_blob, jacobi_wrapper, kill9, poll, restart_epoch,
+    resumed, up_with_agents, Ended, Grid,
 };
 
 use std::path::PathBuf;
@@ -101,7 +101,7 @@ fn replicas_on_testbed_agents(kill_agent: bool) {
     let mut run = g.run(&["--checkpoint-interval", "0.3"], &g.jacobi, &[]);
     let killed = poll(&mut run, || {
         let epoch2 = g.stores.iter().any(|s| {
-            ckpt_files(s)
+            agent_ckpt_files(s)
                 .iter()
                 .any(|f| f.split('/').nth(2) == Some("2"))
         });
@@ -313,17 +313,31 @@ fn a_registration_with_the_previous_incarnations_token_is_refused_on_the_testbed
     };
     let d = g.dir.0.display().to_string();
     // Incarnation 0's rank 1 (on h2) leaves its job token behind; incarnation 1's rank 0 (on h1)
-    // says hello as rank 1 with it to the new bootstrap server, over the testbed's network,
+    // says hello as rank 1 with it to the new bootstrap server, over the testbed's network
+    // (answering the server's challenge with a proof under the old token, as a rank would),
     // and keeps the answer, then runs jacobi as usual.
-    let probe = r#"exec 3<>"/dev/tcp/${0%:*}/${0##*:}" || exit 1; printf "%s\n" "$1" >&3; IFS= read -r -t 5 a <&3; printf "%s" "$a""#;
+    let probe = r#"
+import hashlib, hmac, json, os, socket, sys
+host, port = sys.argv[1].rsplit(":", 1)
+token = bytes.fromhex(open(sys.argv[2]).read().strip())
+f = socket.create_connection((host, int(port)), timeout=5).makefile("rwb")
+challenge = json.loads(f.readline())
+mine = os.urandom(32).hex()
+part = lambda b: len(b).to_bytes(8, "little") + b
+proof = part(b"mutirao-bootstrap-hello-v2") + part(challenge["nonce"].encode()) + part(mine.encode()) + part(b"1")
+mac = hmac.new(token, proof, hashlib.sha256).hexdigest()
+f.write((json.dumps({"op": "hello", "rank": 1, "nonce": mine, "mac": mac}) + "\n").encode())
+f.flush()
+sys.stdout.write(f.readline().decode())
+"#;
+    std::fs::write(g.dir.join("probe.py"), probe).expect("write the probe");
     let w = wrapper(
         &g,
         "stale.sh",
         &format!(
             r#"0:1) printf '%s' "$MUTIRAO_JOB_TOKEN" > '{d}/old.token' ;;
 1:0) printf '%s' "$MUTIRAO_JOB_TOKEN" > '{d}/new.token'
-     hello="{{\"op\":\"hello\",\"rank\":1,\"token\":\"$(cat '{d}/old.token')\"}}"
-     timeout 10 bash -c '{probe}' "$MUTIRAO_PMI_ADDR" "$hello" > '{d}/answer.tmp' 2>&1
+     timeout 10 python3 '{d}/probe.py' "$MUTIRAO_PMI_ADDR" '{d}/old.token' > '{d}/answer.tmp' 2>&1
      mv '{d}/answer.tmp' '{d}/answer' ;;"#
         ),
     );

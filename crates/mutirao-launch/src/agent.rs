@@ -346,13 +346,22 @@ fn serve_counted(
             ranks,
             heartbeat_ms,
         })) => (program, args, cwd, ranks, heartbeat_ms),
-        Ok(Some(Msg::Store)) => {
+        Ok(Some(Msg::Store { scope })) => {
             let Some(store) = cfg.store.clone() else {
                 let _ = send(&Msg::Error {
                     msg: "this agent keeps no checkpoints (started with --no-store)".into(),
                 });
                 bail!("{peer}: refused a checkpoint session: no store");
             };
+            if !proto::is_scope(&scope) {
+                let _ = send(&Msg::Error {
+                    msg: "a checkpoint session needs a scope of 64 lowercase hex digits".into(),
+                });
+                bail!("{peer}: refused a checkpoint session: malformed scope");
+            }
+            // One job's keys only: the scope is named by the job's checkpoint key.
+            let store = mutirao_ckpt::Scoped::new(store, &scope)
+                .map_err(|e| anyhow::anyhow!("{peer}: checkpoint scope: {e}"))?;
             send(&Msg::Ready)?;
             // Idle sessions end after a while; the launcher reconnects when it needs to.
             conn.set_read_timeout(Some(Duration::from_secs(300)))?;
@@ -362,7 +371,7 @@ fn serve_counted(
                 .map_err(|_| anyhow::anyhow!("writer poisoned"))?;
             let served = mutirao_ckpt::remote::serve(
                 mutirao::seal::SealedStream { reader: r, writer },
-                &*store,
+                &store,
             );
             if let Err(e) = served {
                 if !matches!(
@@ -878,6 +887,48 @@ mod tests {
         let (out, exit) = run_through(port, &secret, &format!("touch {}", marker.display()));
         assert_eq!(exit, Some(Some(0)), "{out:#?}");
         assert!(marker.exists());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_checkpoint_session_sees_only_its_own_job_s_scope() {
+        use mutirao_ckpt::remote::RemoteStore;
+        use mutirao_ckpt::BlobStore;
+        let dir = scratch("scopes");
+        let secret = [9u8; 32];
+        let mut cfg = config(&secret, &dir);
+        cfg.store = Some(Arc::new(
+            mutirao_ckpt::DirStore::open(dir.join("store")).unwrap(),
+        ));
+        let port = serve_on_loopback(cfg);
+        let host = crate::hostfile::parse(&format!("127.0.0.1 port={port}")).unwrap()[0].clone();
+        let session = |scope: String| {
+            let h = host.clone();
+            RemoteStore::new("agent", move || {
+                crate::store::connect_store(&h, &secret, &scope)
+            })
+        };
+        // Two jobs, each with its own checkpoint key; a third session holds the agent token
+        // but not job A's key, so it can only guess a scope.
+        let a = session(proto::checkpoint_scope(&[1; 32], "job-a"));
+        let b = session(proto::checkpoint_scope(&[2; 32], "job-a"));
+        a.put("jobs/job-a/1/0.ckpt", b"a's blob").unwrap();
+        assert_eq!(b.list("").unwrap(), Vec::<String>::new());
+        assert_eq!(b.get("jobs/job-a/1/0.ckpt").unwrap(), None);
+        b.put("jobs/job-a/1/0.ckpt", b"forged").unwrap();
+        b.delete("jobs/job-a/1/0.ckpt").unwrap();
+        assert_eq!(a.get("jobs/job-a/1/0.ckpt").unwrap().unwrap(), b"a's blob");
+        assert_eq!(a.list("").unwrap(), vec!["jobs/job-a/1/0.ckpt".to_string()]);
+        // Scopes are 64 hex digits: no path, no escape.
+        for bad in [
+            "..".to_string(),
+            "a/b".into(),
+            "A".repeat(64),
+            String::new(),
+        ] {
+            let e = session(bad.clone()).list("").unwrap_err().to_string();
+            assert!(e.contains("scope"), "{bad:?}: {e}");
+        }
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -14,13 +14,15 @@
 //! 4. launcher → `{"op":"launch",…}`; agent → `started`, `output`, `exit` events. The launcher
 //!    may send `kill`. If the launcher's connection drops, the agent kills what it started.
 //!
-//!    Or, instead of `launch`: launcher → `{"op":"store","job":J}`; agent → `{"op":"ready"}`, and
-//!    from then on the session carries `mutirao_ckpt::remote` frames over the agent's checkpoint
-//!    store, confined to job J's keys (replicas of other hosts' checkpoints).
+//!    Or, instead of `launch`: launcher → `{"op":"store","scope":S}`; agent → `{"op":"ready"}`,
+//!    and from then on the session carries `mutirao_ckpt::remote` frames over the agent's
+//!    checkpoint store, confined to the keys of scope S ([`checkpoint_scope`]: an HMAC of the
+//!    job under its checkpoint key, which only the job's launcher holds).
 //! 5. When the launch carries `heartbeat_ms`, both sides send `{"op":"heartbeat"}` at that
-//!    period and take a peer silent for [`HEARTBEAT_MISSES`] periods as gone: the launcher
-//!    reports the host lost, the agent kills what it started. A host whose network vanishes
-//!    without closing its sockets is detected this way.
+//!    period. The agent takes a launcher silent for [`HEARTBEAT_MISSES`] periods as gone and
+//!    kills what it started; the launcher takes an agent silent for [`launcher_silence`] (2.5
+//!    periods) as a lost host. A host whose network vanishes without closing its sockets is
+//!    detected this way.
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -29,6 +31,13 @@ use std::io::{BufRead, Write};
 pub const AGENT_PROTOCOL: u32 = 3;
 /// Heartbeat periods of silence after which a peer is taken as gone.
 pub const HEARTBEAT_MISSES: u32 = 5;
+
+/// How long the launcher waits without a word from an agent before it takes the host as lost:
+/// 2.5 heartbeat periods (so the ranks that go on learn of it within 3), but never less than
+/// one period plus a second, which a loaded machine may delay a heartbeat by.
+pub fn launcher_silence(period: std::time::Duration) -> std::time::Duration {
+    (period * 5 / 2).max(period + std::time::Duration::from_secs(1))
+}
 /// Longest line either side accepts.
 pub const MAX_LINE: u64 = 4 << 20;
 
@@ -64,8 +73,12 @@ pub enum Msg {
     /// "I am still here" (both directions, every `heartbeat_ms`).
     Heartbeat,
     /// Launcher → agent, instead of `launch`: turn this connection into a checkpoint blob
-    /// session (`mutirao_ckpt::remote` framing) over the agent's store.
-    Store,
+    /// session (`mutirao_ckpt::remote` framing) over the agent's store, confined to `scope`
+    /// ([`checkpoint_scope`]: 64 hex digits only the job's launcher can name): the session sees
+    /// only that scope's keys.
+    Store {
+        scope: String,
+    },
     /// Agent → launcher: the blob session starts with the next byte.
     Ready,
     Started {
@@ -291,6 +304,21 @@ pub fn session_keys(
 
 /// Sealed messages to the other end of a session.
 pub type SessionWriter = mutirao::seal::SealedWriter<std::net::TcpStream>;
+
+/// The scope of a job's checkpoint sessions on agents: an HMAC of the job's name under its
+/// checkpoint key, so a session of another job (or of anyone holding the agent token without
+/// that key) cannot name it.
+pub fn checkpoint_scope(ckpt_key: &[u8; 32], job: &str) -> String {
+    mutirao::seal::mac_hex(ckpt_key, "mutirao-ckpt-scope-v1", &[job.as_bytes()])
+}
+
+/// Whether `scope` has the shape of a [`checkpoint_scope`] (64 lowercase hex digits).
+pub fn is_scope(scope: &str) -> bool {
+    scope.len() == 64
+        && scope
+            .bytes()
+            .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
 
 /// A fresh handshake nonce.
 pub fn nonce() -> std::io::Result<String> {

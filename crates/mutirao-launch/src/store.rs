@@ -60,10 +60,12 @@ impl std::str::FromStr for StoreKind {
     }
 }
 
-/// A blob session with the agent of `host`: connect, authenticate, ask for the store.
+/// A blob session with the agent of `host`: connect, authenticate, ask for the store, confined
+/// to `scope` ([`proto::checkpoint_scope`]).
 pub fn connect_store(
     host: &HostEntry,
     secret: &[u8],
+    scope: &str,
 ) -> std::io::Result<Box<dyn ReadWrite + Send>> {
     let err = |m: String| std::io::Error::other(m);
     let addr = (host.host.as_str(), host.port)
@@ -78,7 +80,12 @@ pub fn connect_store(
     let sess = authenticate(r, s, secret)
         .map_err(|e| err(format!("agent of {} at {addr}: {e:#}", host.host)))?;
     let (mut r, mut w) = (sess.reader, sess.writer);
-    proto::write_msg(&mut w, &Msg::Store)?;
+    proto::write_msg(
+        &mut w,
+        &Msg::Store {
+            scope: scope.to_string(),
+        },
+    )?;
     match proto::read_msg(&mut r).map_err(err)? {
         Some(Msg::Ready) => {}
         Some(Msg::Error { msg }) => {
@@ -106,10 +113,12 @@ pub use crate::hostfile::agent_name;
 /// a rank's replicas off its own host.
 pub type RankHosts = Arc<RwLock<Vec<String>>>;
 
-/// The ranks' checkpoints replicated on `k` agents of `hosts` other than the producing rank's.
+/// The ranks' checkpoints replicated on `k` agents of `hosts` other than the producing rank's,
+/// in the scope `scope` of each agent's store ([`proto::checkpoint_scope`] of the job).
 pub fn on_agents(
     hosts: &[HostEntry],
     secret: &[u8],
+    scope: &str,
     k: usize,
     rank_hosts: RankHosts,
 ) -> anyhow::Result<Replicated> {
@@ -123,8 +132,9 @@ pub fn on_agents(
         seen.push(id);
         let host = h.clone();
         let secret = secret.to_vec();
+        let scope = scope.to_string();
         let name = agent_name(hosts, i);
-        let store = RemoteStore::new(name.clone(), move || connect_store(&host, &secret));
+        let store = RemoteStore::new(name.clone(), move || connect_store(&host, &secret, &scope));
         peers.push((name, Arc::new(store) as Arc<dyn BlobStore>));
     }
     if peers.len() <= k {
@@ -147,13 +157,18 @@ pub fn on_agents(
     })))
 }
 
-/// A checkpoint sink over `store` for job `job` of `n` ranks.
+/// A checkpoint sink over `store` for job `job` of `n` ranks, its checksums keyed under
+/// `key` when given (a store others can write to: agents, object storage).
 pub fn repo_sink<S: BlobStore + 'static>(
     store: S,
     job: &str,
     n: usize,
+    key: Option<[u8; 32]>,
 ) -> anyhow::Result<Arc<JobSink<S>>> {
-    let repo = CheckpointRepo::new(store, job).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let mut repo = CheckpointRepo::new(store, job).map_err(|e| anyhow::anyhow!("{e}"))?;
+    if let Some(k) = key {
+        repo = repo.with_key(k);
+    }
     Ok(Arc::new(JobSink {
         inner: RepoSink::new(repo, n as u32),
         n: n as u32,
@@ -270,7 +285,7 @@ mod tests {
         use mutirao::pmi::CheckpointSink;
         let d = std::env::temp_dir().join(format!("mutirao-jobsink-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&d);
-        let s = repo_sink(mutirao_ckpt::DirStore::open(&d).unwrap(), "j1", 2).unwrap();
+        let s = repo_sink(mutirao_ckpt::DirStore::open(&d).unwrap(), "j1", 2, None).unwrap();
         for e in [1, 2] {
             for r in [0, 1, 5] {
                 s.put(e, r, format!("{e}/{r}").as_bytes()).unwrap();
@@ -296,10 +311,16 @@ mod tests {
     #[test]
     fn too_few_agents_for_k_replicas_is_refused() {
         let hosts = crate::hostfile::parse("a port=1\nb port=2").unwrap();
-        let e = on_agents(&hosts, b"secret-secret-secret", 2, Arc::default())
-            .err()
-            .unwrap()
-            .to_string();
+        let e = on_agents(
+            &hosts,
+            b"secret-secret-secret",
+            &"0".repeat(64),
+            2,
+            Arc::default(),
+        )
+        .err()
+        .unwrap()
+        .to_string();
         assert!(e.contains("at least 3 distinct agents"), "{e}");
     }
 }

@@ -2,12 +2,18 @@
 //! exchange with a barrier, served by the launcher.
 //!
 //! Protocol: one TCP connection per rank to the launcher, newline-delimited JSON.
-//! 1. rank → server `{"op":"hello","rank":R,"token":"<hex>"}`; the server checks the job token
-//!    and the rank range and answers `{"op":"ok"}` or `{"op":"error","msg":…}`. Before that
-//!    answer the connection may send nothing else; the hello line must arrive whole within
-//!    [`HELLO_TIMEOUT`] and [`MAX_HELLO`] bytes, and at most [`MAX_UNAUTH`] connections wait
-//!    for theirs (a new one over that closes the oldest; see `pmi/gate.rs`). After the token,
-//!    lines may be up to 1 MiB.
+//! 1. Handshake, in the clear: server → rank `{"op":"challenge","nonce":N1}`; rank → server
+//!    `{"op":"hello","rank":R,"nonce":N2,"mac":M}` with M = HMAC(job token; N1, N2, R); the
+//!    server checks the proof and answers `{"op":"welcome","mac":M'}` with its own proof
+//!    (HMAC under another label, N2 before N1), or `{"op":"error","msg":…}`. The job token never
+//!    crosses the wire. Before the welcome the connection may send nothing else; the hello line
+//!    must arrive whole within [`HELLO_TIMEOUT`] and [`MAX_HELLO`] bytes, and at most
+//!    [`MAX_UNAUTH`] connections wait for theirs (a new one over that closes the oldest; see
+//!    `pmi/gate.rs`). From then on every byte both ways is in [`crate::seal`] records under
+//!    keys derived from the token and both nonces: a relay or a stranger on the path can
+//!    neither read a rank's addresses and checkpoints nor forge, replay or reorder a message.
+//!    The first sealed message is the server's `{"op":"ok"}` or `{"op":"error","msg":…}`
+//!    (rank out of range, already connected). Sealed lines may be up to 1 MiB.
 //! 2. rank → server `{"op":"fence","kvs":{…}}`; the server answers every rank at once, when all
 //!    ranks have fenced, with `{"op":"fence_done","all":[kvs of rank 0, kvs of rank 1, …]}`.
 //!    A fence that not every rank reaches before the server's timeout fails for everyone.
@@ -23,6 +29,9 @@
 //!    wave (`"children":[…]`) and a commit needs their blobs too (and their declared children's).
 //! 4. `{"op":"report_failure","peer":P,"reason":…}` → `ok`: the rank's channel to rank P broke
 //!    (digest 004 §15.4 step 1); the launcher reads these with [`PmiServer::take_failures`].
+//!    `{"op":"lost"}` → `{"op":"lost_ranks","ranks":[…]}`: the ranks the launcher has declared
+//!    lost ([`PmiServer::peers_lost`]: their host went silent under `--continue-on-failure`);
+//!    a waiting rank asks every `MUTIRAO_LOST_POLL_MS` and fails its operations on them.
 //!
 //! 5. spawn (issue 13; docs/spawn.md): a rank asks for more ranks with
 //!    `{"op":"spawn","program":P,"args":[…],"n":N,"hosts":[…],"timeout_ms":T,"job_id":J}`;
@@ -55,9 +64,20 @@ pub type Kvs = BTreeMap<String, String>;
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
 enum Msg {
+    /// Server → rank, first thing on every connection: the server's nonce.
+    Challenge {
+        nonce: String,
+    },
+    /// Rank → server: its rank, its nonce and its proof of the job token ([`hello_mac`]).
     Hello {
         rank: u32,
-        token: String,
+        nonce: String,
+        mac: String,
+    },
+    /// Server → rank, in the clear: the server's proof of the job token ([`welcome_mac`]);
+    /// everything after it is sealed.
+    Welcome {
+        mac: String,
     },
     Ok,
     Error {
@@ -118,6 +138,12 @@ enum Msg {
     SpawnCancel {
         group: u64,
         why: String,
+    },
+    /// Rank → server: which ranks has the launcher declared lost (their host gone silent)?
+    Lost,
+    /// Server → rank: every rank declared lost so far ([`PmiServer::peers_lost`]).
+    LostRanks {
+        ranks: Vec<u32>,
     },
 }
 
@@ -336,6 +362,58 @@ fn write_msg(w: &mut impl Write, m: &Msg) -> std::io::Result<()> {
     w.flush()
 }
 
+/// Labels of the rank's and the server's proofs, and the name of the bootstrap's session keys.
+const HELLO_LABEL: &str = "mutirao-bootstrap-hello-v2";
+const WELCOME_LABEL: &str = "mutirao-bootstrap-welcome-v2";
+const SESSION_CONTEXT: &str = "mutirao-bootstrap-session-v2";
+
+/// A rank's proof that it holds the job token: an HMAC over the server's nonce, its own and
+/// its rank (so a proof is good for one connection and one rank only).
+fn hello_mac(token: &[u8; 32], server_nonce: &str, client_nonce: &str, rank: u32) -> String {
+    crate::seal::mac_hex(
+        token,
+        HELLO_LABEL,
+        &[
+            server_nonce.as_bytes(),
+            client_nonce.as_bytes(),
+            rank.to_string().as_bytes(),
+        ],
+    )
+}
+
+/// The server's proof that it holds the job token (another label, the nonces the other way
+/// round: a rank's own proof reflected back is not one).
+fn welcome_mac(token: &[u8; 32], server_nonce: &str, client_nonce: &str, rank: u32) -> String {
+    crate::seal::mac_hex(
+        token,
+        WELCOME_LABEL,
+        &[
+            client_nonce.as_bytes(),
+            server_nonce.as_bytes(),
+            rank.to_string().as_bytes(),
+        ],
+    )
+}
+
+fn session_keys(
+    token: &[u8; 32],
+    server_nonce: &str,
+    client_nonce: &str,
+    role: crate::seal::Role,
+) -> crate::seal::SessionKeys {
+    crate::seal::SessionKeys::derive(
+        token,
+        SESSION_CONTEXT,
+        client_nonce.as_bytes(),
+        server_nonce.as_bytes(),
+        role,
+    )
+}
+
+/// The sealed halves of a bootstrap connection.
+type ConnReader = crate::seal::SealedReader<BufReader<TcpStream>>;
+type ConnWriter = crate::seal::SealedWriter<TcpStream>;
+
 /// Hex encoding of a token.
 pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
@@ -364,8 +442,8 @@ pub fn new_token() -> std::io::Result<[u8; 32]> {
 
 /// A rank's connection to the launcher's PMI server.
 pub struct PmiClient {
-    reader: BufReader<TcpStream>,
-    writer: TcpStream,
+    reader: ConnReader,
+    writer: ConnWriter,
 }
 
 impl PmiClient {
@@ -382,22 +460,65 @@ impl PmiClient {
         let s = TcpStream::connect_timeout(&sa, timeout)
             .map_err(|e| format!("cannot reach the launcher at {addr}: {e}"))?;
         s.set_nodelay(true).ok();
-        let writer = s
+        s.set_read_timeout(Some(timeout)).ok();
+        s.set_write_timeout(Some(timeout)).ok();
+        let mut writer = s
             .try_clone()
             .map_err(|e| format!("cannot clone PMI socket: {e}"))?;
-        let mut c = PmiClient {
-            reader: BufReader::new(s),
-            writer,
+        let mut reader = BufReader::new(s);
+        let talk = |e: String| format!("cannot talk to the launcher at {addr}: {e}");
+        // 1. The server's challenge (or its refusal).
+        let server_nonce = match read_msg(&mut reader) {
+            Ok(Msg::Challenge { nonce }) => nonce,
+            Ok(Msg::Error { msg }) => return Err(format!("the launcher refused this rank: {msg}")),
+            Ok(other) => {
+                return Err(format!(
+                    "unexpected first message from the launcher: {other:?}"
+                ))
+            }
+            Err(e) => return Err(format!("launcher at {addr}: {e}")),
         };
-        c.set_timeout(Some(timeout));
+        // 2. Our proof over both nonces: the token itself never crosses the wire.
+        let nonce = crate::seal::nonce_hex().map_err(|e| talk(e.to_string()))?;
+        let mac = hello_mac(token, &server_nonce, &nonce, rank);
         write_msg(
-            &mut c.writer,
+            &mut writer,
             &Msg::Hello {
                 rank,
-                token: hex(token),
+                nonce: nonce.clone(),
+                mac,
             },
         )
-        .map_err(|e| format!("cannot talk to the launcher at {addr}: {e}"))?;
+        .map_err(|e| talk(e.to_string()))?;
+        // 3. The server's proof, then sealed records both ways.
+        match read_msg(&mut reader) {
+            Ok(Msg::Welcome { mac }) => {
+                if !crate::seal::verify_hex(
+                    token,
+                    WELCOME_LABEL,
+                    &[
+                        nonce.as_bytes(),
+                        server_nonce.as_bytes(),
+                        rank.to_string().as_bytes(),
+                    ],
+                    &mac,
+                ) {
+                    return Err(format!(
+                        "the server at {addr} did not prove it holds this job's token: it is not \
+                         this job's launcher (a stale MUTIRAO_PMI_ADDR, or someone else's port)"
+                    ));
+                }
+            }
+            Ok(Msg::Error { msg }) => return Err(format!("the launcher refused this rank: {msg}")),
+            Ok(other) => return Err(format!("unexpected answer from the launcher: {other:?}")),
+            Err(e) => return Err(format!("launcher at {addr}: {e}")),
+        }
+        let (sealer, opener) =
+            session_keys(token, &server_nonce, &nonce, crate::seal::Role::Client).split();
+        let mut c = PmiClient {
+            reader: crate::seal::SealedReader::new(reader, opener),
+            writer: crate::seal::SealedWriter::new(writer, sealer),
+        };
         match read_msg(&mut c.reader) {
             Ok(Msg::Ok) => Ok(c),
             Ok(Msg::Error { msg }) => Err(format!("the launcher refused this rank: {msg}")),
@@ -407,8 +528,8 @@ impl PmiClient {
     }
 
     fn set_timeout(&mut self, t: Option<Duration>) {
-        self.writer.set_read_timeout(t).ok();
-        self.writer.set_write_timeout(t).ok();
+        self.writer.get_ref().set_read_timeout(t).ok();
+        self.writer.get_ref().set_write_timeout(t).ok();
     }
 
     /// Publish `kvs` and wait until every rank has published; returns all ranks' sets in rank order.
@@ -500,6 +621,15 @@ impl PmiClient {
         let what = "asking for the last committed checkpoint";
         match self.call(&Msg::CkptLast, None, timeout, what)? {
             Msg::Last { epoch } => Ok(epoch),
+            other => Err(format!("{what}: unexpected answer {other:?}")),
+        }
+    }
+
+    /// The ranks the launcher has declared lost so far ([`PmiServer::peers_lost`]).
+    pub fn lost_ranks(&mut self, timeout: Duration) -> Result<Vec<u32>, String> {
+        let what = "asking the launcher for lost ranks";
+        match self.call(&Msg::Lost, None, timeout, what)? {
+            Msg::LostRanks { ranks } => Ok(ranks),
             other => Err(format!("{what}: unexpected answer {other:?}")),
         }
     }
@@ -644,6 +774,9 @@ struct Shared {
     /// Set by [`PmiServer::fence_checkpoints`]: this incarnation commits nothing more.
     ckpt_fenced: std::sync::atomic::AtomicBool,
     failures: Mutex<Vec<FailureReport>>,
+    /// Ranks the launcher declared lost (their host went away or silent): ranks ask for them
+    /// while they wait, and fail their operations on them.
+    lost: Mutex<std::collections::BTreeSet<u32>>,
     spawner: Option<Arc<dyn Spawner>>,
     spawn: Mutex<SpawnState>,
     scv: Condvar,
@@ -823,6 +956,7 @@ impl PmiServer {
             committed_spawned: Mutex::new(BTreeMap::new()),
             ckpt_fenced: std::sync::atomic::AtomicBool::new(false),
             failures: Mutex::new(Vec::new()),
+            lost: Mutex::new(std::collections::BTreeSet::new()),
             spawner,
             spawn: Mutex::new(SpawnState {
                 next_rank: size,
@@ -843,12 +977,12 @@ impl PmiServer {
             .name("pmi-accept".into())
             .spawn(move || {
                 let st2 = st.clone();
-                let served = gate::accept_loop(listener, st, move |conn, rank| {
+                let served = gate::accept_loop(listener, st, move |conn, hello| {
                     // Authenticated: a thread of its own (each rank is admitted once).
                     let st = st2.clone();
                     let _ = std::thread::Builder::new()
                         .name("pmi-conn".into())
-                        .spawn(move || serve_conn(conn, st, rank, fence_timeout));
+                        .spawn(move || serve_conn(conn, st, hello, fence_timeout));
                 });
                 if let Err(e) = served {
                     eprintln!("mutirao bootstrap: the server stopped accepting ranks: {e}");
@@ -915,6 +1049,16 @@ impl PmiServer {
         }
     }
 
+    /// The launcher takes `ranks` as lost (their host vanished: no exit will come, and their
+    /// sockets may never close). Ranks that ask ([`PmiClient::lost_ranks`], which the runtime
+    /// does while it waits, every `MUTIRAO_LOST_POLL_MS`) fail their operations on them with
+    /// `PeerFailed` instead of waiting for a peer that will never answer.
+    pub fn peers_lost(&self, ranks: &[u32]) {
+        if let Ok(mut l) = self.state.lost.lock() {
+            l.extend(ranks.iter().copied());
+        }
+    }
+
     /// The channel failures ranks reported since the last call (oldest first).
     pub fn take_failures(&self) -> Vec<FailureReport> {
         match self.state.failures.lock() {
@@ -924,15 +1068,31 @@ impl PmiServer {
     }
 }
 
-/// Serves a connection whose hello carried the job token (checked by [`gate::accept_loop`]).
-fn serve_conn(conn: TcpStream, st: Arc<Shared>, rank: u32, fence_timeout: Duration) {
+/// Serves a connection whose hello proved the job token (checked by [`gate::accept_loop`]):
+/// sends the server's own proof, then seals the session and answers the hello inside it.
+fn serve_conn(conn: TcpStream, st: Arc<Shared>, hello: gate::Hello, fence_timeout: Duration) {
     let size = st.size;
+    let rank = hello.rank;
     if conn.set_nonblocking(false).is_err() {
         return;
     }
     conn.set_nodelay(true).ok();
     let Ok(mut w) = conn.try_clone() else { return };
-    let mut r = BufReader::new(conn);
+    let welcome = Msg::Welcome {
+        mac: welcome_mac(&st.token, &hello.server_nonce, &hello.client_nonce, rank),
+    };
+    if write_msg(&mut w, &welcome).is_err() {
+        return;
+    }
+    let (sealer, opener) = session_keys(
+        &st.token,
+        &hello.server_nonce,
+        &hello.client_nonce,
+        crate::seal::Role::Server,
+    )
+    .split();
+    let mut w = crate::seal::SealedWriter::new(w, sealer);
+    let mut r = crate::seal::SealedReader::new(BufReader::new(conn), opener);
     if rank >= size {
         let admitted = admit_spawned(&st, rank);
         let reply = match &admitted {
@@ -970,14 +1130,14 @@ fn serve_conn(conn: TcpStream, st: Arc<Shared>, rank: u32, fence_timeout: Durati
 }
 
 fn conn_loop(
-    r: &mut BufReader<TcpStream>,
-    w: &mut TcpStream,
+    r: &mut ConnReader,
+    w: &mut ConnWriter,
     st: &Arc<Shared>,
     rank: usize,
     fence_timeout: Duration,
 ) {
     // Between fences a rank may compute for a long time: no read timeout.
-    r.get_ref().set_read_timeout(None).ok();
+    r.get_ref().get_ref().set_read_timeout(None).ok();
     loop {
         let msg = match read_msg(r) {
             Ok(m) => m,
@@ -1097,6 +1257,17 @@ fn conn_loop(
                     Err(msg) => Msg::Error { msg },
                 };
                 if write_msg(w, &reply).is_err() {
+                    return;
+                }
+                continue;
+            }
+            Msg::Lost => {
+                let ranks = st
+                    .lost
+                    .lock()
+                    .map(|l| l.iter().copied().collect())
+                    .unwrap_or_default();
+                if write_msg(w, &Msg::LostRanks { ranks }).is_err() {
                     return;
                 }
                 continue;
@@ -1773,11 +1944,180 @@ mod tests {
         assert!(e.contains("out of range"), "{e}");
     }
 
-    /// Reads one line from `s` (waiting at most the socket's read timeout).
-    fn read_line(s: &TcpStream) -> Result<String, std::io::Error> {
-        let mut line = String::new();
-        BufReader::new(s).read_line(&mut line)?;
-        Ok(line)
+    /// Reads one line from `s` (waiting at most the socket's read timeout), a byte at a time
+    /// so that nothing after it is taken from the socket.
+    fn read_line(mut s: &TcpStream) -> Result<String, std::io::Error> {
+        let mut line = Vec::new();
+        let mut b = [0u8; 1];
+        while s.read(&mut b)? == 1 {
+            line.push(b[0]);
+            if b[0] == b'\n' {
+                break;
+            }
+        }
+        Ok(String::from_utf8_lossy(&line).into_owned())
+    }
+
+    /// Reads the server's challenge from a fresh connection; returns its nonce.
+    fn challenge(s: &TcpStream) -> String {
+        let line = read_line(s).unwrap();
+        match serde_json::from_str::<Msg>(&line) {
+            Ok(Msg::Challenge { nonce }) => nonce,
+            other => panic!("no challenge first: {line:?} {other:?}"),
+        }
+    }
+
+    /// Passes bytes between a client and `to` in both directions, keeping a copy of each.
+    struct Relay {
+        addr: SocketAddr,
+        up: Arc<Mutex<Vec<u8>>>,
+        down: Arc<Mutex<Vec<u8>>>,
+    }
+
+    fn relay(to: SocketAddr) -> Relay {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let (up, down) = (Arc::default(), Arc::default());
+        let (u, d) = (Arc::clone(&up), Arc::clone(&down));
+        std::thread::spawn(move || {
+            let Ok((c, _)) = l.accept() else { return };
+            let Ok(s) = TcpStream::connect(to) else {
+                return;
+            };
+            let pipe = |mut a: TcpStream, mut b: TcpStream, keep: Arc<Mutex<Vec<u8>>>| {
+                std::thread::spawn(move || {
+                    let mut buf = [0u8; 4096];
+                    while let Ok(n) = a.read(&mut buf) {
+                        if n == 0 || b.write_all(&buf[..n]).is_err() {
+                            break;
+                        }
+                        keep.lock().unwrap().extend_from_slice(&buf[..n]);
+                    }
+                    let _ = b.shutdown(std::net::Shutdown::Write);
+                })
+            };
+            let a = pipe(c.try_clone().unwrap(), s.try_clone().unwrap(), u);
+            let b = pipe(s, c, d);
+            let _ = (a.join(), b.join());
+        });
+        Relay { addr, up, down }
+    }
+
+    #[test]
+    fn the_job_token_and_the_kvs_never_cross_the_wire_in_the_clear() {
+        let (srv, token) = server(1);
+        let r = relay(srv.addr());
+        let mut c =
+            PmiClient::connect(&r.addr.to_string(), 0, &token, Duration::from_secs(5)).unwrap();
+        let mut kvs = Kvs::new();
+        kvs.insert("addr".into(), "secret-address-of-rank-0".into());
+        let all = c.fence(kvs, Duration::from_secs(5)).unwrap();
+        assert_eq!(all[0]["addr"], "secret-address-of-rank-0");
+        c.ckpt_last(Duration::from_secs(5)).err();
+        drop(c);
+        std::thread::sleep(Duration::from_millis(100));
+        let both = [r.up.lock().unwrap().clone(), r.down.lock().unwrap().clone()].concat();
+        let seen = String::from_utf8_lossy(&both);
+        assert!(seen.contains(r#""op":"challenge""#) && seen.contains(r#""op":"welcome""#));
+        for secret in [
+            hex(&token),
+            "secret-address".into(),
+            "fence".into(),
+            "kvs".into(),
+        ] {
+            assert!(
+                !seen.contains(&secret),
+                "{secret:?} went in the clear: {seen}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_replayed_hello_is_refused_on_a_new_connection() {
+        let (srv, token) = server(2);
+        let r = relay(srv.addr());
+        let _c =
+            PmiClient::connect(&r.addr.to_string(), 0, &token, Duration::from_secs(5)).unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        let up = r.up.lock().unwrap().clone();
+        let hello = up.split(|&b| b == b'\n').next().unwrap().to_vec();
+        assert!(String::from_utf8_lossy(&hello).contains(r#""op":"hello""#));
+        // The same hello, word for word, as rank 0 and (edited) as rank 1: neither proves
+        // anything against a new challenge.
+        let as1 = String::from_utf8_lossy(&hello).replace(r#""rank":0"#, r#""rank":1"#);
+        for line in [hello.clone(), as1.into_bytes()] {
+            let mut s = TcpStream::connect(srv.addr()).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            challenge(&s);
+            s.write_all(&[line, b"\n".to_vec()].concat()).unwrap();
+            let answer = read_line(&s).unwrap();
+            assert!(answer.contains("wrong job token"), "{answer}");
+        }
+    }
+
+    #[test]
+    fn after_the_handshake_a_message_in_the_clear_is_not_served() {
+        let (srv, token) = server(1);
+        let mut s = TcpStream::connect(srv.addr()).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let n1 = challenge(&s);
+        let n2 = crate::seal::nonce_hex().unwrap();
+        let hello = Msg::Hello {
+            rank: 0,
+            nonce: n2.clone(),
+            mac: hello_mac(&token, &n1, &n2, 0),
+        };
+        write_msg(&mut s, &hello).unwrap();
+        let welcome = read_line(&s).unwrap();
+        assert!(welcome.contains(r#""op":"welcome""#), "{welcome}");
+        // An honest handshake, then a fence in the clear (a one-rank job: it would be
+        // answered at once if it counted).
+        s.write_all(b"{\"op\":\"fence\",\"kvs\":{}}\n").unwrap();
+        let mut rest = Vec::new();
+        let _ = s.read_to_end(&mut rest);
+        let rest = String::from_utf8_lossy(&rest);
+        assert!(
+            !rest.contains("fence_done"),
+            "a fence in the clear was served: {rest}"
+        );
+        assert!(
+            !rest.contains(r#""op""#),
+            "the server answered in the clear: {rest}"
+        );
+    }
+
+    #[test]
+    fn a_server_that_cannot_prove_the_token_is_not_trusted() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let fake = std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            write_msg(
+                &mut s,
+                &Msg::Challenge {
+                    nonce: "ab".repeat(32),
+                },
+            )
+            .unwrap();
+            let hello = read_line(&s).unwrap();
+            // Whatever it got, it cannot answer with the proof: it echoes the rank's own.
+            let mac = match serde_json::from_str::<Msg>(&hello) {
+                Ok(Msg::Hello { mac, .. }) => mac,
+                _ => String::new(),
+            };
+            write_msg(&mut s, &Msg::Welcome { mac }).unwrap();
+            hello
+        });
+        let token = new_token().unwrap();
+        let e = PmiClient::connect(&addr.to_string(), 0, &token, Duration::from_secs(5))
+            .err()
+            .unwrap();
+        assert!(e.contains("did not prove"), "{e}");
+        let hello = fake.join().unwrap();
+        assert!(
+            !hello.contains(&hex(&token)),
+            "the token went to a stranger: {hello}"
+        );
     }
 
     #[test]
@@ -1795,6 +2135,7 @@ mod tests {
                 std::thread::sleep(Duration::from_secs(1));
             }
         });
+        challenge(&s);
         let line = read_line(&s);
         let took = t.elapsed();
         let mut rest = [0u8; 16];
@@ -1822,6 +2163,7 @@ mod tests {
         let mut w = s.try_clone().unwrap();
         // The server closes without reading it all: the write may fail, which is the point.
         let writer = std::thread::spawn(move || w.write_all(&vec![b'x'; 1 << 20]).is_ok());
+        challenge(&s);
         let line = read_line(&s).unwrap();
         let _ = writer.join().unwrap();
         assert!(line.contains(&format!("{MAX_HELLO} bytes")), "{line}");
@@ -1876,11 +2218,19 @@ mod tests {
         let closed = idle
             .iter()
             .filter(|s| {
+                // Past the challenge: an error line, the end of the stream or a reset is a
+                // connection the server closed.
+                let mut got = Vec::new();
                 let mut b = [0u8; 256];
-                // An error line, the end of the stream or a reset: closed by the server.
-                match (&**s).read(&mut b) {
-                    Ok(n) => n == 0 || b[..n].ends_with(b"\n"),
-                    Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
+                loop {
+                    match (&**s).read(&mut b) {
+                        Ok(0) => return true,
+                        Ok(n) => got.extend_from_slice(&b[..n]),
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                            return String::from_utf8_lossy(&got).contains(r#""op":"error""#)
+                        }
+                        Err(_) => return true,
+                    }
                 }
             })
             .count();

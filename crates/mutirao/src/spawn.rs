@@ -373,7 +373,7 @@ impl Comm {
             return Ok(PendingSpawn {
                 comm: self.clone(),
                 t0,
-                state: Some(Pending::Done(pmi, res)),
+                state: Some(Pending::Done(Box::new(pmi), res)),
                 program: program_of(spec),
                 args: spec.args.clone(),
                 in_waves: spec.in_waves,
@@ -461,7 +461,7 @@ enum Pending {
         rx: std::sync::mpsc::Receiver<()>,
         helper: std::thread::JoinHandle<HelperResult>,
     },
-    Done(PmiClient, Result<Joined, Error>),
+    Done(Box<PmiClient>, Result<Joined, Error>),
 }
 
 /// A spawn in progress ([`Comm::spawn_nonblocking`]). Dropped unfinished, it is completed
@@ -521,7 +521,7 @@ impl PendingSpawn {
                     "this spawn was already completed (test or wait returned its result)".into(),
                 ))
             }
-            Some(Pending::Done(pmi, res)) => (pmi, res),
+            Some(Pending::Done(pmi, res)) => (*pmi, res),
             Some(Pending::Running { helper, .. }) => match helper.join() {
                 Ok(r) => r,
                 Err(_) => {

@@ -208,6 +208,20 @@ pub fn ckpt_files(dir: &Path) -> Vec<String> {
     out
 }
 
+/// The checkpoint files an agent keeps in its store `dir`, as `jobs/<job>/<epoch>/<rank>.ckpt`:
+/// every one must be inside a job's scope (`scopes/<scope>/…`, one per job's checkpoint key).
+pub fn agent_ckpt_files(dir: &Path) -> Vec<String> {
+    ckpt_files(dir)
+        .into_iter()
+        .map(|f| {
+            f.strip_prefix("scopes/")
+                .and_then(|r| r.split_once('/'))
+                .map(|(_, r)| r.to_string())
+                .unwrap_or_else(|| panic!("a replica outside any job's scope: {f}"))
+        })
+        .collect()
+}
+
 /// The epoch `mutirao run --checkpoint-store dir` last committed in `dir` (`dir/COMMITTED`).
 pub fn committed(dir: &Path) -> Option<u64> {
     std::fs::read_to_string(dir.join("COMMITTED"))

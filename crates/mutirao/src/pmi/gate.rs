@@ -2,14 +2,18 @@
 //! is served by this one thread (poll, non-blocking sockets), so nothing a stranger sends
 //! costs a thread, more than [`MAX_HELLO`] bytes of memory, or more than [`HELLO_TIMEOUT`].
 //!
+//! - Every accepted connection gets a challenge line with a fresh nonce; its hello must carry
+//!   its own nonce and an HMAC of both under the job token (the token never crosses the wire,
+//!   and a proof seen on one connection is worth nothing on another).
 //! - A connection must send its whole hello line within [`HELLO_TIMEOUT`] of being accepted
 //!   (one deadline for the whole line, not per read), at most [`MAX_HELLO`] bytes, and nothing
 //!   after it before the answer.
 //! - At most [`MAX_UNAUTH`] connections wait for their hello at once. A new one over the cap
 //!   closes the one that has waited longest: idle connections cannot hold the server, while a
 //!   real rank, which says hello as soon as it connects, is through long before.
-//! - A hello with the right token leaves this loop for a thread of its own (one per rank,
-//!   bounded by the job's ranks: each rank is admitted once).
+//! - A hello with a good proof leaves this loop for a thread of its own (one per rank,
+//!   bounded by the job's ranks: each rank is admitted once), which answers with the server's
+//!   own proof and seals the rest of the session (`crate::seal`).
 //!
 //! Refusals get an error line on the connection (best effort) and one on standard error; the
 //! cap reached is logged once per burst, and other refusals at most [`LOG_BURST`] per
@@ -41,10 +45,19 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 
 const LISTENER: Token = Token(usize::MAX);
 
+/// A hello that proved the job token: what the connection's thread needs to go on.
+pub(super) struct Hello {
+    pub rank: u32,
+    pub server_nonce: String,
+    pub client_nonce: String,
+}
+
 /// A connection that has not said hello yet.
 struct Waiting {
     s: TcpStream,
     from: SocketAddr,
+    /// The nonce of the challenge it was sent.
+    nonce: String,
     buf: Box<[u8; MAX_HELLO]>,
     len: usize,
     deadline: Instant,
@@ -134,11 +147,11 @@ fn refuse(mut s: &TcpStream, why: &str) {
 }
 
 /// Serves `listener` forever: takes hellos, hands each authenticated connection to
-/// `admitted(stream, rank)` (on this thread: it must return quickly).
+/// `admitted(stream, hello)` (on this thread: it must return quickly).
 pub(super) fn accept_loop(
     listener: TcpListener,
     st: Arc<Shared>,
-    mut admitted: impl FnMut(TcpStream, u32),
+    mut admitted: impl FnMut(TcpStream, Hello),
 ) -> std::io::Result<()> {
     listener.set_nonblocking(true)?;
     let mut poll = Poll::new()?;
@@ -213,6 +226,23 @@ pub(super) fn accept_loop(
                         log.evicted += 1;
                     }
                 }
+                let nonce = match crate::seal::nonce_hex() {
+                    Ok(n) => n,
+                    Err(e) => {
+                        log.line(&format!("no nonce for a new connection: {e}"));
+                        continue;
+                    }
+                };
+                // A fresh socket's buffer takes these ~90 bytes at once; one that does not is
+                // not worth waiting for.
+                let mut line = serde_json::to_vec(&Msg::Challenge {
+                    nonce: nonce.clone(),
+                })
+                .unwrap_or_default();
+                line.push(b'\n');
+                if !matches!((&s).write(&line), Ok(n) if n == line.len()) {
+                    continue;
+                }
                 let id = next;
                 // Ids never reach the listener's token.
                 next = (next + 1) % LISTENER.0;
@@ -228,6 +258,7 @@ pub(super) fn accept_loop(
                     Waiting {
                         s,
                         from,
+                        nonce,
                         buf: Box::new([0; MAX_HELLO]),
                         len: 0,
                         deadline: Instant::now() + HELLO_TIMEOUT,
@@ -256,8 +287,15 @@ pub(super) fn accept_loop(
                     refuse(&w.s, &why);
                     log.refused(w.from, &why);
                 }
-                Read1::Line(line) => match check_hello(&line, &st.token) {
-                    Ok(rank) => admitted(w.s, rank),
+                Read1::Line(line) => match check_hello(&line, &st.token, &w.nonce) {
+                    Ok((rank, client_nonce)) => admitted(
+                        w.s,
+                        Hello {
+                            rank,
+                            server_nonce: w.nonce,
+                            client_nonce,
+                        },
+                    ),
                     Err(why) => {
                         refuse(&w.s, &why);
                         log.refused(w.from, &why);
@@ -285,14 +323,24 @@ pub(super) fn accept_loop(
     }
 }
 
-/// The rank of a hello carrying the job token.
-fn check_hello(line: &[u8], token: &[u8; 32]) -> Result<u32, String> {
+/// The rank and nonce of a hello whose proof of the job token answers the challenge
+/// `server_nonce`.
+fn check_hello(line: &[u8], token: &[u8; 32], server_nonce: &str) -> Result<(u32, String), String> {
     match serde_json::from_slice::<Msg>(line) {
-        Ok(Msg::Hello { rank, token: t }) => {
-            if super::unhex_token(&t).is_some_and(|t| constant_time_eq(&t, token)) {
-                Ok(rank)
+        Ok(Msg::Hello { rank, nonce, mac }) => {
+            // A nonce of our own length and alphabet: a peer cannot choose one that makes
+            // two different proofs' inputs alike (the parts are length-prefixed anyway).
+            if nonce.len() != 64 || !nonce.bytes().all(|b| b.is_ascii_hexdigit()) {
+                return Err("the hello's nonce is not 64 hex digits".into());
+            }
+            if nonce == server_nonce {
+                return Err("the hello's nonce is the server's own".into());
+            }
+            let want = super::hello_mac(token, server_nonce, &nonce, rank);
+            if constant_time_eq(want.as_bytes(), mac.as_bytes()) {
+                Ok((rank, nonce))
             } else {
-                Err("wrong job token".into())
+                Err("wrong job token: the hello's proof does not match this job's token".into())
             }
         }
         Ok(_) => Err("the first message must be a hello".into()),
