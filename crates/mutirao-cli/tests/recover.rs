@@ -5,8 +5,8 @@
 
 mod common;
 use common::{
-    checksum, ckpt_files, committed, gen_token, jacobi, jacobi_wrapper, kill9, plain_checksum,
-    poll, rank_pid, rank_pid_of, restart_epoch, resumed, Running, Scratch, MUTIRAO,
+    agent_ckpt_files, checksum, committed, gen_token, jacobi, jacobi_wrapper, kill9,
+    plain_checksum, poll, rank_pid, rank_pid_of, restart_epoch, resumed, Running, Scratch, MUTIRAO,
 };
 
 use std::path::{Path, PathBuf};
@@ -337,7 +337,7 @@ fn a_silent_host_is_detected_by_heartbeat_and_its_ranks_restart_on_another() {
     );
     assert!(out.status.success(), "{so}\n{se}");
     assert!(
-        se.contains("sent no heartbeat for 1.0 s"),
+        se.contains("sent no heartbeat for 1.2 s"),
         "the silent host was not detected by heartbeat:\n{se}"
     );
     assert!(
@@ -449,6 +449,72 @@ fn with_continue_on_failure_a_dead_worker_does_not_end_a_master_worker_job() {
     assert!(out.status.success(), "{so}\n{se}");
 }
 
+/// Issue 29: a master/worker run under `--continue-on-failure` with a worker SIGKILLed while
+/// two workers are spawned in (Mandelbrot, HNOW) exits 0 with a correct result every time. It
+/// exited 1 in 1 run of 7: a surviving worker's `finalize` failed on the dead peer, and then
+/// the master talking to it. `MUTIRAO_MW_KILL_RUNS` runs (default 3; the issue's figure is 20).
+#[test]
+fn a_master_worker_run_with_a_worker_killed_and_workers_added_exits_0_every_time() {
+    let Some(mw) = common::mw() else {
+        println!("skipped: the mw example is not built (cargo build -p mutirao-mw --examples)");
+        return;
+    };
+    let runs: usize = std::env::var("MUTIRAO_MW_KILL_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3);
+    let mut failed = Vec::new();
+    for run in 0..runs {
+        let child = Command::new(env!("CARGO_BIN_EXE_mutirao"))
+            .args([
+                "run",
+                "-n",
+                "4",
+                "--timeout",
+                "120",
+                "--continue-on-failure",
+            ])
+            .arg(&mw)
+            // n = 3000 (optimized): about 1.5 s of work, the kill at 0.3–0.5 s.
+            .args(["mandelbrot", "--n", "3000", "--policy", "hnow"])
+            .args(["--add", "2", "--add-at", "20", "--blocking-spawn"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Kill worker 2 a moment into its work (around when the workers are added).
+        let t0 = Instant::now();
+        let mut killed = false;
+        while t0.elapsed() < Duration::from_secs(30) {
+            if let Some(pid) = rank_pid(child.id(), 2) {
+                std::thread::sleep(Duration::from_millis(300 + 50 * (run as u64 % 5)));
+                kill9(pid);
+                killed = true;
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let out = child.wait_with_output().unwrap();
+        let (so, se) = (
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+        );
+        // The worker died while the job ran: the master re-queued its work.
+        let lost = so.contains("lost [2]");
+        if !(killed && lost && out.status.success() && so.contains("result correct")) {
+            failed.push(format!(
+                "run {run}: killed {killed}, lost {lost}, {}\n{so}\n{se}",
+                out.status
+            ));
+        }
+    }
+    eprintln!(
+        "{} of {runs} runs exited 0 with a correct result",
+        runs - failed.len()
+    );
+    assert!(failed.is_empty(), "{}", failed.join("\n----\n"));
+}
+
 #[test]
 fn with_three_agents_checkpoints_are_replicated_off_the_ranks_host_and_restored_after_a_kill() {
     replicas_on_agents(false);
@@ -506,7 +572,7 @@ fn replicas_on_agents(kill_agent: bool) {
     let mut killed = false;
     while t0.elapsed() < Duration::from_secs(60) {
         let epoch2 = stores.iter().any(|s| {
-            ckpt_files(s)
+            agent_ckpt_files(s)
                 .iter()
                 .any(|f| f.split('/').nth(2) == Some("2"))
         });
@@ -535,7 +601,7 @@ fn replicas_on_agents(kill_agent: bool) {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr),
     );
-    let files: Vec<Vec<String>> = stores.iter().map(|s| ckpt_files(s)).collect();
+    let files: Vec<Vec<String>> = stores.iter().map(|s| agent_ckpt_files(s)).collect();
     let ports: Vec<u16> = agents.iter().map(|a| a.port).collect();
     drop(agents);
     for s in &stores {

@@ -64,7 +64,7 @@ pub struct JobSpec {
     /// The checkpoint store the bootstrap server hands the ranks' checkpoints to.
     pub checkpoints: Option<Arc<dyn CheckpointSink>>,
     /// Heartbeat period with agents (a silent agent is lost after
-    /// [`proto::HEARTBEAT_MISSES`] periods); `None` disables heartbeats.
+    /// [`proto::launcher_silence`], 2.5 periods); `None` disables heartbeats.
     pub heartbeat: Option<Duration>,
     /// Local runs: host a resource directory for the job unless `MUTIRAO_DIR_SOCKET` is set.
     pub host_directory: bool,
@@ -387,6 +387,14 @@ impl Job {
         self.pmi.fence_missing()
     }
 
+    /// The job goes on without `ranks` (their host was lost under `--continue-on-failure`):
+    /// the other ranks learn it when they next wait, and fail their operations on them
+    /// ([`PmiServer::peers_lost`]).
+    pub fn peers_lost(&self, ranks: &[usize]) {
+        let r: Vec<u32> = ranks.iter().map(|&r| r as u32).collect();
+        self.pmi.peers_lost(&r);
+    }
+
     /// Channel failures ranks reported since the last call.
     pub fn take_failures(&self) -> Vec<FailureReport> {
         self.pmi.take_failures()
@@ -508,6 +516,16 @@ fn rank_env(
     env.insert("MUTIRAO_LOCAL_RANK".into(), local_rank.to_string());
     env.insert("MUTIRAO_BIND_TO".into(), bind_to.env().to_string());
     env
+}
+
+/// How often a rank on an agent, while it waits, asks the launcher which ranks it has declared
+/// lost (`MUTIRAO_LOST_POLL_MS`, a quarter of the heartbeat period, at least 20 ms): with the
+/// launcher's silence limit ([`proto::launcher_silence`]), operations on the ranks of a host
+/// that vanished fail within 3 heartbeat periods of its last sign of life.
+fn lost_poll_env(heartbeat: Option<Duration>) -> Option<(String, String)> {
+    let p = heartbeat?;
+    let ms = (p.as_millis() / 4).max(20);
+    Some(("MUTIRAO_LOST_POLL_MS".into(), ms.to_string()))
 }
 
 const DIR_SOCKET_NAME: &str = "dir.sock";
@@ -712,7 +730,7 @@ fn run_session(
 ) -> anyhow::Result<Arc<Mutex<proto::SessionWriter>>> {
     proto::write_msg(&mut w, &launch)
         .with_context(|| format!("cannot send the job to the agent of {host}"))?;
-    let silence = heartbeat.map(|p| p * proto::HEARTBEAT_MISSES);
+    let silence = heartbeat.map(proto::launcher_silence);
     r.get_ref().get_ref().set_read_timeout(silence).ok();
     let w = Arc::new(Mutex::new(w));
     let session = w.clone();
@@ -853,6 +871,7 @@ fn start_remote(
                         bind_to: spec.bind_to,
                     },
                 ));
+                env.extend(lost_poll_env(spec.heartbeat));
                 RankSpec { rank, env }
             })
             .collect();
@@ -1052,6 +1071,7 @@ impl JobSpawner {
                                 env.insert("MUTIRAO_LOCAL_RANKS".into(), idx.len().to_string());
                                 env.insert("MUTIRAO_LOCAL_RANK".into(), k.to_string());
                                 env.insert("MUTIRAO_BIND_TO".into(), self.bind_to.env().into());
+                                env.extend(lost_poll_env(self.heartbeat));
                                 RankSpec {
                                     rank: req.ranks[i] as usize,
                                     env,

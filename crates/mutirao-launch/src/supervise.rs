@@ -300,6 +300,11 @@ pub fn supervise(job: &Job, n: usize, watch: &Watch, on: &mut dyn FnMut(Report))
             Ok(Event::Exit { rank, code, signal }) if rank >= st.n => {
                 // A spawned rank: its end is the spawning rank's business, not the job's.
                 let (what, _) = describe(code, signal);
+                if code.is_none() && signal.is_none() {
+                    // Its agent's session ended without its exit (the host vanished): the
+                    // ranks that talk to it must not wait for it.
+                    job.peers_lost(&[rank]);
+                }
                 let host = job.spawned_exited(rank, &format!("it {what}"));
                 if code != Some(0) {
                     on(Report::Notice(format!(
@@ -339,6 +344,9 @@ pub fn supervise(job: &Job, n: usize, watch: &Watch, on: &mut dyn FnMut(Report))
                 if !lost.is_empty() {
                     st.suspect(host);
                     if watch.keep_going && !lost.contains(&0) && st.ending_since.is_none() {
+                        // The survivors fail their operations on these ranks when they next
+                        // wait (their sockets may never close: a host cut off says nothing).
+                        job.peers_lost(&lost);
                         on(Report::Notice(format!(
                             "{why} while ranks {lost:?} were running; the other ranks go on (--continue-on-failure)"
                         )));

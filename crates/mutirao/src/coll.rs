@@ -233,6 +233,31 @@ impl Comm {
         Ok(())
     }
 
+    /// The barrier of `finalize`: [`Comm::barrier`]'s messages (so it meets a barrier the
+    /// other ranks call, as it always has), but a peer that failed or finalized counts as
+    /// arrived (ULFM's rule: a survivor's finalize is not an error because a peer died
+    /// before). Without failures it is exactly the barrier; with them every survivor still gets
+    /// through, though one whose news of another came only through the dead rank may leave
+    /// before that other arrives.
+    pub(crate) fn survivors_barrier(&self) -> Result<(), Error> {
+        let (n, r) = (self.size(), self.rank());
+        let gone = |e: &Error| matches!(e, Error::PeerFailed { .. } | Error::PeerFinalized(_));
+        let mut k = 1;
+        while k < n {
+            match self.raw_send(self.cctx(), &[], (r + k) % n, T_BARRIER) {
+                Err(e) if !gone(&e) => return Err(e),
+                _ => {}
+            }
+            let from = Some(self.peer((r + n - k) % n)?);
+            match self.raw_recv(self.cctx(), &mut [], from, Some(T_BARRIER)) {
+                Err(e) if !gone(&e) => return Err(e),
+                _ => {}
+            }
+            k *= 2;
+        }
+        Ok(())
+    }
+
     /// Block until every rank of the communicator has entered the barrier.
     pub fn barrier(&self) -> Result<(), Error> {
         let (n, r) = (self.size(), self.rank());

@@ -770,10 +770,12 @@ impl Comm {
     }
 
     /// Finish: a barrier (so no rank leaves while others still talk to it), then goodbye to every
-    /// peer. Dropping the last handle of the world communicator does the same, ignoring errors.
+    /// peer. Ranks that failed earlier do not count in the barrier: among survivors
+    /// (`--continue-on-failure`) finalize succeeds. Dropping the last handle of the world
+    /// communicator says goodbye without the barrier, ignoring errors.
     pub fn finalize(self) -> Result<(), Error> {
         self.inner.eng.borrow_mut().ckpt_leave();
-        let res = self.barrier();
+        let res = self.survivors_barrier();
         let fin = self.inner.eng.borrow_mut().finalize_io();
         res.and(fin)
     }

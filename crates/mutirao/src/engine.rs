@@ -471,6 +471,9 @@ pub(crate) struct Engine {
     cma: bool,
     /// Keeps the launcher connection open for the life of the job.
     pub(crate) _pmi: Option<crate::pmi::PmiClient>,
+    /// How often a blocked wait asks the launcher for lost ranks, and when it last did
+    /// (`MUTIRAO_LOST_POLL_MS`, [`Engine::ask_lost`]).
+    pub(crate) lost_poll: Option<(Duration, Instant)>,
     pub(crate) finalized: bool,
     /// Passes of [`Engine::poke`] so far.
     pokes: u32,
@@ -674,6 +677,7 @@ impl Engine {
             n_sock,
             cma,
             _pmi: None,
+            lost_poll: None,
             finalized: false,
             pokes: 0,
             last_socket_poll: Instant::now(),
@@ -1730,6 +1734,43 @@ impl Engine {
         self.ckpt_peer_gone(peer, true);
     }
 
+    /// A blocked wait, at most once per `MUTIRAO_LOST_POLL_MS`: ask the launcher which ranks it
+    /// has declared lost, and fail those still taken as alive here (a host cut off closes no
+    /// socket, so nothing else would ever tell). A launcher that does not answer changes
+    /// nothing (its own loss is the agent's business).
+    fn ask_lost(&mut self) {
+        let Some((every, last)) = self.lost_poll else {
+            return;
+        };
+        let now = Instant::now();
+        if now.saturating_duration_since(last) < every {
+            return;
+        }
+        self.lost_poll = Some((every, now));
+        let Some(pmi) = self._pmi.as_mut() else {
+            return;
+        };
+        let Ok(lost) = pmi.lost_ranks(Duration::from_secs(2)) else {
+            return;
+        };
+        for r in lost {
+            let r = r as usize;
+            if r != self.rank
+                && self
+                    .peers
+                    .get(r)
+                    .is_some_and(|p| p.state == PeerState::Alive)
+            {
+                self.fail_peer(
+                    r,
+                    "the launcher lost its host (no heartbeat from its agent); the job goes on \
+                     without it"
+                        .into(),
+                );
+            }
+        }
+    }
+
     /// Fail pending operations that can no longer complete because `peer` is gone.
     fn fail_ops_of(&mut self, peer: usize) {
         let err = match self.check_peer(peer) {
@@ -2150,7 +2191,15 @@ impl Engine {
             }
             if !woke {
                 self.sleeps = self.sleeps.wrapping_add(1);
-                self.poll_sockets(Some(Duration::from_millis(200)))?;
+                // Wake for the next question to the launcher, if it comes first.
+                let nap = match self.lost_poll {
+                    Some((every, last)) => (last + every)
+                        .saturating_duration_since(Instant::now())
+                        .clamp(Duration::from_millis(1), Duration::from_millis(200)),
+                    None => Duration::from_millis(200),
+                };
+                self.poll_sockets(Some(nap))?;
+                self.ask_lost();
             }
             for p in &self.peers {
                 if let Some(t) = &p.io {
@@ -2261,7 +2310,13 @@ impl Engine {
             (true, true) => self.pokes % 16 == 0 || overdue(),
             (false, true) => overdue(),
         };
-        self.progress_once(sockets).map(|_| ())
+        let progressed = self.progress_once(sockets)?;
+        // A program that polls (test, iprobe) instead of waiting asks about lost ranks too:
+        // the clock is read every 256 idle pokes, the launcher asked at most once per period.
+        if !progressed && self.lost_poll.is_some() && self.pokes % 256 == 0 {
+            self.ask_lost();
+        }
+        Ok(())
     }
 
     /// Why nothing more can come from `src` (a rank, or any rank when `None`), if so.

@@ -49,6 +49,10 @@ pub struct JobEnv {
     /// `MUTIRAO_SPAWN_GROUP` and `MUTIRAO_SPAWN_MEMBERS`: this rank was started by a spawn
     /// (issue 13); `None` for the job's original ranks.
     pub spawn: Option<SpawnEnv>,
+    /// `MUTIRAO_LOST_POLL_MS`: while a wait lasts, ask the launcher this often which ranks it
+    /// has declared lost (their host vanished), and fail the operations on them; `None` (absent
+    /// or 0): never ask (the launcher sets it for ranks on agents, from the heartbeat).
+    pub lost_poll: Option<Duration>,
 }
 
 /// How long each phase of this rank's start-up took, on the monotonic clock
@@ -246,6 +250,9 @@ impl JobEnv {
             restart_epoch: int("MUTIRAO_RESTART_EPOCH")?,
             incarnation: int("MUTIRAO_INCARNATION")?.unwrap_or(0),
             spawn,
+            lost_poll: int("MUTIRAO_LOST_POLL_MS")?
+                .filter(|&ms| ms > 0)
+                .map(Duration::from_millis),
         }))
     }
 
@@ -276,6 +283,9 @@ impl JobEnv {
         }
         if let Some(e) = self.restart_epoch {
             v.push(("MUTIRAO_RESTART_EPOCH".into(), e.to_string()));
+        }
+        if let Some(p) = self.lost_poll {
+            v.push(("MUTIRAO_LOST_POLL_MS".into(), p.as_millis().to_string()));
         }
         if let Some(sp) = &self.spawn {
             v.push(("MUTIRAO_SPAWN_GROUP".into(), sp.group.to_string()));
@@ -681,6 +691,7 @@ pub fn init_with(env: &JobEnv) -> Result<Comm, Error> {
         }
         engine.spawned_in = Some(sp.group);
         engine._pmi = Some(pmi);
+        engine.lost_poll = env.lost_poll.map(|p| (p, Instant::now()));
         let ctx = crate::spawn::spawn_ctx(sp.group);
         engine.scope(ctx, members.clone());
         return Ok(Comm::spawned_root(engine, ctx, members));
@@ -730,6 +741,7 @@ pub fn init_with(env: &JobEnv) -> Result<Comm, Error> {
         engine.respawned = Some(groups);
     }
     engine._pmi = Some(pmi);
+    engine.lost_poll = env.lost_poll.map(|p| (p, Instant::now()));
     Ok(Comm::world(engine))
 }
 

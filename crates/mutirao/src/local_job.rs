@@ -43,6 +43,7 @@ pub struct LocalJob {
     sink: Option<Arc<dyn CheckpointSink>>,
     limit: Duration,
     spawn: bool,
+    stopped_lost: bool,
 }
 
 /// How a spawned rank ended.
@@ -256,7 +257,17 @@ impl LocalJob {
             sink: None,
             limit: Duration::from_secs(60),
             spawn: true,
+            stopped_lost: false,
         }
+    }
+
+    /// A rank whose process is stopped (SIGSTOP: alive, its sockets open, silent — what a host
+    /// cut off from the network looks like) is declared lost to the others, as a launcher does
+    /// for a silent host under `--continue-on-failure` ([`PmiServer::peers_lost`]); once every
+    /// other rank has ended it is killed, and its code is `None`.
+    pub fn stopped_ranks_are_lost(mut self) -> Self {
+        self.stopped_lost = true;
+        self
     }
 
     /// Arguments for every rank.
@@ -359,6 +370,7 @@ impl LocalJob {
         }
         let mut codes = vec![None; self.n];
         let mut done = vec![false; self.n];
+        let mut lost = vec![false; self.n];
         // Spawned ranks are started by the parent's spawn call, which returns only after the
         // spawner did: once every original rank has ended no new ones can appear.
         while done.iter().any(|d| !d) | !spawner.reap(&pmi) {
@@ -366,6 +378,18 @@ impl LocalJob {
                 if !done[i] {
                     if let Ok(Some(st)) = k.try_wait() {
                         codes[i] = st.code();
+                        done[i] = true;
+                    } else if self.stopped_lost && !lost[i] && stopped(k.id()) {
+                        lost[i] = true;
+                        pmi.peers_lost(&[i as u32]);
+                    }
+                }
+            }
+            if (0..self.n).all(|i| done[i] || lost[i]) && lost.iter().any(|l| *l) {
+                for (i, k) in kids.iter_mut().enumerate() {
+                    if !done[i] {
+                        let _ = k.kill();
+                        let _ = k.wait();
                         done[i] = true;
                     }
                 }
@@ -401,4 +425,16 @@ impl LocalJob {
             init: pmi.init_phases(),
         })
     }
+}
+
+/// Whether process `pid` is stopped (state `T` in `/proc/PID/stat`).
+fn stopped(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|st| {
+            // The state follows the command name, which is in parentheses and may hold spaces.
+            let after = &st[st.rfind(')')? + 1..];
+            after.split_whitespace().next().map(|s| s == "T")
+        })
+        .unwrap_or(false)
 }

@@ -495,6 +495,53 @@ fn uneven_eager(w: &Comm) -> R {
     Ok(())
 }
 
+/// The last rank stops itself (SIGSTOP: its sockets stay open and it says nothing, as a host
+/// cut off from the network), and the launcher declares it lost. The others' receives from it
+/// fail with `PeerFailed` instead of waiting forever, they go on among themselves, and their
+/// finalize (after the scenario) succeeds.
+fn lost_peer(w: &Comm) -> R {
+    let (r, n) = (w.rank(), w.size());
+    w.barrier().map_err(e)?;
+    if r == n - 1 {
+        // SAFETY: kill(2) on our own pid has no memory-safety preconditions.
+        unsafe {
+            libc_stop_self();
+        }
+        return Err("the stopped rank was continued".into());
+    }
+    let t = Instant::now();
+    let mut b = [0u8];
+    match w.recv(&mut b, n - 1, 0) {
+        Err(Error::PeerFailed { rank, .. }) if rank == n - 1 => {}
+        other => return Err(format!("a receive from the lost rank gave {other:?}")),
+    }
+    let took = t.elapsed();
+    check!(
+        took < Duration::from_secs(10),
+        "the lost rank was failed only after {took:?}"
+    );
+    // A collective of the whole communicator cannot complete either, and says so.
+    match w.barrier() {
+        Err(Error::PeerFailed { .. }) => {}
+        other => return Err(format!("a barrier with the lost rank gave {other:?}")),
+    }
+    // The survivors go on among themselves.
+    let peer = if r == 0 { 1 } else { 0 };
+    w.send(&[r as u8], peer, 1).map_err(e)?;
+    w.recv(&mut b, peer, 1).map_err(e)?;
+    check!(b[0] as usize == peer, "got {} from rank {peer}", b[0]);
+    println!("lost after {} ms", took.as_millis());
+    Ok(())
+}
+
+unsafe fn libc_stop_self() {
+    extern "C" {
+        fn kill(pid: i32, sig: i32) -> i32;
+    }
+    // SIGSTOP is 19 on Linux.
+    kill(std::process::id() as i32, 19);
+}
+
 unsafe fn libc_kill_self() {
     extern "C" {
         fn kill(pid: i32, sig: i32) -> i32;
@@ -573,6 +620,7 @@ fn run_scenario(name: &str) -> ! {
         "uneven_eager" => uneven_eager(&w),
         "mixed_pingpong" => mixed_pingpong(&w),
         "init_timings" => init_timings(&w),
+        "lost_peer" => lost_peer(&w),
         other => Err(format!("unknown scenario {other}")),
     };
     let fin = w.finalize().map_err(e);
@@ -773,6 +821,33 @@ fn main() {
                         return Err(format!("rank {r} printed {v:?}, the server has {p:?}").into());
                     }
                 }
+                Ok(())
+            },
+        ));
+    }
+    for transport in ["auto", "tcp"] {
+        trials.push(Trial::test(
+            format!(
+                "a_rank_declared_lost_fails_the_others_operations_and_they_finalize_{transport}"
+            ),
+            move || {
+                let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+                let out = LocalJob::new(exe, 3)
+                    .env("MUTIRAO_SCENARIO", "lost_peer")
+                    .env("MUTIRAO_TRANSPORT", transport)
+                    .env("MUTIRAO_LOST_POLL_MS", "50")
+                    .stopped_ranks_are_lost()
+                    .limit(Duration::from_secs(30))
+                    .run()?;
+                if out.codes[..2] != [Some(0), Some(0)] || out.codes[2].is_some() {
+                    return Err(format!(
+                        "survivors must finish (0) and the lost rank be killed: {:?}\n{}",
+                        out.codes,
+                        out.stderr.join("\n")
+                    )
+                    .into());
+                }
+                eprintln!("{}", out.stdout[..2].join(""));
                 Ok(())
             },
         ));
