@@ -493,16 +493,8 @@ impl PmiClient {
         // 3. The server's proof, then sealed records both ways.
         match read_msg(&mut reader) {
             Ok(Msg::Welcome { mac }) => {
-                if !crate::seal::verify_hex(
-                    token,
-                    WELCOME_LABEL,
-                    &[
-                        nonce.as_bytes(),
-                        server_nonce.as_bytes(),
-                        rank.to_string().as_bytes(),
-                    ],
-                    &mac,
-                ) {
+                let want = welcome_mac(token, &server_nonce, &nonce, rank);
+                if !crate::wire::constant_time_eq(want.as_bytes(), mac.as_bytes()) {
                     return Err(format!(
                         "the server at {addr} did not prove it holds this job's token: it is not \
                          this job's launcher (a stale MUTIRAO_PMI_ADDR, or someone else's port)"
